@@ -1,0 +1,37 @@
+# Set-up is part of every target: a fresh clone needs only Python 3.11, pip and make.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.orchestr-installed
+
+.PHONY: setup demo test lint protos bench clean
+
+setup: $(STAMP)
+
+# torch is pinned and installed first, so the project's torch range is already met and
+# pip never reaches for a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/orchestr run examples/hello.py
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy runtime fabric roles cli
+
+protos: setup
+	$(PY) protos/generate.py
+
+bench: setup
+	$(PY) bench/actor_calls.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

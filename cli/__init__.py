@@ -1,0 +1,5 @@
+"""orchestr.cli: the ``orchestr`` command."""
+
+from ._main import main
+
+__all__ = ["main"]

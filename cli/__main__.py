@@ -1,0 +1,3 @@
+from orchestr.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""``orchestr run job.py`` and friends. Output here is for people: readable, no JSON unless asked."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import pathlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+import orchestr
+from orchestr._log import configure_logging
+
+
+def load_job(path: str) -> ModuleType:
+    """Import a job file as a module named after it, with its folder on the import path, so
+    workers can import the actor classes it defines by the same name."""
+    file = pathlib.Path(path).resolve()
+    if not file.is_file():
+        raise FileNotFoundError(f"no job file at {path}")
+    if file.suffix != ".py":
+        raise ValueError(f"a job file is a Python file ending in .py, got {path}")
+    folder, name = str(file.parent), file.stem
+    if not name.isidentifier():
+        raise ValueError(f"the job file's name must be a valid module name, got {file.name!r}")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(name, file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        module = load_job(args.job)
+    except (OSError, ValueError) as exc:
+        print(f"orchestr run: {exc}", file=sys.stderr)
+        return 2
+    main = getattr(module, "main", None)
+    if not inspect.iscoroutinefunction(main):
+        print(f"orchestr run: {args.job} must define `async def main(ctx)`", file=sys.stderr)
+        return 2
+    try:
+        orchestr.run(main)
+    except orchestr.OrchestrError as exc:
+        print(f"orchestr run: the job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("orchestr run: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="orchestr", description="Run orchestr jobs and clusters.")
+    parser.add_argument("--version", action="version", version=f"orchestr {orchestr.__version__}")
+    parser.add_argument(
+        "--log-level", default="WARNING", help="log level of the CLI's own output (default WARNING)"
+    )
+    parser.add_argument(
+        "--json-logs", action="store_true", help="log JSON lines instead of console text"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a job file on an embedded local cluster")
+    run.add_argument("job", help="path to a Python file defining `async def main(ctx)`")
+    run.set_defaults(func=_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(json=args.json_logs, level=args.log_level)
+    code: int = args.func(args)
+    return code

@@ -1,0 +1,101 @@
+"""The actor base class and the ``@endpoint`` decorator."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from .errors import SpawnError
+
+__all__ = ["Actor", "EndpointSpec", "class_path", "endpoint", "endpoints_of"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclasses.dataclass(frozen=True)
+class EndpointSpec:
+    name: str
+    is_async: bool
+    #: When true, calls run as soon as they arrive instead of one after another in order.
+    concurrent: bool
+
+
+@overload
+def endpoint(fn: F, /) -> F: ...
+@overload
+def endpoint(*, concurrent: bool = False) -> Callable[[F], F]: ...
+
+
+def endpoint(fn: Any = None, /, *, concurrent: bool = False) -> Any:
+    """Mark an actor method as callable from other processes.
+
+    Calls from one caller run one at a time in the order they were sent. With
+    ``concurrent=True`` they start as soon as they arrive: async endpoints interleave on the
+    actor's event loop and sync endpoints run in a thread pool.
+    """
+
+    def mark(f: F) -> F:
+        if not callable(f):
+            raise TypeError(f"@endpoint decorates a method, got {f!r}")
+        spec = EndpointSpec(f.__name__, inspect.iscoroutinefunction(f), concurrent)
+        f._orchestr_endpoint = spec  # type: ignore[attr-defined]
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+class Actor:
+    """Base class of every actor. Subclass it and mark methods with :func:`endpoint`.
+
+    The runtime sets ``rank`` (position in its mesh), ``mesh_name`` and ``actor_id`` before
+    ``__init__`` runs, so the constructor can use them.
+    """
+
+    rank: int = 0
+    mesh_name: str = ""
+    actor_id: str = ""
+    _orchestr_endpoints: dict[str, EndpointSpec] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        found: dict[str, EndpointSpec] = {}
+        for klass in reversed(cls.__mro__):
+            for name, value in vars(klass).items():
+                spec = getattr(value, "_orchestr_endpoint", None)
+                if isinstance(spec, EndpointSpec):
+                    found[name] = dataclasses.replace(spec, name=name)
+        cls._orchestr_endpoints = found
+
+
+def endpoints_of(cls: type) -> dict[str, EndpointSpec]:
+    return dict(getattr(cls, "_orchestr_endpoints", {}))
+
+
+def module_name(module: str) -> str:
+    """The importable name of ``module``: a script run as ``__main__`` is named after its file."""
+    if module != "__main__":
+        return module
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not main_file:
+        raise SpawnError(
+            "classes defined in an interactive session cannot be imported by workers; "
+            "move them into a module"
+        )
+    from pathlib import Path
+
+    return Path(main_file).stem
+
+
+def class_path(cls: type) -> str:
+    """``module:QualName`` for an actor class, checking that workers can import it."""
+    if not (isinstance(cls, type) and issubclass(cls, Actor)):
+        raise SpawnError(f"{cls!r} is not an orchestr.Actor subclass")
+    if "<locals>" in cls.__qualname__:
+        raise SpawnError(
+            f"actor class {cls.__qualname__} is defined inside a function; workers import actor "
+            f"classes by path, so define it at module level"
+        )
+    return f"{module_name(cls.__module__)}:{cls.__qualname__}"

@@ -1,0 +1,365 @@
+"""The call path: actor calls and results as msgpack frames over a stream transport.
+
+This is the hot path, so it avoids per-call tasks and per-frame syscalls: a caller gets a bare
+future, frames queue on the connection and are written once per event-loop turn, and an idle
+actor runs a sync endpoint straight from the receive callback. The transport underneath comes
+from the :mod:`orchestr.fabric` registry by URL scheme (``tcp://`` today).
+
+Messages (msgpack arrays):
+
+- ``[HELLO, token]`` first on every connection; a wrong token closes it.
+- ``[CALL, call_id, actor_id, endpoint, args, kwargs]`` expects a reply.
+- ``[SEND, 0, actor_id, endpoint, args, kwargs]`` expects none (``broadcast``).
+- ``[OK, call_id, value]`` / ``[ERR, call_id, kind, type_name, message, traceback]``.
+
+The caller half lives here; the server half, which hosts actors, is :mod:`._callserver`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+from orchestr.fabric import connect_stream
+
+from . import _serde
+from ._frames import FrameDecoder, encode_frame
+from .config import Config
+from .errors import (
+    ActorDiedError,
+    ActorError,
+    AuthenticationError,
+    BrokenResourceError,
+    CallTimeoutError,
+    ClosedResourceError,
+    MessageTooLargeError,
+    OrchestrError,
+    ProtocolError,
+)
+
+__all__ = [
+    "CALL",
+    "ERR",
+    "HELLO",
+    "OK",
+    "SEND",
+    "CallClient",
+    "current_client",
+    "pack_frame",
+    "set_current_client",
+]
+
+HELLO, CALL, SEND, OK, ERR = 0, 1, 2, 3, 4
+
+#: Reports why an actor went away: ``(actor_id) -> description or None``.
+DeathReporter = Callable[[str], Awaitable[ActorDiedError | None]]
+
+
+def pack_frame(message: list[Any], limit: int) -> list[bytes | memoryview]:
+    """Encode one message; raises SerializationError / MessageTooLargeError at the caller."""
+    msg, buffers = _serde.encode(message)
+    size = len(msg) + sum(b.nbytes for b in buffers)
+    if size > limit:
+        raise MessageTooLargeError(size, limit)
+    return encode_frame(msg, buffers)
+
+
+class _Pending:
+    __slots__ = ("actor_id", "endpoint", "future", "label", "timeout", "timer")
+
+    def __init__(
+        self, future: asyncio.Future[Any], actor_id: str, label: str, endpoint: str, timeout: float
+    ) -> None:
+        self.future = future
+        self.actor_id = actor_id
+        self.label = label
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """One caller-side connection to one worker's call server."""
+
+    def __init__(self, client: CallClient, address: str) -> None:
+        self.client = client
+        self.address = address
+        self.loop = asyncio.get_running_loop()
+        self.decoder = FrameDecoder(client.config.max_message_bytes)
+        self.pending: dict[int, _Pending] = {}
+        self.out: list[bytes | memoryview] = pack_frame([HELLO, client.token], 1 << 20)
+        self.transport: asyncio.Transport | None = None
+        self.flush_scheduled = False
+        self.broken: BaseException | None = None
+
+    # -- sending -------------------------------------------------------------------------
+    def send(self, parts: list[bytes | memoryview]) -> None:
+        self.out.extend(parts)
+        if not self.flush_scheduled and self.transport is not None:
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        if self.transport is None or not self.out:
+            return
+        out, self.out = self.out, []
+        if len(out) == 1:
+            self.transport.write(out[0])
+        else:
+            self.transport.writelines(out)
+
+    # -- protocol callbacks --------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.flush()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            frames = self.decoder.buffer_updated(nbytes)
+        except ProtocolError as exc:
+            self.abort(exc)
+            return
+        for msg, extra in frames:
+            try:
+                message = _serde.decode(msg, extra)
+                kind, call_id = message[0], message[1]
+            except (OrchestrError, IndexError, TypeError) as exc:
+                self.abort(ProtocolError(f"malformed reply from {self.address}: {exc}"))
+                return
+            pending = self.pending.pop(call_id, None)
+            if pending is None:
+                if kind == ERR and call_id == 0:
+                    self.abort(_connection_error(message, self.address))
+                    return
+                continue  # the call already timed out or was cancelled
+            self.client.done(pending)
+            if pending.future.done():
+                continue
+            if kind == OK:
+                pending.future.set_result(message[2])
+            else:
+                pending.future.set_exception(_remote_error(message, pending))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.abort(exc or BrokenResourceError(f"{self.address} closed the connection"))
+
+    # -- failure -------------------------------------------------------------------------
+    def abort(self, exc: BaseException) -> None:
+        """Fail every pending call; the connection is not used again."""
+        if self.broken is None:
+            self.broken = exc
+            self.client.forget(self)
+        if self.transport is not None:
+            self.transport.abort()
+            self.transport = None
+        pending, self.pending = self.pending, {}
+        for p in pending.values():
+            self.client.done(p)
+        if pending:
+            self.client.report_broken(list(pending.values()), exc)
+
+
+def _connection_error(message: list[Any], address: str) -> OrchestrError:
+    _, _, kind, type_name, text = message[:5]
+    if kind == "auth":
+        return AuthenticationError(f"{address} refused the connection: {text}")
+    return ProtocolError(f"{address} reported {type_name}: {text}")
+
+
+def _remote_error(message: list[Any], p: _Pending) -> OrchestrError:
+    try:
+        _, _, kind, type_name, text, tb = message
+    except ValueError:
+        return ProtocolError(f"malformed error reply for {p.label}.{p.endpoint}")
+    if kind == "too_large":
+        return ProtocolError(f"{p.label}.{p.endpoint}: {text}")
+    return ActorError(p.label, p.endpoint, str(type_name), str(text), str(tb))
+
+
+class CallClient:
+    """Caller side of the call path: a connection per worker address, opened on first use.
+
+    Owned by one process (the driver or a worker) and used from its event loop only.
+    """
+
+    def __init__(
+        self, token: str, config: Config, death_reporter: DeathReporter | None = None
+    ) -> None:
+        self.token = token
+        self.config = config
+        self.death_reporter = death_reporter
+        self.loop = asyncio.get_running_loop()
+        self._connections: dict[str, _Connection] = {}
+        self._ids = itertools.count(1)
+        self._inflight: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    def inflight(self, actor_id: str) -> int:
+        """Calls sent to ``actor_id`` from this process that have not finished."""
+        return self._inflight.get(actor_id, 0)
+
+    def call(
+        self,
+        address: str,
+        actor_id: str,
+        label: str,
+        endpoint: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float | None = None,
+    ) -> asyncio.Future[Any]:
+        """Send one call; the returned future resolves to its result.
+
+        Raises at once (not through the future) when the arguments cannot be sent.
+        """
+        call_id = next(self._ids)
+        parts = pack_frame(
+            [CALL, call_id, actor_id, endpoint, args, kwargs], self.config.max_message_bytes
+        )
+        conn = self._connection(address)
+        future = self.loop.create_future()
+        if timeout is None:
+            timeout = self.config.call_timeout
+        pending = _Pending(future, actor_id, label, endpoint, timeout)
+        pending.timer = self.loop.call_later(timeout, self._expire, conn, call_id)
+        self._inflight[actor_id] = self._inflight.get(actor_id, 0) + 1
+        if conn.broken is not None:
+            self.report_broken([pending], conn.broken)
+            self.done(pending)
+            return future
+        conn.pending[call_id] = pending
+        conn.send(parts)
+        return future
+
+    def send(
+        self,
+        address: str,
+        actor_id: str,
+        endpoint: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        """Send a call whose result nobody waits for; the actor logs any error it raises."""
+        parts = pack_frame(
+            [SEND, 0, actor_id, endpoint, args, kwargs], self.config.max_message_bytes
+        )
+        self._connection(address).send(parts)
+
+    def _connection(self, address: str) -> _Connection:
+        if self._closed:
+            raise ClosedResourceError("this orchestr client was closed; the job has ended")
+        conn = self._connections.get(address)
+        if conn is None:
+            conn = _Connection(self, address)
+            self._connections[address] = conn
+            self._spawn(self._open(conn))
+        return conn
+
+    async def _open(self, conn: _Connection) -> None:
+        try:
+            await connect_stream(conn.address, lambda: conn)
+        except OSError as exc:
+            conn.abort(BrokenResourceError(f"cannot connect to {conn.address}: {exc}"))
+
+    def done(self, p: _Pending) -> None:
+        if p.timer is not None:
+            p.timer.cancel()
+            p.timer = None
+        left = self._inflight.get(p.actor_id, 1) - 1
+        if left:
+            self._inflight[p.actor_id] = left
+        else:
+            self._inflight.pop(p.actor_id, None)
+
+    def _expire(self, conn: _Connection, call_id: int) -> None:
+        p = conn.pending.pop(call_id, None)
+        if p is None:
+            return
+        p.timer = None
+        self.done(p)
+        if not p.future.done():
+            p.future.set_exception(CallTimeoutError(p.label, p.endpoint, p.timeout))
+
+    def forget(self, conn: _Connection) -> None:
+        if self._connections.get(conn.address) is conn:
+            del self._connections[conn.address]
+
+    def report_broken(self, pending: list[_Pending], exc: BaseException) -> None:
+        """Fail calls whose connection broke, asking the head why the actor went away."""
+        if isinstance(exc, AuthenticationError | ProtocolError | ClosedResourceError):
+            for p in pending:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+            return
+        self._spawn(self._explain_death(pending, exc))
+
+    async def _explain_death(self, pending: list[_Pending], exc: BaseException) -> None:
+        reasons: dict[str, ActorDiedError | None] = {}
+        for p in pending:
+            if p.actor_id not in reasons and self.death_reporter is not None:
+                try:
+                    reasons[p.actor_id] = await self.death_reporter(p.actor_id)
+                except OrchestrError:
+                    reasons[p.actor_id] = None
+            reason = reasons.get(p.actor_id)
+            if p.future.done():
+                continue
+            if reason is not None:
+                err = ActorDiedError(
+                    f"{p.label}.{p.endpoint} failed: {reason}",
+                    actor=p.label,
+                    exit_code=reason.exit_code,
+                    signal=reason.signal,
+                )
+            else:
+                err = ActorDiedError(
+                    f"{p.label}.{p.endpoint} failed: lost the connection to the actor's worker "
+                    f"({exc})",
+                    actor=p.label,
+                )
+            err.__cause__ = exc if isinstance(exc, BaseException) else None
+            p.future.set_exception(err)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        """Close every connection and fail calls still pending. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for conn in list(self._connections.values()):
+            conn.abort(ClosedResourceError("the orchestr client was closed"))
+        self._connections.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+_current: CallClient | None = None
+
+
+def set_current_client(client: CallClient | None) -> None:
+    """Internal: the client that handles made in this process use."""
+    global _current
+    _current = client
+
+
+def current_client() -> CallClient:
+    if _current is None:
+        raise ClosedResourceError(
+            "no orchestr runtime is running in this process; call actors from inside a job "
+            "(orchestr.run / orchestr run job.py) or from another actor"
+        )
+    return _current

@@ -1,0 +1,294 @@
+"""The serving half of the call path: hosts actors and runs their endpoints.
+
+Ordering: calls to one actor run one at a time in arrival order, and a connection delivers one
+caller's frames in the order they were sent, so one caller's messages are processed in order.
+Endpoints marked ``concurrent=True`` skip the queue. An idle actor runs a sync endpoint
+directly from the receive callback; everything else goes through the actor's mailbox task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import inspect
+import traceback
+from typing import Any, cast
+
+import structlog
+from orchestr.fabric import Listener, listen_stream
+
+from . import _serde
+from ._actor import Actor, EndpointSpec
+from ._callpath import CALL, ERR, HELLO, OK, SEND, pack_frame
+from ._frames import FrameDecoder
+from .config import Config
+from .errors import MessageTooLargeError, OrchestrError, ProtocolError, SerializationError
+
+__all__ = ["ActorHost", "CallServer"]
+
+log = structlog.get_logger("orchestr.callserver")
+
+_Item = tuple["_ServerConnection | None", int, Any, EndpointSpec, Any, Any]
+
+
+class _ServerConnection(asyncio.BufferedProtocol):
+    def __init__(self, server: CallServer) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.decoder = FrameDecoder(server.config.max_message_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.authed = False
+        self.out: list[bytes | memoryview] = []
+        self.flush_scheduled = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.server.connections.discard(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            frames = self.decoder.buffer_updated(nbytes)
+        except ProtocolError as exc:
+            log.warning("closing connection after an oversized frame", error=str(exc))
+            self.error(0, "too_large", exc)
+            self.close()
+            return
+        for msg, extra in frames:
+            self.server.handle(self, msg, extra)
+            if self.transport is None:
+                return
+
+    # -- replies -------------------------------------------------------------------------
+    def send(self, parts: list[bytes | memoryview]) -> None:
+        if self.transport is None:
+            return  # the caller went away; its client fails the call
+        self.out.extend(parts)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        if self.transport is None or not self.out:
+            return
+        out, self.out = self.out, []
+        if len(out) == 1:
+            self.transport.write(out[0])
+        else:
+            self.transport.writelines(out)
+
+    def ok(self, call_id: int, value: Any) -> None:
+        try:
+            parts = pack_frame([OK, call_id, value], self.server.config.max_message_bytes)
+        except (SerializationError, MessageTooLargeError) as exc:
+            self.error(call_id, "raised", exc, note="while sending the result")
+            return
+        self.send(parts)
+
+    def error(
+        self, call_id: int, kind: str, exc: BaseException, *, tb: str = "", note: str = ""
+    ) -> None:
+        text = f"{exc} ({note})" if note else str(exc)
+        message = [ERR, call_id, kind, type(exc).__name__, text, tb]
+        self.send(pack_frame(message, 1 << 30))
+
+    def close(self) -> None:
+        self.flush()
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+
+
+class ActorHost:
+    """One live actor: its instance, its endpoints and its mailbox."""
+
+    def __init__(self, instance: Actor, label: str) -> None:
+        self.instance = instance
+        self.label = label
+        self.endpoints: dict[str, tuple[EndpointSpec, Any]] = {
+            name: (spec, getattr(instance, name))
+            for name, spec in instance._orchestr_endpoints.items()
+        }
+        self.mailbox: collections.deque[_Item] = collections.deque()
+        self.busy = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.runner = asyncio.ensure_future(self._run())
+
+    def submit(self, item: _Item) -> None:
+        spec = item[3]
+        if spec.concurrent:
+            task = asyncio.ensure_future(self._invoke(item))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        elif not self.busy and not self.mailbox and not spec.is_async:
+            self.busy = True
+            try:
+                self._invoke_sync(item)
+            finally:
+                self.busy = False
+        else:
+            self.mailbox.append(item)
+            if self.waiter is not None and not self.waiter.done():
+                self.waiter.set_result(None)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.mailbox:
+                self.waiter = loop.create_future()
+                await self.waiter
+                continue
+            item = self.mailbox.popleft()
+            self.busy = True
+            try:
+                if item[3].is_async:
+                    await self._invoke(item)
+                else:
+                    self._invoke_sync(item)
+            finally:
+                self.busy = False
+
+    def _invoke_sync(self, item: _Item) -> None:
+        conn, call_id, _, spec, args, kwargs = item
+        fn = self.endpoints[spec.name][1]
+        try:
+            value = fn(*args, **kwargs)
+        except Exception as exc:
+            self._failed(item, exc)
+        else:
+            if conn is not None:
+                conn.ok(call_id, value)
+
+    async def _invoke(self, item: _Item) -> None:
+        conn, call_id, _, spec, args, kwargs = item
+        fn = self.endpoints[spec.name][1]
+        try:
+            if spec.is_async:
+                value = await fn(*args, **kwargs)
+            else:
+                value = await asyncio.to_thread(fn, *args, **kwargs)
+        except Exception as exc:
+            self._failed(item, exc)
+        else:
+            if conn is not None:
+                conn.ok(call_id, value)
+
+    def _failed(self, item: _Item, exc: Exception) -> None:
+        conn, call_id, _, spec, args, kwargs = item
+        fn = self.endpoints[spec.name][1]
+        tb = traceback.format_exc()
+        kind = "raised"
+        if isinstance(exc, TypeError):
+            try:
+                inspect.signature(fn).bind(*args, **kwargs)
+            except TypeError as bind_exc:
+                kind = "bad_call"
+                exc = TypeError(f"{self.label}.{spec.name}{inspect.signature(fn)}: {bind_exc}")
+                tb = ""
+        if conn is None:
+            log.error(
+                "broadcast call raised",
+                actor=self.label,
+                endpoint=spec.name,
+                error=repr(exc),
+                traceback=tb,
+            )
+        else:
+            conn.error(call_id, kind, exc, tb=tb)
+
+    async def aclose(self) -> None:
+        self.runner.cancel()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(self.runner, *self.tasks, return_exceptions=True)
+
+
+class CallServer:
+    """Accepts call-path connections and routes calls to the actors hosted in this process."""
+
+    def __init__(self, token: str, config: Config) -> None:
+        self.token = token.encode()
+        self.config = config
+        self.actors: dict[str, ActorHost] = {}
+        self.connections: set[_ServerConnection] = set()
+        self.listener: Listener | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.listener is not None, "serve() first"
+        return self.listener.url
+
+    async def start(self, url: str) -> None:
+        self.listener = await listen_stream(url, lambda: _ServerConnection(self))
+
+    def handle(self, conn: _ServerConnection, msg: memoryview, extra: memoryview) -> None:
+        try:
+            message = _serde.decode(msg, extra)
+            if not isinstance(message, list) or len(message) < 2:
+                raise ProtocolError("a message must be an array of at least two items")
+            kind, call_id = message[0], message[1]
+            if not isinstance(call_id, int) and kind != HELLO:
+                raise ProtocolError("call id must be an integer")
+        except OrchestrError as exc:
+            log.warning("malformed frame", error=str(exc))
+            conn.error(0, "protocol", exc)
+            return
+        if not conn.authed:
+            if (
+                kind == HELLO
+                and isinstance(call_id, str)
+                and hmac.compare_digest(call_id.encode(), self.token)
+            ):
+                conn.authed = True
+                return
+            log.warning("refused a call-path connection without the cluster token")
+            conn.error(0, "auth", PermissionError("missing or wrong cluster token"))
+            conn.close()
+            return
+        if kind not in (CALL, SEND) or len(message) != 6:
+            conn.error(call_id, "protocol", ProtocolError(f"unexpected message kind {kind!r}"))
+            return
+        _, _, actor_id, endpoint, args, kwargs = message
+        reply_to = conn if kind == CALL else None
+        host = self.actors.get(actor_id)
+        if host is None:
+            self._reject(reply_to, call_id, LookupError(f"no actor {actor_id!r} in this worker"))
+            return
+        entry = host.endpoints.get(endpoint)
+        if entry is None:
+            names = ", ".join(sorted(host.endpoints)) or "none"
+            self._reject(
+                reply_to,
+                call_id,
+                AttributeError(f"{host.label} has no endpoint {endpoint!r}; endpoints: {names}"),
+            )
+            return
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            self._reject(reply_to, call_id, ProtocolError("args must be an array and kwargs a map"))
+            return
+        host.submit((reply_to, call_id, actor_id, entry[0], args, kwargs))
+
+    def _reject(self, conn: _ServerConnection | None, call_id: int, exc: Exception) -> None:
+        if conn is None:
+            log.error("broadcast call rejected", error=str(exc))
+        else:
+            conn.error(call_id, "bad_call", exc)
+
+    async def aclose(self) -> None:
+        if self.listener is not None:
+            await self.listener.aclose()
+            self.listener = None
+        for conn in list(self.connections):
+            conn.close()
+        for host in list(self.actors.values()):
+            await host.aclose()
+        self.actors.clear()

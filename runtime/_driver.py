@@ -1,0 +1,203 @@
+"""The job controller's side: the embedded local cluster, :class:`JobContext` and :func:`run`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import secrets
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import structlog
+from orchestr.protos import orchestr_pb2 as pb
+from orchestr.protos import orchestr_pb2_grpc as pb_grpc
+
+from . import _serde
+from ._actor import Actor, class_path
+from ._callpath import CallClient, set_current_client
+from ._grpc import ControlChannel
+from ._head import HeadService, describe_exit
+from ._headstate import validate_resources
+from ._mesh import Member, Mesh
+from ._node import NodeService
+from .config import Config, load_config
+from .errors import ActorDiedError, ConfigError, OrchestrError
+
+__all__ = ["JobContext", "explain_death", "open_local_cluster", "run"]
+
+log = structlog.get_logger("orchestr.driver")
+
+T = TypeVar("T")
+
+
+async def explain_death(head: ControlChannel, actor_id: str, wait: float) -> ActorDiedError | None:
+    """Ask the head why ``actor_id`` went away, waiting up to ``wait`` s for the node's report."""
+    info = await head.rpc(
+        head.stub(pb_grpc.HeadStub).GetActor,
+        pb.GetActorRequest(actor_id=actor_id, wait_for_exit_s=wait),
+        timeout=wait + 5,
+    )
+    if info.state == "dead":
+        import signal as _signal
+
+        sig = _signal.Signals(info.signal).name if info.signal in _signal.valid_signals() else None
+        return ActorDiedError(
+            f"actor {info.name}[{info.rank}] died: {describe_exit(info.pid, info.exit_code, info.signal)}",
+            actor=f"{info.name}[{info.rank}]",
+            exit_code=None if info.signal else info.exit_code,
+            signal=sig,
+        )
+    if info.state == "stopped":
+        return ActorDiedError(
+            f"actor {info.name}[{info.rank}] was stopped", actor=f"{info.name}[{info.rank}]"
+        )
+    return None
+
+
+class JobContext:
+    """What a job's ``main(ctx)`` gets: spawning meshes and reading cluster state."""
+
+    def __init__(
+        self, head: ControlChannel, client: CallClient, config: Config, job_id: str
+    ) -> None:
+        self.head = head
+        self.client = client
+        self.config = config
+        self.job_id = job_id
+        self._stub = head.stub(pb_grpc.HeadStub)
+        self._meshes: list[Mesh] = []
+
+    async def spawn(
+        self,
+        actor: type[Actor] | str,
+        *args: Any,
+        n: int = 1,
+        name: str | None = None,
+        resources: Mapping[str, float] | None = None,
+        labels: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> Mesh:
+        """Create ``n`` actors of class ``actor`` (a class or ``"module:Class"``), each built with
+        ``actor(*args, **kwargs)``, placed on nodes that have ``resources`` free and carry
+        ``labels``. Blocks until every member is ready; all or nothing.
+
+        Raises :class:`PlacementError`, or :class:`SpawnError` with the remote traceback when
+        an import or ``__init__`` fails. Not idempotent.
+        """
+        path = actor if isinstance(actor, str) else class_path(actor)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"n must be a positive integer, got {n!r}")
+        init_args, buffers = _serde.encode([list(args), kwargs])
+        if buffers:
+            raise ConfigError(
+                "tensors and arrays cannot be constructor arguments (they would ride the control "
+                "plane); pass them in a call after spawn"
+            )
+        request = pb.SpawnMeshRequest(
+            class_path=path,
+            init_args=init_args,
+            size=n,
+            resources=pb.Resources(amounts=validate_resources(resources or {})),
+            labels=dict(labels or {}),
+            name=name or "",
+        )
+        info = await self.head.rpc(self._stub.SpawnMesh, request, timeout=None)
+        mesh = Mesh(
+            info.mesh_id,
+            info.name,
+            info.class_path,
+            [Member(m.actor_id, m.call_address, m.rank) for m in info.members],
+            list(info.members[0].endpoints) if info.members else [],
+        )
+        self._meshes.append(mesh)
+        log.info("spawned", mesh=mesh.name, size=n)
+        return mesh
+
+    async def stop(self, mesh: Mesh) -> None:
+        """Stop every actor of ``mesh`` (its workers get SIGTERM). Idempotent."""
+        await self.head.rpc(self._stub.StopMesh, pb.StopMeshRequest(mesh_id=mesh.mesh_id))
+
+    async def nodes(self) -> list[Any]:
+        return list((await self.head.rpc(self._stub.ListNodes, pb.Empty())).nodes)
+
+    async def actors(self) -> list[Any]:
+        return list((await self.head.rpc(self._stub.ListActors, pb.Empty())).actors)
+
+
+def _worker_pythonpath() -> str:
+    """Workers import actor classes by path: give them the driver's import path."""
+    entries = [p for p in sys.path if p and os.path.isdir(p)]
+    return os.pathsep.join(dict.fromkeys(entries))
+
+
+@contextlib.asynccontextmanager
+async def open_local_cluster(
+    config: Config | None = None,
+    *,
+    resources: dict[str, float] | None = None,
+    labels: dict[str, str] | None = None,
+) -> AsyncIterator[JobContext]:
+    """Start a head and a local node in this process, yield a :class:`JobContext`, and stop
+    everything (workers included) on exit, also when the body raises."""
+    config = config or load_config()
+    token = secrets.token_urlsafe(32)
+    job_id = f"job-{secrets.token_hex(4)}"
+    session_dir = tempfile.mkdtemp(prefix=f"orchestr-{job_id}-")
+    worker_env = {
+        "PYTHONPATH": _worker_pythonpath(),
+        "ORCHESTR_SESSION_DIR": session_dir,
+        "ORCHESTR_JOB_ID": job_id,
+    }
+    structlog.contextvars.bind_contextvars(job=job_id)
+    async with HeadService(token, config) as head:
+        head_channel = ControlChannel(head.address, token, config)
+        try:
+            async with NodeService(
+                head.address,
+                token,
+                config,
+                resources=resources,
+                labels=labels,
+                worker_env=worker_env,
+            ):
+
+                async def reporter(actor_id: str) -> ActorDiedError | None:
+                    return await explain_death(head_channel, actor_id, config.death_report_wait)
+
+                client = CallClient(token, config, reporter)
+                set_current_client(client)
+                ctx = JobContext(head_channel, client, config, job_id)
+                try:
+                    yield ctx
+                finally:
+                    with contextlib.suppress(OrchestrError):
+                        await asyncio.gather(*(ctx.stop(m) for m in ctx._meshes))
+                    set_current_client(None)
+                    await client.aclose()
+        finally:
+            await head_channel.aclose()
+            structlog.contextvars.unbind_contextvars("job")
+
+
+def run(main: Callable[[JobContext], Awaitable[T]], *, config: Config | None = None) -> T:
+    """Run ``main(ctx)`` on an embedded local cluster and return its result.
+
+    Starts a head and a node for the job's lifetime (uvloop when installed) and stops them,
+    with every worker, when ``main`` returns or raises.
+    """
+    if not inspect.iscoroutinefunction(main):
+        raise TypeError(f"orchestr.run needs an async function main(ctx), got {main!r}")
+
+    async def body() -> T:
+        async with open_local_cluster(config) as ctx:
+            return await main(ctx)
+
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(body())
+    return uvloop.run(body())

@@ -1,0 +1,253 @@
+"""The head service: cluster membership, placement and actor lifecycle over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import signal as _signal
+from typing import Any
+
+import grpc
+import structlog
+from orchestr.protos import orchestr_pb2 as pb
+from orchestr.protos import orchestr_pb2_grpc as pb_grpc
+
+from ._grpc import ControlChannel, abort_with, make_server
+from ._headstate import ActorRecord, HeadState
+from .config import Config
+from .errors import OrchestrError, SpawnError
+
+__all__ = ["HeadService", "actor_info", "describe_exit"]
+
+log = structlog.get_logger("orchestr.head")
+
+
+def describe_exit(pid: int, exit_code: int, sig: int) -> str:
+    if sig:
+        try:
+            name = _signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"worker process {pid} was killed by {name}"
+    return f"worker process {pid} exited with code {exit_code}"
+
+
+def actor_info(a: ActorRecord) -> pb.ActorInfo:
+    return pb.ActorInfo(
+        actor_id=a.actor_id,
+        mesh_id=a.mesh_id,
+        name=a.name,
+        rank=a.rank,
+        class_path=a.class_path,
+        node_id=a.node_id,
+        worker_id=a.worker_id,
+        call_address=a.call_address,
+        state=a.state,
+        pid=a.pid,
+        exit_code=a.exit_code,
+        signal=a.signal,
+        endpoints=a.endpoints,
+    )
+
+
+class HeadService(pb_grpc.HeadServicer):  # type: ignore[misc]
+    """Serves the ``Head`` gRPC service. ``async with`` starts and stops it."""
+
+    def __init__(self, token: str, config: Config, *, port: int = 0) -> None:
+        self.token = token
+        self.config = config
+        self.state = HeadState()
+        self.server = make_server(token, config)
+        pb_grpc.add_HeadServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port(f"{config.bind_host}:{port}")
+        self.address = f"{config.bind_host}:{self.port}"
+        self._channels: dict[str, ControlChannel] = {}
+        self._ended: dict[str, asyncio.Event] = {}
+        self._monitor: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> HeadService:
+        await self.server.start()
+        self._monitor = asyncio.ensure_future(self._watch_heartbeats())
+        log.info("head started", address=self.address)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+            self._monitor = None
+        await self.server.stop(grace=0.5)
+        for ch in self._channels.values():
+            await ch.aclose()
+        self._channels.clear()
+
+    def _channel(self, address: str) -> ControlChannel:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = ControlChannel(address, self.token, self.config)
+        return ch
+
+    async def _watch_heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval)
+            for node_id in self.state.expire_nodes(self.state.now(), self.config.heartbeat_timeout):
+                log.warning("node missed its heartbeats; marked dead", node=node_id)
+
+    def _ended_event(self, actor_id: str) -> asyncio.Event:
+        return self._ended.setdefault(actor_id, asyncio.Event())
+
+    # -- node-facing RPCs ----------------------------------------------------------------
+    async def RegisterNode(self, request: Any, context: Any) -> pb.Ack:
+        self.state.register_node(
+            request.node_id,
+            request.address,
+            dict(request.total.amounts),
+            dict(request.labels),
+            self.state.now(),
+        )
+        log.info("node registered", node=request.node_id, address=request.address)
+        return pb.Ack()
+
+    async def Heartbeat(self, request: Any, context: Any) -> pb.Ack:
+        if not self.state.heartbeat(request.node_id, self.state.now()):
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"unknown node {request.node_id!r}; register first"
+            )
+        return pb.Ack()
+
+    async def ReportWorkerExit(self, request: Any, context: Any) -> pb.Ack:
+        record = self.state.worker_exited(request.worker_id, request.exit_code, request.signal)
+        if record is not None:
+            log.warning(
+                "actor died",
+                actor=record.label,
+                actor_id=record.actor_id,
+                node=request.node_id,
+                reason=describe_exit(request.pid, request.exit_code, request.signal),
+            )
+            self._ended_event(record.actor_id).set()
+        return pb.Ack()
+
+    # -- driver-facing RPCs --------------------------------------------------------------
+    async def SpawnMesh(self, request: Any, context: Any) -> pb.MeshInfo:
+        mesh_id = f"m-{secrets.token_hex(4)}"
+        name = request.name or request.class_path.rpartition(":")[2]
+        try:
+            records = self.state.place(
+                mesh_id,
+                name,
+                request.class_path,
+                request.size,
+                dict(request.resources.amounts),
+                dict(request.labels),
+                {r: f"a-{secrets.token_hex(6)}" for r in range(request.size)},
+            )
+        except OrchestrError as exc:
+            await abort_with(context, exc)
+        results = await asyncio.gather(
+            *(self._start_member(r, request.init_args) for r in records), return_exceptions=True
+        )
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            await self._stop_members(records)
+            first = failures[0]
+            if not isinstance(first, OrchestrError):
+                first = SpawnError(f"spawning {name} failed: {first!r}")
+            await abort_with(context, first)
+        log.info("mesh spawned", mesh=mesh_id, name=name, size=len(records))
+        return pb.MeshInfo(
+            mesh_id=mesh_id,
+            name=name,
+            class_path=request.class_path,
+            members=[actor_info(r) for r in records],
+        )
+
+    async def _start_member(self, record: ActorRecord, init_args: bytes) -> None:
+        node = self.state.nodes[record.node_id]
+        worker_id = f"w-{record.actor_id[2:]}"
+        record.worker_id = worker_id
+        self.state.by_worker[worker_id] = record.actor_id
+        node_ch = self._channel(node.address)
+        winfo = await node_ch.rpc(
+            node_ch.stub(pb_grpc.NodeStub).StartWorker,
+            pb.StartWorkerRequest(worker_id=worker_id),
+            timeout=self.config.worker_start_timeout + 5,
+        )
+        record.pid = winfo.pid
+        worker_ch = self._channel(winfo.control_address)
+        reply = await worker_ch.rpc(
+            worker_ch.stub(pb_grpc.WorkerStub).CreateActor,
+            pb.CreateActorRequest(
+                actor_id=record.actor_id,
+                class_path=record.class_path,
+                init_args=init_args,
+                name=record.name,
+                rank=record.rank,
+                mesh_id=record.mesh_id,
+            ),
+            timeout=None,
+        )
+        if record.state != "starting":  # the worker died while the actor was being created
+            raise SpawnError(
+                f"{record.label} died during creation: "
+                f"{describe_exit(record.pid, record.exit_code, record.signal)}"
+            )
+        self.state.actor_started(
+            record.actor_id, worker_id, winfo.call_address, winfo.pid, list(reply.endpoints)
+        )
+
+    async def _stop_members(self, records: list[ActorRecord]) -> None:
+        async def stop(record: ActorRecord) -> None:
+            self.state.actor_ended(record.actor_id, stopped=True)
+            self._ended_event(record.actor_id).set()
+            node = self.state.nodes.get(record.node_id)
+            if node is None or not node.alive or not record.worker_id:
+                return
+            ch = self._channel(node.address)
+            with contextlib.suppress(OrchestrError):
+                await ch.rpc(
+                    ch.stub(pb_grpc.NodeStub).StopWorker,
+                    pb.StopWorkerRequest(
+                        worker_id=record.worker_id, grace_s=self.config.worker_stop_grace
+                    ),
+                )
+
+        await asyncio.gather(*(stop(r) for r in records))
+
+    async def StopMesh(self, request: Any, context: Any) -> pb.Ack:
+        await self._stop_members(self.state.mesh_members(request.mesh_id))
+        return pb.Ack()
+
+    async def GetActor(self, request: Any, context: Any) -> pb.ActorInfo:
+        record = self.state.actors.get(request.actor_id)
+        if record is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no actor {request.actor_id!r}")
+        if record.state in ("starting", "alive") and request.wait_for_exit_s > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(request.wait_for_exit_s):
+                    await self._ended_event(record.actor_id).wait()
+        return actor_info(record)
+
+    async def ListNodes(self, request: Any, context: Any) -> pb.NodeList:
+        return pb.NodeList(
+            nodes=[
+                pb.NodeInfo(
+                    node_id=n.node_id,
+                    address=n.address,
+                    total=pb.Resources(amounts=n.total),
+                    free=pb.Resources(amounts=n.free),
+                    labels=n.labels,
+                    last_heartbeat_unix=n.last_heartbeat,
+                    alive=n.alive,
+                )
+                for n in self.state.nodes.values()
+            ]
+        )
+
+    async def ListActors(self, request: Any, context: Any) -> pb.ActorList:
+        return pb.ActorList(actors=[actor_info(a) for a in self.state.actors.values()])

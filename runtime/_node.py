@@ -1,0 +1,237 @@
+"""The node service: starts worker processes, reports their exits at once, heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import secrets
+import signal
+import sys
+from typing import Any
+
+import grpc
+import structlog
+from orchestr.protos import orchestr_pb2 as pb
+from orchestr.protos import orchestr_pb2_grpc as pb_grpc
+
+from ._grpc import ControlChannel, make_server
+from ._head import describe_exit
+from .config import Config
+from .errors import OrchestrError, SpawnError
+
+__all__ = ["NodeService", "detect_resources"]
+
+log = structlog.get_logger("orchestr.node")
+
+
+def detect_resources() -> dict[str, float]:
+    """CPUs, memory (bytes) and GPUs of this host, without importing torch."""
+    cpus = float(
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
+    memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    gpus = 0.0
+    with contextlib.suppress(OSError):
+        gpus = float(len(os.listdir("/proc/driver/nvidia/gpus")))
+    return {"cpu": cpus, "memory": memory, "gpu": gpus}
+
+
+class _Worker:
+    def __init__(self, worker_id: str, proc: asyncio.subprocess.Process) -> None:
+        self.worker_id = worker_id
+        self.proc = proc
+        self.registered: asyncio.Future[pb.WorkerInfo] = asyncio.get_running_loop().create_future()
+        self.output: collections.deque[str] = collections.deque(maxlen=20)
+        self.tasks: list[asyncio.Task[None]] = []
+
+
+class NodeService(pb_grpc.NodeServicer):  # type: ignore[misc]
+    """Serves the ``Node`` gRPC service and owns this host's worker processes."""
+
+    def __init__(
+        self,
+        head_address: str,
+        token: str,
+        config: Config,
+        *,
+        resources: dict[str, float] | None = None,
+        labels: dict[str, str] | None = None,
+        worker_env: dict[str, str] | None = None,
+        output: Any = None,
+    ) -> None:
+        self.node_id = f"n-{secrets.token_hex(4)}"
+        self.head_address = head_address
+        self.token = token
+        self.config = config
+        self.resources = resources if resources is not None else detect_resources()
+        self.labels = labels or {}
+        self.worker_env = worker_env or {}
+        self.output = output if output is not None else sys.stdout
+        self.server = make_server(token, config)
+        pb_grpc.add_NodeServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port(f"{config.bind_host}:0")
+        self.address = f"{config.bind_host}:{self.port}"
+        self.head = ControlChannel(head_address, token, config)
+        self.workers: dict[str, _Worker] = {}
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> NodeService:
+        await self.server.start()
+        await self.head.rpc(
+            self.head.stub(pb_grpc.HeadStub).RegisterNode,
+            pb.RegisterNodeRequest(
+                node_id=self.node_id,
+                address=self.address,
+                total=pb.Resources(amounts=self.resources),
+                labels=self.labels,
+            ),
+        )
+        self._heartbeat = asyncio.ensure_future(self._beat())
+        log.info("node started", node=self.node_id, address=self.address, resources=self.resources)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop every worker (SIGTERM, then SIGKILL after the grace period) and the service."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+            self._heartbeat = None
+        await asyncio.gather(
+            *(self._stop(w, self.config.worker_stop_grace) for w in list(self.workers.values()))
+        )
+        await self.server.stop(grace=0.5)
+        await self.head.aclose()
+
+    async def _beat(self) -> None:
+        stub = self.head.stub(pb_grpc.HeadStub)
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval)
+            try:
+                await self.head.rpc(
+                    stub.Heartbeat,
+                    pb.HeartbeatRequest(node_id=self.node_id, workers=len(self.workers)),
+                    timeout=5,
+                )
+            except OrchestrError as exc:
+                log.warning("heartbeat failed", error=str(exc))
+
+    # -- workers -------------------------------------------------------------------------
+    async def StartWorker(self, request: Any, context: Any) -> pb.WorkerInfo:
+        worker_id = request.worker_id or f"w-{secrets.token_hex(6)}"
+        env = dict(os.environ)
+        env.update(self.worker_env)
+        env.update(
+            ORCHESTR_WORKER_ID=worker_id,
+            ORCHESTR_NODE_ID=self.node_id,
+            ORCHESTR_NODE_ADDRESS=self.address,
+            ORCHESTR_HEAD_ADDRESS=self.head_address,
+            ORCHESTR_TOKEN=self.token,
+            PYTHONUNBUFFERED="1",
+        )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "orchestr._worker",
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        worker = _Worker(worker_id, proc)
+        self.workers[worker_id] = worker
+        worker.tasks = [
+            asyncio.ensure_future(self._forward(worker)),
+            asyncio.ensure_future(self._watch(worker)),
+        ]
+        try:
+            async with asyncio.timeout(self.config.worker_start_timeout):
+                return await worker.registered
+        except TimeoutError:
+            await self._stop(worker, 0)
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"worker {worker_id} did not register within {self.config.worker_start_timeout} s",
+            )
+        except SpawnError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        raise AssertionError("unreachable")
+
+    async def RegisterWorker(self, request: Any, context: Any) -> pb.Ack:
+        worker = self.workers.get(request.worker_id)
+        if worker is None or worker.registered.done():
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"unexpected worker {request.worker_id!r}"
+            )
+        worker.registered.set_result(request)
+        return pb.Ack()
+
+    async def StopWorker(self, request: Any, context: Any) -> pb.Ack:
+        worker = self.workers.get(request.worker_id)
+        if worker is not None:
+            await self._stop(worker, request.grace_s or self.config.worker_stop_grace)
+        return pb.Ack()
+
+    async def ListWorkers(self, request: Any, context: Any) -> pb.WorkerList:
+        return pb.WorkerList(
+            workers=[
+                w.registered.result()
+                for w in self.workers.values()
+                if w.registered.done() and not w.registered.exception()
+            ]
+        )
+
+    async def _forward(self, worker: _Worker) -> None:
+        """Relay the worker's stdout/stderr, prefixed, and keep its tail for error messages."""
+        assert worker.proc.stdout is not None
+        prefix = f"({worker.worker_id} pid={worker.proc.pid}) "
+        async for raw in worker.proc.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            worker.output.append(line)
+            with contextlib.suppress(ValueError, OSError):
+                self.output.write(prefix + line + "\n")
+                self.output.flush()
+
+    async def _watch(self, worker: _Worker) -> None:
+        rc = await worker.proc.wait()
+        sig = -rc if rc < 0 else 0
+        code = rc if rc >= 0 else 0
+        self.workers.pop(worker.worker_id, None)
+        reason = describe_exit(worker.proc.pid, code, sig)
+        if not worker.registered.done():
+            await asyncio.sleep(0.05)  # let the output relay catch the last lines
+            tail = "\n".join(worker.output) or "(no output)"
+            worker.registered.set_exception(
+                SpawnError(f"{reason} before it registered; its last output:\n{tail}")
+            )
+        log.info("worker exited", worker=worker.worker_id, reason=reason)
+        with contextlib.suppress(OrchestrError):
+            await self.head.rpc(
+                self.head.stub(pb_grpc.HeadStub).ReportWorkerExit,
+                pb.WorkerExit(
+                    node_id=self.node_id,
+                    worker_id=worker.worker_id,
+                    pid=worker.proc.pid,
+                    exit_code=code,
+                    signal=sig,
+                ),
+                timeout=5,
+            )
+
+    async def _stop(self, worker: _Worker, grace: float) -> None:
+        proc = worker.proc
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(grace):
+                    await proc.wait()
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+        await asyncio.gather(*worker.tasks, return_exceptions=True)

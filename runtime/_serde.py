@@ -1,0 +1,298 @@
+"""Values on the wire: msgpack plus extension types, never pickle.
+
+Supported: ``None``, ``bool``, ``int`` (64-bit), ``float``, ``str``, ``bytes``/``bytearray``/
+``memoryview``, lists and tuples (both arrive as lists), dicts, numpy scalars (as Python scalars),
+and the extension types below. Anything else is refused at the sender with
+:class:`SerializationError` naming the type.
+
+Extension types: torch tensors and numpy arrays travel as out-of-band buffers (the frame's
+``extra`` area; the receiver views them in place), dataclasses registered with
+:func:`register`, and mesh handles (registered by :mod:`orchestr._mesh`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import msgpack
+
+from ._frames import padded
+from .errors import ProtocolError, SerializationError
+
+__all__ = ["decode", "encode", "register", "register_ext"]
+
+EXT_TENSOR = 1
+EXT_NDARRAY = 2
+EXT_DATACLASS = 3
+
+T = TypeVar("T")
+
+_dataclasses_by_type: dict[type, str] = {}
+_dataclasses_by_name: dict[str, type] = {}
+_ext_encoders: dict[type, tuple[int, Callable[[Any], Any]]] = {}
+_ext_decoders: dict[int, Callable[[Any], Any]] = {}
+
+
+def register(cls: type[T]) -> type[T]:
+    """Allow instances of the dataclass ``cls`` in actor arguments and results.
+
+    Use as a class decorator. The class travels by import path, so the receiving process must be
+    able to import its module. Raises :class:`SerializationError` if ``cls`` is not a dataclass
+    or cannot be imported by name. Idempotent.
+    """
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise SerializationError(f"register() takes a dataclass, got {cls!r}")
+    if "<locals>" in cls.__qualname__:
+        raise SerializationError(
+            f"{cls.__qualname__} is defined inside a function and cannot be imported by other "
+            f"processes; define it at module level"
+        )
+    from ._actor import module_name
+
+    name = f"{module_name(cls.__module__)}:{cls.__qualname__}"
+    _dataclasses_by_type[cls] = name
+    _dataclasses_by_name[name] = cls
+    return cls
+
+
+def register_ext(
+    cls: type, code: int, to_wire: Callable[[Any], Any], from_wire: Callable[[Any], Any]
+) -> None:
+    """Internal: add an extension type (``to_wire`` returns a msgpack-able value)."""
+    _ext_encoders[cls] = (code, to_wire)
+    _ext_decoders[code] = from_wire
+
+
+class _Encoding:
+    """The out-of-band buffers gathered while packing one message."""
+
+    __slots__ = ("buffers", "size")
+
+    def __init__(self) -> None:
+        self.buffers: list[memoryview] = []
+        self.size = 0
+
+    def add(self, buf: memoryview) -> int:
+        offset = padded(self.size)
+        self.buffers.append(buf)
+        self.size = offset + buf.nbytes
+        return offset
+
+
+_current: list[_Encoding] = []
+
+
+def _refuse(obj: object) -> SerializationError:
+    t = type(obj)
+    return SerializationError(
+        f"cannot send a value of type {t.__module__}.{t.__qualname__}: orchestr sends msgpack "
+        f"types, torch tensors, numpy arrays and dataclasses registered with "
+        f"@orchestr.register; convert it or register it"
+    )
+
+
+def _tensor_to_wire(obj: Any) -> msgpack.ExtType:
+    t = obj.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    shape = list(t.shape)
+    dtype = str(t.dtype).removeprefix("torch.")
+    import torch
+
+    flat = t.reshape(-1).view(torch.uint8)
+    buf = memoryview(flat.numpy()).cast("B")
+    offset = _current[-1].add(buf)
+    return msgpack.ExtType(EXT_TENSOR, msgpack.packb([dtype, shape, offset, buf.nbytes]))
+
+
+def _ndarray_to_wire(obj: Any) -> msgpack.ExtType:
+    import numpy as np
+
+    if obj.dtype.hasobject:
+        raise SerializationError(
+            "numpy arrays of Python objects cannot be sent; use a numeric dtype"
+        )
+    arr = np.ascontiguousarray(obj)
+    buf = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
+    offset = _current[-1].add(buf)
+    return msgpack.ExtType(
+        EXT_NDARRAY, msgpack.packb([arr.dtype.str, list(arr.shape), offset, buf.nbytes])
+    )
+
+
+def _default(obj: Any) -> Any:
+    t = type(obj)
+    if t in _dataclasses_by_type:
+        fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
+        payload = msgpack.packb(
+            [_dataclasses_by_type[t], fields], default=_default, use_bin_type=True
+        )
+        return msgpack.ExtType(EXT_DATACLASS, payload)
+    ext = _ext_encoders.get(t)
+    if ext is not None:
+        code, to_wire = ext
+        return msgpack.ExtType(code, msgpack.packb(to_wire(obj), use_bin_type=True))
+    module = t.__module__
+    if module == "torch" and "torch" in sys.modules:
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            return _tensor_to_wire(obj)
+    if module == "numpy":
+        import numpy as np
+
+        if isinstance(obj, np.ndarray):
+            return _ndarray_to_wire(obj)
+        if isinstance(obj, np.bool_ | np.integer | np.floating):
+            return obj.item()
+    raise _refuse(obj)
+
+
+_packer = msgpack.Packer(default=_default, use_bin_type=True, autoreset=True)
+
+
+def encode(obj: object) -> tuple[bytes, list[memoryview]]:
+    """Pack ``obj`` into ``(msg, buffers)``; buffers are views, not copies, of tensor memory.
+
+    Raises :class:`SerializationError` naming the first unsupported type.
+    """
+    enc = _Encoding()
+    _current.append(enc)
+    try:
+        msg = _packer.pack(obj)
+    except SerializationError:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise SerializationError(f"cannot encode value: {exc}") from exc
+    finally:
+        _current.pop()
+    return msg, enc.buffers
+
+
+class _Decoding:
+    __slots__ = ("extra",)
+
+    def __init__(self, extra: memoryview) -> None:
+        self.extra = extra
+
+    def view(self, offset: int, nbytes: int) -> memoryview:
+        if not (isinstance(offset, int) and isinstance(nbytes, int)):
+            raise ProtocolError("buffer descriptor has non-integer offset or length")
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.extra.nbytes:
+            raise ProtocolError(
+                f"buffer descriptor [{offset}, +{nbytes}) lies outside the frame's "
+                f"{self.extra.nbytes} bytes of buffers"
+            )
+        return self.extra[offset : offset + nbytes]
+
+    def ext_hook(self, code: int, data: bytes) -> Any:
+        if code == EXT_TENSOR:
+            return self._tensor(*_fields(data, 4))
+        if code == EXT_NDARRAY:
+            return self._ndarray(*_fields(data, 4))
+        if code == EXT_DATACLASS:
+            name, fields = _fields(data, 2, self.ext_hook)
+            return _dataclass_from_wire(name, fields)
+        from_wire = _ext_decoders.get(code)
+        if from_wire is None:
+            raise ProtocolError(f"unknown extension type {code}")
+        return from_wire(msgpack.unpackb(data, raw=False))
+
+    def _tensor(self, dtype_name: str, shape: list[int], offset: int, nbytes: int) -> Any:
+        import torch
+
+        dtype = getattr(torch, str(dtype_name), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ProtocolError(f"unknown tensor dtype {dtype_name!r}")
+        count = _count(shape)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if count * itemsize != nbytes:
+            raise ProtocolError(
+                f"tensor of shape {shape} and dtype {dtype_name} needs {count * itemsize} bytes, descriptor says {nbytes}"
+            )
+        view = self.view(offset, nbytes)
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(view, dtype=torch.uint8).view(dtype).reshape(shape)
+
+    def _ndarray(self, dtype_str: str, shape: list[int], offset: int, nbytes: int) -> Any:
+        import numpy as np
+
+        try:
+            dtype = np.dtype(str(dtype_str))
+        except TypeError as exc:
+            raise ProtocolError(f"unknown array dtype {dtype_str!r}") from exc
+        if dtype.hasobject:
+            raise ProtocolError("peer sent an array of Python objects")
+        count = _count(shape)
+        if count * dtype.itemsize != nbytes:
+            raise ProtocolError(
+                f"array of shape {shape} and dtype {dtype_str} needs {count * dtype.itemsize} bytes, descriptor says {nbytes}"
+            )
+        return np.frombuffer(self.view(offset, nbytes), dtype=dtype).reshape(shape)
+
+
+def _fields(data: bytes, n: int, ext_hook: Callable[[int, bytes], Any] | None = None) -> list[Any]:
+    kwargs: dict[str, Any] = {"raw": False, "strict_map_key": False}
+    if ext_hook is not None:
+        kwargs["ext_hook"] = ext_hook
+    value = msgpack.unpackb(data, **kwargs)
+    if not isinstance(value, list) or len(value) != n:
+        raise ProtocolError("malformed extension payload")
+    return value
+
+
+def _count(shape: object) -> int:
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ProtocolError(f"malformed shape {shape!r}")
+    count = 1
+    for d in shape:
+        count *= d
+    return count
+
+
+def _dataclass_from_wire(name: object, fields: object) -> Any:
+    if not isinstance(name, str) or not isinstance(fields, dict):
+        raise ProtocolError("malformed dataclass payload")
+    cls = _dataclasses_by_name.get(name)
+    if cls is None:
+        module, _, _ = name.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise SerializationError(
+                f"cannot import {module!r} to decode dataclass {name}"
+            ) from exc
+        cls = _dataclasses_by_name.get(name)
+        if cls is None:
+            raise SerializationError(
+                f"dataclass {name} is not registered here; decorate it with @orchestr.register"
+            )
+    try:
+        return cls(**fields)
+    except TypeError as exc:
+        raise SerializationError(f"cannot rebuild {name}: {exc}") from exc
+
+
+_NO_BUFFERS = memoryview(b"")
+
+
+def decode(msg: bytes | memoryview, extra: memoryview = _NO_BUFFERS) -> Any:
+    """Unpack one message; tensors and arrays are views into ``extra`` (no copy).
+
+    Raises :class:`ProtocolError` for malformed input and :class:`SerializationError` for a
+    well-formed value this process cannot rebuild.
+    """
+    dec = _Decoding(extra)
+    try:
+        return msgpack.unpackb(msg, raw=False, strict_map_key=False, ext_hook=dec.ext_hook)
+    except (ProtocolError, SerializationError):
+        raise
+    except Exception as exc:  # msgpack raises a zoo of types for malformed input
+        raise ProtocolError(f"malformed message: {type(exc).__name__}: {exc}") from exc

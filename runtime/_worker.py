@@ -1,0 +1,185 @@
+"""A worker process: hosts actors on a uvloop event loop and serves their endpoints.
+
+Started by a node as ``python -m orchestr._worker`` with its identity and the cluster token in
+``ORCHESTR_*`` environment variables. Exits on SIGTERM, and when its node goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import importlib
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+import structlog
+from orchestr.protos import orchestr_pb2 as pb
+from orchestr.protos import orchestr_pb2_grpc as pb_grpc
+
+from . import _serde
+from ._actor import Actor
+from ._callpath import CallClient, set_current_client
+from ._callserver import ActorHost, CallServer
+from ._grpc import ControlChannel, abort_with, make_server
+from ._log import configure_logging
+from .config import Config, load_config
+from .errors import ActorDiedError, OrchestrError, SpawnError
+
+log = structlog.get_logger("orchestr.worker")
+
+
+def load_actor_class(class_path: str) -> type[Actor]:
+    """Import ``module:QualName``; raises :class:`SpawnError` saying what failed."""
+    module_name, sep, qualname = class_path.partition(":")
+    if not sep or not module_name or not qualname:
+        raise SpawnError(
+            f"actor class path must look like 'package.module:ClassName', got {class_path!r}"
+        )
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise SpawnError(
+            f"cannot import actor class {class_path!r} in the worker: {type(exc).__name__}: {exc} "
+            f"(sys.path: {sys.path[:4]}...)"
+        ) from exc
+    if not (isinstance(obj, type) and issubclass(obj, Actor)):
+        raise SpawnError(f"{class_path!r} is not an orchestr.Actor subclass")
+    return obj
+
+
+class WorkerService(pb_grpc.WorkerServicer):  # type: ignore[misc]
+    def __init__(self, worker_id: str, token: str, config: Config, calls: CallServer) -> None:
+        self.worker_id = worker_id
+        self.token = token
+        self.config = config
+        self.calls = calls
+        self.server = make_server(token, config)
+        pb_grpc.add_WorkerServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port(f"{config.bind_host}:0")
+
+    async def CreateActor(self, request: Any, context: Any) -> pb.CreateActorReply:
+        label = f"{request.name}[{request.rank}]"
+        try:
+            cls = load_actor_class(request.class_path)
+            args, kwargs = _serde.decode(request.init_args)
+            instance = cls.__new__(cls)
+            instance.rank, instance.mesh_name, instance.actor_id = (
+                request.rank,
+                request.name,
+                request.actor_id,
+            )
+            try:
+                instance.__init__(*args, **kwargs)
+            except Exception as exc:
+                raise SpawnError(
+                    f"{label} ({request.class_path}).__init__ raised {type(exc).__name__}: {exc}\n"
+                    f"--- remote traceback ---\n{traceback.format_exc().rstrip()}"
+                ) from exc
+        except OrchestrError as exc:
+            log.error("actor creation failed", actor=label, error=str(exc))
+            await abort_with(context, exc if isinstance(exc, SpawnError) else SpawnError(str(exc)))
+        self.calls.actors[request.actor_id] = ActorHost(instance, label)
+        structlog.contextvars.bind_contextvars(actor=label)
+        log.info("actor created", actor_id=request.actor_id, class_path=request.class_path)
+        return pb.CreateActorReply(endpoints=sorted(instance._orchestr_endpoints))
+
+    async def StopActor(self, request: Any, context: Any) -> pb.Ack:
+        host = self.calls.actors.pop(request.actor_id, None)
+        if host is not None:
+            await host.aclose()
+        return pb.Ack()
+
+    async def Ping(self, request: Any, context: Any) -> pb.WorkerStatus:
+        return pb.WorkerStatus(
+            worker_id=self.worker_id, pid=os.getpid(), actors=sorted(self.calls.actors)
+        )
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the node that started it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+async def serve_worker() -> None:
+    env = os.environ
+    worker_id, token = env["ORCHESTR_WORKER_ID"], env["ORCHESTR_TOKEN"]
+    config = load_config()
+    head = ControlChannel(env["ORCHESTR_HEAD_ADDRESS"], token, config)
+    node = ControlChannel(env["ORCHESTR_NODE_ADDRESS"], token, config)
+    parent = os.getppid()
+
+    async def death_reporter(actor_id: str) -> ActorDiedError | None:
+        from ._driver import explain_death
+
+        return await explain_death(head, actor_id, config.death_report_wait)
+
+    set_current_client(CallClient(token, config, death_reporter))
+    calls = CallServer(token, config)
+    await calls.start(f"tcp://{config.bind_host}:0")
+    service = WorkerService(worker_id, token, config, calls)
+    await service.server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    await node.rpc(
+        node.stub(pb_grpc.NodeStub).RegisterWorker,
+        pb.WorkerInfo(
+            worker_id=worker_id,
+            pid=os.getpid(),
+            control_address=f"{config.bind_host}:{service.port}",
+            call_address=calls.url,
+        ),
+    )
+    log.info("worker serving", call_address=calls.url)
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):
+                await stop.wait()
+        if os.getppid() != parent:  # the node went away without telling us
+            break
+    log.info("worker stopping")
+    await calls.aclose()
+    from ._callpath import current_client
+
+    await current_client().aclose()
+    await service.server.stop(grace=0.2)
+    await head.aclose()
+    await node.aclose()
+
+
+def main() -> None:
+    _die_with_parent()
+    env = os.environ
+    session_dir = env.get("ORCHESTR_SESSION_DIR")
+    log_file = None
+    if session_dir:
+        os.makedirs(os.path.join(session_dir, "logs"), exist_ok=True)
+        log_file = open(
+            os.path.join(session_dir, "logs", f"{env['ORCHESTR_WORKER_ID']}.jsonl"), "a"
+        )
+    configure_logging(json=True, stream=log_file or sys.stderr)
+    structlog.contextvars.bind_contextvars(
+        node=env.get("ORCHESTR_NODE_ID"),
+        worker=env.get("ORCHESTR_WORKER_ID"),
+        job=env.get("ORCHESTR_JOB_ID"),
+    )
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve_worker())
+    else:
+        uvloop.run(serve_worker())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Runtime settings, read once from ``ORCHESTR_*`` environment variables with validated values."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+from .errors import ConfigError
+
+__all__ = ["Config", "load_config"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Settings shared by every orchestr process.
+
+    Each field can be set with the environment variable ``ORCHESTR_<FIELD>`` in upper case, for
+    example ``ORCHESTR_CALL_TIMEOUT=30``.
+    """
+
+    #: Default deadline of every actor call, in seconds (override per call with ``.options``).
+    call_timeout: float = 60.0
+    #: Largest message accepted on the control plane and on the call path, in bytes.
+    max_message_bytes: int = 64 * 1024 * 1024
+    #: Address services bind to. Loopback unless told otherwise.
+    bind_host: str = "127.0.0.1"
+    #: Seconds between node heartbeats to the head.
+    heartbeat_interval: float = 1.0
+    #: A node silent for this long is marked dead.
+    heartbeat_timeout: float = 5.0
+    #: Seconds a new worker process has to register before the spawn fails.
+    worker_start_timeout: float = 60.0
+    #: Seconds a stopping worker gets after SIGTERM before SIGKILL.
+    worker_stop_grace: float = 3.0
+    #: Seconds to wait for the head to learn why a worker went away, when a call breaks.
+    death_report_wait: float = 1.0
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type in ("float", "int") and not value > 0:
+                raise ConfigError(f"{field.name} must be positive, got {value!r}")
+
+
+def load_config(environ: Mapping[str, str] | None = None, **overrides: object) -> Config:
+    """Build a :class:`Config` from ``ORCHESTR_*`` variables, then ``overrides``.
+
+    Raises :class:`ConfigError` naming the variable when a value does not parse.
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    for field in dataclasses.fields(Config):
+        var = f"ORCHESTR_{field.name.upper()}"
+        raw = env.get(var)
+        if raw is None:
+            continue
+        kind = {"float": float, "int": int, "str": str}[str(field.type)]
+        try:
+            values[field.name] = kind(raw)
+        except ValueError:
+            raise ConfigError(f"{var}={raw!r} is not a valid {field.type}") from None
+    values.update(overrides)
+    unknown = set(values) - {f.name for f in dataclasses.fields(Config)}
+    if unknown:
+        raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+    return Config(**values)  # type: ignore[arg-type]

@@ -1,0 +1,152 @@
+"""The orchestr exception tree. Every error the runtime raises derives from :class:`OrchestrError`.
+
+::
+
+    OrchestrError
+    ├── ConfigError                  a setting or environment variable has a bad value
+    ├── SerializationError           a value cannot be sent (unsupported type, bad registration)
+    ├── MessageTooLargeError         a message is over ``Config.max_message_bytes``
+    ├── ProtocolError                a peer sent a malformed frame
+    ├── AuthenticationError          a missing or wrong cluster token
+    ├── ClosedResourceError          we closed the connection/cluster and then used it
+    ├── BrokenResourceError          the peer went away (connection reset, EOF)
+    ├── ControlPlaneError            a control-plane (gRPC) request failed
+    ├── SpawnError                   an actor could not be created
+    │   └── PlacementError           no node satisfies the requested resources or labels
+    ├── MeshError                    a call mode does not fit the mesh (e.g. call_one on 4 actors)
+    └── CallError                    an actor call did not produce a result
+        ├── ActorError               the remote endpoint raised; carries type, message, traceback
+        ├── ActorDiedError           the hosting worker exited or was killed during the call
+        └── CallTimeoutError         the call's deadline passed (also a ``TimeoutError``)
+
+Errors translated from a lower layer (grpc, sockets) keep it as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ActorDiedError",
+    "ActorError",
+    "AuthenticationError",
+    "BrokenResourceError",
+    "CallError",
+    "CallTimeoutError",
+    "ClosedResourceError",
+    "ConfigError",
+    "ControlPlaneError",
+    "MeshError",
+    "MessageTooLargeError",
+    "OrchestrError",
+    "PlacementError",
+    "ProtocolError",
+    "SerializationError",
+    "SpawnError",
+]
+
+
+class OrchestrError(Exception):
+    """Root of every error orchestr raises."""
+
+
+class ConfigError(OrchestrError, ValueError):
+    """A setting has a value orchestr cannot use; the message names the setting."""
+
+
+class SerializationError(OrchestrError, TypeError):
+    """A value cannot cross a process boundary; the message names the offending type."""
+
+
+class MessageTooLargeError(OrchestrError):
+    """A message exceeds the configured size limit."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"message of {size} bytes exceeds the limit of {limit} bytes; raise it with the "
+            f"ORCHESTR_MAX_MESSAGE_BYTES environment variable (Config.max_message_bytes), or "
+            f"move bulk data on the data plane"
+        )
+        self.size = size
+        self.limit = limit
+
+
+class ProtocolError(OrchestrError):
+    """A peer sent bytes that are not a valid orchestr frame."""
+
+
+class AuthenticationError(OrchestrError):
+    """A request carried no cluster token or a wrong one."""
+
+
+class ClosedResourceError(OrchestrError):
+    """The resource was closed on this side and then used."""
+
+
+class BrokenResourceError(OrchestrError):
+    """The peer closed or reset the connection."""
+
+
+class ControlPlaneError(OrchestrError):
+    """A control-plane request to the head, a node or a worker failed."""
+
+
+class SpawnError(OrchestrError):
+    """An actor could not be created (import failure, ``__init__`` raised, worker failed)."""
+
+
+class PlacementError(SpawnError):
+    """No live node can host the actor with the requested resources and labels."""
+
+
+class MeshError(OrchestrError, ValueError):
+    """The call mode does not fit the mesh's shape."""
+
+
+class CallError(OrchestrError):
+    """An actor call did not produce a result."""
+
+
+class ActorError(CallError):
+    """The remote endpoint raised. The remote exception's details are kept as text."""
+
+    def __init__(
+        self,
+        actor: str,
+        endpoint: str,
+        remote_type: str,
+        remote_message: str,
+        remote_traceback: str,
+    ) -> None:
+        super().__init__(
+            f"{actor}.{endpoint} raised {remote_type}: {remote_message}\n"
+            f"--- remote traceback ---\n{remote_traceback.rstrip()}"
+        )
+        self.actor = actor
+        self.endpoint = endpoint
+        self.remote_type = remote_type
+        self.remote_message = remote_message
+        self.remote_traceback = remote_traceback
+
+
+class ActorDiedError(CallError):
+    """The worker hosting the actor exited or was killed before answering."""
+
+    def __init__(
+        self, message: str, *, actor: str, exit_code: int | None = None, signal: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.actor = actor
+        self.exit_code = exit_code
+        self.signal = signal
+
+
+class CallTimeoutError(CallError, TimeoutError):
+    """The call's deadline passed before a result arrived."""
+
+    def __init__(self, actor: str, endpoint: str, timeout: float) -> None:
+        super().__init__(
+            f"call to {actor}.{endpoint} did not finish within its deadline of {timeout:g} s; "
+            f"pass a longer one with .options(timeout=...) or set ORCHESTR_CALL_TIMEOUT"
+        )
+        self.actor = actor
+        self.endpoint = endpoint
+        self.timeout = timeout
