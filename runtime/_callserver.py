@@ -107,6 +107,13 @@ class _ServerConnection(asyncio.BufferedProtocol):
             self.transport = None
 
 
+def _signature(fn: Any) -> str:
+    try:
+        return str(inspect.signature(fn, eval_str=True))
+    except Exception:  # annotations that do not evaluate here; show them as written
+        return str(inspect.signature(fn))
+
+
 class ActorHost:
     """One live actor: its instance, its endpoints and its mailbox."""
 
@@ -192,7 +199,7 @@ class ActorHost:
                 inspect.signature(fn).bind(*args, **kwargs)
             except TypeError as bind_exc:
                 kind = "bad_call"
-                exc = TypeError(f"{self.label}.{spec.name}{inspect.signature(fn)}: {bind_exc}")
+                exc = TypeError(f"{self.label}.{spec.name}{_signature(fn)}: {bind_exc}")
                 tb = ""
         if conn is None:
             log.error(

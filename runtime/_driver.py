@@ -62,9 +62,16 @@ class JobContext:
     """What a job's ``main(ctx)`` gets: spawning meshes and reading cluster state."""
 
     def __init__(
-        self, head: ControlChannel, client: CallClient, config: Config, job_id: str
+        self,
+        head: ControlChannel,
+        client: CallClient,
+        config: Config,
+        job_id: str,
+        session_dir: str,
     ) -> None:
         self.head = head
+        #: Where this job's worker logs (JSON lines) are written.
+        self.session_dir = session_dir
         self.client = client
         self.config = config
         self.job_id = job_id
@@ -170,7 +177,7 @@ async def open_local_cluster(
 
                 client = CallClient(token, config, reporter)
                 set_current_client(client)
-                ctx = JobContext(head_channel, client, config, job_id)
+                ctx = JobContext(head_channel, client, config, job_id, session_dir)
                 try:
                     yield ctx
                 finally:

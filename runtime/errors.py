@@ -116,10 +116,10 @@ class ActorError(CallError):
         remote_message: str,
         remote_traceback: str,
     ) -> None:
-        super().__init__(
-            f"{actor}.{endpoint} raised {remote_type}: {remote_message}\n"
-            f"--- remote traceback ---\n{remote_traceback.rstrip()}"
-        )
+        text = f"{actor}.{endpoint} raised {remote_type}: {remote_message}"
+        if remote_traceback:
+            text += f"\n--- remote traceback ---\n{remote_traceback.rstrip()}"
+        super().__init__(text)
         self.actor = actor
         self.endpoint = endpoint
         self.remote_type = remote_type

@@ -1,0 +1,120 @@
+"""Actor classes the cluster tests spawn; workers import them by path."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from typing import Any
+
+import orchestr as oc
+
+
+@oc.register
+@dataclasses.dataclass
+class Point:
+    x: float
+    y: float
+    tag: str = ""
+
+
+class Counter(oc.Actor):
+    def __init__(self, start: int = 0) -> None:
+        self.value = start
+        self.seen: list[int] = []
+        self.running = 0
+        self.max_running = 0
+
+    @oc.endpoint
+    def add(self, n: int) -> int:
+        self.value += n
+        return self.value
+
+    @oc.endpoint
+    def get(self) -> int:
+        return self.value
+
+    @oc.endpoint
+    def whoami(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "mesh": self.mesh_name,
+            "pid": os.getpid(),
+            "actor_id": self.actor_id,
+        }
+
+    @oc.endpoint
+    async def record(self, i: int, delay: float) -> int:
+        await asyncio.sleep(delay)
+        self.seen.append(i)
+        return i
+
+    @oc.endpoint
+    def seen_order(self) -> list[int]:
+        return self.seen
+
+    @oc.endpoint
+    async def sleep(self, seconds: float) -> int:
+        await asyncio.sleep(seconds)
+        return self.rank
+
+    @oc.endpoint(concurrent=True)
+    async def overlap(self, seconds: float) -> int:
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        await asyncio.sleep(seconds)
+        self.running -= 1
+        return self.max_running
+
+    @oc.endpoint(concurrent=True)
+    def blocking(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "done"
+
+    @oc.endpoint
+    def fail(self, message: str) -> None:
+        raise ValueError(message)
+
+    @oc.endpoint
+    def loop_kind(self) -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    @oc.endpoint
+    def echo(self, value: Any) -> Any:
+        return value
+
+    @oc.endpoint
+    def unsendable(self) -> Any:
+        return {1, 2, 3}
+
+    @oc.endpoint
+    def tensor_sum(self, t: Any) -> float:
+        return float(t.sum())
+
+    @oc.endpoint
+    def scale(self, t: Any, k: float) -> Any:
+        return t * k
+
+
+class Caller(oc.Actor):
+    """Uses a mesh handle it received as an argument."""
+
+    @oc.endpoint
+    async def sum_of(self, mesh: oc.Mesh, n: int) -> int:
+        return sum(await mesh.add.call(n))
+
+    @oc.endpoint
+    async def forward(self, mesh: oc.Mesh) -> oc.Mesh:
+        return mesh
+
+
+class BrokenInit(oc.Actor):
+    def __init__(self) -> None:
+        raise RuntimeError("cannot start: no config")
+
+
+class ExitsAtOnce(oc.Actor):
+    @oc.endpoint
+    def die(self, code: int) -> None:
+        os._exit(code)

@@ -1,0 +1,219 @@
+"""Dead workers, bad input at every boundary, authentication and size limits."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import struct
+
+import msgpack
+import pytest
+
+import orchestr as oc
+from orchestr._grpc import ControlChannel
+from orchestr.protos import orchestr_pb2 as pb
+from orchestr.protos import orchestr_pb2_grpc as pb_grpc
+
+from .actors import BrokenInit, Counter, ExitsAtOnce, Point
+
+
+async def test_sigkill_during_a_call_names_actor_and_signal(ctx: oc.JobContext) -> None:
+    mesh = await ctx.spawn(Counter, name="victim")
+    pid = (await mesh.whoami.call_one())["pid"]
+    call = mesh.sleep.call_one(60)
+    await asyncio.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    # the requirement is "within 2 s, never a hang": the guard is that bound
+    async with asyncio.timeout(2.0):
+        with pytest.raises(oc.ActorDiedError) as info:
+            await call
+    assert "victim[0]" in str(info.value) and "SIGKILL" in str(info.value)
+    assert info.value.signal == "SIGKILL"
+    # a later call to the dead actor fails the same way instead of hanging
+    async with asyncio.timeout(2.0):
+        with pytest.raises(oc.ActorDiedError, match="SIGKILL"):
+            await mesh.add.call_one(1)
+
+
+async def test_worker_exit_code_is_reported(ctx: oc.JobContext) -> None:
+    mesh = await ctx.spawn(ExitsAtOnce, name="quitter")
+    with pytest.raises(oc.ActorDiedError, match="quitter\\[0\\].*exited with code 3") as info:
+        await mesh.die.call_one(3)
+    assert info.value.exit_code == 3
+    actors = {a.name: a for a in await ctx.actors()}
+    assert actors["quitter"].state == "dead" and actors["quitter"].exit_code == 3
+
+
+async def test_spawn_errors_are_clear(ctx: oc.JobContext) -> None:
+    with pytest.raises(oc.SpawnError, match="cannot import actor class 'no.such.module:Thing'"):
+        await ctx.spawn("no.such.module:Thing")
+    with pytest.raises(oc.SpawnError, match="must look like 'package.module:ClassName'"):
+        await ctx.spawn("not-a-path")
+    with pytest.raises(oc.SpawnError, match="RuntimeError: cannot start: no config") as info:
+        await ctx.spawn(BrokenInit, n=2)
+    assert "remote traceback" in str(info.value)
+
+    class Local(oc.Actor):
+        pass
+
+    with pytest.raises(oc.SpawnError, match="defined inside a function"):
+        await ctx.spawn(Local)
+    with pytest.raises(oc.SpawnError, match="not an orchestr.Actor subclass"):
+        await ctx.spawn(int)  # type: ignore[arg-type]
+    # failed spawns leave nothing running and the cluster still works
+    assert [a.state for a in await ctx.actors() if a.name == "BrokenInit"] == ["stopped", "stopped"]
+    mesh = await ctx.spawn(Counter)
+    assert await mesh.add.call_one(2) == 2
+
+
+async def test_placement_by_resources_and_labels() -> None:
+    async with oc.open_local_cluster(
+        resources={"cpu": 2.0, "memory": 1e9, "gpu": 0.0, "tpu": 1.0}, labels={"zone": "a"}
+    ) as ctx:
+        mesh = await ctx.spawn(Counter, n=2, resources={"cpu": 1, "tpu": 0.5}, labels={"zone": "a"})
+        assert len(mesh) == 2
+        with pytest.raises(oc.PlacementError, match="needs resources \\{'cpu': 1.0\\}.*free"):
+            await ctx.spawn(Counter, resources={"cpu": 1})
+        with pytest.raises(oc.PlacementError, match="labels \\{'zone': 'b'\\}"):
+            await ctx.spawn(Counter, labels={"zone": "b"})
+        with pytest.raises(oc.PlacementError, match="'gpu': 1.0"):
+            await ctx.spawn(Counter, resources={"gpu": 1})
+        with pytest.raises(oc.ConfigError, match="non-negative"):
+            await ctx.spawn(Counter, resources={"cpu": -1})
+        await ctx.stop(mesh)
+        again = await ctx.spawn(Counter, n=2, resources={"cpu": 1})
+        assert len(again) == 2
+
+
+async def test_unsupported_argument_is_refused_at_the_caller(ctx: oc.JobContext) -> None:
+    mesh = await ctx.spawn(Counter)
+    with pytest.raises(oc.SerializationError, match="builtins.set"):
+        mesh.echo.call_one({1, 2})
+    with pytest.raises(oc.SerializationError, match="builtins.object"):
+        mesh.echo.broadcast(object())
+    with pytest.raises(oc.ActorError, match="SerializationError.*builtins.set"):
+        await mesh.unsendable.call_one()
+    assert await mesh.add.call_one(1) == 1
+
+
+async def test_tensors_arrays_and_dataclasses_round_trip(ctx: oc.JobContext) -> None:
+    import numpy as np
+    import torch
+
+    mesh = await ctx.spawn(Counter)
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert await mesh.tensor_sum.call_one(t) == 66.0
+    doubled = await mesh.scale.call_one(t.t(), 2.0)  # non-contiguous in, fresh tensor out
+    assert torch.equal(doubled, t.t() * 2)
+    arr = np.linspace(0, 1, 7, dtype=np.float64)
+    assert np.array_equal(await mesh.echo.call_one(arr), arr)
+    p = Point(1.5, -2.0, "origin")
+    assert await mesh.echo.call_one([p, {"k": p}]) == [p, {"k": p}]
+    bf = torch.ones(5, dtype=torch.bfloat16)
+    back = await mesh.echo.call_one(bf)
+    assert back.dtype == torch.bfloat16 and torch.equal(back, bf)
+
+
+async def test_oversized_message_names_limit_and_setting() -> None:
+    config = oc.load_config(max_message_bytes=1 << 20)
+    async with oc.open_local_cluster(config) as ctx:
+        mesh = await ctx.spawn(Counter)
+        with pytest.raises(
+            oc.MessageTooLargeError, match="1048576 bytes.*ORCHESTR_MAX_MESSAGE_BYTES"
+        ):
+            mesh.echo.call_one(b"x" * (2 << 20))
+        assert await mesh.echo.call_one(b"y" * 1000) == b"y" * 1000
+
+
+def _raw_connect(address: str) -> socket.socket:
+    _, host, port = oc.fabric.split_url(address)
+    return socket.create_connection((host, port), timeout=5)
+
+
+def _frame(obj: object) -> bytes:
+    body = msgpack.packb(obj)
+    return struct.pack("<IQ", len(body), 0) + body
+
+
+def _read_frame(sock: socket.socket) -> list[object]:
+    header = b""
+    while len(header) < 12:
+        chunk = sock.recv(12 - len(header))
+        if not chunk:
+            raise ConnectionError("closed")
+        header += chunk
+    n, extra = struct.unpack("<IQ", header)
+    body = b""
+    while len(body) < n + extra:
+        body += sock.recv(n + extra - len(body))
+    return msgpack.unpackb(body[:n])  # type: ignore[no-any-return]
+
+
+async def test_call_path_refuses_a_wrong_token(ctx: oc.JobContext) -> None:
+    mesh = await ctx.spawn(Counter)
+    member = mesh.members[0]
+
+    def attempt() -> list[object]:
+        with _raw_connect(member.address) as sock:
+            sock.sendall(
+                _frame([0, "wrong-token"]) + _frame([1, 1, member.actor_id, "add", [1], {}])
+            )
+            reply = _read_frame(sock)
+            assert sock.recv(1) == b""  # and the server closed the connection
+            return reply
+
+    reply = await asyncio.to_thread(attempt)
+    assert reply[2] == "auth" and "token" in str(reply[4])
+    assert await mesh.get.call_one() == 0  # the refused call never ran
+
+
+async def test_garbage_frames_leave_the_worker_serving(ctx: oc.JobContext) -> None:
+    mesh = await ctx.spawn(Counter)
+    member = mesh.members[0]
+    token = ctx.client.token
+
+    def attempt() -> list[list[object]]:
+        replies = []
+        with _raw_connect(member.address) as sock:
+            sock.sendall(_frame([0, token]))
+            for junk in (
+                b"\xc1\xc1\xc1",
+                msgpack.packb("hi"),
+                msgpack.packb([9, 1, "a", "b", [], {}]),
+            ):
+                sock.sendall(struct.pack("<IQ", len(junk), 0) + junk)
+                replies.append(_read_frame(sock))
+            sock.sendall(_frame([1, 7, member.actor_id, "add", [5], {}]))
+            replies.append(_read_frame(sock))
+        with _raw_connect(member.address) as sock:  # random bytes, then an oversized header
+            sock.sendall(os.urandom(64) + struct.pack("<IQ", 1, 1 << 40))
+            sock.settimeout(5)
+            while sock.recv(4096):
+                pass
+        return replies
+
+    replies = await asyncio.to_thread(attempt)
+    assert [r[2] for r in replies[:3]] == ["protocol", "protocol", "protocol"]
+    assert replies[3][:3] == [3, 7, 5]
+    assert await mesh.add.call_one(1) == 6
+
+
+async def test_control_plane_requires_the_token(ctx: oc.JobContext) -> None:
+    address = ctx.head.address
+    for token in ("", "wrong"):
+        channel = ControlChannel(address, token, ctx.config)
+        try:
+            with pytest.raises(oc.AuthenticationError, match="token"):
+                await channel.rpc(channel.stub(pb_grpc.HeadStub).ListNodes, pb.Empty())
+        finally:
+            await channel.aclose()
+    assert len(await ctx.nodes()) == 1
+
+
+async def test_control_plane_size_limit() -> None:
+    config = oc.load_config(max_message_bytes=1 << 16)
+    async with oc.open_local_cluster(config) as ctx:
+        with pytest.raises(oc.ControlPlaneError, match="ORCHESTR_MAX_MESSAGE_BYTES"):
+            await ctx.spawn(Counter, "x" * (1 << 17))
