@@ -23,9 +23,15 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
+# mypy sees the folders as the installed package tree (orchestr, orchestr.fabric, ...) through
+# a tree of symlinks, since the editable install's path hook is invisible to it.
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy runtime fabric roles cli
+	$(VENV)/bin/ruff format --check .
+	rm -rf build/typecheck && mkdir -p build/typecheck/orchestr
+	cp -rs $(CURDIR)/runtime/. build/typecheck/orchestr/
+	for p in fabric roles cli protos; do ln -s $(CURDIR)/$$p build/typecheck/orchestr/$$p; done
+	cd build/typecheck && $(CURDIR)/$(PY) -m mypy --config-file $(CURDIR)/pyproject.toml -p orchestr
 
 protos: setup
 	$(PY) protos/generate.py

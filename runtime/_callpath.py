@@ -58,12 +58,20 @@ DeathReporter = Callable[[str], Awaitable[ActorDiedError | None]]
 
 
 def pack_frame(message: list[Any], limit: int) -> list[bytes | memoryview]:
-    """Encode one message; raises SerializationError / MessageTooLargeError at the caller."""
-    msg, buffers = _serde.encode(message)
+    """Encode one message; raises SerializationError / MessageTooLargeError at the caller.
+
+    Large ``bytes`` arguments and results go out of band, so they are never copied here.
+    """
+    if len(message) == 6:
+        message[4] = _serde.lift_large(message[4])
+        message[5] = _serde.lift_large(message[5])
+    elif len(message) == 3:
+        message[2] = _serde.lift_large(message[2])
+    msg, buffers, scratch = _serde.encode_parts(message)
     size = len(msg) + sum(b.nbytes for b in buffers)
     if size > limit:
         raise MessageTooLargeError(size, limit)
-    return encode_frame(msg, buffers)
+    return encode_frame(msg, buffers, scratch=scratch)
 
 
 class _Pending:

@@ -17,13 +17,18 @@ from collections.abc import Sequence
 
 from .errors import ProtocolError
 
-__all__ = ["ALIGN", "HEADER", "FrameDecoder", "encode_frame", "padded"]
+__all__ = ["ALIGN", "HEADER", "SCRATCH", "FrameDecoder", "encode_frame", "padded"]
 
 HEADER = struct.Struct("<IQ")
+#: Top bit of ``extra_len``: the buffers are only copied out while decoding (large ``bytes``),
+#: so the frame may be parsed in the shared receive buffer like one without buffers.
+SCRATCH = 1 << 63
 ALIGN = 16
-_SMALL = 64 * 1024  # frames up to this size without buffers are parsed inside the shared buffer
+_JOIN_BELOW = 4096  # smaller messages are joined to their header: one piece beats a copy
+_MIN_READ = 64 * 1024  # free space offered to each socket read, at least
 _INITIAL = 256 * 1024
 _ZEROS = bytes(ALIGN)
+_EMPTY = memoryview(b"")
 
 Frame = tuple[memoryview, memoryview]
 
@@ -33,10 +38,16 @@ def padded(offset: int) -> int:
     return (offset + ALIGN - 1) // ALIGN * ALIGN
 
 
-def encode_frame(msg: bytes, buffers: Sequence[memoryview]) -> list[bytes | memoryview]:
-    """Return the pieces of one frame, ready for ``transport.writelines`` (no joining copy)."""
+def encode_frame(
+    msg: bytes, buffers: Sequence[memoryview], *, scratch: bool = False
+) -> list[bytes | memoryview]:
+    """Return the pieces of one frame, ready for ``transport.writelines`` (no joining copy).
+
+    ``scratch`` says the receiver will copy every buffer out while decoding (see SCRATCH)."""
     if not buffers:
-        return [HEADER.pack(len(msg), 0) + msg]
+        if len(msg) < _JOIN_BELOW:
+            return [HEADER.pack(len(msg), 0) + msg]
+        return [HEADER.pack(len(msg), 0), msg]
     parts: list[bytes | memoryview] = [b"", msg]
     offset = 0
     for buf in buffers:
@@ -45,15 +56,17 @@ def encode_frame(msg: bytes, buffers: Sequence[memoryview]) -> list[bytes | memo
             parts.append(_ZEROS[: start - offset])
         parts.append(buf)
         offset = start + buf.nbytes
-    parts[0] = HEADER.pack(len(msg), offset)
+    parts[0] = HEADER.pack(len(msg), offset | (SCRATCH if scratch else 0))
     return parts
 
 
 class FrameDecoder:
     """Turns a byte stream into ``(msg, extra)`` frames.
 
-    ``msg`` of a small frame is a view into a shared buffer that is reused after the call that
-    returned it: decode it before feeding more bytes. ``extra`` always owns its memory.
+    A frame without buffers, or with scratch buffers, is parsed where it landed in a shared
+    receive buffer, so one socket read can deliver many frames: its ``msg`` and its read-only
+    ``extra`` are views that later reads overwrite, to be decoded before more bytes are fed
+    (decoding copies out of them). Otherwise ``extra`` is writable and owns its memory.
     Raises :class:`ProtocolError` for a frame over ``max_bytes``; the stream cannot be resynced
     after that and the connection must be closed.
     """
@@ -66,6 +79,7 @@ class FrameDecoder:
         # A large frame in progress: its own memory and how much of it is filled.
         self._big: tuple[bytearray, bytearray] | None = None
         self._big_filled = 0
+        self._need = 0  # bytes from _start that the frame being received needs in all
 
     # -- BufferedProtocol side -------------------------------------------------------------
     def get_buffer(self, sizehint: int = -1) -> memoryview:
@@ -74,8 +88,9 @@ class FrameDecoder:
             if self._big_filled < len(msg):
                 return memoryview(msg)[self._big_filled :]
             return memoryview(extra)[self._big_filled - len(msg) :]
-        if len(self._buf) - self._end < _SMALL:
-            self._compact()
+        want = max(self._need - (self._end - self._start), _MIN_READ)
+        if len(self._buf) - self._end < want:
+            self._make_room(want)
         return memoryview(self._buf)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> list[Frame]:
@@ -98,27 +113,35 @@ class FrameDecoder:
             n = min(target.nbytes, view.nbytes)
             target[:n] = view[:n]
             view = view[n:]
-            frames.extend(self.buffer_updated(n))
+            # later reads reuse the shared buffer: keep copies of what this one delivered
+            frames.extend(
+                (memoryview(bytes(m)), memoryview(bytes(e)).toreadonly() if e.readonly else e)
+                for m, e in self.buffer_updated(n)
+            )
         return frames
 
     # -- internals ------------------------------------------------------------------------
-    def _compact(self) -> None:
+    def _make_room(self, want: int) -> None:
+        """Move unparsed bytes to the front, or into a bigger buffer, to leave ``want`` free."""
         pending = self._end - self._start
-        if self._start:
+        if pending + want <= len(self._buf):
             self._buf[:pending] = self._buf[self._start : self._end]
-            self._start, self._end = 0, pending
-        if len(self._buf) - self._end < _SMALL:
+        else:
             # A new buffer rather than an in-place resize: views of the old one may still be
             # alive (the transport's, or a frame's), and bytearray refuses to resize under them.
-            grown = bytearray(2 * len(self._buf))
-            grown[: self._end] = self._buf[: self._end]
+            grown = bytearray(max(2 * len(self._buf), pending + want))
+            grown[:pending] = self._buf[self._start : self._end]
             self._buf = grown
+        self._start, self._end = 0, pending
 
     def _parse(self) -> list[Frame]:
         frames: list[Frame] = []
         buf = self._buf
+        self._need = HEADER.size
         while self._end - self._start >= HEADER.size:
             msg_len, extra_len = HEADER.unpack_from(buf, self._start)
+            scratch = extra_len & SCRATCH
+            extra_len &= ~SCRATCH
             total = msg_len + extra_len
             if total > self.max_bytes:
                 raise ProtocolError(
@@ -126,11 +149,14 @@ class FrameDecoder:
                     f"bytes (ORCHESTR_MAX_MESSAGE_BYTES)"
                 )
             body = self._start + HEADER.size
-            if extra_len == 0 and msg_len <= _SMALL:
-                if self._end - body < msg_len:
+            if extra_len == 0 or scratch:
+                if self._end - body < total:
+                    self._need = HEADER.size + total
                     break
-                frames.append((memoryview(buf)[body : body + msg_len], memoryview(b"")))
-                self._start = body + msg_len
+                view = memoryview(buf)
+                borrowed = view[body + msg_len : body + total].toreadonly() if extra_len else _EMPTY
+                frames.append((view[body : body + msg_len], borrowed))
+                self._start = body + total
                 continue
             # Give this frame memory of its own and move what already arrived into it.
             msg, extra = bytearray(msg_len), bytearray(extra_len)

@@ -51,7 +51,7 @@ def actor_info(a: ActorRecord) -> pb.ActorInfo:
     )
 
 
-class HeadService(pb_grpc.HeadServicer):  # type: ignore[misc]
+class HeadService(pb_grpc.HeadServicer):
     """Serves the ``Head`` gRPC service. ``async with`` starts and stops it."""
 
     def __init__(self, token: str, config: Config, *, port: int = 0) -> None:
@@ -59,7 +59,7 @@ class HeadService(pb_grpc.HeadServicer):  # type: ignore[misc]
         self.config = config
         self.state = HeadState()
         self.server = make_server(token, config)
-        pb_grpc.add_HeadServicer_to_server(self, self.server)
+        pb_grpc.add_HeadServicer_to_server(self, self.server)  # type: ignore[no-untyped-call]
         self.port = self.server.add_insecure_port(f"{config.bind_host}:{port}")
         self.address = f"{config.bind_host}:{self.port}"
         self._channels: dict[str, ControlChannel] = {}
@@ -227,6 +227,7 @@ class HeadService(pb_grpc.HeadServicer):  # type: ignore[misc]
         record = self.state.actors.get(request.actor_id)
         if record is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no actor {request.actor_id!r}")
+            raise AssertionError("unreachable")  # abort raises
         if record.state in ("starting", "alive") and request.wait_for_exit_s > 0:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(request.wait_for_exit_s):

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import IO, Any
+from typing import Any, TextIO
 
 import structlog
 
 __all__ = ["configure_logging"]
 
 
-def configure_logging(*, json: bool, stream: IO[str] | None = None, level: str = "INFO") -> None:
+def configure_logging(*, json: bool, stream: TextIO | None = None, level: str = "INFO") -> None:
     """Route orchestr's structlog output. Context bound with ``structlog.contextvars`` (node,
     worker, actor, job, call) is merged into every event."""
     processors: list[Any] = [

@@ -47,7 +47,7 @@ class _Worker:
         self.tasks: list[asyncio.Task[None]] = []
 
 
-class NodeService(pb_grpc.NodeServicer):  # type: ignore[misc]
+class NodeService(pb_grpc.NodeServicer):
     """Serves the ``Node`` gRPC service and owns this host's worker processes."""
 
     def __init__(
@@ -70,7 +70,7 @@ class NodeService(pb_grpc.NodeServicer):  # type: ignore[misc]
         self.worker_env = worker_env or {}
         self.output = output if output is not None else sys.stdout
         self.server = make_server(token, config)
-        pb_grpc.add_NodeServicer_to_server(self, self.server)
+        pb_grpc.add_NodeServicer_to_server(self, self.server)  # type: ignore[no-untyped-call]
         self.port = self.server.add_insecure_port(f"{config.bind_host}:0")
         self.address = f"{config.bind_host}:{self.port}"
         self.head = ControlChannel(head_address, token, config)
@@ -168,6 +168,7 @@ class NodeService(pb_grpc.NodeServicer):  # type: ignore[misc]
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"unexpected worker {request.worker_id!r}"
             )
+            raise AssertionError("unreachable")  # abort raises
         worker.registered.set_result(request)
         return pb.Ack()
 

@@ -23,11 +23,23 @@ import msgpack
 from ._frames import padded
 from .errors import ProtocolError, SerializationError
 
-__all__ = ["decode", "encode", "register", "register_ext"]
+__all__ = [
+    "OutOfBand",
+    "decode",
+    "encode",
+    "encode_parts",
+    "lift_large",
+    "register",
+    "register_ext",
+]
 
 EXT_TENSOR = 1
 EXT_NDARRAY = 2
 EXT_DATACLASS = 3
+EXT_BYTES = 4
+
+#: ``bytes`` at least this long in call arguments and results travel out of band.
+OUT_OF_BAND_BYTES = 16 * 1024
 
 T = TypeVar("T")
 
@@ -67,19 +79,53 @@ def register_ext(
     _ext_decoders[code] = from_wire
 
 
+class OutOfBand:
+    """Wraps a large ``bytes``-like value so it is sent as a buffer, without a packing copy."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self.data = data
+
+
+def lift_large(values: Any) -> Any:
+    """Wrap large ``bytes`` items of a list, tuple or dict (one level) in :class:`OutOfBand`."""
+    if isinstance(values, list | tuple):
+        if any(type(v) in _BYTES and len(v) >= OUT_OF_BAND_BYTES for v in values):
+            return [
+                OutOfBand(v) if type(v) in _BYTES and len(v) >= OUT_OF_BAND_BYTES else v
+                for v in values
+            ]
+    elif isinstance(values, dict):
+        if any(type(v) in _BYTES and len(v) >= OUT_OF_BAND_BYTES for v in values.values()):
+            return {
+                k: OutOfBand(v) if type(v) in _BYTES and len(v) >= OUT_OF_BAND_BYTES else v
+                for k, v in values.items()
+            }
+    elif type(values) in _BYTES and len(values) >= OUT_OF_BAND_BYTES:
+        return OutOfBand(values)
+    return values
+
+
+_BYTES = (bytes, bytearray)
+
+
 class _Encoding:
     """The out-of-band buffers gathered while packing one message."""
 
-    __slots__ = ("buffers", "size")
+    __slots__ = ("buffers", "retained", "size")
 
     def __init__(self) -> None:
         self.buffers: list[memoryview] = []
         self.size = 0
+        #: Whether the receiver keeps views of some buffer (tensors, arrays).
+        self.retained = False
 
-    def add(self, buf: memoryview) -> int:
+    def add(self, buf: memoryview, *, retained: bool = True) -> int:
         offset = padded(self.size)
         self.buffers.append(buf)
         self.size = offset + buf.nbytes
+        self.retained |= retained
         return offset
 
 
@@ -118,7 +164,7 @@ def _ndarray_to_wire(obj: Any) -> msgpack.ExtType:
         raise SerializationError(
             "numpy arrays of Python objects cannot be sent; use a numeric dtype"
         )
-    arr = np.ascontiguousarray(obj)
+    arr = obj if obj.flags.c_contiguous else obj.copy(order="C")  # keeps 0-d arrays 0-d
     buf = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
     offset = _current[-1].add(buf)
     return msgpack.ExtType(
@@ -128,6 +174,10 @@ def _ndarray_to_wire(obj: Any) -> msgpack.ExtType:
 
 def _default(obj: Any) -> Any:
     t = type(obj)
+    if t is OutOfBand:
+        buf = memoryview(obj.data).cast("B")
+        offset = _current[-1].add(buf, retained=False)
+        return msgpack.ExtType(EXT_BYTES, msgpack.packb([offset, buf.nbytes]))
     if t in _dataclasses_by_type:
         fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
         payload = msgpack.packb(
@@ -139,7 +189,7 @@ def _default(obj: Any) -> Any:
         code, to_wire = ext
         return msgpack.ExtType(code, msgpack.packb(to_wire(obj), use_bin_type=True))
     module = t.__module__
-    if module == "torch" and "torch" in sys.modules:
+    if module.startswith("torch") and "torch" in sys.modules:  # tensors and nn.Parameter
         import torch
 
         if isinstance(obj, torch.Tensor):
@@ -162,6 +212,12 @@ def encode(obj: object) -> tuple[bytes, list[memoryview]]:
 
     Raises :class:`SerializationError` naming the first unsupported type.
     """
+    msg, buffers, _ = encode_parts(obj)
+    return msg, buffers
+
+
+def encode_parts(obj: object) -> tuple[bytes, list[memoryview], bool]:
+    """Like :func:`encode`, and also whether the receiver only copies out of the buffers."""
     enc = _Encoding()
     _current.append(enc)
     try:
@@ -172,7 +228,7 @@ def encode(obj: object) -> tuple[bytes, list[memoryview]]:
         raise SerializationError(f"cannot encode value: {exc}") from exc
     finally:
         _current.pop()
-    return msg, enc.buffers
+    return msg, enc.buffers, bool(enc.buffers) and not enc.retained
 
 
 class _Decoding:
@@ -196,6 +252,9 @@ class _Decoding:
             return self._tensor(*_fields(data, 4))
         if code == EXT_NDARRAY:
             return self._ndarray(*_fields(data, 4))
+        if code == EXT_BYTES:
+            offset, nbytes = _fields(data, 2)
+            return bytes(self.view(offset, nbytes))
         if code == EXT_DATACLASS:
             name, fields = _fields(data, 2, self.ext_hook)
             return _dataclass_from_wire(name, fields)
@@ -219,6 +278,8 @@ class _Decoding:
         view = self.view(offset, nbytes)
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
+        if view.readonly:  # borrowed memory (a scratch frame): copy out
+            view = memoryview(bytearray(view))
         return torch.frombuffer(view, dtype=torch.uint8).view(dtype).reshape(shape)
 
     def _ndarray(self, dtype_str: str, shape: list[int], offset: int, nbytes: int) -> Any:
@@ -235,7 +296,9 @@ class _Decoding:
             raise ProtocolError(
                 f"array of shape {shape} and dtype {dtype_str} needs {count * dtype.itemsize} bytes, descriptor says {nbytes}"
             )
-        return np.frombuffer(self.view(offset, nbytes), dtype=dtype).reshape(shape)
+        view = self.view(offset, nbytes)
+        array = np.frombuffer(view, dtype=dtype).reshape(shape)
+        return array.copy() if view.readonly else array
 
 
 def _fields(data: bytes, n: int, ext_hook: Callable[[int, bytes], Any] | None = None) -> list[Any]:

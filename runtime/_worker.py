@@ -53,14 +53,14 @@ def load_actor_class(class_path: str) -> type[Actor]:
     return obj
 
 
-class WorkerService(pb_grpc.WorkerServicer):  # type: ignore[misc]
+class WorkerService(pb_grpc.WorkerServicer):
     def __init__(self, worker_id: str, token: str, config: Config, calls: CallServer) -> None:
         self.worker_id = worker_id
         self.token = token
         self.config = config
         self.calls = calls
         self.server = make_server(token, config)
-        pb_grpc.add_WorkerServicer_to_server(self, self.server)
+        pb_grpc.add_WorkerServicer_to_server(self, self.server)  # type: ignore[no-untyped-call]
         self.port = self.server.add_insecure_port(f"{config.bind_host}:0")
 
     async def CreateActor(self, request: Any, context: Any) -> pb.CreateActorReply:
@@ -75,7 +75,7 @@ class WorkerService(pb_grpc.WorkerServicer):  # type: ignore[misc]
                 request.actor_id,
             )
             try:
-                instance.__init__(*args, **kwargs)
+                cls.__init__(instance, *args, **kwargs)
             except Exception as exc:
                 raise SpawnError(
                     f"{label} ({request.class_path}).__init__ raised {type(exc).__name__}: {exc}\n"

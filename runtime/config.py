@@ -39,7 +39,16 @@ class Config:
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.type in ("float", "int") and not value > 0:
+            if field.type == "str":
+                if not isinstance(value, str) or not value:
+                    raise ConfigError(f"{field.name} must be a non-empty string, got {value!r}")
+                continue
+            kinds = (int, float) if field.type == "float" else (int,)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise ConfigError(
+                    f"{field.name} must be a number of type {field.type}, got {value!r}"
+                )
+            if not value > 0:
                 raise ConfigError(f"{field.name} must be positive, got {value!r}")
 
 

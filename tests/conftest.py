@@ -2,9 +2,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import pytest
-
 import orchestr as oc
+import pytest
 
 
 @pytest.fixture

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 import orchestr as oc
+import pytest
 
 from .actors import Caller, Counter
 

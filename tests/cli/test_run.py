@@ -1,0 +1,155 @@
+"""``orchestr run`` end to end, in a subprocess, with leak checks."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+import uuid
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ORCHESTR = [sys.executable, "-m", "orchestr.cli"]
+
+
+def _listening_ports() -> set[int]:
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _run(args: list[str], cwd: pathlib.Path = ROOT) -> tuple[subprocess.CompletedProcess[str], str]:
+    marker = f"ORCHESTR_TEST_MARKER={uuid.uuid4().hex}"
+    key, value = marker.split("=")
+    env = dict(os.environ, **{key: value})
+    proc = subprocess.run(
+        ORCHESTR + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+    return proc, marker
+
+
+def _assert_nothing_left(marker: str, ports_before: set[int], shm_before: set[str]) -> None:
+    assert _processes_with(marker) == [], "worker processes outlived the job"
+    assert _listening_ports() - ports_before == set(), "a listening socket outlived the job"
+    assert set(os.listdir("/dev/shm")) - shm_before == set(), "a shared-memory segment leaked"
+
+
+def test_hello_example_runs_and_leaves_nothing_behind() -> None:
+    ports, shm = _listening_ports(), set(os.listdir("/dev/shm"))
+    proc, marker = _run(["run", "examples/hello.py"])
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "call       -> [11, 11, 11, 11]" in out
+    assert "call_one   -> 16" in out
+    assert "remote error -> ZeroDivisionError: division by zero" in out
+    _assert_nothing_left(marker, ports, shm)
+
+
+def test_a_failing_job_reports_and_cleans_up(tmp_path: pathlib.Path) -> None:
+    job = tmp_path / "failing_job.py"
+    job.write_text(
+        textwrap.dedent(
+            """
+            import orchestr as oc
+
+            class Boom(oc.Actor):
+                @oc.endpoint
+                def go(self) -> None:
+                    raise KeyError("missing-key")
+
+            async def main(ctx):
+                mesh = await ctx.spawn(Boom, n=2)
+                await mesh.go.call()
+            """
+        )
+    )
+    ports, shm = _listening_ports(), set(os.listdir("/dev/shm"))
+    proc, marker = _run(["run", str(job)])
+    assert proc.returncode == 1
+    assert re.search(
+        r"the job failed: ActorError: Boom\[[01]\]\.go raised KeyError: 'missing-key'", proc.stderr
+    )
+    _assert_nothing_left(marker, ports, shm)
+
+
+def test_a_job_raising_a_plain_exception_cleans_up(tmp_path: pathlib.Path) -> None:
+    job = tmp_path / "plain_error.py"
+    job.write_text(
+        "import orchestr as oc\n"
+        "from hello import Counter\n"
+        "async def main(ctx):\n"
+        "    await ctx.spawn(Counter, n=2)\n"
+        "    raise RuntimeError('driver bug')\n"
+    )
+    ports, shm = _listening_ports(), set(os.listdir("/dev/shm"))
+    env_path = str(ROOT / "examples")
+    marker = f"{uuid.uuid4().hex}"
+    env = dict(os.environ, ORCHESTR_TEST_MARKER=marker, PYTHONPATH=env_path)
+    proc = subprocess.run(
+        [*ORCHESTR, "run", str(job)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1
+    assert "RuntimeError: driver bug" in proc.stderr
+    _assert_nothing_left(marker, ports, shm)
+
+
+def test_bad_job_files_get_clear_errors(tmp_path: pathlib.Path) -> None:
+    proc, _ = _run(["run", str(tmp_path / "missing.py")])
+    assert proc.returncode == 2 and "no job file" in proc.stderr
+    no_main = tmp_path / "no_main.py"
+    no_main.write_text("x = 1\n")
+    proc, _ = _run(["run", str(no_main)])
+    assert proc.returncode == 2 and "must define `async def main(ctx)`" in proc.stderr
+    not_py = tmp_path / "job.txt"
+    not_py.write_text("")
+    proc, _ = _run(["run", str(not_py)])
+    assert proc.returncode == 2 and "ending in .py" in proc.stderr
+
+
+def test_script_mode_with_orchestr_run_function(tmp_path: pathlib.Path) -> None:
+    script = tmp_path / "script_job.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import orchestr as oc
+
+            class Doubler(oc.Actor):
+                @oc.endpoint
+                async def double(self, x: int) -> int:
+                    return 2 * x
+
+            async def main(ctx):
+                mesh = await ctx.spawn(Doubler, n=2)
+                return await mesh.double.call(21)
+
+            if __name__ == "__main__":
+                print("result", oc.run(main))
+            """
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "result [42, 42]" in proc.stdout

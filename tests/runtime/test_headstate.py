@@ -1,0 +1,371 @@
+"""Tests for the head's plain-object state: nodes, placement, actor lifecycle."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+import pytest
+from orchestr._headstate import ActorRecord, HeadState, validate_resources
+from orchestr.errors import ConfigError, PlacementError, SpawnError
+
+T0 = 1000.0
+
+
+def ids(prefix: str, n: int) -> dict[int, str]:
+    return {rank: f"{prefix}-{rank}" for rank in range(n)}
+
+
+def state_with(
+    nodes: Mapping[str, Mapping[str, float]], labels: Mapping[str, dict[str, str]] | None = None
+) -> HeadState:
+    state = HeadState()
+    for node_id, total in nodes.items():
+        state.register_node(node_id, f"{node_id}:1", total, (labels or {}).get(node_id, {}), now=T0)
+    return state
+
+
+def place(
+    state: HeadState,
+    n: int,
+    resources: Mapping[str, float],
+    labels: Mapping[str, str] | None = None,
+    mesh: str = "m1",
+) -> list[ActorRecord]:
+    return state.place(mesh, "worker", "pkg.mod:Cls", n, resources, labels or {}, ids(mesh, n))
+
+
+def free(state: HeadState) -> dict[str, dict[str, float]]:
+    return {node_id: dict(node.free) for node_id, node in state.nodes.items()}
+
+
+# -- validate_resources ----------------------------------------------------------------------
+
+
+def test_validate_resources_converts_amounts_to_float() -> None:
+    out = validate_resources({"cpu": 2, "memory": 1.5, "tpu": 0})
+    assert out == {"cpu": 2.0, "memory": 1.5, "tpu": 0.0}
+    assert all(type(v) is float for v in out.values())
+
+
+@pytest.mark.parametrize(
+    "resources",
+    [
+        {"cpu": -1},
+        {"cpu": -0.5},
+        {"gpu": float("nan")},
+        {"cpu": "2"},
+        {"cpu": None},
+        {"cpu": True},
+        {"gpu": False},
+        {"": 1},
+        {3: 1},
+    ],
+)
+def test_validate_resources_rejects_bad_entries(resources: Mapping[str, float]) -> None:
+    with pytest.raises(ConfigError):
+        validate_resources(resources)
+
+
+def test_validate_resources_error_names_the_resource_and_value() -> None:
+    with pytest.raises(ConfigError, match=r"'gpu'.*-2"):
+        validate_resources({"cpu": 1, "gpu": -2})
+
+
+# -- placement -------------------------------------------------------------------------------
+
+
+def test_members_spread_over_nodes_by_free_cpu() -> None:
+    state = state_with({"a": {"cpu": 4}, "b": {"cpu": 4}, "c": {"cpu": 4}})
+    placed = place(state, 3, {"cpu": 1})
+    assert sorted(r.node_id for r in placed) == ["a", "b", "c"]
+    assert free(state) == {"a": {"cpu": 3.0}, "b": {"cpu": 3.0}, "c": {"cpu": 3.0}}
+
+
+def test_member_goes_to_the_node_with_most_free_cpu() -> None:
+    state = state_with({"small": {"cpu": 2}, "big": {"cpu": 8}, "mid": {"cpu": 4}})
+    placed = place(state, 1, {"cpu": 1})
+    assert placed[0].node_id == "big"
+
+
+def test_placement_fills_the_biggest_node_until_it_is_no_longer_the_biggest() -> None:
+    state = state_with({"a": {"cpu": 6}, "b": {"cpu": 2}})
+    placed = place(state, 5, {"cpu": 1})
+    assert [r.node_id for r in placed].count("a") == 4
+    assert [r.node_id for r in placed].count("b") == 1
+    assert free(state) == {"a": {"cpu": 2.0}, "b": {"cpu": 1.0}}
+
+
+def test_placed_records_carry_rank_ids_and_request() -> None:
+    state = state_with({"a": {"cpu": 4}})
+    placed = place(state, 2, {"cpu": 1.5}, mesh="mx")
+    assert [(r.actor_id, r.rank, r.mesh_id, r.name, r.state) for r in placed] == [
+        ("mx-0", 0, "mx", "worker", "starting"),
+        ("mx-1", 1, "mx", "worker", "starting"),
+    ]
+    assert all(r.resources == {"cpu": 1.5} for r in placed)
+    assert placed[1].label == "worker[1]"
+    assert state.mesh_members("mx") == placed
+
+
+def test_placement_respects_memory_gpu_and_custom_resources() -> None:
+    state = state_with(
+        {
+            "cpu-only": {"cpu": 64, "memory": 512},
+            "gpu-box": {"cpu": 8, "memory": 64, "gpu": 2},
+            "tpu-box": {"cpu": 8, "memory": 64, "tpu": 4},
+        }
+    )
+    gpu = place(state, 2, {"cpu": 1, "gpu": 1}, mesh="g")
+    tpu = place(state, 1, {"tpu": 3}, mesh="t")
+    mem = place(state, 1, {"memory": 100}, mesh="mem")
+    assert [r.node_id for r in gpu] == ["gpu-box", "gpu-box"]
+    assert [r.node_id for r in tpu] == ["tpu-box"]
+    assert [r.node_id for r in mem] == ["cpu-only"]
+    assert state.nodes["gpu-box"].free == {"cpu": 6.0, "memory": 64.0, "gpu": 0.0}
+    assert state.nodes["tpu-box"].free["tpu"] == 1.0
+    assert state.nodes["cpu-only"].free["memory"] == 412.0
+
+
+def test_a_third_gpu_member_does_not_fit_two_gpus() -> None:
+    state = state_with({"gpu-box": {"cpu": 8, "gpu": 2}})
+    with pytest.raises(PlacementError):
+        place(state, 3, {"gpu": 1})
+
+
+def test_placement_respects_labels() -> None:
+    state = state_with(
+        {"a": {"cpu": 16}, "b": {"cpu": 2}, "c": {"cpu": 2}},
+        labels={"a": {"zone": "x"}, "b": {"zone": "y", "rack": "1"}, "c": {"zone": "y"}},
+    )
+    placed = place(state, 2, {"cpu": 1}, labels={"zone": "y"})
+    assert sorted(r.node_id for r in placed) == ["b", "c"]
+    assert [r.node_id for r in place(state, 1, {"cpu": 1}, {"zone": "y", "rack": "1"}, "m2")] == [
+        "b"
+    ]
+
+
+def test_no_node_with_the_labels_raises_placement_error() -> None:
+    state = state_with({"a": {"cpu": 16}}, labels={"a": {"zone": "x"}})
+    with pytest.raises(PlacementError, match="zone"):
+        place(state, 1, {"cpu": 1}, labels={"zone": "y"})
+
+
+def test_exact_fit_is_accepted() -> None:
+    state = state_with({"a": {"cpu": 1, "gpu": 1}})
+    (record,) = place(state, 1, {"cpu": 1, "gpu": 1})
+    assert record.node_id == "a"
+    assert state.nodes["a"].free == {"cpu": 0.0, "gpu": 0.0}
+
+
+def test_fractional_requests_sum_up_to_a_full_node() -> None:
+    state = state_with({"a": {"cpu": 1}})
+    placed = place(state, 10, {"cpu": 0.1})
+    assert len(placed) == 10
+    with pytest.raises(PlacementError):
+        place(state, 1, {"cpu": 0.1}, mesh="m2")
+
+
+def test_failed_placement_reserves_nothing_and_records_no_actors() -> None:
+    state = state_with({"a": {"cpu": 4, "gpu": 1}, "b": {"cpu": 4, "gpu": 1}})
+    before = copy.deepcopy(free(state))
+    with pytest.raises(PlacementError):
+        place(state, 3, {"cpu": 1, "gpu": 1})
+    assert free(state) == before
+    assert state.actors == {}
+    assert state.mesh_members("m1") == []
+
+
+def test_failed_placement_keeps_earlier_meshes() -> None:
+    state = state_with({"a": {"cpu": 4}})
+    kept = place(state, 2, {"cpu": 1}, mesh="kept")
+    with pytest.raises(PlacementError):
+        place(state, 3, {"cpu": 1}, mesh="failed")
+    assert set(state.actors) == {r.actor_id for r in kept}
+    assert free(state) == {"a": {"cpu": 2.0}}
+
+
+def test_placement_error_names_the_request_and_each_nodes_free_resources() -> None:
+    state = state_with(
+        {"node-a": {"cpu": 2, "gpu": 1}, "node-b": {"cpu": 3}}, labels={"node-b": {"zone": "q"}}
+    )
+    with pytest.raises(PlacementError) as info:
+        place(state, 2, {"cpu": 1, "gpu": 1})
+    message = str(info.value)
+    assert isinstance(info.value, SpawnError)
+    assert "member 1 of 2" in message
+    assert "'worker'" in message
+    assert "{'cpu': 1.0, 'gpu': 1.0}" in message
+    assert "node-a (alive) free {'cpu': 2.0, 'gpu': 1.0}" in message  # reservation rolled back
+    assert "node-b (alive) free {'cpu': 3.0}" in message
+    assert "'zone': 'q'" in message
+
+
+def test_placement_error_with_no_nodes_says_so() -> None:
+    with pytest.raises(PlacementError, match="no nodes registered"):
+        place(HeadState(), 1, {"cpu": 1})
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_mesh_of_fewer_than_one_member_is_refused(n: int) -> None:
+    state = state_with({"a": {"cpu": 4}})
+    with pytest.raises(ConfigError, match=f"n={n}"):
+        place(state, n, {"cpu": 1})
+    assert state.actors == {}
+
+
+def test_invalid_request_is_refused_before_reserving() -> None:
+    state = state_with({"a": {"cpu": 4}})
+    with pytest.raises(ConfigError):
+        place(state, 1, {"cpu": -1})
+    assert free(state) == {"a": {"cpu": 4.0}}
+
+
+# -- node liveness ---------------------------------------------------------------------------
+
+
+def test_expire_nodes_marks_only_silent_nodes_dead_once() -> None:
+    state = state_with({"a": {"cpu": 4}, "b": {"cpu": 4}})
+    assert state.heartbeat("b", T0 + 8)
+    assert state.expire_nodes(T0 + 5, timeout=5) == []  # exactly at the timeout: still alive
+    assert state.expire_nodes(T0 + 10, timeout=5) == ["a"]
+    assert state.expire_nodes(T0 + 11, timeout=5) == []
+    assert (state.nodes["a"].alive, state.nodes["b"].alive) == (False, True)
+
+
+def test_dead_nodes_are_not_used_for_placement() -> None:
+    state = state_with({"big": {"cpu": 64}, "small": {"cpu": 2}})
+    state.heartbeat("small", T0 + 9)
+    assert state.expire_nodes(T0 + 10, timeout=5) == ["big"]
+    placed = place(state, 2, {"cpu": 1})
+    assert [r.node_id for r in placed] == ["small", "small"]
+    with pytest.raises(PlacementError, match=r"big \(dead\)"):
+        place(state, 1, {"cpu": 1}, mesh="m2")
+
+
+def test_heartbeat_revives_a_dead_node() -> None:
+    state = state_with({"a": {"cpu": 4}})
+    state.expire_nodes(T0 + 100, timeout=5)
+    assert state.heartbeat("a", T0 + 101)
+    assert state.nodes["a"].alive
+    assert place(state, 1, {"cpu": 1})[0].node_id == "a"
+
+
+def test_heartbeat_of_unknown_node_returns_false() -> None:
+    assert HeadState().heartbeat("ghost", T0) is False
+
+
+# -- actor lifecycle -------------------------------------------------------------------------
+
+
+def test_actor_ended_releases_resources_once() -> None:
+    state = state_with({"a": {"cpu": 4, "gpu": 2}})
+    (record,) = place(state, 1, {"cpu": 2, "gpu": 1})
+    ended = state.actor_ended(record.actor_id, stopped=True)
+    assert ended is record
+    assert record.state == "stopped"
+    assert state.nodes["a"].free == {"cpu": 4.0, "gpu": 2.0}
+    assert state.actor_ended(record.actor_id, stopped=False, exit_code=9) is None
+    assert state.nodes["a"].free == {"cpu": 4.0, "gpu": 2.0}
+    assert (record.state, record.exit_code) == ("stopped", 0)
+
+
+def test_actor_ended_of_unknown_actor_is_a_no_op() -> None:
+    state = state_with({"a": {"cpu": 4}})
+    assert state.actor_ended("nobody", stopped=True) is None
+    assert free(state) == {"a": {"cpu": 4.0}}
+
+
+def test_actor_started_records_worker_and_marks_alive() -> None:
+    state = state_with({"a": {"cpu": 4}})
+    (record,) = place(state, 1, {"cpu": 1})
+    state.actor_started(record.actor_id, "w-1", "tcp://127.0.0.1:5000", 4242, ["f", "g"])
+    assert (record.state, record.worker_id, record.call_address, record.pid) == (
+        "alive",
+        "w-1",
+        "tcp://127.0.0.1:5000",
+        4242,
+    )
+    assert record.endpoints == ["f", "g"]
+    assert state.by_worker == {"w-1": record.actor_id}
+
+
+def test_worker_exited_marks_its_actor_dead_with_code_and_signal() -> None:
+    state = state_with({"a": {"cpu": 4}})
+    first, second = place(state, 2, {"cpu": 1})
+    state.actor_started(first.actor_id, "w-1", "addr1", 11, [])
+    state.actor_started(second.actor_id, "w-2", "addr2", 12, [])
+    ended = state.worker_exited("w-2", exit_code=-9, signal=9)
+    assert ended is second
+    assert (second.state, second.exit_code, second.signal) == ("dead", -9, 9)
+    assert first.state == "alive"
+    assert state.nodes["a"].free == {"cpu": 3.0}
+
+
+def test_worker_exited_twice_releases_once() -> None:
+    state = state_with({"a": {"cpu": 4}})
+    (record,) = place(state, 1, {"cpu": 3})
+    state.actor_started(record.actor_id, "w-1", "addr", 1, [])
+    assert state.worker_exited("w-1", 1, 0) is record
+    assert state.worker_exited("w-1", 2, 0) is None
+    assert record.exit_code == 1
+    assert state.nodes["a"].free == {"cpu": 4.0}
+
+
+def test_worker_exited_of_unknown_worker_returns_none() -> None:
+    assert HeadState().worker_exited("w-unknown", 1, 0) is None
+
+
+def test_stopped_then_worker_exit_does_not_overwrite_the_stop() -> None:
+    state = state_with({"a": {"cpu": 4}})
+    (record,) = place(state, 1, {"cpu": 1})
+    state.actor_started(record.actor_id, "w-1", "addr", 1, [])
+    state.actor_ended(record.actor_id, stopped=True)
+    assert state.worker_exited("w-1", 0, 15) is None
+    assert (record.state, record.signal) == ("stopped", 0)
+
+
+# -- re-registration -------------------------------------------------------------------------
+
+
+def test_reregistering_node_accounts_resources_already_used() -> None:
+    state = state_with({"a": {"cpu": 8, "gpu": 2}})
+    first, _second = place(state, 2, {"cpu": 2, "gpu": 1})
+    state.actor_started(first.actor_id, "w-1", "addr", 1, [])
+    state.register_node("a", "a:2", {"cpu": 8, "gpu": 2}, {"zone": "new"}, now=T0 + 50)
+    node = state.nodes["a"]
+    assert node.free == {"cpu": 4.0, "gpu": 0.0}  # one alive + one starting actor
+    assert (node.address, node.labels, node.last_heartbeat) == ("a:2", {"zone": "new"}, T0 + 50)
+    with pytest.raises(PlacementError):
+        place(state, 1, {"gpu": 1}, mesh="m2")
+
+
+def test_reregistering_node_does_not_count_ended_actors() -> None:
+    state = state_with({"a": {"cpu": 8}})
+    first, second = place(state, 2, {"cpu": 3})
+    state.actor_ended(first.actor_id, stopped=False, exit_code=1)
+    state.register_node("a", "a:1", {"cpu": 8}, {}, now=T0 + 1)
+    assert state.nodes["a"].free == {"cpu": 5.0}
+    state.actor_ended(second.actor_id, stopped=True)
+    assert state.nodes["a"].free == {"cpu": 8.0}
+
+
+def test_reregistering_node_after_it_died_is_alive_again() -> None:
+    state = state_with({"a": {"cpu": 8}})
+    state.expire_nodes(T0 + 100, timeout=5)
+    state.register_node("a", "a:1", {"cpu": 8}, {}, now=T0 + 101)
+    assert state.nodes["a"].alive
+    assert place(state, 1, {"cpu": 1})[0].node_id == "a"
+
+
+def test_register_node_copies_its_inputs() -> None:
+    total = {"cpu": 4.0}
+    labels = {"zone": "x"}
+    state = HeadState()
+    state.register_node("a", "a:1", total, labels, now=T0)
+    place(state, 1, {"cpu": 1})
+    total["cpu"] = 100.0
+    labels["zone"] = "y"
+    assert state.nodes["a"].total == {"cpu": 4.0}
+    assert state.nodes["a"].free == {"cpu": 3.0}
+    assert state.nodes["a"].labels == {"zone": "x"}
