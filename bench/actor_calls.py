@@ -38,6 +38,7 @@ sys.path.insert(0, str(HERE))
 import orchestr as oc  # noqa: E402
 import uvloop  # noqa: E402
 from _venvs import MONARCH_PRE, MONARCH_REQUIREMENTS, RAY_REQUIREMENTS, ensure_venv  # noqa: E402
+from orchestr._log import configure_logging  # noqa: E402
 
 IN_FLIGHT = 1_000
 PAYLOAD = b"x" * (64 * 1024)
@@ -205,6 +206,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown peer(s): {', '.join(sorted(unknown))}")
 
+    configure_logging(json=False, level="WARNING")
     print(machine(), flush=True)
     results: dict[str, dict[str, Summary]] = {}
     results["orchestr"] = uvloop.run(measure_orchestr(reps, seconds, sync_calls))

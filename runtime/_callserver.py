@@ -210,6 +210,9 @@ class ActorHost:
                 traceback=tb,
             )
         else:
+            log.info(
+                "call raised", actor=self.label, call=call_id, endpoint=spec.name, error=repr(exc)
+            )
             conn.error(call_id, kind, exc, tb=tb)
 
     async def aclose(self) -> None:

@@ -199,6 +199,11 @@ def run(main: Callable[[JobContext], Awaitable[T]], *, config: Config | None = N
     if not inspect.iscoroutinefunction(main):
         raise TypeError(f"orchestr.run needs an async function main(ctx), got {main!r}")
 
+    if not structlog.is_configured():
+        from ._log import configure_logging
+
+        configure_logging(json=False, level="WARNING")
+
     async def body() -> T:
         async with open_local_cluster(config) as ctx:
             return await main(ctx)

@@ -85,8 +85,9 @@ class WorkerService(pb_grpc.WorkerServicer):
             log.error("actor creation failed", actor=label, error=str(exc))
             await abort_with(context, exc if isinstance(exc, SpawnError) else SpawnError(str(exc)))
         self.calls.actors[request.actor_id] = ActorHost(instance, label)
-        structlog.contextvars.bind_contextvars(actor=label)
-        log.info("actor created", actor_id=request.actor_id, class_path=request.class_path)
+        log.info(
+            "actor created", actor=label, actor_id=request.actor_id, class_path=request.class_path
+        )
         return pb.CreateActorReply(endpoints=sorted(instance._orchestr_endpoints))
 
     async def StopActor(self, request: Any, context: Any) -> pb.Ack:

@@ -162,3 +162,19 @@ async def test_unknown_endpoint_on_the_wire_is_a_clear_error(ctx: oc.JobContext)
     with pytest.raises(oc.ActorError, match="no actor 'a-nobody'"):
         await ctx.client.call(member.address, "a-nobody", "x", "add", (1,), {})
     assert await mesh.add.call_one(1) == 1
+
+
+async def test_worker_logs_are_json_lines_with_bound_context(ctx: oc.JobContext) -> None:
+    import json
+    import pathlib
+
+    mesh = await ctx.spawn(Counter, name="logged")
+    with pytest.raises(oc.ActorError):
+        await mesh.fail.call_one("for the log")
+    await asyncio.sleep(0.2)  # the worker writes its log line after replying
+    logs = list((pathlib.Path(ctx.session_dir) / "logs").glob("*.jsonl"))
+    events = [json.loads(line) for f in logs for line in f.read_text().splitlines()]
+    raised = [e for e in events if e["event"] == "call raised"]
+    assert raised, events
+    assert {"node", "worker", "actor", "job", "call"} <= set(raised[0])
+    assert raised[0]["actor"] == "logged[0]" and raised[0]["job"] == ctx.job_id
