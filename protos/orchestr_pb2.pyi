@@ -210,12 +210,6 @@ class StopWorkerRequest(_message.Message):
     grace_s: float
     def __init__(self, worker_id: _Optional[str] = ..., grace_s: _Optional[float] = ...) -> None: ...
 
-class WorkerList(_message.Message):
-    __slots__ = ("workers",)
-    WORKERS_FIELD_NUMBER: _ClassVar[int]
-    workers: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
-
 class CreateActorRequest(_message.Message):
     __slots__ = ("actor_id", "class_path", "init_args", "name", "rank", "mesh_id")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
@@ -237,19 +231,3 @@ class CreateActorReply(_message.Message):
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     endpoints: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
-
-class StopActorRequest(_message.Message):
-    __slots__ = ("actor_id",)
-    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
-    actor_id: str
-    def __init__(self, actor_id: _Optional[str] = ...) -> None: ...
-
-class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "pid", "actors")
-    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
-    PID_FIELD_NUMBER: _ClassVar[int]
-    ACTORS_FIELD_NUMBER: _ClassVar[int]
-    worker_id: str
-    pid: int
-    actors: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., pid: _Optional[int] = ..., actors: _Optional[_Iterable[str]] = ...) -> None: ...

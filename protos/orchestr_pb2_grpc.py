@@ -422,11 +422,6 @@ class NodeStub:
                 request_serializer=orchestr__pb2.WorkerInfo.SerializeToString,
                 response_deserializer=orchestr__pb2.Ack.FromString,
                 _registered_method=True)
-        self.ListWorkers = channel.unary_unary(
-                '/orchestr.v1.Node/ListWorkers',
-                request_serializer=orchestr__pb2.Empty.SerializeToString,
-                response_deserializer=orchestr__pb2.WorkerList.FromString,
-                _registered_method=True)
 
 
 class NodeServicer:
@@ -450,12 +445,6 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def ListWorkers(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
 
 def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -473,11 +462,6 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.RegisterWorker,
                     request_deserializer=orchestr__pb2.WorkerInfo.FromString,
                     response_serializer=orchestr__pb2.Ack.SerializeToString,
-            ),
-            'ListWorkers': grpc.unary_unary_rpc_method_handler(
-                    servicer.ListWorkers,
-                    request_deserializer=orchestr__pb2.Empty.FromString,
-                    response_serializer=orchestr__pb2.WorkerList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -571,33 +555,6 @@ class Node:
             metadata,
             _registered_method=True)
 
-    @staticmethod
-    def ListWorkers(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/orchestr.v1.Node/ListWorkers',
-            orchestr__pb2.Empty.SerializeToString,
-            orchestr__pb2.WorkerList.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
 
 class WorkerStub:
     """Missing associated documentation comment in .proto file."""
@@ -613,34 +570,12 @@ class WorkerStub:
                 request_serializer=orchestr__pb2.CreateActorRequest.SerializeToString,
                 response_deserializer=orchestr__pb2.CreateActorReply.FromString,
                 _registered_method=True)
-        self.StopActor = channel.unary_unary(
-                '/orchestr.v1.Worker/StopActor',
-                request_serializer=orchestr__pb2.StopActorRequest.SerializeToString,
-                response_deserializer=orchestr__pb2.Ack.FromString,
-                _registered_method=True)
-        self.Ping = channel.unary_unary(
-                '/orchestr.v1.Worker/Ping',
-                request_serializer=orchestr__pb2.Empty.SerializeToString,
-                response_deserializer=orchestr__pb2.WorkerStatus.FromString,
-                _registered_method=True)
 
 
 class WorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def CreateActor(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def StopActor(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Ping(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -653,16 +588,6 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.CreateActor,
                     request_deserializer=orchestr__pb2.CreateActorRequest.FromString,
                     response_serializer=orchestr__pb2.CreateActorReply.SerializeToString,
-            ),
-            'StopActor': grpc.unary_unary_rpc_method_handler(
-                    servicer.StopActor,
-                    request_deserializer=orchestr__pb2.StopActorRequest.FromString,
-                    response_serializer=orchestr__pb2.Ack.SerializeToString,
-            ),
-            'Ping': grpc.unary_unary_rpc_method_handler(
-                    servicer.Ping,
-                    request_deserializer=orchestr__pb2.Empty.FromString,
-                    response_serializer=orchestr__pb2.WorkerStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -692,60 +617,6 @@ class Worker:
             '/orchestr.v1.Worker/CreateActor',
             orchestr__pb2.CreateActorRequest.SerializeToString,
             orchestr__pb2.CreateActorReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def StopActor(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/orchestr.v1.Worker/StopActor',
-            orchestr__pb2.StopActorRequest.SerializeToString,
-            orchestr__pb2.Ack.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Ping(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/orchestr.v1.Worker/Ping',
-            orchestr__pb2.Empty.SerializeToString,
-            orchestr__pb2.WorkerStatus.FromString,
             options,
             channel_credentials,
             insecure,

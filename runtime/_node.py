@@ -178,15 +178,6 @@ class NodeService(pb_grpc.NodeServicer):
             await self._stop(worker, request.grace_s or self.config.worker_stop_grace)
         return pb.Ack()
 
-    async def ListWorkers(self, request: Any, context: Any) -> pb.WorkerList:
-        return pb.WorkerList(
-            workers=[
-                w.registered.result()
-                for w in self.workers.values()
-                if w.registered.done() and not w.registered.exception()
-            ]
-        )
-
     async def _forward(self, worker: _Worker) -> None:
         """Relay the worker's stdout/stderr, prefixed, and keep its tail for error messages."""
         assert worker.proc.stdout is not None

@@ -90,17 +90,6 @@ class WorkerService(pb_grpc.WorkerServicer):
         )
         return pb.CreateActorReply(endpoints=sorted(instance._orchestr_endpoints))
 
-    async def StopActor(self, request: Any, context: Any) -> pb.Ack:
-        host = self.calls.actors.pop(request.actor_id, None)
-        if host is not None:
-            await host.aclose()
-        return pb.Ack()
-
-    async def Ping(self, request: Any, context: Any) -> pb.WorkerStatus:
-        return pb.WorkerStatus(
-            worker_id=self.worker_id, pid=os.getpid(), actors=sorted(self.calls.actors)
-        )
-
 
 def _die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when the node that started it dies."""

@@ -216,3 +216,16 @@ async def test_control_plane_size_limit() -> None:
     async with oc.open_local_cluster(config) as ctx:
         with pytest.raises(oc.ControlPlaneError, match="ORCHESTR_MAX_MESSAGE_BYTES"):
             await ctx.spawn(Counter, "x" * (1 << 17))
+
+
+async def test_services_bind_to_loopback_and_nodes_heartbeat() -> None:
+    config = oc.load_config(heartbeat_interval=0.1)
+    async with oc.open_local_cluster(config) as ctx:
+        mesh = await ctx.spawn(Counter, n=2)
+        (node,) = await ctx.nodes()
+        assert node.address.startswith("127.0.0.1:") and ctx.head.address.startswith("127.0.0.1:")
+        assert all(m.address.startswith("tcp://127.0.0.1:") for m in mesh.members)
+        first = node.last_heartbeat_unix
+        await asyncio.sleep(0.5)
+        (later,) = await ctx.nodes()
+        assert later.alive and later.last_heartbeat_unix > first
