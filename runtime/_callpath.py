@@ -88,22 +88,22 @@ class _Pending:
         self.timer: asyncio.TimerHandle | None = None
 
 
-class _Connection(asyncio.BufferedProtocol):
-    """One caller-side connection to one worker's call server."""
+class FramedProtocol(asyncio.BufferedProtocol):
+    """Frames over one stream: reads land in a :class:`FrameDecoder`; writes queue and go out
+    once per event-loop turn. Frames sent before the connection is made wait for it; frames
+    sent after it is lost are dropped."""
 
-    def __init__(self, client: CallClient, address: str) -> None:
-        self.client = client
-        self.address = address
+    def __init__(self, max_bytes: int) -> None:
         self.loop = asyncio.get_running_loop()
-        self.decoder = FrameDecoder(client.config.max_message_bytes)
-        self.pending: dict[int, _Pending] = {}
-        self.out: list[bytes | memoryview] = pack_frame([HELLO, client.token], 1 << 20)
+        self.decoder = FrameDecoder(max_bytes)
         self.transport: asyncio.Transport | None = None
+        self.out: list[bytes | memoryview] = []
         self.flush_scheduled = False
-        self.broken: BaseException | None = None
+        self.lost = False
 
-    # -- sending -------------------------------------------------------------------------
     def send(self, parts: list[bytes | memoryview]) -> None:
+        if self.lost:
+            return
         self.out.extend(parts)
         if not self.flush_scheduled and self.transport is not None:
             self.flush_scheduled = True
@@ -119,13 +119,29 @@ class _Connection(asyncio.BufferedProtocol):
         else:
             self.transport.writelines(out)
 
-    # -- protocol callbacks --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         self.flush()
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.lost = True
+        self.out = []
+
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.decoder.get_buffer(sizehint)
+
+
+class _Connection(FramedProtocol):
+    """One caller-side connection to one worker's call server."""
+
+    def __init__(self, client: CallClient, address: str) -> None:
+        super().__init__(client.config.max_message_bytes)
+        self.client = client
+        self.address = address
+        self.pending: dict[int, _Pending] = {}
+        self.out = pack_frame([HELLO, client.token], 1 << 20)
+        self.broken: BaseException | None = None
 
     def buffer_updated(self, nbytes: int) -> None:
         try:
@@ -155,7 +171,7 @@ class _Connection(asyncio.BufferedProtocol):
                 pending.future.set_exception(_remote_error(message, pending))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
+        super().connection_lost(exc)
         self.abort(exc or BrokenResourceError(f"{self.address} closed the connection"))
 
     # -- failure -------------------------------------------------------------------------
@@ -164,6 +180,7 @@ class _Connection(asyncio.BufferedProtocol):
         if self.broken is None:
             self.broken = exc
             self.client.forget(self)
+        self.lost = True
         if self.transport is not None:
             self.transport.abort()
             self.transport = None

@@ -13,15 +13,14 @@ import collections
 import hmac
 import inspect
 import traceback
-from typing import Any, cast
+from typing import Any
 
 import structlog
 from orchestr.fabric import Listener, listen_stream
 
 from . import _serde
 from ._actor import Actor, EndpointSpec
-from ._callpath import CALL, ERR, HELLO, OK, SEND, pack_frame
-from ._frames import FrameDecoder
+from ._callpath import CALL, ERR, HELLO, OK, SEND, FramedProtocol, pack_frame
 from .config import Config
 from .errors import MessageTooLargeError, OrchestrError, ProtocolError, SerializationError
 
@@ -32,26 +31,19 @@ log = structlog.get_logger("orchestr.callserver")
 _Item = tuple["_ServerConnection | None", int, Any, EndpointSpec, Any, Any]
 
 
-class _ServerConnection(asyncio.BufferedProtocol):
+class _ServerConnection(FramedProtocol):
     def __init__(self, server: CallServer) -> None:
+        super().__init__(server.config.max_message_bytes)
         self.server = server
-        self.loop = asyncio.get_running_loop()
-        self.decoder = FrameDecoder(server.config.max_message_bytes)
-        self.transport: asyncio.Transport | None = None
         self.authed = False
-        self.out: list[bytes | memoryview] = []
-        self.flush_scheduled = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        super().connection_made(transport)
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
+        super().connection_lost(exc)
         self.server.connections.discard(self)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.decoder.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
         try:
@@ -66,25 +58,7 @@ class _ServerConnection(asyncio.BufferedProtocol):
             if self.transport is None:
                 return
 
-    # -- replies -------------------------------------------------------------------------
-    def send(self, parts: list[bytes | memoryview]) -> None:
-        if self.transport is None:
-            return  # the caller went away; its client fails the call
-        self.out.extend(parts)
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            self.loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        self.flush_scheduled = False
-        if self.transport is None or not self.out:
-            return
-        out, self.out = self.out, []
-        if len(out) == 1:
-            self.transport.write(out[0])
-        else:
-            self.transport.writelines(out)
-
+    # -- replies (a caller that went away gets none; its client fails the call) ------------
     def ok(self, call_id: int, value: Any) -> None:
         try:
             parts = pack_frame([OK, call_id, value], self.server.config.max_message_bytes)
@@ -102,6 +76,7 @@ class _ServerConnection(asyncio.BufferedProtocol):
 
     def close(self) -> None:
         self.flush()
+        self.lost = True
         if self.transport is not None:
             self.transport.close()
             self.transport = None
