@@ -104,10 +104,17 @@ class FramedProtocol(asyncio.BufferedProtocol):
     def send(self, parts: list[bytes | memoryview]) -> None:
         if self.lost:
             return
-        self.out.extend(parts)
-        if not self.flush_scheduled and self.transport is not None:
-            self.flush_scheduled = True
-            self.loop.call_soon(self.flush)
+        if self.flush_scheduled or self.transport is None:
+            self.out.extend(parts)
+            return
+        # The first frame of a loop turn goes out at once (latency); the flush scheduled here
+        # sends whatever else this turn queues in one write (throughput).
+        if len(parts) == 1:
+            self.transport.write(parts[0])
+        else:
+            self.transport.writelines(parts)
+        self.flush_scheduled = True
+        self.loop.call_soon(self.flush)
 
     def flush(self) -> None:
         self.flush_scheduled = False
