@@ -35,9 +35,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import orchestr as oc  # noqa: E402
 import uvloop  # noqa: E402
 from _venvs import MONARCH_PRE, MONARCH_REQUIREMENTS, RAY_REQUIREMENTS, ensure_venv  # noqa: E402
+
+import orchestr as oc  # noqa: E402
 from orchestr._log import configure_logging  # noqa: E402
 
 IN_FLIGHT = 1_000

@@ -1,8 +1,9 @@
 """The call path: actor calls and results as msgpack frames over a stream transport.
 
 This is the hot path, so it avoids per-call tasks and per-frame syscalls: a caller gets a bare
-future, frames queue on the connection and are written once per event-loop turn, and an idle
-actor runs a sync endpoint straight from the receive callback. The transport underneath comes
+future; the first frame of an event-loop turn is written at once and the rest of the turn's
+frames in one write; one socket read can deliver many frames; and an idle actor runs a sync
+endpoint straight from the receive callback. The transport underneath comes
 from the :mod:`orchestr.fabric` registry by URL scheme (``tcp://`` today).
 
 Messages (msgpack arrays):
@@ -46,6 +47,7 @@ __all__ = [
     "OK",
     "SEND",
     "CallClient",
+    "FramedProtocol",
     "current_client",
     "pack_frame",
     "set_current_client",
@@ -159,8 +161,12 @@ class _Connection(FramedProtocol):
         for msg, extra in frames:
             try:
                 message = _serde.decode(msg, extra)
+                if not (isinstance(message, list) and len(message) >= 3):
+                    raise ProtocolError("a reply is an array of at least three items")
                 kind, call_id = message[0], message[1]
-            except (OrchestrError, IndexError, TypeError) as exc:
+                if kind not in (OK, ERR) or not isinstance(call_id, int):
+                    raise ProtocolError(f"unexpected reply kind {kind!r} or call id {call_id!r}")
+            except OrchestrError as exc:
                 self.abort(ProtocolError(f"malformed reply from {self.address}: {exc}"))
                 return
             pending = self.pending.pop(call_id, None)
@@ -199,7 +205,7 @@ class _Connection(FramedProtocol):
 
 
 def _connection_error(message: list[Any], address: str) -> OrchestrError:
-    _, _, kind, type_name, text = message[:5]
+    kind, type_name, text = [*message[2:5], "", ""][:3]
     if kind == "auth":
         return AuthenticationError(f"{address} refused the connection: {text}")
     return ProtocolError(f"{address} reported {type_name}: {text}")

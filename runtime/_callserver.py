@@ -16,6 +16,7 @@ import traceback
 from typing import Any
 
 import structlog
+
 from orchestr.fabric import Listener, listen_stream
 
 from . import _serde
@@ -160,6 +161,12 @@ class ActorHost:
                 value = await asyncio.to_thread(fn, *args, **kwargs)
         except Exception as exc:
             self._failed(item, exc)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the actor is stopping
+            # the endpoint's own code let a cancellation escape: an error for this call only
+            self._failed(item, RuntimeError(f"endpoint was cancelled from inside: {exc!r}"))
         else:
             if conn is not None:
                 conn.ok(call_id, value)

@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 import structlog
+
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 

@@ -17,6 +17,7 @@ import traceback
 from typing import Any
 
 import structlog
+
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 

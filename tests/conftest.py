@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import orchestr as oc
 import pytest
+
+import orchestr as oc
 
 
 @pytest.fixture

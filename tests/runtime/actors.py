@@ -118,3 +118,15 @@ class ExitsAtOnce(oc.Actor):
     @oc.endpoint
     def die(self, code: int) -> None:
         os._exit(code)
+
+
+class CancelsItself(oc.Actor):
+    @oc.endpoint
+    async def inner_cancel(self) -> None:
+        task = asyncio.ensure_future(asyncio.sleep(10))
+        task.cancel()
+        await task  # raises CancelledError out of the endpoint
+
+    @oc.endpoint
+    async def ping(self) -> str:
+        return "pong"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-import orchestr as oc
 import pytest
+
+import orchestr as oc
 
 from .actors import Caller, Counter
 
@@ -178,3 +179,14 @@ async def test_worker_logs_are_json_lines_with_bound_context(ctx: oc.JobContext)
     assert raised, events
     assert {"node", "worker", "actor", "job", "call"} <= set(raised[0])
     assert raised[0]["actor"] == "logged[0]" and raised[0]["job"] == ctx.job_id
+
+
+async def test_a_cancellation_escaping_an_endpoint_fails_only_that_call(
+    ctx: oc.JobContext,
+) -> None:
+    from .actors import CancelsItself
+
+    mesh = await ctx.spawn(CancelsItself)
+    with pytest.raises(oc.ActorError, match="cancelled from inside"):
+        await mesh.inner_cancel.call_one()
+    assert await mesh.ping.call_one() == "pong"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from orchestr.config import Config, load_config
 from orchestr.errors import ConfigError, OrchestrError
 

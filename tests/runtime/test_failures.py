@@ -9,8 +9,9 @@ import socket
 import struct
 
 import msgpack
-import orchestr as oc
 import pytest
+
+import orchestr as oc
 from orchestr._grpc import ControlChannel
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc

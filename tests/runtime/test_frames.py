@@ -7,6 +7,7 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from orchestr._frames import HEADER, FrameDecoder, encode_frame, padded
 from orchestr.errors import ProtocolError
 

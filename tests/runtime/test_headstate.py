@@ -6,6 +6,7 @@ import copy
 from collections.abc import Mapping
 
 import pytest
+
 from orchestr._headstate import ActorRecord, HeadState, validate_resources
 from orchestr.errors import ConfigError, PlacementError, SpawnError
 

@@ -8,11 +8,12 @@ from typing import Any
 
 import msgpack
 import numpy as np
-import orchestr
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import orchestr
 from orchestr._frames import ALIGN, FrameDecoder, encode_frame
 from orchestr._serde import EXT_DATACLASS, EXT_NDARRAY, EXT_TENSOR, decode, encode, register
 from orchestr.errors import ProtocolError, SerializationError
