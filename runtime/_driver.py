@@ -99,6 +99,10 @@ class JobContext:
         path = actor if isinstance(actor, str) else class_path(actor)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"n must be a positive integer, got {n!r}")
+        if name is not None and not isinstance(name, str):
+            raise ConfigError(f"name must be a string, got {name!r}")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in (labels or {}).items()):
+            raise ConfigError(f"labels map strings to strings, got {labels!r}")
         init_args, buffers = _serde.encode([list(args), kwargs])
         if buffers:
             raise ConfigError(

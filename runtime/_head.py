@@ -180,19 +180,23 @@ class HeadService(pb_grpc.HeadServicer):
             timeout=self.config.worker_start_timeout + 5,
         )
         record.pid = winfo.pid
-        worker_ch = self._channel(winfo.control_address)
-        reply = await worker_ch.rpc(
-            worker_ch.stub(pb_grpc.WorkerStub).CreateActor,
-            pb.CreateActorRequest(
-                actor_id=record.actor_id,
-                class_path=record.class_path,
-                init_args=init_args,
-                name=record.name,
-                rank=record.rank,
-                mesh_id=record.mesh_id,
-            ),
-            timeout=None,
-        )
+        # One request per worker: a channel of its own, closed at once, so none pile up.
+        worker_ch = ControlChannel(winfo.control_address, self.token, self.config)
+        try:
+            reply = await worker_ch.rpc(
+                worker_ch.stub(pb_grpc.WorkerStub).CreateActor,
+                pb.CreateActorRequest(
+                    actor_id=record.actor_id,
+                    class_path=record.class_path,
+                    init_args=init_args,
+                    name=record.name,
+                    rank=record.rank,
+                    mesh_id=record.mesh_id,
+                ),
+                timeout=None,
+            )
+        finally:
+            await worker_ch.aclose()
         if record.state != "starting":  # the worker died while the actor was being created
             raise SpawnError(
                 f"{record.label} died during creation: "

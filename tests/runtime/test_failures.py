@@ -230,3 +230,16 @@ async def test_services_bind_to_loopback_and_nodes_heartbeat() -> None:
         await asyncio.sleep(0.5)
         (later,) = await ctx.nodes()
         assert later.alive and later.last_heartbeat_unix > first
+
+
+async def test_spawn_arguments_are_validated_at_the_caller(ctx: oc.JobContext) -> None:
+    import torch
+
+    for bad in ({"n": 0}, {"n": True}, {"name": 5}, {"labels": {"zone": 1}}):
+        with pytest.raises(oc.ConfigError):
+            await ctx.spawn(Counter, **bad)
+    with pytest.raises(oc.ConfigError, match="constructor arguments"):
+        await ctx.spawn(Counter, torch.zeros(3))
+    with pytest.raises(oc.SerializationError, match="builtins.set"):
+        await ctx.spawn(Counter, {1})
+    assert await ctx.actors() == []
