@@ -48,31 +48,12 @@ async def test_choose_prefers_the_least_loaded_member(ctx: oc.JobContext) -> Non
 
 async def test_stream_yields_in_completion_order(ctx: oc.JobContext) -> None:
     mesh = await ctx.spawn(Counter, n=3)
-    # rank r sleeps (2 - r) * 0.2 s, so results arrive in reverse rank order
-    delays = [0.4, 0.2, 0.0]
-    futures = [mesh[r].record.call_one(r, d) for r, d in enumerate(delays)]
-    await asyncio.gather(*futures)
-    order = []
-    async for rank in mesh.sleep.stream(0.0):
-        order.append(rank)
-    assert sorted(order) == [0, 1, 2]
-    slow_first = []
-    for r in range(3):
-        mesh_r = mesh[r]
-        slow_first.append(mesh_r)
-    results = []
-    sub = mesh
-    async for value in _stream_with_delays(sub, delays):
-        results.append(value)
+    # An ordered call blocks each member's mailbox for a different time (rank 0 longest), so
+    # the streamed call that queues behind it finishes in reverse rank order.
+    blockers = [mesh[r].sleep.call_one(d) for r, d in enumerate([0.6, 0.3, 0.0])]
+    results = [rank async for rank in mesh.sleep.stream(0.0)]
     assert results == [2, 1, 0]
-
-
-async def _stream_with_delays(mesh: oc.Mesh, delays: list[float]):  # type: ignore[no-untyped-def]
-    # Each member gets its own delay through a preceding ordered call that blocks its mailbox.
-    for r, d in enumerate(delays):
-        mesh[r].sleep.call_one(d)
-    async for rank in mesh.sleep.stream(0.0):
-        yield rank
+    await asyncio.gather(*blockers)
 
 
 async def test_broadcast_is_fire_and_forget(ctx: oc.JobContext) -> None:
