@@ -9,6 +9,7 @@ processes, as actors would.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import itertools
 import json
@@ -50,8 +51,9 @@ class _Framed(asyncio.Protocol):
         body = msgpack.packb(obj)
         self.transport.write(_LEN.pack(len(body)) + body)
 
+    @abc.abstractmethod
     def frame(self, msg: Any) -> None:
-        raise NotImplementedError
+        """Handle one decoded frame."""
 
 
 class _Server(_Framed):

@@ -21,7 +21,7 @@ from orchestr.fabric import Listener, listen_stream
 
 from . import _serde
 from ._actor import Actor, EndpointSpec
-from ._callpath import CALL, ERR, HELLO, OK, SEND, FramedProtocol, pack_frame
+from ._wire import CALL, ERR, HELLO, OK, SEND, FramedProtocol, pack_frame
 from .config import Config
 from .errors import MessageTooLargeError, OrchestrError, ProtocolError, SerializationError
 

@@ -1,0 +1,90 @@
+"""The call path's wire: message kinds, frame packing, and the protocol base both ends share.
+
+Messages (msgpack arrays):
+
+- ``[HELLO, token]`` first on every connection; a wrong token closes it.
+- ``[CALL, call_id, actor_id, endpoint, args, kwargs]`` expects a reply.
+- ``[SEND, 0, actor_id, endpoint, args, kwargs]`` expects none (``broadcast``).
+- ``[OK, call_id, value]`` / ``[ERR, call_id, kind, type_name, message, traceback]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from . import _serde
+from ._frames import FrameDecoder, encode_frame
+from .errors import MessageTooLargeError
+
+__all__ = ["CALL", "ERR", "HELLO", "OK", "SEND", "FramedProtocol", "pack_frame"]
+
+HELLO, CALL, SEND, OK, ERR = 0, 1, 2, 3, 4
+
+
+def pack_frame(message: list[Any], limit: int) -> list[bytes | memoryview]:
+    """Encode one message; raises SerializationError / MessageTooLargeError at the caller.
+
+    Large ``bytes`` arguments and results go out of band, so they are never copied here.
+    """
+    if len(message) == 6:
+        message[4] = _serde.lift_large(message[4])
+        message[5] = _serde.lift_large(message[5])
+    elif len(message) == 3:
+        message[2] = _serde.lift_large(message[2])
+    msg, buffers, scratch = _serde.encode_parts(message)
+    size = len(msg) + sum(b.nbytes for b in buffers)
+    if size > limit:
+        raise MessageTooLargeError(size, limit)
+    return encode_frame(msg, buffers, scratch=scratch)
+
+
+class FramedProtocol(asyncio.BufferedProtocol):
+    """Frames over one stream: reads land in a :class:`FrameDecoder`; writes queue and go out
+    once per event-loop turn. Frames sent before the connection is made wait for it; frames
+    sent after it is lost are dropped."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.decoder = FrameDecoder(max_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.out: list[bytes | memoryview] = []
+        self.flush_scheduled = False
+        self.lost = False
+
+    def send(self, parts: list[bytes | memoryview]) -> None:
+        if self.lost:
+            return
+        if self.flush_scheduled or self.transport is None:
+            self.out.extend(parts)
+            return
+        # The first frame of a loop turn goes out at once (latency); the flush scheduled here
+        # sends whatever else this turn queues in one write (throughput).
+        if len(parts) == 1:
+            self.transport.write(parts[0])
+        else:
+            self.transport.writelines(parts)
+        self.flush_scheduled = True
+        self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        if self.transport is None or not self.out:
+            return
+        out, self.out = self.out, []
+        if len(out) == 1:
+            self.transport.write(out[0])
+        else:
+            self.transport.writelines(out)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.lost = True
+        self.out = []
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer(sizehint)
