@@ -17,6 +17,8 @@ ORCHESTR = [sys.executable, "-m", "orchestr.cli"]
 def _listening_ports() -> set[int]:
     ports = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):  # no IPv6 on this host
+            continue
         with open(table) as f:
             for line in f.readlines()[1:]:
                 fields = line.split()
