@@ -1,8 +1,12 @@
-"""The limit for actor calls on this machine: a bare asyncio msgpack echo over uvloop TCP.
+"""The limits for actor calls on this machine.
 
-No runtime at all: length-prefixed msgpack ``[id, value]`` frames, a dict of futures on the
-client, the same four metrics as ``actor_calls.py``. Servers and n:n callers run in their own
-processes, as actors would.
+For the small-call metrics: a bare asyncio msgpack echo over uvloop TCP, with no runtime at
+all (length-prefixed msgpack ``[id, value]`` frames, a dict of futures on the client). Servers
+and n:n callers run in their own processes, as actors would.
+
+For the 64 KiB metric the bound is the wire itself: one process writes 64 KiB chunks to another
+over loopback TCP with blocking sockets and the reader drops them (``recv_into`` one buffer);
+chunks per second is the most any runtime could deliver 64 KiB arguments between processes.
 
     python bench/_limit_echo.py REPS SECONDS SYNC_CALLS   # prints one JSON line
 """
@@ -13,6 +17,7 @@ import abc
 import asyncio
 import itertools
 import json
+import socket
 import statistics
 import struct
 import subprocess
@@ -145,7 +150,6 @@ async def _measure(
     for name, once in (
         ("1_1_actor_calls_sync_p50_us", sync_once),
         ("1_1_actor_calls_async_per_s", lambda: rate(1)),
-        ("1_1_actor_calls_with_64KiB_arg_per_s", lambda: rate(PAYLOAD)),
     ):
         await once()
         out[name] = _summary([await once() for _ in range(reps)])
@@ -157,6 +161,9 @@ async def _measure(
 def main() -> None:
     if sys.argv[1] == "serve":
         uvloop.run(_serve())
+        return
+    if sys.argv[1] == "sink":
+        _sink()
         return
     if sys.argv[1] == "drive":
         uvloop.run(_drive([int(p) for p in sys.argv[3:]], float(sys.argv[2])))
@@ -171,7 +178,46 @@ def main() -> None:
         for proc, _ in servers:
             proc.kill()
             proc.wait()
+    result["1_1_actor_calls_with_64KiB_arg_per_s"] = _loopback_chunks(reps, seconds)
     print(json.dumps(result))
+
+
+def _sink() -> None:
+    """Accept one connection; read ``u64 total`` then that many bytes; answer one byte."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        print(server.getsockname()[1], flush=True)
+        conn, _ = server.accept()
+        with conn:
+            buf = bytearray(1 << 20)
+            while True:
+                head = conn.recv(8, socket.MSG_WAITALL)
+                if len(head) < 8:
+                    return
+                (left,) = struct.unpack("<Q", head)
+                while left:
+                    left -= conn.recv_into(buf, min(left, len(buf)))
+                conn.sendall(b"k")
+
+
+def _loopback_chunks(reps: int, seconds: float) -> dict[str, float]:
+    proc = subprocess.Popen([sys.executable, __file__, "sink"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    try:
+        with socket.create_connection(("127.0.0.1", int(proc.stdout.readline()))) as sock:
+
+            def once(count: int) -> float:
+                start = time.perf_counter()
+                sock.sendall(struct.pack("<Q", count * len(PAYLOAD)))
+                for _ in range(count):
+                    sock.sendall(PAYLOAD)
+                sock.recv(1)
+                return count / (time.perf_counter() - start)
+
+            count = max(1000, int(once(5000) * seconds))  # calibrate to about `seconds`
+            return _summary([once(count) for _ in range(reps)])
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 if __name__ == "__main__":

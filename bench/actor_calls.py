@@ -1,5 +1,6 @@
-"""Actor-call microbenchmarks: orchestr, Ray and PyTorch Monarch side by side, with a bare
-asyncio msgpack echo on uvloop as the limit.
+"""Actor-call microbenchmarks: orchestr, Ray and PyTorch Monarch side by side, with the
+machine's limits: a bare asyncio msgpack echo on uvloop for small calls, raw loopback TCP for
+the 64 KiB case (see ``_limit_echo.py``).
 
     python bench/actor_calls.py [--quick] [--peers ray,monarch | --peers none]
 
@@ -193,7 +194,10 @@ def print_table(results: dict[str, dict[str, Summary]]) -> None:
         row += f"{(limit / ours if lower_is_better else ours / limit):>9.2f}x"
         print(row)
     print("vs best peer: latency as orchestr/peer (lower is better), throughput as orchestr/peer;")
-    print("of limit: the share of the bare msgpack echo's figure that orchestr reaches.")
+    print(
+        "of limit: the share of the limit that orchestr reaches (latency: limit/orchestr). Limits:"
+    )
+    print("a bare msgpack echo for small calls, raw loopback TCP chunks for 64 KiB.")
 
 
 def main() -> None:
