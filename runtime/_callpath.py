@@ -275,7 +275,7 @@ class CallClient:
                     f"({exc})",
                     actor=p.label,
                 )
-            err.__cause__ = exc if isinstance(exc, BaseException) else None
+            err.__cause__ = exc
             p.future.set_exception(err)
 
     def _spawn(self, coro: Awaitable[None]) -> None:

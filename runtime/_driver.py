@@ -21,42 +21,18 @@ from . import _serde
 from ._actor import Actor, class_path
 from ._callpath import CallClient, set_current_client
 from ._grpc import ControlChannel
-from ._head import HeadService, describe_exit
+from ._head import HeadService, explain_death
 from ._headstate import validate_resources
 from ._mesh import Member, Mesh
 from ._node import NodeService
 from .config import Config, load_config
 from .errors import ActorDiedError, ConfigError, OrchestrError
 
-__all__ = ["JobContext", "explain_death", "open_local_cluster", "run"]
+__all__ = ["JobContext", "open_local_cluster", "run"]
 
 log = structlog.get_logger("orchestr.driver")
 
 T = TypeVar("T")
-
-
-async def explain_death(head: ControlChannel, actor_id: str, wait: float) -> ActorDiedError | None:
-    """Ask the head why ``actor_id`` went away, waiting up to ``wait`` s for the node's report."""
-    info = await head.rpc(
-        head.stub(pb_grpc.HeadStub).GetActor,
-        pb.GetActorRequest(actor_id=actor_id, wait_for_exit_s=wait),
-        timeout=wait + 5,
-    )
-    if info.state == "dead":
-        import signal as _signal
-
-        sig = _signal.Signals(info.signal).name if info.signal in _signal.valid_signals() else None
-        return ActorDiedError(
-            f"actor {info.name}[{info.rank}] died: {describe_exit(info.pid, info.exit_code, info.signal)}",
-            actor=f"{info.name}[{info.rank}]",
-            exit_code=None if info.signal else info.exit_code,
-            signal=sig,
-        )
-    if info.state == "stopped":
-        return ActorDiedError(
-            f"actor {info.name}[{info.rank}] was stopped", actor=f"{info.name}[{info.rank}]"
-        )
-    return None
 
 
 class JobContext:

@@ -17,9 +17,9 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 from ._grpc import ControlChannel, abort_with, make_server
 from ._headstate import ActorRecord, HeadState
 from .config import Config
-from .errors import OrchestrError, SpawnError
+from .errors import ActorDiedError, OrchestrError, SpawnError
 
-__all__ = ["HeadService", "actor_info", "describe_exit"]
+__all__ = ["HeadService", "actor_info", "describe_exit", "explain_death"]
 
 log = structlog.get_logger("orchestr.head")
 
@@ -32,6 +32,28 @@ def describe_exit(pid: int, exit_code: int, sig: int) -> str:
             name = f"signal {sig}"
         return f"worker process {pid} was killed by {name}"
     return f"worker process {pid} exited with code {exit_code}"
+
+
+async def explain_death(head: ControlChannel, actor_id: str, wait: float) -> ActorDiedError | None:
+    """Ask the head why ``actor_id`` went away, waiting up to ``wait`` s for the node's report."""
+    info = await head.rpc(
+        head.stub(pb_grpc.HeadStub).GetActor,
+        pb.GetActorRequest(actor_id=actor_id, wait_for_exit_s=wait),
+        timeout=wait + 5,
+    )
+    if info.state == "dead":
+        sig = _signal.Signals(info.signal).name if info.signal in _signal.valid_signals() else None
+        return ActorDiedError(
+            f"actor {info.name}[{info.rank}] died: {describe_exit(info.pid, info.exit_code, info.signal)}",
+            actor=f"{info.name}[{info.rank}]",
+            exit_code=None if info.signal else info.exit_code,
+            signal=sig,
+        )
+    if info.state == "stopped":
+        return ActorDiedError(
+            f"actor {info.name}[{info.rank}] was stopped", actor=f"{info.name}[{info.rank}]"
+        )
+    return None
 
 
 def actor_info(a: ActorRecord) -> pb.ActorInfo:

@@ -26,6 +26,7 @@ from ._actor import Actor
 from ._callpath import CallClient, set_current_client
 from ._callserver import ActorHost, CallServer
 from ._grpc import ControlChannel, abort_with, make_server
+from ._head import explain_death
 from ._log import configure_logging
 from .config import Config, load_config
 from .errors import ActorDiedError, OrchestrError, SpawnError
@@ -109,11 +110,10 @@ async def serve_worker() -> None:
     parent = os.getppid()
 
     async def death_reporter(actor_id: str) -> ActorDiedError | None:
-        from ._driver import explain_death
-
         return await explain_death(head, actor_id, config.death_report_wait)
 
-    set_current_client(CallClient(token, config, death_reporter))
+    client = CallClient(token, config, death_reporter)
+    set_current_client(client)
     calls = CallServer(token, config)
     await calls.start(f"tcp://{config.bind_host}:0")
     service = WorkerService(worker_id, token, config, calls)
@@ -140,9 +140,7 @@ async def serve_worker() -> None:
             break
     log.info("worker stopping")
     await calls.aclose()
-    from ._callpath import current_client
-
-    await current_client().aclose()
+    await client.aclose()
     await service.server.stop(grace=0.2)
     await head.aclose()
     await node.aclose()
