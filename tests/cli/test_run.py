@@ -41,12 +41,14 @@ def _processes_with(marker: str) -> list[int]:
     return found
 
 
-def _run(args: list[str], cwd: pathlib.Path = ROOT) -> tuple[subprocess.CompletedProcess[str], str]:
-    marker = f"ORCHESTR_TEST_MARKER={uuid.uuid4().hex}"
-    key, value = marker.split("=")
-    env = dict(os.environ, **{key: value})
+def _run(
+    args: list[str], cwd: pathlib.Path = ROOT, **env: str
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run the CLI with a marker in its environment, which its workers inherit."""
+    marker = uuid.uuid4().hex
+    full_env = dict(os.environ, ORCHESTR_TEST_MARKER=marker, **env)
     proc = subprocess.run(
-        ORCHESTR + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        ORCHESTR + args, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120
     )
     return proc, marker
 
@@ -105,12 +107,7 @@ def test_a_job_raising_a_plain_exception_cleans_up(tmp_path: pathlib.Path) -> No
         "    raise RuntimeError('driver bug')\n"
     )
     ports, shm = _listening_ports(), set(os.listdir("/dev/shm"))
-    env_path = str(ROOT / "examples")
-    marker = f"{uuid.uuid4().hex}"
-    env = dict(os.environ, ORCHESTR_TEST_MARKER=marker, PYTHONPATH=env_path)
-    proc = subprocess.run(
-        [*ORCHESTR, "run", str(job)], env=env, capture_output=True, text=True, timeout=120
-    )
+    proc, marker = _run(["run", str(job)], PYTHONPATH=str(ROOT / "examples"))
     assert proc.returncode == 1
     assert "RuntimeError: driver bug" in proc.stderr
     _assert_nothing_left(marker, ports, shm)
