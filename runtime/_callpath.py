@@ -20,6 +20,7 @@ from typing import Any
 from orchestr.fabric import connect_stream
 
 from . import _serde
+from ._serde import lift_large
 from ._wire import CALL, ERR, HELLO, OK, SEND, FramedProtocol, pack_frame
 from .config import Config
 from .errors import (
@@ -172,7 +173,8 @@ class CallClient:
         """
         call_id = next(self._ids)
         parts = pack_frame(
-            [CALL, call_id, actor_id, endpoint, args, kwargs], self.config.max_message_bytes
+            [CALL, call_id, actor_id, endpoint, lift_large(args), lift_large(kwargs)],
+            self.config.max_message_bytes,
         )
         conn = self._connection(address)
         future = self.loop.create_future()
@@ -199,7 +201,8 @@ class CallClient:
     ) -> None:
         """Send a call whose result nobody waits for; the actor logs any error it raises."""
         parts = pack_frame(
-            [SEND, 0, actor_id, endpoint, args, kwargs], self.config.max_message_bytes
+            [SEND, 0, actor_id, endpoint, lift_large(args), lift_large(kwargs)],
+            self.config.max_message_bytes,
         )
         self._connection(address).send(parts)
 

@@ -21,6 +21,7 @@ from orchestr.fabric import Listener, listen_stream
 
 from . import _serde
 from ._actor import Actor, EndpointSpec
+from ._serde import lift_large
 from ._wire import CALL, ERR, HELLO, OK, SEND, FramedProtocol, pack_frame
 from .config import Config
 from .errors import MessageTooLargeError, OrchestrError, ProtocolError, SerializationError
@@ -29,7 +30,8 @@ __all__ = ["ActorHost", "CallServer"]
 
 log = structlog.get_logger("orchestr.callserver")
 
-_Item = tuple["_ServerConnection | None", int, Any, EndpointSpec, Any, Any]
+# (reply-to connection or None for a broadcast, call id, endpoint, args, kwargs)
+_Item = tuple["_ServerConnection | None", int, EndpointSpec, Any, Any]
 
 
 class _ServerConnection(FramedProtocol):
@@ -62,7 +64,9 @@ class _ServerConnection(FramedProtocol):
     # -- replies (a caller that went away gets none; its client fails the call) ------------
     def ok(self, call_id: int, value: Any) -> None:
         try:
-            parts = pack_frame([OK, call_id, value], self.server.config.max_message_bytes)
+            parts = pack_frame(
+                [OK, call_id, lift_large(value)], self.server.config.max_message_bytes
+            )
         except (SerializationError, MessageTooLargeError) as exc:
             self.error(call_id, "raised", exc, note="while sending the result")
             return
@@ -107,7 +111,7 @@ class ActorHost:
         self.runner = asyncio.ensure_future(self._run())
 
     def submit(self, item: _Item) -> None:
-        spec = item[3]
+        spec = item[2]
         if spec.concurrent:
             task = asyncio.ensure_future(self._invoke(item))
             self.tasks.add(task)
@@ -133,7 +137,7 @@ class ActorHost:
             item = self.mailbox.popleft()
             self.busy = True
             try:
-                if item[3].is_async:
+                if item[2].is_async:
                     await self._invoke(item)
                 else:
                     self._invoke_sync(item)
@@ -141,7 +145,7 @@ class ActorHost:
                 self.busy = False
 
     def _invoke_sync(self, item: _Item) -> None:
-        conn, call_id, _, spec, args, kwargs = item
+        conn, call_id, spec, args, kwargs = item
         fn = self.endpoints[spec.name][1]
         try:
             value = fn(*args, **kwargs)
@@ -152,7 +156,7 @@ class ActorHost:
                 conn.ok(call_id, value)
 
     async def _invoke(self, item: _Item) -> None:
-        conn, call_id, _, spec, args, kwargs = item
+        conn, call_id, spec, args, kwargs = item
         fn = self.endpoints[spec.name][1]
         try:
             if spec.is_async:
@@ -172,7 +176,7 @@ class ActorHost:
                 conn.ok(call_id, value)
 
     def _failed(self, item: _Item, exc: Exception) -> None:
-        conn, call_id, _, spec, args, kwargs = item
+        conn, call_id, spec, args, kwargs = item
         fn = self.endpoints[spec.name][1]
         tb = traceback.format_exc()
         kind = "raised"
@@ -267,7 +271,7 @@ class CallServer:
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             self._reject(reply_to, call_id, ProtocolError("args must be an array and kwargs a map"))
             return
-        host.submit((reply_to, call_id, actor_id, entry[0], args, kwargs))
+        host.submit((reply_to, call_id, entry[0], args, kwargs))
 
     def _reject(self, conn: _ServerConnection | None, call_id: int, exc: Exception) -> None:
         if conn is None:

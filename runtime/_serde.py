@@ -88,26 +88,24 @@ class OutOfBand:
         self.data = data
 
 
+def _large(value: Any) -> bool:
+    return type(value) in (bytes, bytearray) and len(value) >= OUT_OF_BAND_BYTES
+
+
+def _lift(value: Any) -> Any:
+    return OutOfBand(value) if _large(value) else value
+
+
 def lift_large(values: Any) -> Any:
-    """Wrap large ``bytes`` items of a list, tuple or dict (one level) in :class:`OutOfBand`."""
+    """Wrap large ``bytes`` items of a list, tuple or dict (one level), or a large ``bytes``
+    value itself, in :class:`OutOfBand`."""
     if isinstance(values, list | tuple):
-        if any(type(v) in _BYTES and len(v) >= OUT_OF_BAND_BYTES for v in values):
-            return [
-                OutOfBand(v) if type(v) in _BYTES and len(v) >= OUT_OF_BAND_BYTES else v
-                for v in values
-            ]
+        if any(map(_large, values)):
+            return [_lift(v) for v in values]
     elif isinstance(values, dict):
-        if any(type(v) in _BYTES and len(v) >= OUT_OF_BAND_BYTES for v in values.values()):
-            return {
-                k: OutOfBand(v) if type(v) in _BYTES and len(v) >= OUT_OF_BAND_BYTES else v
-                for k, v in values.items()
-            }
-    elif type(values) in _BYTES and len(values) >= OUT_OF_BAND_BYTES:
-        return OutOfBand(values)
-    return values
-
-
-_BYTES = (bytes, bytearray)
+        if any(map(_large, values.values())):
+            return {k: _lift(v) for k, v in values.items()}
+    return _lift(values)
 
 
 class _Encoding:

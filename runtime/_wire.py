@@ -25,13 +25,8 @@ HELLO, CALL, SEND, OK, ERR = 0, 1, 2, 3, 4
 def pack_frame(message: list[Any], limit: int) -> list[bytes | memoryview]:
     """Encode one message; raises SerializationError / MessageTooLargeError at the caller.
 
-    Large ``bytes`` arguments and results go out of band, so they are never copied here.
+    Payloads wrapped with :func:`orchestr._serde.lift_large` go out of band, uncopied.
     """
-    if len(message) == 6:
-        message[4] = _serde.lift_large(message[4])
-        message[5] = _serde.lift_large(message[5])
-    elif len(message) == 3:
-        message[2] = _serde.lift_large(message[2])
     msg, buffers, scratch = _serde.encode_parts(message)
     size = len(msg) + sum(b.nbytes for b in buffers)
     if size > limit:
@@ -40,8 +35,9 @@ def pack_frame(message: list[Any], limit: int) -> list[bytes | memoryview]:
 
 
 class FramedProtocol(asyncio.BufferedProtocol):
-    """Frames over one stream: reads land in a :class:`FrameDecoder`; writes queue and go out
-    once per event-loop turn. Frames sent before the connection is made wait for it; frames
+    """Frames over one stream: reads land in a :class:`FrameDecoder`; the first frame sent in
+    an event-loop turn is written at once and the rest of the turn's go out in one write at its
+    end. Frames sent before the connection is made wait for it; frames
     sent after it is lost are dropped."""
 
     def __init__(self, max_bytes: int) -> None:
