@@ -1,9 +1,27 @@
-"""orchestr.fabric: the network. Today: the stream-transport seam that actor calls ride on.
+"""orchestr.fabric: the data plane.
 
-The data-plane backends (shared memory, RDMA, NIXL), one-sided buffers, the topology model and
-the fabric manager land here as they are built.
+Two shapes behind one registry by URL scheme:
+
+- **streams** (``tcp://`` built in): ordered frames with backpressure; actor calls ride them.
+- **one-sided buffers** (``inproc``, ``shm``, ``tcp``, ``rdma``, optional ``nixl``): register
+  memory, pass a small descriptor, the peer reads into or writes from it. :class:`Buffer` is the
+  user-facing handle.
+
+:func:`transport_report` says what works in this process and why not; a fallback from the
+transport a transfer wanted is an error or logged and counted, never silent.
 """
 
+from ._buffers import BufferTransport, Descriptor, Region
+from ._handle import Buffer
+from ._local import host_id, process_key
+from ._registry import (
+    buffer_transport,
+    buffer_transports,
+    configure,
+    register_buffer_transport,
+    release_all,
+    transport_report,
+)
 from ._streams import (
     Listener,
     StreamTransport,
@@ -15,11 +33,23 @@ from ._streams import (
 )
 
 __all__ = [
+    "Buffer",
+    "BufferTransport",
+    "Descriptor",
     "Listener",
+    "Region",
     "StreamTransport",
+    "buffer_transport",
+    "buffer_transports",
+    "configure",
     "connect_stream",
+    "host_id",
     "listen_stream",
+    "process_key",
+    "register_buffer_transport",
     "register_stream_transport",
+    "release_all",
     "split_url",
     "stream_transports",
+    "transport_report",
 ]

@@ -17,11 +17,14 @@ import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from orchestr import fabric
 from orchestr.fabric import connect_stream
+from orchestr.fabric._local import process_key
 
 from . import _serde
+from ._bulk import BulkLink, check_probe, peer_of_address, probe
 from ._serde import lift_large
-from ._wire import CALL, ERR, HELLO, OK, SEND, FramedProtocol, pack_frame
+from ._wire import CALL, ERR, HELLO, OK, READY, RELEASE, SEND, WELCOME, FramedProtocol, pack_frame
 from .config import Config
 from .errors import (
     ActorDiedError,
@@ -30,8 +33,10 @@ from .errors import (
     BrokenResourceError,
     CallTimeoutError,
     ClosedResourceError,
+    DescriptorError,
     OrchestrError,
     ProtocolError,
+    TransportError,
 )
 
 __all__ = ["CallClient", "current_client", "set_current_client"]
@@ -62,8 +67,40 @@ class _Connection(FramedProtocol):
         self.client = client
         self.address = address
         self.pending: dict[int, _Pending] = {}
-        self.out = pack_frame([HELLO, client.token], 1 << 20)
         self.broken: BaseException | None = None
+        self.bulk = BulkLink(client.config, self.loop, self._send_release)
+        peer = peer_of_address(address)
+        local = False
+        if peer is not None:
+            try:
+                local = self.bulk.set_peer(peer)
+            except (ValueError, IndexError):
+                peer = None
+        # a server on this host: large values go through shared memory from the first call
+        self.bulk.can_send = local
+        info = {"process": process_key(), "probe": probe() if local or peer is None else None}
+        self.out = pack_frame([HELLO, client.token, info], 1 << 20)
+
+    def _send_release(self, items: list[list[int]]) -> None:
+        self.send(pack_frame([RELEASE, 0, items], 1 << 30))
+
+    def welcome(self, info: Any) -> None:
+        if not isinstance(info, dict) or not isinstance(info.get("process"), str):
+            raise ProtocolError("WELCOME carries a map with the server's process")
+        try:
+            local = self.bulk.set_peer(info["process"])
+        except (ValueError, IndexError):
+            raise ProtocolError(f"malformed process key {info['process']!r}") from None
+        if not local:
+            self.bulk.can_send = False
+            return
+        if info.get("shm") is True:
+            self.bulk.can_send = True
+        else:
+            self.bulk.refuse(str(info.get("reason")))
+        reason = check_probe(info.get("probe"), self.bulk.peer_pid)
+        self.bulk.can_receive = reason is None
+        self.send(pack_frame([READY, 0, {"shm": reason is None, "reason": reason}], 1 << 20))
 
     def buffer_updated(self, nbytes: int) -> None:
         try:
@@ -73,13 +110,27 @@ class _Connection(FramedProtocol):
             return
         for msg, extra in frames:
             try:
-                message = _serde.decode(msg, extra)
+                message = _serde.decode(msg, extra, self.bulk)
                 if not (isinstance(message, list) and len(message) >= 3):
                     raise ProtocolError("a reply is an array of at least three items")
                 kind, call_id = message[0], message[1]
+                if kind in (WELCOME, RELEASE) and call_id == 0:
+                    if kind == WELCOME:
+                        self.welcome(message[2])
+                    else:
+                        self.bulk.released(message[2])
+                    continue
                 if kind not in (OK, ERR) or not isinstance(call_id, int):
                     raise ProtocolError(f"unexpected reply kind {kind!r} or call id {call_id!r}")
             except OrchestrError as exc:
+                head = _serde.peek(msg)
+                if isinstance(head, list) and len(head) == 3 and head[0] == OK:
+                    pending = self.pending.pop(head[1], None) if isinstance(head[1], int) else None
+                    if pending is not None:  # a result that cannot be decoded fails its call
+                        self.client.done(pending)
+                        if not pending.future.done():
+                            pending.future.set_exception(exc)
+                        continue
                 self.abort(ProtocolError(f"malformed reply from {self.address}: {exc}"))
                 return
             pending = self.pending.pop(call_id, None)
@@ -98,6 +149,7 @@ class _Connection(FramedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self.bulk.lost()
         self.abort(exc or BrokenResourceError(f"{self.address} closed the connection"))
 
     # -- failure -------------------------------------------------------------------------
@@ -131,6 +183,9 @@ def _remote_error(message: list[Any], p: _Pending) -> OrchestrError:
         return ProtocolError(f"malformed error reply for {p.label}.{p.endpoint}")
     if kind == "too_large":
         return ProtocolError(f"{p.label}.{p.endpoint}: {text}")
+    if kind == "transport":
+        cls = DescriptorError if "Descriptor" in str(type_name) else TransportError
+        return cls(f"{p.label}.{p.endpoint}: the actor could not receive the call: {text}")
     return ActorError(p.label, p.endpoint, str(type_name), str(text), str(tb))
 
 
@@ -145,6 +200,7 @@ class CallClient:
     ) -> None:
         self.token = token
         self.config = config
+        fabric.configure(bind_host=config.bind_host, fallback=config.transport_fallback)
         self.death_reporter = death_reporter
         self.loop = asyncio.get_running_loop()
         self._connections: dict[str, _Connection] = {}
@@ -172,11 +228,13 @@ class CallClient:
         Raises at once (not through the future) when the arguments cannot be sent.
         """
         call_id = next(self._ids)
+        conn = self._connection(address)
+        sink = conn.bulk.sink()
         parts = pack_frame(
             [CALL, call_id, actor_id, endpoint, lift_large(args), lift_large(kwargs)],
             self.config.max_message_bytes,
+            sink,
         )
-        conn = self._connection(address)
         future = self.loop.create_future()
         if timeout is None:
             timeout = self.config.call_timeout
@@ -184,9 +242,12 @@ class CallClient:
         pending.timer = self.loop.call_later(timeout, self._expire, conn, call_id)
         self._inflight[actor_id] = self._inflight.get(actor_id, 0) + 1
         if conn.broken is not None:
+            if sink is not None:
+                sink.abandon()
             self.report_broken([pending], conn.broken)
             self.done(pending)
             return future
+        conn.bulk.sent(sink)
         conn.pending[call_id] = pending
         conn.send(parts)
         return future
@@ -200,11 +261,24 @@ class CallClient:
         kwargs: dict[str, Any],
     ) -> None:
         """Send a call whose result nobody waits for; the actor logs any error it raises."""
+        conn = self._connection(address)
+        sink = conn.bulk.sink()
         parts = pack_frame(
             [SEND, 0, actor_id, endpoint, lift_large(args), lift_large(kwargs)],
             self.config.max_message_bytes,
+            sink,
         )
-        self._connection(address).send(parts)
+        if conn.broken is not None or conn.lost:
+            if sink is not None:
+                sink.abandon()
+            return
+        conn.bulk.sent(sink)
+        conn.send(parts)
+
+    def connections(self) -> list[dict[str, Any]]:
+        """What each open connection negotiated: the stream, how large values travel
+        (``shm`` or ``inline``), whether the peer is on this host, and any fallback."""
+        return [{"address": a, **c.bulk.report()} for a, c in self._connections.items()]
 
     def _connection(self, address: str) -> _Connection:
         if self._closed:

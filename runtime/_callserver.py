@@ -18,13 +18,32 @@ from typing import Any
 import structlog
 
 from orchestr.fabric import Listener, listen_stream
+from orchestr.fabric._local import process_key
 
 from . import _serde
 from ._actor import Actor, EndpointSpec
+from ._bulk import BulkLink, address_with_process, check_probe, probe
 from ._serde import lift_large
-from ._wire import CALL, ERR, HELLO, OK, SEND, FramedProtocol, pack_frame
+from ._wire import (
+    CALL,
+    ERR,
+    HELLO,
+    OK,
+    READY,
+    RELEASE,
+    SEND,
+    WELCOME,
+    FramedProtocol,
+    pack_frame,
+)
 from .config import Config
-from .errors import MessageTooLargeError, OrchestrError, ProtocolError, SerializationError
+from .errors import (
+    MessageTooLargeError,
+    OrchestrError,
+    ProtocolError,
+    SerializationError,
+    TransportError,
+)
 
 __all__ = ["ActorHost", "CallServer"]
 
@@ -39,6 +58,38 @@ class _ServerConnection(FramedProtocol):
         super().__init__(server.config.max_message_bytes)
         self.server = server
         self.authed = False
+        self.bulk = BulkLink(server.config, self.loop, self._send_release)
+
+    def _send_release(self, items: list[list[int]]) -> None:
+        self.send(pack_frame([RELEASE, 0, items], 1 << 30))
+
+    def hello(self, info: Any) -> None:
+        """Answer the caller's handshake: can each side map the other's shared memory?"""
+        if not isinstance(info, dict) or not isinstance(info.get("process"), str):
+            return  # a caller that offers nothing gets everything inline
+        try:
+            local = self.bulk.set_peer(info["process"])
+        except (ValueError, IndexError):
+            raise ProtocolError(f"malformed process key {info['process']!r}") from None
+        reason = None
+        if local:
+            reason = check_probe(info.get("probe"), self.bulk.peer_pid)
+            self.bulk.can_receive = reason is None
+        welcome = {
+            "process": process_key(),
+            "probe": probe() if local else None,
+            "shm": local and reason is None,
+            "reason": reason,
+        }
+        self.send(pack_frame([WELCOME, 0, welcome], 1 << 20))
+
+    def ready(self, info: Any) -> None:
+        if not isinstance(info, dict):
+            raise ProtocolError("READY carries a map")
+        if info.get("shm") is True:
+            self.bulk.can_send = True
+        elif self.bulk.peer is not None:
+            self.bulk.refuse(str(info.get("reason")))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -47,6 +98,7 @@ class _ServerConnection(FramedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self.server.connections.discard(self)
+        self.bulk.lost()
 
     def buffer_updated(self, nbytes: int) -> None:
         try:
@@ -63,13 +115,19 @@ class _ServerConnection(FramedProtocol):
 
     # -- replies (a caller that went away gets none; its client fails the call) ------------
     def ok(self, call_id: int, value: Any) -> None:
+        sink = self.bulk.sink()
         try:
             parts = pack_frame(
-                [OK, call_id, lift_large(value)], self.server.config.max_message_bytes
+                [OK, call_id, lift_large(value)], self.server.config.max_message_bytes, sink
             )
-        except (SerializationError, MessageTooLargeError) as exc:
+        except (SerializationError, MessageTooLargeError, TransportError) as exc:
             self.error(call_id, "raised", exc, note="while sending the result")
             return
+        if self.lost:
+            if sink is not None:
+                sink.abandon()
+            return
+        self.bulk.sent(sink)
         self.send(parts)
 
     def error(
@@ -220,21 +278,30 @@ class CallServer:
 
     @property
     def url(self) -> str:
+        """The address callers use; it also names this process (see ``_bulk``)."""
         assert self.listener is not None, "serve() first"
-        return self.listener.url
+        return address_with_process(self.listener.url)
 
     async def start(self, url: str) -> None:
         self.listener = await listen_stream(url, lambda: _ServerConnection(self))
 
     def handle(self, conn: _ServerConnection, msg: memoryview, extra: memoryview) -> None:
         try:
-            message = _serde.decode(msg, extra)
+            message = _serde.decode(msg, extra, conn.bulk if conn.authed else None)
             if not isinstance(message, list) or len(message) < 2:
                 raise ProtocolError("a message must be an array of at least two items")
             kind, call_id = message[0], message[1]
             if not isinstance(call_id, int) and kind != HELLO:
                 raise ProtocolError("call id must be an integer")
         except OrchestrError as exc:
+            head = _serde.peek(msg) if conn.authed else None
+            if isinstance(head, list) and len(head) == 6 and head[0] == CALL:
+                # the envelope is fine but a value is not (say, a stale shared-memory
+                # descriptor): fail this call only
+                log.info("undecodable call", call=head[1], error=str(exc))
+                if isinstance(head[1], int):
+                    conn.error(head[1], "transport", exc)
+                return
             log.warning("malformed frame", error=str(exc))
             conn.error(0, "protocol", exc)
             return
@@ -245,10 +312,24 @@ class CallServer:
                 and hmac.compare_digest(call_id.encode(), self.token)
             ):
                 conn.authed = True
+                try:
+                    conn.hello(message[2] if len(message) > 2 else None)
+                except OrchestrError as exc:
+                    conn.error(0, "protocol", exc)
+                    conn.close()
                 return
             log.warning("refused a call-path connection without the cluster token")
             conn.error(0, "auth", PermissionError("missing or wrong cluster token"))
             conn.close()
+            return
+        if kind == RELEASE or kind == READY:
+            try:
+                if kind == RELEASE:
+                    conn.bulk.released(message[2])
+                else:
+                    conn.ready(message[2])
+            except (OrchestrError, IndexError, TypeError) as exc:
+                conn.error(0, "protocol", ProtocolError(f"malformed message: {exc}"))
             return
         if kind not in (CALL, SEND) or len(message) != 6:
             conn.error(call_id, "protocol", ProtocolError(f"unexpected message kind {kind!r}"))

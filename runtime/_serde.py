@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import msgpack
 
 from ._frames import padded
-from .errors import ProtocolError, SerializationError
+from .errors import OrchestrError, ProtocolError, SerializationError
 
 __all__ = [
     "OutOfBand",
@@ -37,6 +37,9 @@ EXT_TENSOR = 1
 EXT_NDARRAY = 2
 EXT_DATACLASS = 3
 EXT_BYTES = 4
+EXT_BUFFER = 5  # an orchestr.fabric.Buffer handle
+EXT_SHM_TENSOR = 6  # a tensor in a shared-memory segment of the sender (see _bulk)
+EXT_SHM_NDARRAY = 7
 
 #: ``bytes`` at least this long in call arguments and results travel out of band.
 OUT_OF_BAND_BYTES = 16 * 1024
@@ -111,9 +114,11 @@ def lift_large(values: Any) -> Any:
 class _Encoding:
     """The out-of-band buffers gathered while packing one message."""
 
-    __slots__ = ("buffers", "retained", "size")
+    __slots__ = ("buffers", "bulk", "retained", "size")
 
-    def __init__(self) -> None:
+    def __init__(self, bulk: Any = None) -> None:
+        #: Where values of at least ``bulk.threshold`` bytes go instead of the frame.
+        self.bulk = bulk
         self.buffers: list[memoryview] = []
         self.size = 0
         #: Whether the receiver keeps views of some buffer (tensors, arrays).
@@ -151,7 +156,11 @@ def _tensor_to_wire(obj: Any) -> msgpack.ExtType:
 
     flat = t.reshape(-1).view(torch.uint8)
     buf = memoryview(flat.numpy()).cast("B")
-    offset = _current[-1].add(buf)
+    enc = _current[-1]
+    if enc.bulk is not None and buf.nbytes >= enc.bulk.threshold:
+        where = enc.bulk.put(buf)
+        return msgpack.ExtType(EXT_SHM_TENSOR, msgpack.packb([dtype, shape, where, buf.nbytes]))
+    offset = enc.add(buf)
     return msgpack.ExtType(EXT_TENSOR, msgpack.packb([dtype, shape, offset, buf.nbytes]))
 
 
@@ -164,7 +173,13 @@ def _ndarray_to_wire(obj: Any) -> msgpack.ExtType:
         )
     arr = obj if obj.flags.c_contiguous else obj.copy(order="C")  # keeps 0-d arrays 0-d
     buf = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
-    offset = _current[-1].add(buf)
+    enc = _current[-1]
+    if enc.bulk is not None and buf.nbytes >= enc.bulk.threshold:
+        where = enc.bulk.put(buf)
+        return msgpack.ExtType(
+            EXT_SHM_NDARRAY, msgpack.packb([arr.dtype.str, list(arr.shape), where, buf.nbytes])
+        )
+    offset = enc.add(buf)
     return msgpack.ExtType(
         EXT_NDARRAY, msgpack.packb([arr.dtype.str, list(arr.shape), offset, buf.nbytes])
     )
@@ -214,26 +229,43 @@ def encode(obj: object) -> tuple[bytes, list[memoryview]]:
     return msg, buffers
 
 
-def encode_parts(obj: object) -> tuple[bytes, list[memoryview], bool]:
-    """Like :func:`encode`, and also whether the receiver only copies out of the buffers."""
-    enc = _Encoding()
+def encode_parts(obj: object, bulk: Any = None) -> tuple[bytes, list[memoryview], bool]:
+    """Like :func:`encode`, and also whether the receiver only copies out of the buffers.
+
+    ``bulk`` (a sink with ``threshold`` and ``put(view) -> where``) takes tensors and arrays of
+    at least ``threshold`` bytes instead of the frame; on failure its ``abandon()`` is called.
+    """
+    enc = _Encoding(bulk)
     _current.append(enc)
     try:
         msg = _packer.pack(obj)
-    except SerializationError:
+    except BaseException as exc:
+        if bulk is not None:
+            bulk.abandon()
+        if isinstance(exc, (TypeError, ValueError, OverflowError)) and not isinstance(
+            exc, OrchestrError
+        ):
+            raise SerializationError(f"cannot encode value: {exc}") from exc
         raise
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise SerializationError(f"cannot encode value: {exc}") from exc
     finally:
         _current.pop()
     return msg, enc.buffers, bool(enc.buffers) and not enc.retained
 
 
-class _Decoding:
-    __slots__ = ("extra",)
+class _Shared:
+    __slots__ = ("where",)
 
-    def __init__(self, extra: memoryview) -> None:
+    def __init__(self, where: list[Any]) -> None:
+        self.where = where
+
+
+class _Decoding:
+    __slots__ = ("bulk", "extra")
+
+    def __init__(self, extra: memoryview, bulk: Any = None) -> None:
         self.extra = extra
+        #: Maps shared-memory descriptors: ``bulk.view(where, nbytes) -> uint8 array``.
+        self.bulk = bulk
 
     def view(self, offset: int, nbytes: int) -> memoryview:
         if not (isinstance(offset, int) and isinstance(nbytes, int)):
@@ -250,6 +282,14 @@ class _Decoding:
             return self._tensor(*_fields(data, 4))
         if code == EXT_NDARRAY:
             return self._ndarray(*_fields(data, 4))
+        if code == EXT_SHM_TENSOR or code == EXT_SHM_NDARRAY:
+            dtype, shape, where, nbytes = _fields(data, 4)
+            if self.bulk is None:
+                raise ProtocolError("a shared-memory value arrived where none is accepted")
+            if not (isinstance(where, list) and len(where) == 5 and isinstance(nbytes, int)):
+                raise ProtocolError("malformed shared-memory descriptor")
+            make = self._tensor if code == EXT_SHM_TENSOR else self._ndarray
+            return make(dtype, shape, _Shared(where), nbytes)
         if code == EXT_BYTES:
             offset, nbytes = _fields(data, 2)
             return bytes(self.view(offset, nbytes))
@@ -261,7 +301,7 @@ class _Decoding:
             raise ProtocolError(f"unknown extension type {code}")
         return from_wire(msgpack.unpackb(data, raw=False))
 
-    def _tensor(self, dtype_name: str, shape: list[int], offset: int, nbytes: int) -> Any:
+    def _tensor(self, dtype_name: str, shape: list[int], offset: Any, nbytes: int) -> Any:
         import torch
 
         dtype = getattr(torch, str(dtype_name), None)
@@ -273,6 +313,9 @@ class _Decoding:
             raise ProtocolError(
                 f"tensor of shape {shape} and dtype {dtype_name} needs {count * itemsize} bytes, descriptor says {nbytes}"
             )
+        if type(offset) is _Shared:
+            array = self.bulk.view(offset.where, nbytes)
+            return torch.from_numpy(array).view(dtype).reshape(shape)
         view = self.view(offset, nbytes)
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
@@ -280,7 +323,7 @@ class _Decoding:
             view = memoryview(bytearray(view))
         return torch.frombuffer(view, dtype=torch.uint8).view(dtype).reshape(shape)
 
-    def _ndarray(self, dtype_str: str, shape: list[int], offset: int, nbytes: int) -> Any:
+    def _ndarray(self, dtype_str: str, shape: list[int], offset: Any, nbytes: int) -> Any:
         import numpy as np
 
         try:
@@ -294,6 +337,8 @@ class _Decoding:
             raise ProtocolError(
                 f"array of shape {shape} and dtype {dtype_str} needs {count * dtype.itemsize} bytes, descriptor says {nbytes}"
             )
+        if type(offset) is _Shared:
+            return self.bulk.view(offset.where, nbytes).view(dtype).reshape(shape)
         view = self.view(offset, nbytes)
         array = np.frombuffer(view, dtype=dtype).reshape(shape)
         return array.copy() if view.readonly else array
@@ -344,16 +389,26 @@ def _dataclass_from_wire(name: object, fields: object) -> Any:
 _NO_BUFFERS = memoryview(b"")
 
 
-def decode(msg: bytes | memoryview, extra: memoryview = _NO_BUFFERS) -> Any:
-    """Unpack one message; tensors and arrays are views into ``extra`` (no copy).
+def decode(msg: bytes | memoryview, extra: memoryview = _NO_BUFFERS, bulk: Any = None) -> Any:
+    """Unpack one message; tensors and arrays are views into ``extra`` (no copy), or into
+    shared memory that ``bulk`` maps.
 
     Raises :class:`ProtocolError` for malformed input and :class:`SerializationError` for a
-    well-formed value this process cannot rebuild.
+    well-formed value this process cannot rebuild (both :class:`OrchestrError`).
     """
-    dec = _Decoding(extra)
+    dec = _Decoding(extra, bulk)
     try:
         return msgpack.unpackb(msg, raw=False, strict_map_key=False, ext_hook=dec.ext_hook)
-    except (ProtocolError, SerializationError):
+    except OrchestrError:
         raise
     except Exception as exc:  # msgpack raises a zoo of types for malformed input
         raise ProtocolError(f"malformed message: {type(exc).__name__}: {exc}") from exc
+
+
+def peek(msg: bytes | memoryview) -> Any:
+    """Decode ``msg`` with every extension value as ``None`` (to find the call id of a message
+    whose values failed to decode); ``None`` if even that fails."""
+    try:
+        return msgpack.unpackb(msg, raw=False, strict_map_key=False, ext_hook=lambda c, d: None)
+    except Exception:
+        return None

@@ -2,7 +2,10 @@
 
 Messages (msgpack arrays):
 
-- ``[HELLO, token]`` first on every connection; a wrong token closes it.
+- ``[HELLO, token, {"process": key, "probe": [pid, fd, key]}]`` first on every connection; a
+  wrong token closes it. The server answers ``[WELCOME, 0, {"process", "probe", "shm",
+  "reason"}]`` and the caller confirms with ``[READY, 0, {"shm", "reason"}]`` (see ``_bulk``).
+- ``[RELEASE, 0, [[fd, generation], ...]]`` hands shared-memory segments back to their owner.
 - ``[CALL, call_id, actor_id, endpoint, args, kwargs]`` expects a reply.
 - ``[SEND, 0, actor_id, endpoint, args, kwargs]`` expects none (``broadcast``).
 - ``[OK, call_id, value]`` / ``[ERR, call_id, kind, type_name, message, traceback]``.
@@ -17,19 +20,33 @@ from . import _serde
 from ._frames import FrameDecoder, encode_frame
 from .errors import MessageTooLargeError
 
-__all__ = ["CALL", "ERR", "HELLO", "OK", "SEND", "FramedProtocol", "pack_frame"]
+__all__ = [
+    "CALL",
+    "ERR",
+    "HELLO",
+    "OK",
+    "READY",
+    "RELEASE",
+    "SEND",
+    "WELCOME",
+    "FramedProtocol",
+    "pack_frame",
+]
 
-HELLO, CALL, SEND, OK, ERR = 0, 1, 2, 3, 4
+HELLO, CALL, SEND, OK, ERR, WELCOME, READY, RELEASE = 0, 1, 2, 3, 4, 5, 6, 7
 
 
-def pack_frame(message: list[Any], limit: int) -> list[bytes | memoryview]:
+def pack_frame(message: list[Any], limit: int, bulk: Any = None) -> list[bytes | memoryview]:
     """Encode one message; raises SerializationError / MessageTooLargeError at the caller.
 
-    Payloads wrapped with :func:`orchestr._serde.lift_large` go out of band, uncopied.
+    Payloads wrapped with :func:`orchestr._serde.lift_large` go out of band, uncopied; large
+    tensors go to ``bulk`` (shared memory) when given.
     """
-    msg, buffers, scratch = _serde.encode_parts(message)
+    msg, buffers, scratch = _serde.encode_parts(message, bulk)
     size = len(msg) + sum(b.nbytes for b in buffers)
     if size > limit:
+        if bulk is not None:
+            bulk.abandon()
         raise MessageTooLargeError(size, limit)
     return encode_frame(msg, buffers, scratch=scratch)
 

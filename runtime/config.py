@@ -11,6 +11,9 @@ from .errors import ConfigError
 __all__ = ["Config", "load_config"]
 
 
+_CHOICES = {"transport_fallback": ("allow", "error")}
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Settings shared by every orchestr process.
@@ -35,6 +38,12 @@ class Config:
     worker_stop_grace: float = 3.0
     #: Seconds to wait for the head to learn why a worker went away, when a call breaks.
     death_report_wait: float = 1.0
+    #: Tensors and arrays of at least this many bytes in call arguments and results travel
+    #: through shared memory to processes on the same host instead of inside the call frame.
+    inline_max_bytes: int = 1024 * 1024
+    #: When the wanted transport cannot be used: "allow" (fall back, logged and counted) or
+    #: "error" (the transfer fails with FallbackError).
+    transport_fallback: str = "allow"
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -42,6 +51,11 @@ class Config:
             if field.type == "str":
                 if not isinstance(value, str) or not value:
                     raise ConfigError(f"{field.name} must be a non-empty string, got {value!r}")
+                choices = _CHOICES.get(field.name)
+                if choices is not None and value not in choices:
+                    raise ConfigError(
+                        f"{field.name} must be one of {', '.join(choices)}, got {value!r}"
+                    )
                 continue
             kinds = (int, float) if field.type == "float" else (int,)
             if isinstance(value, bool) or not isinstance(value, kinds):

@@ -10,6 +10,11 @@
     ├── AuthenticationError          a missing or wrong cluster token
     ├── ClosedResourceError          we closed the connection/cluster and then used it
     ├── BrokenResourceError          the peer went away (connection reset, EOF)
+    ├── TransportError               a data-plane connection or transfer failed
+    │   ├── TransportUnavailableError    the transport cannot run here (no device, no library)
+    │   ├── FallbackError                the policy forbids the fallback a transfer needed
+    │   └── DescriptorError              a buffer descriptor is malformed, forged, out of bounds
+    │       └── StaleDescriptorError         ... or names a released buffer
     ├── ControlPlaneError            a control-plane (gRPC) request failed
     ├── SpawnError                   an actor could not be created
     │   └── PlacementError           no node satisfies the requested resources or labels
@@ -34,6 +39,8 @@ __all__ = [
     "ClosedResourceError",
     "ConfigError",
     "ControlPlaneError",
+    "DescriptorError",
+    "FallbackError",
     "MeshError",
     "MessageTooLargeError",
     "OrchestrError",
@@ -41,6 +48,9 @@ __all__ = [
     "ProtocolError",
     "SerializationError",
     "SpawnError",
+    "StaleDescriptorError",
+    "TransportError",
+    "TransportUnavailableError",
 ]
 
 
@@ -83,6 +93,27 @@ class ClosedResourceError(OrchestrError):
 
 class BrokenResourceError(OrchestrError):
     """The peer closed or reset the connection."""
+
+
+class TransportError(OrchestrError):
+    """A data-plane connection or transfer failed."""
+
+
+class TransportUnavailableError(TransportError):
+    """A transport cannot run in this process (no device, library missing); the message says
+    why."""
+
+
+class FallbackError(TransportError):
+    """The transport policy forbids falling back from the transport that was asked for."""
+
+
+class DescriptorError(TransportError, ValueError):
+    """A buffer descriptor is malformed, forged, or names bytes outside its region."""
+
+
+class StaleDescriptorError(DescriptorError):
+    """The buffer a descriptor names has been released (or its owner has exited)."""
 
 
 class ControlPlaneError(OrchestrError):

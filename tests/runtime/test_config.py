@@ -42,13 +42,19 @@ def test_environment_variable_sets_its_field(
 
 
 def test_every_field_has_a_variable() -> None:
+    strings = {"bind_host": "10.0.0.1", "transport_fallback": "error"}
     environ = {
-        f"ORCHESTR_{f.name.upper()}": ("10.0.0.1" if f.type == "str" else "7")
+        f"ORCHESTR_{f.name.upper()}": (strings[f.name] if f.type == "str" else "7")
         for f in dataclasses.fields(Config)
     }
     config = load_config(environ)
     for field in dataclasses.fields(Config):
         assert getattr(config, field.name) != getattr(Config(), field.name), field.name
+
+
+def test_transport_fallback_takes_only_known_policies() -> None:
+    with pytest.raises(ConfigError, match="ORCHESTR_TRANSPORT_FALLBACK|allow, error"):
+        load_config({"ORCHESTR_TRANSPORT_FALLBACK": "sometimes"})
 
 
 def test_unrelated_variables_are_ignored() -> None:

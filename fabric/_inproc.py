@@ -1,0 +1,52 @@
+"""``inproc://``: buffers and streams inside one process (tests, co-located actors)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestr.errors import DescriptorError
+
+from . import _buffers, _local
+from ._buffers import Descriptor, Region, count
+
+__all__ = ["InprocBuffers"]
+
+
+class InprocBuffers:
+    scheme = "inproc"
+
+    def probe(self) -> str | None:
+        return None
+
+    def reaches(self, owner: str) -> bool:
+        return owner == _local.process_key()
+
+    def export(self, region: Region) -> tuple[Any, ...]:
+        return ()
+
+    def unexport(self, region: Region) -> None:
+        pass
+
+    def _span(self, desc: Descriptor, offset: int, nbytes: int) -> memoryview:
+        if desc.owner != _local.process_key():
+            raise DescriptorError(f"an inproc descriptor of {desc.owner} used in another process")
+        desc.check_span(offset, nbytes)
+        region = _buffers.lookup(desc.region, desc.key)
+        if region.mem.nbytes != desc.length:
+            raise DescriptorError(
+                f"descriptor says {desc.length} bytes; the region has {region.mem.nbytes}"
+            )
+        return region.mem[offset : offset + nbytes]
+
+    async def read_into(self, desc: Descriptor, offset: int, dst: memoryview) -> None:
+        if dst.readonly:
+            raise ValueError("read_into needs a writable destination")
+        dst[:] = self._span(desc, offset, dst.nbytes)
+        count(self.scheme, read=dst.nbytes)
+
+    async def write_from(self, desc: Descriptor, offset: int, src: memoryview) -> None:
+        span = self._span(desc, offset, src.nbytes)
+        if span.readonly:
+            raise DescriptorError("the buffer was registered read-only")
+        span[:] = src
+        count(self.scheme, written=src.nbytes)

@@ -1,0 +1,174 @@
+"""The backends of this process by URL scheme, the data-plane settings, and the capability
+report.
+
+Built-in buffer backends are ``inproc``, ``shm``, ``tcp`` and ``rdma`` (pyverbs, imported only
+when first probed); ``nixl`` loads when the ``nixl`` package is installed. Out-of-tree backends
+register through the ``orchestr.transports`` entry-point group: the entry point's name is the
+scheme and its object a callable (a class) returning the backend; one with ``connect`` and
+``listen`` is a stream backend, one with ``read_into`` and ``write_from`` a buffer backend.
+Entry points load on the first lookup of a scheme this process does not know.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from . import _buffers, _streams
+from ._buffers import BufferTransport, Fallback, check_fallback
+
+__all__ = [
+    "buffer_transport",
+    "buffer_transports",
+    "configure",
+    "register_buffer_transport",
+    "settings",
+    "transport_report",
+]
+
+log = structlog.get_logger("orchestr.fabric")
+ENTRY_POINT_GROUP = "orchestr.transports"
+
+
+@dataclasses.dataclass
+class Settings:
+    #: Address the tcp buffer server binds.
+    bind_host: str = "127.0.0.1"
+    #: What happens when the wanted transport cannot be used: "allow" (logged, counted) or "error".
+    fallback: Fallback = "allow"
+
+
+settings = Settings()
+
+
+def configure(*, bind_host: str | None = None, fallback: str | None = None) -> None:
+    """Set this process's data-plane settings (the runtime calls this from its Config)."""
+    if bind_host is not None:
+        settings.bind_host = bind_host
+    if fallback is not None:
+        settings.fallback = check_fallback(fallback)
+
+
+_lock = threading.Lock()
+_factories: dict[str, Callable[[], BufferTransport]] = {}
+_instances: dict[str, BufferTransport] = {}
+_entry_points_loaded = False
+
+
+def register_buffer_transport(scheme: str, factory: Callable[[], BufferTransport]) -> None:
+    """Make ``scheme`` descriptors use the backend ``factory()`` builds (on first use)."""
+    with _lock:
+        _factories[scheme] = factory
+        _instances.pop(scheme, None)
+
+
+def _builtin(module: str, name: str, *args: Any) -> Callable[[], BufferTransport]:
+    def make() -> BufferTransport:
+        cls = getattr(importlib.import_module(module, __package__), name)
+        return cls(*args)  # type: ignore[no-any-return]
+
+    return make
+
+
+register_buffer_transport("inproc", _builtin("._inproc", "InprocBuffers"))
+register_buffer_transport("shm", _builtin("._shm", "ShmBuffers"))
+register_buffer_transport("tcp", lambda: _builtin("._tcpbuf", "TcpBuffers", settings.bind_host)())
+register_buffer_transport("rdma", _builtin("._rdma", "RdmaBuffers"))
+register_buffer_transport("nixl", _builtin("._nixl", "NixlBuffers"))
+
+
+def _constant(backend: BufferTransport) -> Callable[[], BufferTransport]:
+    return lambda: backend
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            backend = ep.load()()
+        except Exception as exc:
+            log.warning("cannot load transport plug-in", name=ep.name, error=repr(exc))
+            continue
+        if hasattr(backend, "connect") and hasattr(backend, "listen"):
+            _streams.register_stream_transport(ep.name, backend)
+        elif hasattr(backend, "read_into") and hasattr(backend, "write_from"):
+            register_buffer_transport(ep.name, _constant(backend))
+        else:
+            log.warning("transport plug-in is neither a stream nor a buffer backend", name=ep.name)
+
+
+def buffer_transport(scheme: str) -> BufferTransport | None:
+    """The backend for ``scheme``, built on first use; ``None`` if unknown."""
+    t = _instances.get(scheme)
+    if t is not None:
+        return t
+    _load_entry_points()
+    factory = _factories.get(scheme)
+    if factory is None:
+        return None
+    with _lock:
+        t = _instances.get(scheme)
+        if t is None:
+            t = factory()
+            _instances[scheme] = t
+    return t
+
+
+def buffer_transports() -> list[str]:
+    _load_entry_points()
+    return sorted(_factories)
+
+
+def usable_buffer_transports() -> list[BufferTransport]:
+    """Backends that work in this process, in preference order."""
+    out = []
+    for scheme in buffer_transports():
+        try:
+            t = buffer_transport(scheme)
+        except ImportError:
+            continue
+        if t is not None and t.probe() is None:
+            out.append(t)
+    order = _buffers.PREFERENCE
+    return sorted(out, key=lambda t: order.index(t.scheme) if t.scheme in order else 99)
+
+
+def transport_report() -> list[dict[str, Any]]:
+    """What this process can use: one entry per backend with ``available`` and, when it is not,
+    ``reason``. Backends may add details (the rdma backend lists its devices)."""
+    rows: list[dict[str, Any]] = []
+    for scheme in _streams.stream_transports():
+        rows.append({"scheme": scheme, "kind": "stream", "available": True})
+    for scheme in buffer_transports():
+        try:
+            t = buffer_transport(scheme)
+            reason = "unknown backend" if t is None else t.probe()
+        except ImportError as exc:
+            t, reason = None, f"cannot import its module: {exc}"
+        row: dict[str, Any] = {"scheme": scheme, "kind": "buffer", "available": reason is None}
+        if reason is not None:
+            row["reason"] = reason
+        details = getattr(t, "details", None)
+        if callable(details):
+            row.update(details())
+        rows.append(row)
+    stats = _buffers.stats
+    for row in rows:
+        c = stats.get(row["scheme"])
+        if c is not None and row["kind"] == "buffer":
+            row["counters"] = dataclasses.asdict(c)
+    return rows
+
+
+def release_all() -> int:
+    """Release every buffer this process registered (the owning actor is stopping)."""
+    return _buffers.release_all(list(_instances.values()))

@@ -1,0 +1,205 @@
+"""``tcp://`` one-sided buffers: the owner serves its registered regions over a socket.
+
+This works between any two hosts. The owner runs a small threaded server (started on first
+export) that checks each request against its region table and then streams bytes straight from
+or into the registered memory; the reader's side is asyncio and lands bytes straight in its
+destination. It is one-sided for the application (the owner's actor code takes no part), though
+the owner's process does the socket work.
+
+Request: ``OBUF | op u8 | region u64 | key u64 | offset u64 | length u64``; answer: a status
+byte and, for errors, a length-prefixed message. A write sends its payload after a go-ahead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import socketserver
+import struct
+import threading
+from typing import Any
+
+from orchestr.errors import DescriptorError, StaleDescriptorError, TransportError
+
+from . import _buffers
+from ._buffers import Descriptor, Region, count
+
+__all__ = ["TcpBuffers"]
+
+_REQ = struct.Struct("<4sBQQQQ")
+_MAGIC = b"OBUF"
+_READ, _WRITE = 1, 2
+_OK, _STALE, _BAD = 0, 1, 2
+_ERR = struct.Struct("<BI")
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        head = bytearray(_REQ.size)
+        while _recv_exactly(sock, memoryview(head)):
+            magic, op, region_id, key, offset, length = _REQ.unpack(head)
+            try:
+                if magic != _MAGIC or op not in (_READ, _WRITE):
+                    raise DescriptorError("not a buffer request")
+                region = _buffers.lookup(region_id, key)
+                if offset + length > region.mem.nbytes:
+                    raise DescriptorError(
+                        f"[{offset}, +{length}) lies outside the {region.mem.nbytes}-byte buffer"
+                    )
+                if op == _WRITE and region.mem.readonly:
+                    raise DescriptorError("the buffer was registered read-only")
+                span = region.mem[offset : offset + length]
+            except DescriptorError as exc:
+                text = str(exc).encode()
+                status = _STALE if isinstance(exc, StaleDescriptorError) else _BAD
+                sock.sendall(_ERR.pack(status, len(text)) + text)
+                return  # a write's payload may follow; drop the connection rather than parse it
+            sock.sendall(_ERR.pack(_OK, 0))
+            if op == _READ:
+                sock.sendall(span)
+            else:
+                if not _recv_exactly(sock, span):
+                    return
+                sock.sendall(_ERR.pack(_OK, 0))
+
+
+def _recv_exactly(sock: socket.socket, view: memoryview) -> bool:
+    got = 0
+    while got < view.nbytes:
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            return False
+        got += n
+    return True
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class TcpBuffers:
+    """The ``tcp`` buffer backend."""
+
+    scheme = "tcp"
+
+    def __init__(self, bind_host: str = "127.0.0.1") -> None:
+        self.bind_host = bind_host
+        self._server: _Server | None = None
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[str, int], list[socket.socket]] = {}
+
+    def probe(self) -> str | None:
+        return None
+
+    def reaches(self, owner: str) -> bool:
+        return True
+
+    def export(self, region: Region) -> tuple[Any, ...]:
+        with self._lock:
+            if self._server is None:
+                self._server = _Server((self.bind_host, 0), _Handler)
+                threading.Thread(
+                    target=self._server.serve_forever, name="orchestr-buffers", daemon=True
+                ).start()
+            host, port = self._server.server_address[:2]
+        return (str(host), int(port))
+
+    def unexport(self, region: Region) -> None:
+        pass  # the region table refuses it from now on
+
+    def close(self) -> None:
+        with self._lock:
+            server, self._server = self._server, None
+            idle, self._idle = self._idle, {}
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        for socks in idle.values():
+            for s in socks:
+                s.close()
+
+    # -- peer side -----------------------------------------------------------------------------
+    async def _connect(self, addr: tuple[str, int]) -> socket.socket:
+        idle = self._idle.get(addr)
+        if idle:
+            return idle.pop()
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET6 if ":" in addr[0] else socket.AF_INET)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            await loop.sock_connect(sock, addr)
+        except OSError as exc:
+            sock.close()
+            raise StaleDescriptorError(
+                f"cannot reach the buffer owner at {addr[0]}:{addr[1]}: {exc} (it may have exited)"
+            ) from exc
+        return sock
+
+    async def _status(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, desc: Descriptor
+    ) -> None:
+        head = bytearray(_ERR.size)
+        await _arecv(loop, sock, memoryview(head))
+        status, n = _ERR.unpack(head)
+        if status == _OK:
+            return
+        text = bytearray(n)
+        await _arecv(loop, sock, memoryview(text))
+        cls = StaleDescriptorError if status == _STALE else DescriptorError
+        raise cls(f"owner {desc.owner} refused: {text.decode(errors='replace')}")
+
+    async def _move(self, op: int, desc: Descriptor, offset: int, local: memoryview) -> None:
+        desc.check_span(offset, local.nbytes)
+        try:
+            host, port = desc.where
+        except ValueError:
+            raise DescriptorError(f"malformed tcp descriptor {desc.where!r}") from None
+        if not (isinstance(host, str) and isinstance(port, int)):
+            raise DescriptorError(f"malformed tcp descriptor {desc.where!r}")
+        loop = asyncio.get_running_loop()
+        sock = await self._connect((host, port))
+        reusable = False
+        try:
+            req = _REQ.pack(_MAGIC, op, desc.region, desc.key, offset, local.nbytes)
+            await loop.sock_sendall(sock, req)
+            await self._status(loop, sock, desc)
+            if op == _READ:
+                await _arecv(loop, sock, local)
+            else:
+                await loop.sock_sendall(sock, local)
+                await self._status(loop, sock, desc)
+            reusable = True
+        except (ConnectionError, EOFError) as exc:
+            raise TransportError(
+                f"the buffer owner {desc.owner} went away mid-transfer: {exc}"
+            ) from exc
+        finally:
+            if reusable:
+                self._idle.setdefault((host, port), []).append(sock)
+            else:
+                sock.close()
+        if op == _READ:
+            count(self.scheme, read=local.nbytes)
+        else:
+            count(self.scheme, written=local.nbytes)
+
+    async def read_into(self, desc: Descriptor, offset: int, dst: memoryview) -> None:
+        if dst.readonly:
+            raise ValueError("read_into needs a writable destination")
+        await self._move(_READ, desc, offset, dst)
+
+    async def write_from(self, desc: Descriptor, offset: int, src: memoryview) -> None:
+        await self._move(_WRITE, desc, offset, src)
+
+
+async def _arecv(loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < view.nbytes:
+        n = await loop.sock_recv_into(sock, view[got:])
+        if n == 0:
+            raise EOFError("connection closed")
+        got += n
