@@ -8,7 +8,8 @@ Two shapes behind one registry by URL scheme:
   user-facing handle.
 
 :func:`transport_report` says what works in this process and why not; a fallback from the
-transport a transfer wanted is an error or logged and counted, never silent.
+transport a transfer wanted is an error or logged and counted, never silent. :func:`empty`
+allocates tensors in shared memory: sending one to an actor on this host copies nothing.
 """
 
 from ._buffers import BufferTransport, Descriptor, Region
@@ -18,10 +19,13 @@ from ._registry import (
     buffer_transport,
     buffer_transports,
     configure,
+    connections,
     register_buffer_transport,
     release_all,
+    shutdown,
     transport_report,
 )
+from ._segments import empty
 from ._streams import (
     Listener,
     StreamTransport,
@@ -43,12 +47,15 @@ __all__ = [
     "buffer_transports",
     "configure",
     "connect_stream",
+    "connections",
+    "empty",
     "host_id",
     "listen_stream",
     "process_key",
     "register_buffer_transport",
     "register_stream_transport",
     "release_all",
+    "shutdown",
     "split_url",
     "stream_transports",
     "transport_report",

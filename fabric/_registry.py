@@ -169,6 +169,31 @@ def transport_report() -> list[dict[str, Any]]:
     return rows
 
 
+#: Functions that list this process's connections (the runtime adds the call path's).
+connection_sources: list[Callable[[], list[dict[str, Any]]]] = []
+
+
+def connections() -> list[dict[str, Any]]:
+    """Every open connection of this process with the transport it negotiated: the stream,
+    how large values travel (``shm`` or ``inline``), whether the peer shares this host, and
+    the reason for any fallback."""
+    return [row for source in connection_sources for row in source()]
+
+
 def release_all() -> int:
     """Release every buffer this process registered (the owning actor is stopping)."""
     return _buffers.release_all(list(_instances.values()))
+
+
+def shutdown() -> int:
+    """Release every buffer, stop backend servers and close the segment pool (the process is
+    stopping). Returns how many buffers were still registered."""
+    from ._segments import pool
+
+    released = release_all()
+    for t in list(_instances.values()):
+        close = getattr(t, "close", None)
+        if callable(close):
+            close()
+    pool.close()
+    return released

@@ -26,7 +26,7 @@ from orchestr.errors import DescriptorError, StaleDescriptorError
 from ._memfd import HEADER, Segment, generation_of, open_peer
 from ._shm import address_of
 
-__all__ = ["PeerSegments", "SegmentPool", "pool"]
+__all__ = ["PeerSegments", "SegmentPool", "empty", "pool"]
 
 _MIN_CAPACITY = 1 << 20
 
@@ -220,3 +220,27 @@ class PeerSegments:
 
 pool = SegmentPool()
 peers = PeerSegments()
+
+
+def empty(shape: int | tuple[int, ...] | list[int], dtype: Any = None) -> Any:
+    """An uninitialised CPU tensor in shared memory.
+
+    Sending it (or a contiguous slice of it) to an actor on this host copies nothing: the
+    receiver gets a tensor over the same memory. So the sender must not change it until the
+    receiver is done, as with any one-sided transfer. The memory returns to the pool when the
+    tensor and every tensor received from it are gone.
+    """
+    import numpy as np
+    import torch
+
+    dtype = torch.float32 if dtype is None else dtype
+    dims = [shape] if isinstance(shape, int) else list(shape)
+    nbytes = torch.empty((), dtype=dtype).element_size()
+    for d in dims:
+        nbytes *= d
+    if nbytes == 0:
+        return torch.empty(dims, dtype=dtype)
+    view, done = pool.empty(nbytes)
+    array = np.frombuffer(view, dtype=np.uint8, count=nbytes)
+    weakref.finalize(array, done)
+    return torch.from_numpy(array).view(dtype).reshape(dims)

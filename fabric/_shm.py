@@ -29,7 +29,7 @@ from ._memfd import HEADER, Segment, open_peer
 
 __all__ = ["ShmBuffers"]
 
-_ENTRY = struct.Struct("<QQQQ")  # key, address, length, flags
+_ENTRY = struct.Struct("<QQQQ")  # key, address, length, region id << 1 | writable
 _WRITABLE = 1
 TABLE_SLOTS = 1 << 16
 #: Transfers at least this large run in a thread, off the event loop.
@@ -92,7 +92,7 @@ class _Table:
                 raise TransportError(f"more than {TABLE_SLOTS} shm buffers registered at once")
             slot = self.free.pop()
         addr = address_of(region.mem)
-        flags = 0 if region.mem.readonly else _WRITABLE
+        flags = region.id << 1 | (0 if region.mem.readonly else _WRITABLE)
         _ENTRY.pack_into(
             self.segment.data, slot * _ENTRY.size, region.key, addr, region.mem.nbytes, flags
         )
@@ -174,7 +174,7 @@ class ShmBuffers:
             table = open_peer(pid, fd, table_key, writable=False)
             self._peers[(pid, fd, table_key)] = table
         key, addr, length, flags = _ENTRY.unpack_from(table, HEADER + slot * _ENTRY.size)
-        if key != desc.key:
+        if key != desc.key or flags >> 1 != desc.region:
             raise StaleDescriptorError(
                 f"buffer region {desc.region} of {desc.owner} was released (or the descriptor "
                 f"is forged)"

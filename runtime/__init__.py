@@ -42,6 +42,8 @@ from .errors import (
     ClosedResourceError,
     ConfigError,
     ControlPlaneError,
+    DescriptorError,
+    FallbackError,
     MeshError,
     MessageTooLargeError,
     OrchestrError,
@@ -49,7 +51,11 @@ from .errors import (
     ProtocolError,
     SerializationError,
     SpawnError,
+    StaleDescriptorError,
+    TransportError,
+    TransportUnavailableError,
 )
+from .fabric import Buffer
 
 __version__ = "0.1.0"
 
@@ -59,13 +65,16 @@ __all__ = [
     "ActorError",
     "AuthenticationError",
     "BrokenResourceError",
+    "Buffer",
     "CallError",
     "CallTimeoutError",
     "ClosedResourceError",
     "Config",
     "ConfigError",
     "ControlPlaneError",
+    "DescriptorError",
     "Endpoint",
+    "FallbackError",
     "JobContext",
     "Mesh",
     "MeshError",
@@ -75,6 +84,9 @@ __all__ = [
     "ProtocolError",
     "SerializationError",
     "SpawnError",
+    "StaleDescriptorError",
+    "TransportError",
+    "TransportUnavailableError",
     "__version__",
     "endpoint",
     "load_config",

@@ -7,9 +7,9 @@ Across hosts, values stay in the frame on the stream transport.
 
 Each connection negotiates this in its handshake. The caller's ``HELLO`` and the server's
 ``WELCOME`` each carry a probe (a tiny segment); each side maps the other's to prove it can. The
-caller uses shared memory from its first call when the address says the server is on this host;
-the server answers over shared memory once the caller's ``READY`` confirms it can map the
-server's segments. A failed probe is a fallback to the stream: an error under the policy
+caller uses shared memory from its first call when the address says the server is on this host,
+and the server from its first answer once it has mapped the caller's probe; the caller's
+``READY`` confirms that it can map the server's segments too, or withdraws it. A failed probe is a fallback to the stream: an error under the policy
 ``error``, otherwise logged and counted. ``RELEASE`` messages hand segments back.
 """
 
@@ -21,11 +21,12 @@ from typing import Any
 
 import structlog
 
-from orchestr.fabric import _buffers, _local
+from orchestr.fabric import Buffer, _buffers, _local
 from orchestr.fabric._memfd import Segment, open_peer
 from orchestr.fabric._segments import peers, pool
 from orchestr.fabric._shm import address_of
 
+from . import _serde
 from .config import Config
 from .errors import DescriptorError, FallbackError, OrchestrError, ProtocolError
 
@@ -228,3 +229,6 @@ class _RefusingSink(_Sink):
             f"used ({self.reason}); the fallback policy is 'error' (allow it with "
             f"ORCHESTR_TRANSPORT_FALLBACK=allow)"
         )
+
+
+_serde.register_ext(Buffer, _serde.EXT_BUFFER, Buffer.to_wire, Buffer.from_wire)

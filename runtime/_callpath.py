@@ -13,18 +13,32 @@ the messages both speak are in :mod:`._wire`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from orchestr import fabric
+from orchestr.fabric import _registry as fabric_registry
 from orchestr.fabric import connect_stream
 from orchestr.fabric._local import process_key
 
-from . import _serde
-from ._bulk import BulkLink, check_probe, peer_of_address, probe
+from . import _bulk, _serde
+from ._bulk import BulkLink, check_probe, peer_of_address
 from ._serde import lift_large
-from ._wire import CALL, ERR, HELLO, OK, READY, RELEASE, SEND, WELCOME, FramedProtocol, pack_frame
+from ._wire import (
+    CALL,
+    ERR,
+    HELLO,
+    OK,
+    READY,
+    RELEASE,
+    SEND,
+    WELCOME,
+    FramedProtocol,
+    pack_frame,
+    traffic,
+)
 from .config import Config
 from .errors import (
     ActorDiedError,
@@ -78,7 +92,7 @@ class _Connection(FramedProtocol):
                 peer = None
         # a server on this host: large values go through shared memory from the first call
         self.bulk.can_send = local
-        info = {"process": process_key(), "probe": probe() if local or peer is None else None}
+        info = {"process": process_key(), "probe": _bulk.probe() if local or peer is None else None}
         self.out = pack_frame([HELLO, client.token, info], 1 << 20)
 
     def _send_release(self, items: list[list[int]]) -> None:
@@ -103,6 +117,7 @@ class _Connection(FramedProtocol):
         self.send(pack_frame([READY, 0, {"shm": reason is None, "reason": reason}], 1 << 20))
 
     def buffer_updated(self, nbytes: int) -> None:
+        traffic["received"] += nbytes
         try:
             frames = self.decoder.buffer_updated(nbytes)
         except ProtocolError as exc:
@@ -208,6 +223,7 @@ class CallClient:
         self._inflight: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        fabric_registry.connection_sources.append(self.connections)
 
     def inflight(self, actor_id: str) -> int:
         """Calls sent to ``actor_id`` from this process that have not finished."""
@@ -278,7 +294,10 @@ class CallClient:
     def connections(self) -> list[dict[str, Any]]:
         """What each open connection negotiated: the stream, how large values travel
         (``shm`` or ``inline``), whether the peer is on this host, and any fallback."""
-        return [{"address": a, **c.bulk.report()} for a, c in self._connections.items()]
+        return [
+            {"direction": "out", "address": a, **c.bulk.report()}
+            for a, c in self._connections.items()
+        ]
 
     def _connection(self, address: str) -> _Connection:
         if self._closed:
@@ -365,6 +384,8 @@ class CallClient:
         if self._closed:
             return
         self._closed = True
+        with contextlib.suppress(ValueError):
+            fabric_registry.connection_sources.remove(self.connections)
         for conn in list(self._connections.values()):
             conn.abort(ClosedResourceError("the orchestr client was closed"))
         self._connections.clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hmac
 import inspect
 import traceback
@@ -18,6 +19,7 @@ from typing import Any
 import structlog
 
 from orchestr.fabric import Listener, listen_stream
+from orchestr.fabric import _registry as fabric_registry
 from orchestr.fabric._local import process_key
 
 from . import _serde
@@ -35,6 +37,7 @@ from ._wire import (
     WELCOME,
     FramedProtocol,
     pack_frame,
+    traffic,
 )
 from .config import Config
 from .errors import (
@@ -75,6 +78,9 @@ class _ServerConnection(FramedProtocol):
         if local:
             reason = check_probe(info.get("probe"), self.bulk.peer_pid)
             self.bulk.can_receive = reason is None
+            # we can map the caller's memory, so it can very likely map ours: answer through
+            # shared memory at once; READY confirms or withdraws that
+            self.bulk.can_send = reason is None
         welcome = {
             "process": process_key(),
             "probe": probe() if local else None,
@@ -101,6 +107,7 @@ class _ServerConnection(FramedProtocol):
         self.bulk.lost()
 
     def buffer_updated(self, nbytes: int) -> None:
+        traffic["received"] += nbytes
         try:
             frames = self.decoder.buffer_updated(nbytes)
         except ProtocolError as exc:
@@ -284,6 +291,10 @@ class CallServer:
 
     async def start(self, url: str) -> None:
         self.listener = await listen_stream(url, lambda: _ServerConnection(self))
+        fabric_registry.connection_sources.append(self.connection_report)
+
+    def connection_report(self) -> list[dict[str, Any]]:
+        return [{"direction": "in", **c.bulk.report()} for c in self.connections]
 
     def handle(self, conn: _ServerConnection, msg: memoryview, extra: memoryview) -> None:
         try:
@@ -364,6 +375,8 @@ class CallServer:
         if self.listener is not None:
             await self.listener.aclose()
             self.listener = None
+            with contextlib.suppress(ValueError):
+                fabric_registry.connection_sources.remove(self.connection_report)
         for conn in list(self.connections):
             conn.close()
         for host in list(self.actors.values()):

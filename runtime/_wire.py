@@ -35,6 +35,9 @@ __all__ = [
 
 HELLO, CALL, SEND, OK, ERR, WELCOME, READY, RELEASE = 0, 1, 2, 3, 4, 5, 6, 7
 
+#: Bytes this process received on call-path streams (both ends), for metrics and tests.
+traffic = {"received": 0}
+
 
 def pack_frame(message: list[Any], limit: int, bulk: Any = None) -> list[bytes | memoryview]:
     """Encode one message; raises SerializationError / MessageTooLargeError at the caller.

@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from orchestr import fabric
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
@@ -140,6 +141,9 @@ async def serve_worker() -> None:
             break
     log.info("worker stopping")
     await calls.aclose()
+    released = fabric.shutdown()
+    if released:
+        log.info("released buffers the actor still held", count=released)
     await client.aclose()
     await service.server.stop(grace=0.2)
     await head.aclose()

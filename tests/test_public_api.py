@@ -8,10 +8,19 @@ import orchestr.roles
 
 EXPECTED = {
     "Actor", "ActorDiedError", "ActorError", "AuthenticationError", "BrokenResourceError",
-    "CallError", "CallTimeoutError", "ClosedResourceError", "Config", "ConfigError",
-    "ControlPlaneError", "Endpoint", "JobContext", "Mesh", "MeshError", "MessageTooLargeError",
-    "OrchestrError", "PlacementError", "ProtocolError", "SerializationError", "SpawnError",
-    "__version__", "endpoint", "load_config", "open_local_cluster", "register", "run",
+    "Buffer", "CallError", "CallTimeoutError", "ClosedResourceError", "Config", "ConfigError",
+    "ControlPlaneError", "DescriptorError", "Endpoint", "FallbackError", "JobContext", "Mesh",
+    "MeshError", "MessageTooLargeError", "OrchestrError", "PlacementError", "ProtocolError",
+    "SerializationError", "SpawnError", "StaleDescriptorError", "TransportError",
+    "TransportUnavailableError", "__version__", "endpoint", "load_config",
+    "open_local_cluster", "register", "run",
+}  # fmt: skip
+
+FABRIC = {
+    "Buffer", "BufferTransport", "Descriptor", "Listener", "Region", "StreamTransport",
+    "buffer_transport", "buffer_transports", "configure", "connect_stream", "connections", "empty", "host_id",
+    "listen_stream", "process_key", "register_buffer_transport", "register_stream_transport",
+    "release_all", "shutdown", "split_url", "stream_transports", "transport_report",
 }  # fmt: skip
 
 
@@ -28,10 +37,10 @@ def test_every_error_derives_from_the_root() -> None:
 
 
 def test_subpackages() -> None:
-    assert set(orchestr.fabric.__all__) >= {
-        "register_stream_transport",
-        "connect_stream",
-        "listen_stream",
-    }
+    assert set(orchestr.fabric.__all__) == FABRIC
+    for name in FABRIC:
+        assert hasattr(orchestr.fabric, name), name
+    assert orchestr.Buffer is orchestr.fabric.Buffer
     assert "tcp" in orchestr.fabric.stream_transports()
+    assert {"inproc", "shm", "tcp", "rdma", "nixl"} <= set(orchestr.fabric.buffer_transports())
     assert orchestr.roles.__all__ == []

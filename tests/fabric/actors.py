@@ -1,0 +1,127 @@
+"""Actors for the data-plane tests; workers import them by path."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+import orchestr as oc
+from orchestr import fabric
+from orchestr._wire import traffic
+
+
+def shared_mapping_of(address: int) -> str | None:
+    """The name of the shared-memory mapping of this process that contains ``address``."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= address < hi:
+                return parts[5] if len(parts) > 5 else ""
+    return None
+
+
+class Sink(oc.Actor):
+    def __init__(self) -> None:
+        self.kept: list[Any] = []
+
+    @oc.endpoint
+    def where(self, t: torch.Tensor, keep: bool = False) -> list[Any]:
+        """Where ``t``'s memory lives in this process, and its checksum."""
+        if keep:
+            self.kept.append(t)
+        return [shared_mapping_of(t.data_ptr()), float(t.double().sum()), list(t.shape)]
+
+    @oc.endpoint
+    def where_array(self, a: np.ndarray) -> list[Any]:
+        return [shared_mapping_of(a.ctypes.data), float(a.sum()), str(a.dtype)]
+
+    @oc.endpoint
+    def echo(self, value: Any) -> Any:
+        return value
+
+    @oc.endpoint
+    def fill(self, t: torch.Tensor, value: float) -> None:
+        t.fill_(value)  # lands in the sender's memory when t was sent from fabric.empty
+        self.kept.append(t)
+
+    @oc.endpoint
+    def drop(self) -> int:
+        n = len(self.kept)
+        self.kept.clear()
+        return n
+
+    @oc.endpoint
+    def make(self, n: int, value: float) -> torch.Tensor:
+        return torch.full((n,), value)
+
+    @oc.endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @oc.endpoint
+    def pool_stats(self) -> dict[str, int]:
+        from orchestr.fabric._segments import pool
+
+        return pool.stats()
+
+    @oc.endpoint
+    def connections(self) -> list[dict[str, Any]]:
+        return fabric.connections()
+
+
+class Owner(oc.Actor):
+    """Registers tensors as one-sided buffers and hands out their handles."""
+
+    def __init__(self) -> None:
+        self.buffers: list[oc.Buffer] = []
+
+    @oc.endpoint
+    def share(self, n: int, value: float) -> oc.Buffer:
+        buf = oc.Buffer(torch.full((n,), value))
+        self.buffers.append(buf)
+        return buf
+
+    @oc.endpoint
+    def value_at(self, i: int, k: int) -> float:
+        return float(self.buffers[i]._data[k])
+
+    @oc.endpoint
+    def release(self, i: int) -> None:
+        self.buffers[i].release()
+
+
+class Reader(oc.Actor):
+    @oc.endpoint
+    async def pull(self, buf: oc.Buffer) -> list[Any]:
+        dst = torch.empty(buf.nbytes // 4)
+        used = await buf.read_into(dst)
+        return [used, float(dst.double().sum())]
+
+    @oc.endpoint
+    async def push(self, buf: oc.Buffer, value: float) -> str:
+        return await buf.write_from(torch.full((buf.nbytes // 4,), value))
+
+    @oc.endpoint
+    def received(self) -> int:
+        return traffic["received"]
+
+    @oc.endpoint
+    def counters(self) -> dict[str, Any]:
+        return {r["scheme"]: r.get("counters", {}) for r in fabric.transport_report()}
+
+
+class Router(oc.Actor):
+    """Passes buffer handles on to a reader; must never touch the bytes."""
+
+    @oc.endpoint
+    async def forward(self, reader: oc.Mesh, buf: oc.Buffer) -> list[Any]:
+        result: list[Any] = await reader.pull.call_one(buf)
+        return result
+
+    @oc.endpoint
+    def received(self) -> int:
+        return traffic["received"]

@@ -1,0 +1,215 @@
+"""Large call values through shared memory, buffer handles through actors, and cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+import orchestr as oc
+from orchestr import fabric
+from orchestr._wire import traffic
+from orchestr.fabric._segments import pool
+from tests.fabric.actors import Owner, Reader, Router, Sink
+
+MiB = 1 << 20
+
+
+async def eventually(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.02)
+
+
+async def test_large_tensor_arrives_as_shared_memory(ctx: oc.JobContext) -> None:
+    sink = await ctx.spawn(Sink)
+    x = torch.arange(4 * MiB, dtype=torch.float32)  # 16 MiB
+    mapping, total, shape = await sink.where.call_one(x)
+    assert mapping.startswith(f"/memfd:orchestr.{os.getpid()}.")  # no copy on the receiver
+    assert total == float(x.double().sum()) and shape == [4 * MiB]
+    [row] = [r for r in fabric.connections() if r["direction"] == "out"]
+    assert row["bulk"] == "shm" and row["same_host"] and row["fallback"] is None
+
+
+async def test_small_tensor_stays_in_the_frame(ctx: oc.JobContext) -> None:
+    sink = await ctx.spawn(Sink)
+    mapping, total, _ = await sink.where.call_one(torch.ones(1000))
+    assert not (mapping or "").startswith("/memfd:orchestr.")
+    assert total == 1000.0
+
+
+async def test_results_and_arrays_come_back_through_shared_memory(ctx: oc.JobContext) -> None:
+    sink = await ctx.spawn(Sink)
+    x = torch.randn(MiB)
+    y = await sink.echo.call_one(x)
+    assert torch.equal(x, y)
+    from tests.fabric.actors import shared_mapping_of
+
+    worker_pid = await sink.pid.call_one()
+    assert shared_mapping_of(y.data_ptr()).startswith(f"/memfd:orchestr.{worker_pid}.")
+    a = np.arange(MiB, dtype=np.float64)
+    mapping, total, dtype = await sink.where_array.call_one(a)
+    assert mapping.startswith("/memfd:orchestr.") and total == a.sum() and dtype == "float64"
+    b = await sink.echo.call_one(a)
+    assert isinstance(b, np.ndarray) and np.array_equal(a, b)
+
+
+async def test_segments_return_to_the_pool_and_are_reused(ctx: oc.JobContext) -> None:
+    sink = await ctx.spawn(Sink)
+    x = torch.zeros(2 * MiB)
+    for i in range(5):
+        x.fill_(i)
+        _, total, _ = await sink.where.call_one(x)
+        assert total == i * 2 * MiB  # fresh data every time, never a stale segment
+    await eventually(lambda: pool.stats()["held"] == 0)
+    assert pool.stats()["segments"] <= 2
+    await sink.where.call_one(x, keep=True)  # the actor keeps it: the segment stays lent
+    assert pool.stats()["held"] == 1
+    assert await sink.drop.call_one() == 1
+    await eventually(lambda: pool.stats()["held"] == 0)
+
+
+async def test_results_held_by_the_caller_pin_the_actors_segment(ctx: oc.JobContext) -> None:
+    sink = await ctx.spawn(Sink)
+    y = await sink.make.call_one(MiB, 3.0)
+    assert (await sink.pool_stats.call_one())["held"] == 1
+    del y
+    gc.collect()
+    async with asyncio.timeout(10):
+        while (await sink.pool_stats.call_one())["held"]:
+            await asyncio.sleep(0.02)
+
+
+async def test_registered_memory_moves_with_no_copy(ctx: oc.JobContext) -> None:
+    sink = await ctx.spawn(Sink)
+    x = fabric.empty((MiB,), torch.float32)
+    x.fill_(1.0)
+    await sink.fill.call_one(x, 5.0)  # the actor writes into the very memory we sent
+    assert float(x[0]) == 5.0 and float(x[-1]) == 5.0
+    await sink.drop.call_one()
+    del x
+    gc.collect()
+    await eventually(lambda: pool.stats()["held"] == 0)
+
+
+async def test_buffer_handle_read_and_write_across_actors(ctx: oc.JobContext) -> None:
+    owner = await ctx.spawn(Owner)
+    reader = await ctx.spawn(Reader)
+    buf = await owner.share.call_one(MiB, 2.0)
+    assert isinstance(buf, oc.Buffer) and buf.nbytes == 4 * MiB
+    used, total = await reader.pull.call_one(buf)
+    assert used == "shm" and total == 2.0 * MiB
+    assert await reader.push.call_one(buf, 7.0) == "shm"
+    assert await owner.value_at.call_one(0, MiB - 1) == 7.0
+    dst = torch.empty(MiB)
+    assert await buf.read_into(dst) == "shm"  # the driver reads it too
+    assert float(dst.sum()) == 7.0 * MiB
+
+
+async def test_a_router_forwards_handles_without_the_bytes(ctx: oc.JobContext) -> None:
+    owner = await ctx.spawn(Owner)
+    reader = await ctx.spawn(Reader)
+    router = await ctx.spawn(Router)
+    buf = await owner.share.call_one(8 * MiB, 1.0)  # 32 MiB
+    before = await router.received.call_one()
+    used, total = await router.forward.call_one(reader, buf)
+    through_router = await router.received.call_one() - before
+    assert used == "shm" and total == 8.0 * MiB
+    assert through_router < 64 * 1024, f"{through_router} bytes went through the router"
+    assert (await reader.counters.call_one())["shm"]["bytes_read"] == 32 * MiB
+
+
+async def test_buffers_are_released_when_the_owner_releases_or_stops(
+    ctx: oc.JobContext,
+) -> None:
+    owner = await ctx.spawn(Owner)
+    first = await owner.share.call_one(1024, 1.0)
+    second = await owner.share.call_one(1024, 2.0)
+    await owner.release.call_one(0)
+    with pytest.raises(oc.StaleDescriptorError):
+        await first.read_into(torch.empty(1024))
+    await second.read_into(torch.empty(1024))
+    await ctx.stop(owner)
+    with pytest.raises(oc.StaleDescriptorError):
+        await second.read_into(torch.empty(1024))
+
+
+def _mapped_segments_of(pid: int) -> list[str]:
+    """Every mapping or open fd, in any process, of a segment made by process ``pid``."""
+    needle = f"memfd:orchestr.{pid}."
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/maps") as f:
+                found += [f"{entry}: {line.strip()}" for line in f if needle in line]
+        except OSError:
+            continue
+    return found
+
+
+async def test_sigkill_of_the_owner_leaves_no_segment_behind(ctx: oc.JobContext) -> None:
+    sink = await ctx.spawn(Sink)
+    pid = await sink.pid.call_one()
+    y = await sink.make.call_one(MiB, 4.0)  # a view of the actor's segment, held here
+    assert _mapped_segments_of(pid)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(oc.ActorDiedError):
+        await sink.pid.call_one()
+    assert float(y.sum()) == 4.0 * MiB  # what we hold stays valid after the owner died
+    del y
+    gc.collect()
+    assert _mapped_segments_of(pid) == []
+    assert not [n for n in os.listdir("/dev/shm") if "orchestr" in n]
+
+
+async def test_fallback_policy_for_buffers(ctx: oc.JobContext) -> None:
+    owner = await ctx.spawn(Owner)
+    buf = await owner.share.call_one(1024, 1.0)
+    with pytest.raises(oc.FallbackError, match="rdma.*fallback policy is 'error'"):
+        await buf.read_into(torch.empty(1024), transport="rdma", fallback="error")
+    from orchestr.fabric._buffers import stats
+
+    before = stats.get("shm").fallbacks if "shm" in stats else 0
+    assert await buf.read_into(torch.empty(1024), transport="rdma", fallback="allow") == "shm"
+    assert stats["shm"].fallbacks == before + 1
+    with pytest.raises(oc.ConfigError):
+        await buf.read_into(torch.empty(1024), fallback="sometimes")
+
+
+async def test_a_failed_shared_memory_handshake_falls_back_loudly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from orchestr import _bulk
+
+    # a probe the worker cannot map: the handshake must notice and say why
+    monkeypatch.setattr(_bulk, "probe", lambda: [os.getpid(), 987654, 1])
+    async with oc.open_local_cluster() as ctx:
+        sink = await ctx.spawn(Sink)
+        await sink.pid.call_one()
+        x = torch.ones(2 * MiB)
+        mapping, total, _ = await sink.where.call_one(x)
+        assert total == 2.0 * MiB and not (mapping or "").startswith("/memfd:")
+        [row] = [r for r in fabric.connections() if r["direction"] == "out"]
+        assert row["bulk"] == "inline" and "cannot map" in row["fallback"]
+    config = oc.load_config(transport_fallback="error")
+    async with oc.open_local_cluster(config) as ctx:
+        sink = await ctx.spawn(Sink)
+        await sink.pid.call_one()
+        with pytest.raises(oc.FallbackError, match="fallback policy is 'error'"):
+            await sink.where.call_one(torch.ones(2 * MiB))
+        assert (await sink.where.call_one(torch.ones(10)))[1] == 10.0  # small calls still work
+
+
+async def test_received_bytes_are_counted() -> None:
+    before = traffic["received"]
+    async with oc.open_local_cluster() as ctx:
+        sink = await ctx.spawn(Sink)
+        await sink.echo.call_one(b"x" * 100_000)
+    assert traffic["received"] - before >= 100_000
