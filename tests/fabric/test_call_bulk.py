@@ -6,6 +6,7 @@ import asyncio
 import gc
 import os
 import signal
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -20,9 +21,10 @@ from tests.fabric.actors import Owner, Reader, Router, Sink
 MiB = 1 << 20
 
 
-async def eventually(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    async with asyncio.timeout(timeout):
-        while not check():
+async def eventually(check: Callable[[], bool]) -> None:
+    """Wait until ``check()`` holds (it reads another process's state: nothing to await)."""
+    async with asyncio.timeout(10):
+        while not check():  # noqa: ASYNC110
             await asyncio.sleep(0.02)
 
 
@@ -81,7 +83,7 @@ async def test_results_held_by_the_caller_pin_the_actors_segment(ctx: oc.JobCont
     del y
     gc.collect()
     async with asyncio.timeout(10):
-        while (await sink.pool_stats.call_one())["held"]:
+        while (await sink.pool_stats.call_one())["held"]:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
 
 
