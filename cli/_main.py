@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
+import json
 import pathlib
 import sys
 from collections.abc import Sequence
@@ -56,6 +57,23 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _transports(args: argparse.Namespace) -> int:
+    from orchestr import fabric
+
+    rows = fabric.transport_report()
+    if args.json:
+        print(json.dumps({"host": fabric.host_id(), "transports": rows}))
+        return 0
+    print(f"host {fabric.host_id()}")
+    for row in rows:
+        state = "available" if row["available"] else f"unavailable: {row.get('reason', '?')}"
+        extra = ""
+        if row.get("devices"):
+            extra = f" (devices: {', '.join(map(str, row['devices']))})"
+        print(f"  {row['kind']:<6} {row['scheme']:<7} {state}{extra}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestr", description="Run orchestr jobs and clusters.")
     parser.add_argument("--version", action="version", version=f"orchestr {orchestr.__version__}")
@@ -69,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a job file on an embedded local cluster")
     run.add_argument("job", help="path to a Python file defining `async def main(ctx)`")
     run.set_defaults(func=_run)
+    transports = sub.add_parser(
+        "transports", help="list the data-plane transports this host can use, and why not"
+    )
+    transports.add_argument("--json", action="store_true", help="print one JSON object")
+    transports.set_defaults(func=_transports)
     return parser
 
 

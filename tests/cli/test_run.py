@@ -152,3 +152,19 @@ def test_script_mode_with_orchestr_run_function(tmp_path: pathlib.Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "result [42, 42]" in proc.stdout
+
+
+def test_transports_reports_what_works_here_and_why_not() -> None:
+    import json
+
+    proc, _ = _run(["transports", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    rows = {(r["kind"], r["scheme"]): r for r in report["transports"]}
+    assert rows[("buffer", "shm")]["available"] and rows[("stream", "tcp")]["available"]
+    rdma = rows[("buffer", "rdma")]
+    if not rdma["available"]:
+        assert "pyverbs" in rdma["reason"] or "RDMA device" in rdma["reason"]
+    text, _ = _run(["transports"])
+    assert text.returncode == 0 and f"host {report['host']}" in text.stdout
+    assert re.search(r"buffer rdma +(available|unavailable: .+)", text.stdout)
