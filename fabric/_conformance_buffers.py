@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,7 +25,6 @@ import numpy as np
 
 from orchestr.errors import DescriptorError, StaleDescriptorError, TransportError
 
-from ._buffers import Descriptor
 from ._handle import Buffer
 
 __all__ = ["check_buffer_transport"]
@@ -128,17 +128,7 @@ class _Local:
 
 
 def _forge(buf: Buffer, scheme: str, **changes: Any) -> Buffer:
-    d = buf.descriptors[scheme]
-    fields = {
-        "transport": d.transport,
-        "owner": d.owner,
-        "region": d.region,
-        "key": d.key,
-        "length": d.length,
-        "where": d.where,
-    }
-    fields.update(changes)
-    forged = Descriptor(**fields)
+    forged = dataclasses.replace(buf.descriptors[scheme], **changes)
     return Buffer._from_parts(forged.length, buf.dtype, [forged.length], {scheme: forged})
 
 
@@ -250,9 +240,9 @@ async def check_buffer_transport(scheme: str) -> list[str]:
                 os.kill(owner.pid, signal.SIGCONT)
             passed.append(f"deadline: {outcome}")
 
-            _, big = await register(256 << 20, 11)
+            _, victim = await register(256 << 20, 11)
             dst = np.zeros(256 << 20, np.uint8)
-            task = asyncio.ensure_future(_read_until_error(big, dst, scheme))
+            task = asyncio.ensure_future(_read_until_error(victim, dst, scheme))
             await asyncio.sleep(0.05)
             await owner.kill()
             async with asyncio.timeout(20):
