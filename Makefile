@@ -10,7 +10,13 @@ setup: $(STAMP)
 
 # torch is pinned and installed first, so the project's torch range is already met and
 # pip never reaches for a multi-GB CUDA build.
+# Debian's python3-pyverbs (RDMA verbs) is optional: the rdma backend finds it outside the venv
+# and reports "no RDMA device" on a machine without one. Installed when apt can, else skipped.
 $(STAMP): pyproject.toml
+	-@test -d /usr/lib/python3/dist-packages/pyverbs || { command -v apt-get >/dev/null && \
+	  [ "$$(id -u)" = 0 ] && { apt-get install -y -qq python3-pyverbs >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq python3-pyverbs >/dev/null 2>&1; }; } \
+	  || echo "python3-pyverbs not installed: the rdma backend will say so"; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
