@@ -188,7 +188,7 @@ def release_all() -> int:
 def shutdown() -> int:
     """Release every buffer, stop backend servers and close the segment pool (the process is
     stopping). Returns how many buffers were still registered."""
-    from ._segments import pool
+    from ._segments import pool, receive_pool
 
     released = release_all()
     for t in list(_instances.values()):
@@ -196,4 +196,5 @@ def shutdown() -> int:
         if callable(close):
             close()
     pool.close()
+    receive_pool.close()
     return released

@@ -14,6 +14,8 @@ Leases held by a peer that exits are reclaimed when the peer's pid is gone.
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
+import ctypes
 import mmap
 import os
 import threading
@@ -26,9 +28,31 @@ from orchestr.errors import DescriptorError, StaleDescriptorError
 from ._memfd import HEADER, Segment, generation_of, open_peer
 from ._shm import address_of
 
-__all__ = ["PeerSegments", "SegmentPool", "empty", "pool"]
+__all__ = ["PeerSegments", "SegmentPool", "copy", "empty", "pool", "receive_pool"]
 
 _MIN_CAPACITY = 1 << 20
+#: Copies at least this large are split across threads (memory bandwidth, not one core).
+PARALLEL_COPY = 32 << 20
+_copiers: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def copy(dst: int, src: int, nbytes: int) -> None:
+    """``memmove`` between addresses; large copies run on up to four cores at once."""
+    global _copiers
+    ways = min(4, os.cpu_count() or 1) if nbytes >= PARALLEL_COPY else 1
+    if ways == 1:
+        ctypes.memmove(dst, src, nbytes)
+        return
+    if _copiers is None:
+        _copiers = concurrent.futures.ThreadPoolExecutor(ways, thread_name_prefix="orchestr-copy")
+    step = -(-nbytes // ways) + 4095 & ~4095
+    futures = [
+        _copiers.submit(ctypes.memmove, dst + at, src + at, min(step, nbytes - at))
+        for at in range(step, nbytes, step)
+    ]
+    ctypes.memmove(dst, src, min(step, nbytes))  # this thread takes the first part
+    for f in futures:
+        f.result()
 
 
 def _capacity(nbytes: int) -> int:
@@ -220,6 +244,8 @@ class PeerSegments:
 
 pool = SegmentPool()
 peers = PeerSegments()
+#: Memory for large frames arriving over a stream; never lent to peers (see ``_frames``).
+receive_pool = SegmentPool(idle_bytes=1 << 30)
 
 
 def empty(shape: int | tuple[int, ...] | list[int], dtype: Any = None) -> Any:

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from typing import Any
 
 import structlog
 
 from orchestr.fabric import Buffer, _buffers, _local
 from orchestr.fabric._memfd import Segment, open_peer
-from orchestr.fabric._segments import peers, pool
+from orchestr.fabric._segments import copy, peers, pool
 from orchestr.fabric._shm import address_of
 
 from . import _serde
@@ -84,15 +85,10 @@ class _Sink:
             pool.hold(segment.fd)
             generation = segment.generation
         else:
-            import numpy as np
-
             segment, generation = pool.lease(nbytes)
             offset = 0
             try:
-                np.copyto(
-                    np.frombuffer(segment.data, np.uint8, nbytes),
-                    np.frombuffer(buf, np.uint8, nbytes),
-                )
+                copy(address_of(segment.data), address_of(buf), nbytes)
             except BaseException:
                 pool.release(segment.fd, generation)
                 raise
@@ -118,7 +114,11 @@ class BulkLink:
         self.can_receive = False  # we map the peer's
         self.refused: str | None = None  # why shared memory is not used, when the peer is local
         self.leases: dict[tuple[int, int], int] = {}
+        self.stream = "tcp"  # the connection's stream scheme, set by its owner
         self._releases: list[tuple[int, int]] = []
+        self._thread = threading.get_ident()
+        #: Shared-memory values mapped so far (callers compare before and after a decode).
+        self.mapped = 0
         self._flush_scheduled = False
 
     # -- negotiation ---------------------------------------------------------------------------
@@ -143,7 +143,7 @@ class BulkLink:
         bulk = "shm" if self.can_send else "inline"
         return {
             "peer": self.peer,
-            "stream": "tcp",
+            "stream": self.stream,
             "bulk": bulk,
             "same_host": local,
             "fallback": self.refused,
@@ -167,6 +167,7 @@ class BulkLink:
         if not self.can_receive:
             raise ProtocolError("a shared-memory descriptor arrived on a connection without it")
         pid, fd, key, generation, offset = wire
+        self.mapped += 1
         if pid != self.peer_pid:
             raise DescriptorError(f"a descriptor for process {pid} arrived from {self.peer}")
         lease = (fd, generation)
@@ -174,6 +175,9 @@ class BulkLink:
 
     def _release(self, lease: tuple[int, int]) -> None:
         # runs wherever the last reference died, maybe another thread or a closed loop
+        if threading.get_ident() == self._thread:
+            self._queue(lease)
+            return
         try:
             self.loop.call_soon_threadsafe(self._queue, lease)
         except RuntimeError:
@@ -184,6 +188,12 @@ class BulkLink:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
+
+    def flush(self) -> None:
+        """Send the releases queued so far now (before a reply, so the peer can reuse its
+        segments for the next call)."""
+        if self._releases:
+            self._flush()
 
     def _flush(self) -> None:
         self._flush_scheduled = False

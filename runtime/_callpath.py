@@ -83,6 +83,7 @@ class _Connection(FramedProtocol):
         self.pending: dict[int, _Pending] = {}
         self.broken: BaseException | None = None
         self.bulk = BulkLink(client.config, self.loop, self._send_release)
+        self.bulk.stream = address.partition("://")[0]
         peer = peer_of_address(address)
         local = False
         if peer is not None:

@@ -61,7 +61,10 @@ class _ServerConnection(FramedProtocol):
         super().__init__(server.config.max_message_bytes)
         self.server = server
         self.authed = False
+        self.mapped_calls: set[int] = set()
         self.bulk = BulkLink(server.config, self.loop, self._send_release)
+        if server.listener is not None:
+            self.bulk.stream = server.listener.url.partition("://")[0]
 
     def _send_release(self, items: list[list[int]]) -> None:
         self.send(pack_frame([RELEASE, 0, items], 1 << 30))
@@ -135,11 +138,22 @@ class _ServerConnection(FramedProtocol):
                 sink.abandon()
             return
         self.bulk.sent(sink)
+        if call_id in self.mapped_calls:
+            # the call's arguments came through shared memory: answer once they are dropped,
+            # after their releases, so the caller can reuse those segments for its next call
+            self.mapped_calls.discard(call_id)
+            self.loop.call_soon(self._reply_after_release, parts)
+            return
+        self.send(parts)
+
+    def _reply_after_release(self, parts: list[bytes | memoryview]) -> None:
+        self.bulk.flush()
         self.send(parts)
 
     def error(
         self, call_id: int, kind: str, exc: BaseException, *, tb: str = "", note: str = ""
     ) -> None:
+        self.mapped_calls.discard(call_id)
         text = f"{exc} ({note})" if note else str(exc)
         message = [ERR, call_id, kind, type(exc).__name__, text, tb]
         self.send(pack_frame(message, 1 << 30))
@@ -297,6 +311,7 @@ class CallServer:
         return [{"direction": "in", **c.bulk.report()} for c in self.connections]
 
     def handle(self, conn: _ServerConnection, msg: memoryview, extra: memoryview) -> None:
+        mapped = conn.bulk.mapped
         try:
             message = _serde.decode(msg, extra, conn.bulk if conn.authed else None)
             if not isinstance(message, list) or len(message) < 2:
@@ -347,6 +362,8 @@ class CallServer:
             return
         _, _, actor_id, endpoint, args, kwargs = message
         reply_to = conn if kind == CALL else None
+        if conn.bulk.mapped != mapped and reply_to is not None:
+            conn.mapped_calls.add(call_id)
         host = self.actors.get(actor_id)
         if host is None:
             self._reject(reply_to, call_id, LookupError(f"no actor {actor_id!r} in this worker"))

@@ -41,7 +41,7 @@ async def test_large_tensor_arrives_as_shared_memory(ctx: oc.JobContext) -> None
 async def test_small_tensor_stays_in_the_frame(ctx: oc.JobContext) -> None:
     sink = await ctx.spawn(Sink)
     mapping, total, _ = await sink.where.call_one(torch.ones(1000))
-    assert not (mapping or "").startswith("/memfd:orchestr.")
+    assert not (mapping or "").startswith(f"/memfd:orchestr.{os.getpid()}.")
     assert total == 1000.0
 
 
@@ -194,10 +194,14 @@ async def test_a_failed_shared_memory_handshake_falls_back_loudly(
     monkeypatch.setattr(_bulk, "probe", lambda: [os.getpid(), 987654, 1])
     async with oc.open_local_cluster() as ctx:
         sink = await ctx.spawn(Sink)
-        await sink.pid.call_one()
+        worker = await sink.pid.call_one()
         x = torch.ones(2 * MiB)
         mapping, total, _ = await sink.where.call_one(x)
-        assert total == 2.0 * MiB and not (mapping or "").startswith("/memfd:")
+        # it came in the frame, straight into the worker's reused receive memory
+        assert mapping.startswith(f"/memfd:orchestr.{worker}.")
+        assert total == 2.0 * MiB and not (mapping or "").startswith(
+            f"/memfd:orchestr.{os.getpid()}."
+        )
         [row] = [r for r in fabric.connections() if r["direction"] == "out"]
         assert row["bulk"] == "inline" and "cannot map" in row["fallback"]
     config = oc.load_config(transport_fallback="error")
