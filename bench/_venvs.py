@@ -8,6 +8,7 @@ a later call returns immediately without touching pip.
 Usage::
 
     python = ensure_venv("ray", RAY_REQUIREMENTS)
+    python = ensure_venv("ray-transfer", RAY_TRANSFER_REQUIREMENTS)
     python = ensure_venv("monarch", MONARCH_REQUIREMENTS, pre=MONARCH_PRE)
 
 Torch must always be pinned to ``torch==2.13.0`` (the CPU build available on
@@ -25,6 +26,9 @@ import sys
 import time
 
 RAY_REQUIREMENTS: list[str] = ["ray==2.60.0"]
+#: The transfer benchmark sends numpy arrays (Ray's zero-copy path), so its Ray venv has numpy;
+#: it is a venv of its own so that the call benchmark's stays as it was.
+RAY_TRANSFER_REQUIREMENTS: list[str] = [*RAY_REQUIREMENTS, "numpy==2.4.6"]
 MONARCH_PRE: list[str] = ["torch==2.13.0"]
 MONARCH_REQUIREMENTS: list[str] = ["torchmonarch==0.7.0"]
 
@@ -92,9 +96,10 @@ def ensure_venv(
 
 
 def main(argv: list[str]) -> int:
-    """Command line: ``python bench/_venvs.py [ray] [monarch]`` (default: both)."""
+    """Command line: ``python bench/_venvs.py [ray] [ray-transfer] [monarch]`` (default: all)."""
     known = {
         "ray": (RAY_REQUIREMENTS, None),
+        "ray-transfer": (RAY_TRANSFER_REQUIREMENTS, None),
         "monarch": (MONARCH_REQUIREMENTS, MONARCH_PRE),
     }
     for name in argv or list(known):

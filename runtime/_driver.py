@@ -55,6 +55,18 @@ class JobContext:
         self._stub = head.stub(pb_grpc.HeadStub)
         self._meshes: list[Mesh] = []
 
+    @property
+    def head_address(self) -> str:
+        """``host:port`` of the cluster's head: what another node joins
+        (``python -m orchestr._node --head ADDRESS``)."""
+        return self.head.address
+
+    @property
+    def token(self) -> str:
+        """The cluster token every control-plane request and call connection presents; a
+        node joining the cluster needs it (``ORCHESTR_TOKEN``). Keep it secret."""
+        return self.client.token
+
     async def spawn(
         self,
         actor: type[Actor] | str,

@@ -1,7 +1,14 @@
-"""The node service: starts worker processes, reports their exits at once, heartbeats."""
+"""The node service: starts worker processes, reports their exits at once, heartbeats.
+
+Run on its own, it joins an existing cluster as one more node and serves until SIGTERM::
+
+    ORCHESTR_TOKEN=... ORCHESTR_BIND_HOST=10.0.0.2 \\
+        python -m orchestr._node --head 10.0.0.1:40123 --labels host=b,zone=x
+"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
 import contextlib
@@ -19,8 +26,9 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
 from ._grpc import ControlChannel, make_server
 from ._head import describe_exit
-from .config import Config
-from .errors import OrchestrError, SpawnError
+from ._log import configure_logging
+from .config import Config, load_config
+from .errors import ConfigError, OrchestrError, SpawnError
 
 __all__ = ["NodeService", "detect_resources"]
 
@@ -228,3 +236,68 @@ class NodeService(pb_grpc.NodeServicer):
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
         await asyncio.gather(*worker.tasks, return_exceptions=True)
+
+
+# -- running a node on its own ---------------------------------------------------------------
+def parse_labels(text: str) -> dict[str, str]:
+    """``"k=v,k2=v2"`` -> ``{"k": "v", "k2": "v2"}``; empty text gives no labels."""
+    labels: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"a label is key=value, got {item!r}")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+async def serve_node(head_address: str, token: str, config: Config, labels: dict[str, str]) -> None:
+    """Join the cluster at ``head_address`` and serve until SIGTERM or SIGINT; then stop every
+    worker this node started."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with NodeService(head_address, token, config, labels=labels) as node:
+            print(f"node {node.node_id} serving at {node.address}", flush=True)
+            await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestr._node",
+        description="Join an orchestr cluster as a node (the token comes from ORCHESTR_TOKEN, "
+        "the address to serve on from ORCHESTR_BIND_HOST).",
+    )
+    parser.add_argument("--head", required=True, metavar="HOST:PORT", help="the head's address")
+    parser.add_argument("--labels", default="", metavar="K=V,...", help="this node's labels")
+    parser.add_argument("--log-level", default="WARNING", help="default: WARNING")
+    args = parser.parse_args(argv)
+    configure_logging(json=False, level=args.log_level)
+    token = os.environ.get("ORCHESTR_TOKEN", "")
+    if not token:
+        parser.error("set ORCHESTR_TOKEN to the cluster token")
+    try:
+        labels = parse_labels(args.labels)
+        config = load_config()
+    except ConfigError as exc:
+        parser.error(str(exc))
+    try:
+        import uvloop
+    except ImportError:
+        runner: Any = asyncio.run
+    else:
+        runner = uvloop.run
+    try:
+        runner(serve_node(args.head, token, config, labels))
+    except OrchestrError as exc:
+        print(f"orchestr node: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
