@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from orchestr import fabric
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
@@ -178,6 +179,7 @@ async def open_local_cluster(
                         await asyncio.gather(*(ctx.stop(m) for m in ctx._meshes))
                     set_current_client(None)
                     await client.aclose()
+                    fabric.shutdown()
         finally:
             await head_channel.aclose()
             structlog.contextvars.unbind_contextvars("job")
