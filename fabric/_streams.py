@@ -1,8 +1,10 @@
 """The stream-transport seam: a registry of backends chosen by URL scheme.
 
 A backend opens connections and listeners that drive ordinary asyncio protocols, so the call
-path (``orchestr._callpath``) runs unchanged over any of them. ``tcp://`` is built in; the
-data-plane transports (``shm://``, ``rdma://``) register here too.
+path (``orchestr._callpath``) runs unchanged over any of them. Built in: ``tcp://``,
+``inproc://`` (both ends in this process, see ``_inprocstream``) and, on Linux, ``shm://``
+(processes on one host, payload through shared memory, see ``_shmstream``); other data-plane
+transports (``rdma://``) register here too.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import socket
 from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urlsplit
+
+from ._inprocstream import InprocStreamTransport
+from ._shmstream import ShmStreamTransport
 
 __all__ = [
     "Listener",
@@ -118,3 +123,6 @@ class TcpTransport:
 
 
 register_stream_transport("tcp", TcpTransport())
+register_stream_transport("inproc", InprocStreamTransport())
+if ShmStreamTransport.available():
+    register_stream_transport("shm", ShmStreamTransport())

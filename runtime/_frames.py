@@ -48,7 +48,7 @@ def _receive_memory(nbytes: int) -> memoryview | bytearray:
     view, done = receive_pool.empty(nbytes)
     array = np.frombuffer(view, dtype=np.uint8, count=nbytes)
     weakref.finalize(array, done)
-    return memoryview(array)
+    return array.data
 
 
 Frame = tuple[memoryview, memoryview]

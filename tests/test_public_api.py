@@ -43,4 +43,12 @@ def test_subpackages() -> None:
     assert orchestr.Buffer is orchestr.fabric.Buffer
     assert "tcp" in orchestr.fabric.stream_transports()
     assert {"inproc", "shm", "tcp", "rdma", "nixl"} <= set(orchestr.fabric.buffer_transports())
+    assert {"inproc", "shm", "tcp"} <= set(orchestr.fabric.stream_transports())
+    import orchestr.fabric.testing
+
+    assert orchestr.fabric.testing.__all__ == [
+        "check_buffer_transport",
+        "check_stream_transport",
+        "check_transport",
+    ]
     assert orchestr.roles.__all__ == []
