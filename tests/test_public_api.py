@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import orchestr
 import orchestr.fabric
+import orchestr.fabric.testing as fabric_testing
 import orchestr.roles
 
 EXPECTED = {
@@ -44,9 +45,7 @@ def test_subpackages() -> None:
     assert "tcp" in orchestr.fabric.stream_transports()
     assert {"inproc", "shm", "tcp", "rdma", "nixl"} <= set(orchestr.fabric.buffer_transports())
     assert {"inproc", "shm", "tcp"} <= set(orchestr.fabric.stream_transports())
-    import orchestr.fabric.testing
-
-    assert orchestr.fabric.testing.__all__ == [
+    assert fabric_testing.__all__ == [
         "check_buffer_transport",
         "check_stream_transport",
         "check_transport",
