@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import urllib.parse
 from typing import Any
 
 import structlog
@@ -31,7 +32,13 @@ from . import _serde
 from .config import Config
 from .errors import DescriptorError, FallbackError, OrchestrError, ProtocolError
 
-__all__ = ["BulkLink", "address_with_process", "peer_of_address", "probe"]
+__all__ = [
+    "BulkLink",
+    "address_with_process",
+    "local_url_of_address",
+    "peer_of_address",
+    "probe",
+]
 
 log = structlog.get_logger("orchestr.bulk")
 
@@ -58,14 +65,25 @@ def check_probe(wire: Any, pid: int) -> str | None:
     return None
 
 
-def address_with_process(url: str) -> str:
-    """A call address that also names the serving process (so callers know where it is)."""
-    return f"{url}?proc={_local.process_key()}"
+def address_with_process(url: str, local: str | None = None) -> str:
+    """A call address that also names the serving process (so callers know where it is) and,
+    when given, the URL of a listener for callers on the same host."""
+    address = f"{url}?proc={_local.process_key()}"
+    return f"{address}&local={local}" if local else address
+
+
+def _query(url: str) -> dict[str, str]:
+    _, _, query = url.partition("?")
+    return {k: v[0] for k, v in urllib.parse.parse_qs(query).items()}
 
 
 def peer_of_address(url: str) -> str | None:
-    _, _, query = url.partition("?proc=")
-    return query or None
+    return _query(url).get("proc")
+
+
+def local_url_of_address(url: str) -> str | None:
+    """The same-host listener an address offers (``shm://...``), if any."""
+    return _query(url).get("local")
 
 
 class _Sink:
@@ -110,6 +128,8 @@ class BulkLink:
         self._send = send  # (message list) -> None, on the loop
         self.peer: str | None = None
         self.peer_pid = 0
+        self.same_host = False
+        self.refused_stream: str | None = None
         self.can_send = False  # the peer maps our segments
         self.can_receive = False  # we map the peer's
         self.refused: str | None = None  # why shared memory is not used, when the peer is local
@@ -126,7 +146,15 @@ class BulkLink:
         """Record the peer's process key; whether it is on this host."""
         self.peer = peer
         self.peer_pid = _local.pid_of(peer)
-        return _local.host_of(peer) == _local.host_id()
+        self.same_host = _local.host_of(peer) == _local.host_id()
+        return self.same_host
+
+    def stream_fallback(self, reason: str) -> None:
+        """The same-host stream could not be opened; the connection uses tcp instead."""
+        self.stream = "tcp"
+        self.refused_stream = reason
+        _buffers.stats.setdefault("tcp", _buffers.Counters()).fallbacks += 1
+        log.warning("transport fallback", wanted="shm", using="tcp", reason=reason, peer=self.peer)
 
     def refuse(self, reason: str) -> None:
         """Shared memory cannot be used with this peer: a fallback to the stream."""
@@ -146,7 +174,7 @@ class BulkLink:
             "stream": self.stream,
             "bulk": bulk,
             "same_host": local,
-            "fallback": self.refused,
+            "fallback": self.refused or self.refused_stream,
         }
 
     # -- sending -------------------------------------------------------------------------------

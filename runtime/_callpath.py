@@ -20,11 +20,11 @@ from typing import Any
 
 from orchestr import fabric
 from orchestr.fabric import _registry as fabric_registry
-from orchestr.fabric import connect_stream
+from orchestr.fabric import connect_stream, stream_transports
 from orchestr.fabric._local import process_key
 
 from . import _bulk, _serde
-from ._bulk import BulkLink, check_probe, peer_of_address
+from ._bulk import BulkLink, check_probe, local_url_of_address, peer_of_address
 from ._serde import lift_large
 from ._wire import (
     CALL,
@@ -48,6 +48,7 @@ from .errors import (
     CallTimeoutError,
     ClosedResourceError,
     DescriptorError,
+    FallbackError,
     OrchestrError,
     ProtocolError,
     TransportError,
@@ -311,10 +312,29 @@ class CallClient:
         return conn
 
     async def _open(self, conn: _Connection) -> None:
+        target = conn.address
+        local = local_url_of_address(target)
+        if (
+            local is not None
+            and conn.bulk.same_host
+            and self.config.local_call_transport == "shm"
+            and "shm" in stream_transports()
+        ):
+            try:
+                await connect_stream(local, lambda: conn)
+            except OSError as exc:
+                reason = f"cannot connect to {local}: {exc}"
+                if self.config.transport_fallback == "error":
+                    conn.abort(FallbackError(f"{reason}; the fallback policy is 'error'"))
+                    return
+                conn.bulk.stream_fallback(reason)
+            else:
+                conn.bulk.stream = "shm"
+                return
         try:
-            await connect_stream(conn.address, lambda: conn)
+            await connect_stream(target, lambda: conn)
         except OSError as exc:
-            conn.abort(BrokenResourceError(f"cannot connect to {conn.address}: {exc}"))
+            conn.abort(BrokenResourceError(f"cannot connect to {target}: {exc}"))
 
     def done(self, p: _Pending) -> None:
         if p.timer is not None:

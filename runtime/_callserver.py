@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from orchestr.fabric import Listener, listen_stream
+from orchestr.fabric import Listener, listen_stream, stream_transports
 from orchestr.fabric import _registry as fabric_registry
 from orchestr.fabric._local import process_key
 
@@ -57,14 +57,13 @@ _Item = tuple["_ServerConnection | None", int, EndpointSpec, Any, Any]
 
 
 class _ServerConnection(FramedProtocol):
-    def __init__(self, server: CallServer) -> None:
+    def __init__(self, server: CallServer, stream: str) -> None:
         super().__init__(server.config.max_message_bytes)
         self.server = server
         self.authed = False
         self.mapped_calls: set[int] = set()
         self.bulk = BulkLink(server.config, self.loop, self._send_release)
-        if server.listener is not None:
-            self.bulk.stream = server.listener.url.partition("://")[0]
+        self.bulk.stream = stream
 
     def _send_release(self, items: list[list[int]]) -> None:
         self.send(pack_frame([RELEASE, 0, items], 1 << 30))
@@ -296,15 +295,24 @@ class CallServer:
         self.actors: dict[str, ActorHost] = {}
         self.connections: set[_ServerConnection] = set()
         self.listener: Listener | None = None
+        self.local_listener: Listener | None = None
 
     @property
     def url(self) -> str:
         """The address callers use; it also names this process (see ``_bulk``)."""
         assert self.listener is not None, "serve() first"
-        return address_with_process(self.listener.url)
+        local = self.local_listener.url if self.local_listener is not None else None
+        return address_with_process(self.listener.url, local)
 
     async def start(self, url: str) -> None:
-        self.listener = await listen_stream(url, lambda: _ServerConnection(self))
+        """Listen on ``url``, and also on ``shm://`` for callers on this host when
+        ``Config.local_call_transport`` is ``"shm"``."""
+        scheme = url.partition("://")[0]
+        self.listener = await listen_stream(url, lambda: _ServerConnection(self, scheme))
+        if self.config.local_call_transport == "shm" and "shm" in stream_transports():
+            self.local_listener = await listen_stream(
+                "shm://", lambda: _ServerConnection(self, "shm")
+            )
         fabric_registry.connection_sources.append(self.connection_report)
 
     def connection_report(self) -> list[dict[str, Any]]:
@@ -389,6 +397,9 @@ class CallServer:
             conn.error(call_id, "bad_call", exc)
 
     async def aclose(self) -> None:
+        if self.local_listener is not None:
+            await self.local_listener.aclose()
+            self.local_listener = None
         if self.listener is not None:
             await self.listener.aclose()
             self.listener = None

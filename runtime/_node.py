@@ -27,7 +27,7 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 from ._grpc import ControlChannel, make_server
 from ._head import describe_exit
 from ._log import configure_logging
-from .config import Config, load_config
+from .config import Config, config_environ, load_config
 from .errors import ConfigError, OrchestrError, SpawnError
 
 __all__ = ["NodeService", "detect_resources"]
@@ -134,6 +134,7 @@ class NodeService(pb_grpc.NodeServicer):
     async def StartWorker(self, request: Any, context: Any) -> pb.WorkerInfo:
         worker_id = request.worker_id or f"w-{secrets.token_hex(6)}"
         env = dict(os.environ)
+        env.update(config_environ(self.config))  # workers run under the node's settings
         env.update(self.worker_env)
         env.update(
             ORCHESTR_WORKER_ID=worker_id,

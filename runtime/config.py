@@ -8,10 +8,10 @@ from collections.abc import Mapping
 
 from .errors import ConfigError
 
-__all__ = ["Config", "load_config"]
+__all__ = ["Config", "config_environ", "load_config"]
 
 
-_CHOICES = {"transport_fallback": ("allow", "error")}
+_CHOICES = {"transport_fallback": ("allow", "error"), "local_call_transport": ("shm", "tcp")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +44,10 @@ class Config:
     #: When the wanted transport cannot be used: "allow" (fall back, logged and counted) or
     #: "error" (the transfer fails with FallbackError).
     transport_fallback: str = "allow"
+    #: The stream actor calls ride between processes on one host: "tcp" or "shm" (shared-memory
+    #: rings with a socket doorbell). tcp is the default: it measured faster for small calls
+    #: (docs/decisions/0002-data-plane.md). Calls across hosts always use tcp.
+    local_call_transport: str = "tcp"
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -88,3 +92,11 @@ def load_config(environ: Mapping[str, str] | None = None, **overrides: object) -
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
     return Config(**values)  # type: ignore[arg-type]
+
+
+def config_environ(config: Config) -> dict[str, str]:
+    """``config`` as ``ORCHESTR_*`` variables, for processes started on its behalf (workers)."""
+    return {
+        f"ORCHESTR_{f.name.upper()}": str(getattr(config, f.name))
+        for f in dataclasses.fields(config)
+    }

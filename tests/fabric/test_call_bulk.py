@@ -219,3 +219,20 @@ async def test_received_bytes_are_counted() -> None:
         sink = await ctx.spawn(Sink)
         await sink.echo.call_one(b"x" * 100_000)
     assert traffic["received"] - before >= 100_000
+
+
+async def test_calls_on_one_host_can_ride_shared_memory_streams() -> None:
+    config = oc.load_config(local_call_transport="shm")
+    async with oc.open_local_cluster(config) as ctx:
+        sink = await ctx.spawn(Sink)
+        for n in (10, 100_000, 2 * MiB):  # inline, out of band, and a shared-memory value
+            assert (await sink.where.call_one(torch.ones(n)))[1] == float(n)
+        [row] = [r for r in fabric.connections() if r["direction"] == "out"]
+        assert row["stream"] == "shm" and row["bulk"] == "shm" and row["fallback"] is None
+        inbound = [r for r in await sink.connections.call_one() if r["direction"] == "in"]
+        assert [r["stream"] for r in inbound] == ["shm"]
+    async with oc.open_local_cluster() as ctx:  # the default: tcp
+        sink = await ctx.spawn(Sink)
+        await sink.pid.call_one()
+        [row] = [r for r in fabric.connections() if r["direction"] == "out"]
+        assert row["stream"] == "tcp"

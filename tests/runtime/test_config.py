@@ -42,7 +42,11 @@ def test_environment_variable_sets_its_field(
 
 
 def test_every_field_has_a_variable() -> None:
-    strings = {"bind_host": "10.0.0.1", "transport_fallback": "error"}
+    strings = {
+        "bind_host": "10.0.0.1",
+        "transport_fallback": "error",
+        "local_call_transport": "shm",
+    }
     environ = {
         f"ORCHESTR_{f.name.upper()}": (strings[f.name] if f.type == "str" else "7")
         for f in dataclasses.fields(Config)
@@ -147,3 +151,10 @@ def test_explicit_environ_ignores_the_process_environment(monkeypatch: pytest.Mo
     monkeypatch.setenv("ORCHESTR_CALL_TIMEOUT", "99")
     assert load_config({}).call_timeout == 60.0
     assert load_config().call_timeout == 99.0
+
+
+def test_config_round_trips_through_the_environment() -> None:
+    from orchestr.config import config_environ
+
+    config = load_config(call_timeout=2.5, transport_fallback="error", inline_max_bytes=4096)
+    assert load_config(config_environ(config)) == config
