@@ -143,10 +143,10 @@ class SegmentPool:
                         self._free.append(slot)
 
     def _trim(self) -> None:
+        """Close the longest-idle segments beyond ``idle_bytes``."""
         idle = sum(s.segment.capacity for s in self._free)
         while idle > self.idle_bytes and self._free:
-            slot = max(self._free, key=lambda s: s.segment.capacity)
-            self._free.remove(slot)
+            slot = self._free.pop(0)
             idle -= slot.segment.capacity
             self._drop(slot)
 
@@ -245,7 +245,7 @@ class PeerSegments:
 pool = SegmentPool()
 peers = PeerSegments()
 #: Memory for large frames arriving over a stream; never lent to peers (see ``_frames``).
-receive_pool = SegmentPool(idle_bytes=1 << 30)
+receive_pool = SegmentPool(idle_bytes=2 << 30)
 
 
 def empty(shape: int | tuple[int, ...] | list[int], dtype: Any = None) -> Any:

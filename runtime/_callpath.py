@@ -36,6 +36,7 @@ from ._wire import (
     SEND,
     WELCOME,
     FramedProtocol,
+    frame_limit,
     pack_frame,
     traffic,
 )
@@ -78,7 +79,7 @@ class _Connection(FramedProtocol):
     """One caller-side connection to one worker's call server."""
 
     def __init__(self, client: CallClient, address: str) -> None:
-        super().__init__(client.config.max_message_bytes)
+        super().__init__(frame_limit(client.config))
         self.client = client
         self.address = address
         self.pending: dict[int, _Pending] = {}
@@ -252,6 +253,7 @@ class CallClient:
             [CALL, call_id, actor_id, endpoint, lift_large(args), lift_large(kwargs)],
             self.config.max_message_bytes,
             sink,
+            self.config,
         )
         future = self.loop.create_future()
         if timeout is None:
@@ -285,6 +287,7 @@ class CallClient:
             [SEND, 0, actor_id, endpoint, lift_large(args), lift_large(kwargs)],
             self.config.max_message_bytes,
             sink,
+            self.config,
         )
         if conn.broken is not None or conn.lost:
             if sink is not None:

@@ -36,6 +36,7 @@ from ._wire import (
     SEND,
     WELCOME,
     FramedProtocol,
+    frame_limit,
     pack_frame,
     traffic,
 )
@@ -58,7 +59,7 @@ _Item = tuple["_ServerConnection | None", int, EndpointSpec, Any, Any]
 
 class _ServerConnection(FramedProtocol):
     def __init__(self, server: CallServer, stream: str) -> None:
-        super().__init__(server.config.max_message_bytes)
+        super().__init__(frame_limit(server.config))
         self.server = server
         self.authed = False
         self.mapped_calls: set[int] = set()
@@ -127,7 +128,10 @@ class _ServerConnection(FramedProtocol):
         sink = self.bulk.sink()
         try:
             parts = pack_frame(
-                [OK, call_id, lift_large(value)], self.server.config.max_message_bytes, sink
+                [OK, call_id, lift_large(value)],
+                self.server.config.max_message_bytes,
+                sink,
+                self.server.config,
             )
         except (SerializationError, MessageTooLargeError, TransportError) as exc:
             self.error(call_id, "raised", exc, note="while sending the result")

@@ -18,6 +18,7 @@ from typing import Any, cast
 
 from . import _serde
 from ._frames import FrameDecoder, encode_frame
+from .config import Config
 from .errors import MessageTooLargeError
 
 __all__ = [
@@ -39,19 +40,35 @@ HELLO, CALL, SEND, OK, ERR, WELCOME, READY, RELEASE = 0, 1, 2, 3, 4, 5, 6, 7
 traffic = {"received": 0}
 
 
-def pack_frame(message: list[Any], limit: int, bulk: Any = None) -> list[bytes | memoryview]:
+def pack_frame(
+    message: list[Any], limit: int, bulk: Any = None, config: Config | None = None
+) -> list[bytes | memoryview]:
     """Encode one message; raises SerializationError / MessageTooLargeError at the caller.
 
     Payloads wrapped with :func:`orchestr._serde.lift_large` go out of band, uncopied; large
-    tensors go to ``bulk`` (shared memory) when given.
+    tensors go to ``bulk`` (shared memory) when given. With ``config``, buffers (tensors,
+    arrays, bytes) of at least ``inline_max_bytes`` that stay in the frame count against
+    ``max_bulk_bytes`` instead of ``limit``.
     """
     msg, buffers, scratch = _serde.encode_parts(message, bulk)
     size = len(msg) + sum(b.nbytes for b in buffers)
-    if size > limit:
+    big = 0
+    if config is not None and buffers:
+        big = sum(b.nbytes for b in buffers if b.nbytes >= config.inline_max_bytes)
+        if big > config.max_bulk_bytes:
+            if bulk is not None:
+                bulk.abandon()
+            raise MessageTooLargeError(big, config.max_bulk_bytes, bulk=True)
+    if size - big > limit:
         if bulk is not None:
             bulk.abandon()
-        raise MessageTooLargeError(size, limit)
+        raise MessageTooLargeError(size - big, limit)
     return encode_frame(msg, buffers, scratch=scratch)
+
+
+def frame_limit(config: Config) -> int:
+    """The largest frame a call-path connection accepts."""
+    return config.max_message_bytes + config.max_bulk_bytes
 
 
 class FramedProtocol(asyncio.BufferedProtocol):

@@ -38,6 +38,9 @@ class Config:
     worker_stop_grace: float = 3.0
     #: Seconds to wait for the head to learn why a worker went away, when a call breaks.
     death_report_wait: float = 1.0
+    #: Largest total of tensors, arrays and bytes of at least ``inline_max_bytes`` each in one
+    #: call-path message (through shared memory on one host, in the frame across hosts).
+    max_bulk_bytes: int = 16 * 1024**3
     #: Tensors and arrays of at least this many bytes in call arguments and results travel
     #: through shared memory to processes on the same host instead of inside the call frame.
     inline_max_bytes: int = 1024 * 1024

@@ -69,12 +69,20 @@ class SerializationError(OrchestrError, TypeError):
 class MessageTooLargeError(OrchestrError):
     """A message exceeds the configured size limit."""
 
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(
-            f"message of {size} bytes exceeds the limit of {limit} bytes; raise it with the "
-            f"ORCHESTR_MAX_MESSAGE_BYTES environment variable (Config.max_message_bytes), or "
-            f"move bulk data on the data plane"
-        )
+    def __init__(self, size: int, limit: int, *, bulk: bool = False) -> None:
+        if bulk:
+            text = (
+                f"tensors and arrays of {size} bytes in one message exceed the limit of {limit} "
+                f"bytes; raise it with the ORCHESTR_MAX_BULK_BYTES environment variable "
+                f"(Config.max_bulk_bytes), or pass an orchestr.Buffer handle instead"
+            )
+        else:
+            text = (
+                f"message of {size} bytes exceeds the limit of {limit} bytes; raise it with the "
+                f"ORCHESTR_MAX_MESSAGE_BYTES environment variable (Config.max_message_bytes), "
+                f"or move bulk data on the data plane"
+            )
+        super().__init__(text)
         self.size = size
         self.limit = limit
 

@@ -204,6 +204,9 @@ async def test_a_failed_shared_memory_handshake_falls_back_loudly(
         )
         [row] = [r for r in fabric.connections() if r["direction"] == "out"]
         assert row["bulk"] == "inline" and "cannot map" in row["fallback"]
+        # past the 64 MiB message limit: bulk values in a frame count against max_bulk_bytes
+        big = torch.ones(20 * MiB)
+        assert (await sink.where.call_one(big))[1] == 20.0 * MiB
     config = oc.load_config(transport_fallback="error")
     async with oc.open_local_cluster(config) as ctx:
         sink = await ctx.spawn(Sink)
@@ -236,3 +239,16 @@ async def test_calls_on_one_host_can_ride_shared_memory_streams() -> None:
         await sink.pid.call_one()
         [row] = [r for r in fabric.connections() if r["direction"] == "out"]
         assert row["stream"] == "tcp"
+
+
+async def test_bulk_values_have_a_limit_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestr import _bulk
+
+    monkeypatch.setattr(_bulk, "probe", lambda: [os.getpid(), 987654, 1])  # keep it inline
+    config = oc.load_config(max_bulk_bytes=4 * MiB, inline_max_bytes=MiB)
+    async with oc.open_local_cluster(config) as ctx:
+        sink = await ctx.spawn(Sink)
+        await sink.pid.call_one()
+        assert (await sink.where.call_one(torch.ones(MiB // 2)))[1] == MiB / 2
+        with pytest.raises(oc.MessageTooLargeError, match="ORCHESTR_MAX_BULK_BYTES"):
+            await sink.where.call_one(torch.ones(2 * MiB))

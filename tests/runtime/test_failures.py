@@ -123,8 +123,10 @@ async def test_oversized_message_names_limit_and_setting() -> None:
         with pytest.raises(
             oc.MessageTooLargeError, match="1048576 bytes.*ORCHESTR_MAX_MESSAGE_BYTES"
         ):
-            mesh.echo.call_one(b"x" * (2 << 20))
+            mesh.echo.call_one(["x" * 1000] * 2048)  # 2 MB of msgpack in the message itself
         assert await mesh.echo.call_one(b"y" * 1000) == b"y" * 1000
+        # a large binary value counts against the bulk limit instead
+        assert await mesh.echo.call_one(b"z" * (2 << 20)) == b"z" * (2 << 20)
 
 
 def _raw_connect(address: str) -> socket.socket:
