@@ -32,7 +32,7 @@ __all__ = ["PeerSegments", "SegmentPool", "copy", "empty", "pool", "receive_pool
 
 _MIN_CAPACITY = 1 << 20
 #: Copies at least this large are split across threads (memory bandwidth, not one core).
-PARALLEL_COPY = 32 << 20
+PARALLEL_COPY = 256 << 20
 _copiers: concurrent.futures.ThreadPoolExecutor | None = None
 
 
