@@ -1,0 +1,9 @@
+"""An out-of-tree buffer backend, found through the ``orchestr.transports`` entry points."""
+
+from __future__ import annotations
+
+from orchestr.fabric._inproc import InprocBuffers
+
+
+class CarrierBuffers(InprocBuffers):
+    scheme = "carrier"
