@@ -44,6 +44,7 @@ protos: setup
 
 bench: setup
 	$(PY) bench/actor_calls.py
+	$(PY) bench/transfer.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
