@@ -32,6 +32,7 @@ from . import _local
 __all__ = [
     "BufferTransport",
     "Descriptor",
+    "OneSided",
     "Region",
     "choose",
     "register_memory",
@@ -132,6 +133,27 @@ class BufferTransport(Protocol):
     async def read_into(self, desc: Descriptor, offset: int, dst: memoryview) -> None: ...
 
     async def write_from(self, desc: Descriptor, offset: int, src: memoryview) -> None: ...
+
+
+class OneSided:
+    """A base for backends built on one ``move``: checks the destination of a read and counts
+    the bytes each transfer moved."""
+
+    scheme: str
+
+    async def move(self, write: bool, desc: Descriptor, offset: int, local: memoryview) -> None:
+        """Copy between ``local`` and ``[offset, offset+len(local))`` of the remote region."""
+        raise NotImplementedError
+
+    async def read_into(self, desc: Descriptor, offset: int, dst: memoryview) -> None:
+        if dst.readonly:
+            raise ValueError("read_into needs a writable destination")
+        await self.move(False, desc, offset, dst)
+        count(self.scheme, read=dst.nbytes)
+
+    async def write_from(self, desc: Descriptor, offset: int, src: memoryview) -> None:
+        await self.move(True, desc, offset, src)
+        count(self.scheme, written=src.nbytes)
 
 
 # -- the region table of this process ------------------------------------------------------------

@@ -7,12 +7,12 @@ from typing import Any
 from orchestr.errors import DescriptorError
 
 from . import _buffers, _local
-from ._buffers import Descriptor, Region, count
+from ._buffers import Descriptor, OneSided, Region
 
 __all__ = ["InprocBuffers"]
 
 
-class InprocBuffers:
+class InprocBuffers(OneSided):
     scheme = "inproc"
 
     def probe(self) -> str | None:
@@ -38,15 +38,11 @@ class InprocBuffers:
             )
         return region.mem[offset : offset + nbytes]
 
-    async def read_into(self, desc: Descriptor, offset: int, dst: memoryview) -> None:
-        if dst.readonly:
-            raise ValueError("read_into needs a writable destination")
-        dst[:] = self._span(desc, offset, dst.nbytes)
-        count(self.scheme, read=dst.nbytes)
-
-    async def write_from(self, desc: Descriptor, offset: int, src: memoryview) -> None:
-        span = self._span(desc, offset, src.nbytes)
-        if span.readonly:
+    async def move(self, write: bool, desc: Descriptor, offset: int, local: memoryview) -> None:
+        span = self._span(desc, offset, local.nbytes)
+        if not write:
+            local[:] = span
+        elif span.readonly:
             raise DescriptorError("the buffer was registered read-only")
-        span[:] = src
-        count(self.scheme, written=src.nbytes)
+        else:
+            span[:] = local

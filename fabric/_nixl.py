@@ -36,7 +36,7 @@ from orchestr.errors import (
 )
 
 from . import _buffers, _local
-from ._buffers import Descriptor, Region, count
+from ._buffers import Descriptor, OneSided, Region
 
 __all__ = ["NixlBuffers", "load_nixl"]
 
@@ -130,7 +130,7 @@ class _Peer:
         return head
 
 
-class NixlBuffers:
+class NixlBuffers(OneSided):
     """The ``nixl`` buffer backend."""
 
     scheme = "nixl"
@@ -333,7 +333,7 @@ class NixlBuffers:
                 del self._peers[(host, port)]
         peer.sock.close()
 
-    async def _move(self, write: bool, desc: Descriptor, offset: int, local: memoryview) -> None:
+    async def move(self, write: bool, desc: Descriptor, offset: int, local: memoryview) -> None:
         desc.check_span(offset, local.nbytes)
         w = desc.where
         if not (
@@ -353,15 +353,3 @@ class NixlBuffers:
                 raise
             except Exception as exc:  # nixl's own exceptions
                 raise TransportError(f"nixl transfer with {desc.owner} failed: {exc}") from exc
-        if write:
-            count(self.scheme, written=local.nbytes)
-        else:
-            count(self.scheme, read=local.nbytes)
-
-    async def read_into(self, desc: Descriptor, offset: int, dst: memoryview) -> None:
-        if dst.readonly:
-            raise ValueError("read_into needs a writable destination")
-        await self._move(False, desc, offset, dst)
-
-    async def write_from(self, desc: Descriptor, offset: int, src: memoryview) -> None:
-        await self._move(True, desc, offset, src)

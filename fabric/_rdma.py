@@ -38,7 +38,7 @@ from orchestr.errors import (
 
 from . import _buffers
 from . import _rdma_devices as devices
-from ._buffers import Descriptor, Region, count
+from ._buffers import Descriptor, OneSided, Region
 
 __all__ = ["RdmaBuffers"]
 
@@ -214,7 +214,7 @@ class _Conn:
         self.cq.close()
 
 
-class RdmaBuffers:
+class RdmaBuffers(OneSided):
     """The ``rdma`` buffer backend."""
 
     scheme = "rdma"
@@ -377,7 +377,7 @@ class RdmaBuffers:
             text = getattr(devices.submodule("cq"), "cqe_status_to_str", str)(status)
             raise TransportError(f"RDMA transfer with {desc.owner} failed: {text} ({status})")
 
-    async def _move(self, write: bool, desc: Descriptor, offset: int, local: memoryview) -> None:
+    async def move(self, write: bool, desc: Descriptor, offset: int, local: memoryview) -> None:
         desc.check_span(offset, local.nbytes)
         w = desc.where
         if not (len(w) == 4 and isinstance(w[0], str) and all(isinstance(v, int) for v in w[1:])):
@@ -389,15 +389,3 @@ class RdmaBuffers:
                 raise
             except Exception as exc:  # pyverbs and socket errors
                 raise TransportError(f"RDMA transfer with {desc.owner} failed: {exc}") from exc
-        if write:
-            count(self.scheme, written=local.nbytes)
-        else:
-            count(self.scheme, read=local.nbytes)
-
-    async def read_into(self, desc: Descriptor, offset: int, dst: memoryview) -> None:
-        if dst.readonly:
-            raise ValueError("read_into needs a writable destination")
-        await self._move(False, desc, offset, dst)
-
-    async def write_from(self, desc: Descriptor, offset: int, src: memoryview) -> None:
-        await self._move(True, desc, offset, src)

@@ -24,7 +24,7 @@ from typing import Any
 from orchestr.errors import DescriptorError, StaleDescriptorError, TransportError
 
 from . import _local
-from ._buffers import Descriptor, Region, count
+from ._buffers import Descriptor, OneSided, Region
 from ._memfd import HEADER, Segment, open_peer
 
 __all__ = ["ShmBuffers"]
@@ -104,7 +104,7 @@ class _Table:
             self.free.append(slot)
 
 
-class ShmBuffers:
+class ShmBuffers(OneSided):
     """The ``shm`` buffer backend."""
 
     scheme = "shm"
@@ -195,7 +195,7 @@ class ShmBuffers:
                 f"buffer region {desc.region} of {desc.owner} was released during the transfer"
             )
 
-    async def _move(self, write: bool, desc: Descriptor, offset: int, local: memoryview) -> None:
+    async def move(self, write: bool, desc: Descriptor, offset: int, local: memoryview) -> None:
         desc.check_span(offset, local.nbytes)
         pid, addr = self._entry(desc, write)
         if local.nbytes:
@@ -205,12 +205,3 @@ class ShmBuffers:
             else:
                 _vm_copy(*args)
         self._still_live(desc)
-        count(self.scheme, written=local.nbytes) if write else count(self.scheme, read=local.nbytes)
-
-    async def read_into(self, desc: Descriptor, offset: int, dst: memoryview) -> None:
-        if dst.readonly:
-            raise ValueError("read_into needs a writable destination")
-        await self._move(False, desc, offset, dst)
-
-    async def write_from(self, desc: Descriptor, offset: int, src: memoryview) -> None:
-        await self._move(True, desc, offset, src)

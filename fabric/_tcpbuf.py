@@ -22,7 +22,7 @@ from typing import Any
 from orchestr.errors import DescriptorError, StaleDescriptorError, TransportError
 
 from . import _buffers
-from ._buffers import Descriptor, Region, count
+from ._buffers import Descriptor, OneSided, Region
 
 __all__ = ["TcpBuffers"]
 
@@ -80,7 +80,7 @@ class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 
 
-class TcpBuffers:
+class TcpBuffers(OneSided):
     """The ``tcp`` buffer backend."""
 
     scheme = "tcp"
@@ -152,7 +152,8 @@ class TcpBuffers:
         cls = StaleDescriptorError if status == _STALE else DescriptorError
         raise cls(f"owner {desc.owner} refused: {text.decode(errors='replace')}")
 
-    async def _move(self, op: int, desc: Descriptor, offset: int, local: memoryview) -> None:
+    async def move(self, write: bool, desc: Descriptor, offset: int, local: memoryview) -> None:
+        op = _WRITE if write else _READ
         desc.check_span(offset, local.nbytes)
         try:
             host, port = desc.where
@@ -182,18 +183,6 @@ class TcpBuffers:
                 self._idle.setdefault((host, port), []).append(sock)
             else:
                 sock.close()
-        if op == _READ:
-            count(self.scheme, read=local.nbytes)
-        else:
-            count(self.scheme, written=local.nbytes)
-
-    async def read_into(self, desc: Descriptor, offset: int, dst: memoryview) -> None:
-        if dst.readonly:
-            raise ValueError("read_into needs a writable destination")
-        await self._move(_READ, desc, offset, dst)
-
-    async def write_from(self, desc: Descriptor, offset: int, src: memoryview) -> None:
-        await self._move(_WRITE, desc, offset, src)
 
 
 async def _arecv(loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview) -> None:
