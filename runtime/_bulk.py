@@ -178,10 +178,13 @@ class BulkLink:
         }
 
     # -- sending -------------------------------------------------------------------------------
-    def sink(self) -> _Sink | None:
+    def sink(self, policy: str | None = None) -> _Sink | None:
+        """Where this message's large values go: shared memory, the frame (``None``), or an
+        error when shared memory was refused and the policy (the call's, else the job's) is
+        ``error``."""
         if self.can_send:
             return _Sink(self.threshold)
-        if self.refused is not None and self.policy == "error":
+        if self.refused is not None and (policy or self.policy) == "error":
             return _RefusingSink(self.threshold, self.refused, self.peer)
         return None
 

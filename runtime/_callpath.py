@@ -241,6 +241,7 @@ class CallClient:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         timeout: float | None = None,
+        fallback: str | None = None,
     ) -> asyncio.Future[Any]:
         """Send one call; the returned future resolves to its result.
 
@@ -248,7 +249,7 @@ class CallClient:
         """
         call_id = next(self._ids)
         conn = self._connection(address)
-        sink = conn.bulk.sink()
+        sink = conn.bulk.sink(fallback)
         parts = pack_frame(
             [CALL, call_id, actor_id, endpoint, lift_large(args), lift_large(kwargs)],
             self.config.max_message_bytes,

@@ -10,6 +10,8 @@ import itertools
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
+from orchestr.fabric._buffers import check_fallback
+
 from . import _serde
 from ._callpath import current_client
 from .errors import MeshError
@@ -96,16 +98,28 @@ class Endpoint:
 
     _round_robin = itertools.count()
 
-    def __init__(self, mesh: Mesh, name: str, timeout: float | None) -> None:
+    def __init__(
+        self, mesh: Mesh, name: str, timeout: float | None, fallback: str | None = None
+    ) -> None:
         self.mesh = mesh
         self.name = name
         self.timeout = timeout
+        self.fallback = fallback
 
-    def options(self, *, timeout: float | None = None) -> Endpoint:
-        """The same endpoint with a per-call deadline in seconds (default: ``Config.call_timeout``)."""
+    def options(self, *, timeout: float | None = None, fallback: str | None = None) -> Endpoint:
+        """The same endpoint with per-call options: ``timeout``, a deadline in seconds (default
+        ``Config.call_timeout``), and ``fallback``, ``"allow"`` or ``"error"`` when a large
+        value cannot take the transport it should (default ``Config.transport_fallback``)."""
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
-        return Endpoint(self.mesh, self.name, timeout)
+        if fallback is not None:
+            check_fallback(fallback)
+        return Endpoint(
+            self.mesh,
+            self.name,
+            self.timeout if timeout is None else timeout,
+            self.fallback if fallback is None else fallback,
+        )
 
     def _send(
         self, member: Member, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -118,6 +132,7 @@ class Endpoint:
             args,
             kwargs,
             self.timeout,
+            self.fallback,
         )
 
     def call(self, *args: Any, **kwargs: Any) -> asyncio.Future[list[Any]]:

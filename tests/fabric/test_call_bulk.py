@@ -204,6 +204,12 @@ async def test_a_failed_shared_memory_handshake_falls_back_loudly(
         )
         [row] = [r for r in fabric.connections() if r["direction"] == "out"]
         assert row["bulk"] == "inline" and "cannot map" in row["fallback"]
+        strict = sink.where.options(fallback="error")  # a per-call policy
+        with pytest.raises(oc.FallbackError, match="cannot map"):
+            await strict.call_one(x)
+        assert (await strict.call_one(torch.ones(10)))[1] == 10.0
+        with pytest.raises(oc.ConfigError):
+            sink.where.options(fallback="never")
         # past the 64 MiB message limit: bulk values in a frame count against max_bulk_bytes
         big = torch.ones(20 * MiB)
         assert (await sink.where.call_one(big))[1] == 20.0 * MiB
