@@ -66,8 +66,11 @@ class Segment:
 
 
 def open_peer(pid: int, fd: int, key: int, *, writable: bool = True) -> mmap.mmap:
-    """Map the segment ``fd`` of process ``pid`` after checking it is an orchestr segment with
-    ``key``. Raises StaleDescriptorError when it is gone, DescriptorError when it is not ours."""
+    """Map the segment ``fd`` of process ``pid`` after checking it is an orchestr segment that
+    process made, with ``key``. Raises StaleDescriptorError when it is gone, DescriptorError
+    when it is not such a segment."""
+    if not (type(pid) is int and type(fd) is int and pid > 0 and fd >= 0):
+        raise DescriptorError(f"malformed segment location: process {pid!r}, fd {fd!r}")
     path = f"/proc/{pid}/fd/{fd}"
     try:
         target = os.readlink(path)
@@ -75,8 +78,10 @@ def open_peer(pid: int, fd: int, key: int, *, writable: bool = True) -> mmap.mma
         raise StaleDescriptorError(
             f"shared memory of process {pid} (fd {fd}) is gone: released, or the process exited"
         ) from None
-    if not target.startswith(f"/memfd:{PREFIX}"):
-        raise DescriptorError(f"fd {fd} of process {pid} is not an orchestr segment ({target})")
+    if not target.startswith(f"/memfd:{PREFIX}{pid}."):
+        raise DescriptorError(
+            f"fd {fd} of process {pid} is not an orchestr segment that process made ({target})"
+        )
     try:
         peer_fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
     except OSError as exc:

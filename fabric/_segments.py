@@ -14,6 +14,7 @@ Leases held by a peer that exits are reclaimed when the peer's pid is gone.
 from __future__ import annotations
 
 import bisect
+import collections
 import concurrent.futures
 import ctypes
 import mmap
@@ -84,16 +85,27 @@ class SegmentPool:
         self._bases: list[tuple[int, int]] = []  # (base address, fd), sorted
         #: pid -> [(fd, generation)] leased to peers whose connection is gone
         self._orphans: dict[int, list[tuple[int, int]]] = {}
+        #: Releases from finalizers, applied at the next locked operation: a finalizer may run
+        #: inside garbage collection while this thread holds the lock.
+        self._later: collections.deque[tuple[int, int]] = collections.deque()
         self._pid = os.getpid()
 
-    def _check_fork(self) -> None:
+    def _enter(self) -> None:
+        """Under the lock: forget the parent's segments after a fork, apply queued releases."""
         if self._pid != os.getpid():  # a forked child must not lend its parent's segments
-            self.__init__(self.idle_bytes)  # type: ignore[misc]
+            self._by_fd, self._free, self._bases, self._orphans = {}, [], [], {}
+            self._later.clear()
+            self._pid = os.getpid()
+        while self._later:
+            self._release(*self._later.popleft())
 
     def lease(self, nbytes: int) -> tuple[Segment, int]:
-        """A segment with room for ``nbytes``, held once; returns it and its new generation."""
-        self._check_fork()
+        """A segment with room for ``nbytes``, held once; returns it and its new generation.
+
+        Raises OSError when the system refuses more shared memory (memory, file descriptors).
+        """
         with self._lock:
+            self._enter()
             self._reap_orphans()
             best = None
             for i, slot in enumerate(self._free):
@@ -113,23 +125,33 @@ class SegmentPool:
     def hold(self, fd: int) -> None:
         """One more holder of a leased segment (its descriptor is being sent again)."""
         with self._lock:
+            self._enter()
             self._by_fd[fd].holders += 1
 
     def release(self, fd: int, generation: int) -> None:
         """A holder is done. Releases for an older generation are ignored."""
         with self._lock:
-            slot = self._by_fd.get(fd)
-            if slot is None or slot.segment.generation != generation or slot.holders <= 0:
-                return
-            slot.holders -= 1
-            if slot.holders == 0:
-                self._free.append(slot)
-                self._trim()
+            self._enter()
+            self._release(fd, generation)
+
+    def release_later(self, fd: int, generation: int) -> None:
+        """:meth:`release` for finalizers: takes no lock, applied by the next operation."""
+        self._later.append((fd, generation))
+
+    def _release(self, fd: int, generation: int) -> None:
+        slot = self._by_fd.get(fd)
+        if slot is None or slot.segment.generation != generation or slot.holders <= 0:
+            return
+        slot.holders -= 1
+        if slot.holders == 0:
+            self._free.append(slot)
+            self._trim()
 
     def orphan(self, pid: int, leases: list[tuple[int, int]]) -> None:
         """``pid``'s connection is gone while it held ``leases``: reclaim them once it exits."""
         if leases:
             with self._lock:
+                self._enter()
                 self._orphans.setdefault(pid, []).extend(leases)
                 self._reap_orphans()
 
@@ -158,6 +180,7 @@ class SegmentPool:
     def find(self, address: int, nbytes: int) -> tuple[Segment, int] | None:
         """The held segment containing ``[address, address+nbytes)`` and the offset in it."""
         with self._lock:
+            self._enter()
             i = bisect.bisect_right(self._bases, (address, 1 << 62)) - 1
             if i < 0:
                 return None
@@ -170,10 +193,11 @@ class SegmentPool:
     def empty(self, nbytes: int) -> tuple[memoryview, Callable[[], None]]:
         """Memory in a segment for a local tensor; call the returned function when it dies."""
         segment, generation = self.lease(nbytes)
-        return segment.data[:nbytes], lambda: self.release(segment.fd, generation)
+        return segment.data[:nbytes], lambda: self.release_later(segment.fd, generation)
 
     def stats(self) -> dict[str, int]:
         with self._lock:
+            self._enter()
             return {
                 "segments": len(self._by_fd),
                 "bytes": sum(s.segment.capacity for s in self._by_fd.values()),
@@ -184,6 +208,7 @@ class SegmentPool:
     def close(self) -> None:
         """Close every segment (process shutdown); peers keep what they still map."""
         with self._lock:
+            self._later.clear()
             for slot in list(self._by_fd.values()):
                 self._drop(slot)
             self._free.clear()
@@ -241,6 +266,13 @@ class PeerSegments:
         for k in [k for k in self._maps if k[0] == pid]:
             del self._maps[k]
 
+
+def _forget_copiers() -> None:
+    global _copiers
+    _copiers = None  # its threads did not survive the fork
+
+
+os.register_at_fork(after_in_child=_forget_copiers)
 
 pool = SegmentPool()
 peers = PeerSegments()

@@ -7,16 +7,20 @@ Across hosts, values stay in the frame on the stream transport.
 
 Each connection negotiates this in its handshake. The caller's ``HELLO`` and the server's
 ``WELCOME`` each carry a probe (a tiny segment); each side maps the other's to prove it can. The
-caller uses shared memory from its first call when the address says the server is on this host,
-and the server from its first answer once it has mapped the caller's probe; the caller's
-``READY`` confirms that it can map the server's segments too, or withdraws it. A failed probe is a fallback to the stream: an error under the policy
+caller uses shared memory once the server has mapped the caller's probe (WELCOME says so), and
+the server once the caller has mapped the server's (READY says so); until then large values
+travel in the frame. A peer counts as local only when its process key says so *and* the
+connection does (a Unix socket, or TCP from loopback or from our own address), so a remote peer
+cannot talk its way into shared memory. A failed probe is a fallback to the stream: an error under the policy
 ``error``, otherwise logged and counted. ``RELEASE`` messages hand segments back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
+import secrets
 import threading
 import urllib.parse
 from typing import Any
@@ -30,7 +34,13 @@ from orchestr.fabric._shm import address_of
 
 from . import _serde
 from .config import Config
-from .errors import DescriptorError, FallbackError, OrchestrError, ProtocolError
+from .errors import (
+    DescriptorError,
+    FallbackError,
+    OrchestrError,
+    ProtocolError,
+    TransportError,
+)
 
 __all__ = [
     "BulkLink",
@@ -53,16 +63,53 @@ def probe() -> list[int]:
     return [os.getpid(), _probe.fd, _probe.key]
 
 
+_secret: list[str] = []
+
+
+def self_secret() -> str:
+    """A secret of this process: a connection that claims to come from this very process
+    proves it with this (a peer could otherwise claim our own process key)."""
+    if not _secret or _secret[0] != str(os.getpid()):
+        _secret[:] = [str(os.getpid()), secrets.token_hex(16)]
+    return _secret[1]
+
+
 def check_probe(wire: Any, pid: int) -> str | None:
-    """``None`` if this process can map the peer's probe, else why not."""
+    """``None`` if this process can map the peer's probe (a segment the peer made), else why
+    not."""
+    if wire is None:
+        return "the peer offered no shared memory to check"
+    if not (isinstance(wire, list) and len(wire) == 3 and all(_is_u64(v) for v in wire)):
+        return f"the peer's probe is malformed: {wire!r}"
+    p_pid, fd, key = wire
+    if p_pid != pid:
+        return f"the peer's probe names process {p_pid}, not the peer ({pid})"
     try:
-        p_pid, fd, key = wire
-        if p_pid != pid:
-            return "the probe names another process"
         open_peer(p_pid, fd, key).close()
-    except (OrchestrError, TypeError, ValueError) as exc:
+    except OrchestrError as exc:
         return f"cannot map the peer's shared memory: {exc}"
     return None
+
+
+def _is_u64(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 1 << 64
+
+
+def peer_is_local(transport: Any) -> bool:
+    """Whether the other end of ``transport`` runs on this host, judged by the connection
+    itself (a peer's claimed process key is not enough): a Unix socket, or TCP from loopback
+    or from the very address it reached us at."""
+    if transport is None:
+        return False
+    peer = transport.get_extra_info("peername")
+    sock = transport.get_extra_info("sockname")
+    if not isinstance(peer, tuple):
+        return True  # a Unix socket (shm://) or an in-process pipe
+    try:
+        peer_ip = ipaddress.ip_address(peer[0])
+    except ValueError:
+        return False
+    return peer_ip.is_loopback or (isinstance(sock, tuple) and peer[0] == sock[0])
 
 
 def address_with_process(url: str, local: str | None = None) -> str:
@@ -103,7 +150,15 @@ class _Sink:
             pool.hold(segment.fd)
             generation = segment.generation
         else:
-            segment, generation = pool.lease(nbytes)
+            try:
+                segment, generation = pool.lease(nbytes)
+            except OSError as exc:
+                stats = pool.stats()
+                raise TransportError(
+                    f"no shared memory for a {nbytes}-byte value: {exc}; this process lends "
+                    f"{stats['held']} segments ({stats['bytes']} bytes in all) that peers still "
+                    f"hold"
+                ) from exc
             offset = 0
             try:
                 copy(address_of(segment.data), address_of(buf), nbytes)
@@ -139,14 +194,17 @@ class BulkLink:
         self._thread = threading.get_ident()
         #: Shared-memory values mapped so far (callers compare before and after a decode).
         self.mapped = 0
+        #: Leases mapped by the message being decoded (reset by the connection per message).
+        self.this_decode: list[tuple[int, int]] = []
         self._flush_scheduled = False
 
     # -- negotiation ---------------------------------------------------------------------------
-    def set_peer(self, peer: str) -> bool:
-        """Record the peer's process key; whether it is on this host."""
+    def set_peer(self, peer: str, *, reachable: bool = True) -> bool:
+        """Record the peer's process key; whether it is on this host (its key says so and,
+        when ``reachable`` is false, the connection says otherwise)."""
         self.peer = peer
         self.peer_pid = _local.pid_of(peer)
-        self.same_host = _local.host_of(peer) == _local.host_id()
+        self.same_host = reachable and _local.host_of(peer) == _local.host_id()
         return self.same_host
 
     def stream_fallback(self, reason: str) -> None:
@@ -196,16 +254,31 @@ class BulkLink:
     # -- receiving -----------------------------------------------------------------------------
     def view(self, wire: list[Any], nbytes: int) -> Any:
         if not self.can_receive:
-            raise ProtocolError("a shared-memory descriptor arrived on a connection without it")
+            raise ProtocolError(
+                "a shared-memory value arrived before this connection agreed to use shared memory"
+            )
+        if not all(_is_u64(v) for v in wire):
+            raise DescriptorError(f"malformed shared-memory descriptor {wire!r}")
         pid, fd, key, generation, offset = wire
         self.mapped += 1
         if pid != self.peer_pid:
             raise DescriptorError(f"a descriptor for process {pid} arrived from {self.peer}")
         lease = (fd, generation)
+        self.this_decode.append(lease)
         return peers.view(pid, fd, key, generation, offset, nbytes, lambda: self._release(lease))
+
+    def release_unmapped(self, msg: bytes | memoryview) -> None:
+        """A message failed to decode: give back the segments it named that we never mapped
+        (those we did map come back when their views are freed)."""
+        mapped = set(self.this_decode)
+        for fd, generation in _serde.shared_leases(msg):
+            if (fd, generation) not in mapped:
+                self._queue((fd, generation))
 
     def _release(self, lease: tuple[int, int]) -> None:
         # runs wherever the last reference died, maybe another thread or a closed loop
+        if self.loop.is_closed():
+            return  # the owner reclaims what this process held when it exits
         if threading.get_ident() == self._thread:
             self._queue(lease)
             return
@@ -268,7 +341,7 @@ class _RefusingSink(_Sink):
         raise FallbackError(
             f"a {buf.nbytes}-byte value needs shared memory to {self.peer}, which cannot be "
             f"used ({self.reason}); the fallback policy is 'error' (allow it with "
-            f"ORCHESTR_TRANSPORT_FALLBACK=allow)"
+            f"ORCHESTR_TRANSPORT_FALLBACK=allow, or per call with .options(fallback='allow'))"
         )
 
 

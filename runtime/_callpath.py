@@ -24,7 +24,13 @@ from orchestr.fabric import connect_stream, stream_transports
 from orchestr.fabric._local import process_key
 
 from . import _bulk, _serde
-from ._bulk import BulkLink, check_probe, local_url_of_address, peer_of_address
+from ._bulk import (
+    BulkLink,
+    check_probe,
+    local_url_of_address,
+    peer_is_local,
+    peer_of_address,
+)
 from ._serde import lift_large
 from ._wire import (
     CALL,
@@ -93,9 +99,9 @@ class _Connection(FramedProtocol):
                 local = self.bulk.set_peer(peer)
             except (ValueError, IndexError):
                 peer = None
-        # a server on this host: large values go through shared memory from the first call
-        self.bulk.can_send = local
         info = {"process": process_key(), "probe": _bulk.probe() if local or peer is None else None}
+        if peer == process_key():  # calling an actor in this very process: prove it is us
+            info["self"] = _bulk.self_secret()
         self.out = pack_frame([HELLO, client.token, info], 1 << 20)
 
     def _send_release(self, items: list[list[int]]) -> None:
@@ -105,11 +111,10 @@ class _Connection(FramedProtocol):
         if not isinstance(info, dict) or not isinstance(info.get("process"), str):
             raise ProtocolError("WELCOME carries a map with the server's process")
         try:
-            local = self.bulk.set_peer(info["process"])
+            local = self.bulk.set_peer(info["process"], reachable=peer_is_local(self.transport))
         except (ValueError, IndexError):
             raise ProtocolError(f"malformed process key {info['process']!r}") from None
         if not local:
-            self.bulk.can_send = False
             return
         if info.get("shm") is True:
             self.bulk.can_send = True
@@ -127,6 +132,7 @@ class _Connection(FramedProtocol):
             self.abort(exc)
             return
         for msg, extra in frames:
+            self.bulk.this_decode = []
             try:
                 message = _serde.decode(msg, extra, self.bulk)
                 if not (isinstance(message, list) and len(message) >= 3):
@@ -141,6 +147,7 @@ class _Connection(FramedProtocol):
                 if kind not in (OK, ERR) or not isinstance(call_id, int):
                     raise ProtocolError(f"unexpected reply kind {kind!r} or call id {call_id!r}")
             except OrchestrError as exc:
+                self.bulk.release_unmapped(msg)
                 head = _serde.peek(msg)
                 if isinstance(head, list) and len(head) == 3 and head[0] == OK:
                     pending = self.pending.pop(head[1], None) if isinstance(head[1], int) else None

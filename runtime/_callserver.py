@@ -24,7 +24,14 @@ from orchestr.fabric._local import process_key
 
 from . import _serde
 from ._actor import Actor, EndpointSpec
-from ._bulk import BulkLink, address_with_process, check_probe, probe
+from ._bulk import (
+    BulkLink,
+    address_with_process,
+    check_probe,
+    peer_is_local,
+    probe,
+    self_secret,
+)
 from ._serde import lift_large
 from ._wire import (
     CALL,
@@ -73,21 +80,21 @@ class _ServerConnection(FramedProtocol):
         """Answer the caller's handshake: can each side map the other's shared memory?"""
         if not isinstance(info, dict) or not isinstance(info.get("process"), str):
             return  # a caller that offers nothing gets everything inline
+        reachable = peer_is_local(self.transport)
+        if info["process"] == process_key() and info.get("self") != self_secret():
+            reachable = False  # claims to be this process without knowing its secret
         try:
-            local = self.bulk.set_peer(info["process"])
+            local = self.bulk.set_peer(info["process"], reachable=reachable)
         except (ValueError, IndexError):
             raise ProtocolError(f"malformed process key {info['process']!r}") from None
         reason = None
         if local:
             reason = check_probe(info.get("probe"), self.bulk.peer_pid)
             self.bulk.can_receive = reason is None
-            # we can map the caller's memory, so it can very likely map ours: answer through
-            # shared memory at once; READY confirms or withdraws that
-            self.bulk.can_send = reason is None
         welcome = {
             "process": process_key(),
-            "probe": probe() if local else None,
-            "shm": local and reason is None,
+            "probe": probe() if self.bulk.can_receive else None,
+            "shm": self.bulk.can_receive,
             "reason": reason,
         }
         self.send(pack_frame([WELCOME, 0, welcome], 1 << 20))
@@ -95,9 +102,11 @@ class _ServerConnection(FramedProtocol):
     def ready(self, info: Any) -> None:
         if not isinstance(info, dict):
             raise ProtocolError("READY carries a map")
+        if not self.bulk.can_receive:
+            return  # we never offered shared memory on this connection
         if info.get("shm") is True:
             self.bulk.can_send = True
-        elif self.bulk.peer is not None:
+        else:
             self.bulk.refuse(str(info.get("reason")))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -225,6 +234,9 @@ class ActorHost:
                     self._invoke_sync(item)
             finally:
                 self.busy = False
+                # drop the arguments now, not at the next call: values that came through
+                # shared memory go back to their sender when they are freed
+                del item
 
     def _invoke_sync(self, item: _Item) -> None:
         conn, call_id, spec, args, kwargs = item
@@ -324,6 +336,7 @@ class CallServer:
 
     def handle(self, conn: _ServerConnection, msg: memoryview, extra: memoryview) -> None:
         mapped = conn.bulk.mapped
+        conn.bulk.this_decode = []
         try:
             message = _serde.decode(msg, extra, conn.bulk if conn.authed else None)
             if not isinstance(message, list) or len(message) < 2:
@@ -332,6 +345,8 @@ class CallServer:
             if not isinstance(call_id, int) and kind != HELLO:
                 raise ProtocolError("call id must be an integer")
         except OrchestrError as exc:
+            if conn.authed:
+                conn.bulk.release_unmapped(msg)
             head = _serde.peek(msg) if conn.authed else None
             if isinstance(head, list) and len(head) == 6 and head[0] == CALL:
                 # the envelope is fine but a value is not (say, a stale shared-memory

@@ -412,3 +412,31 @@ def peek(msg: bytes | memoryview) -> Any:
         return msgpack.unpackb(msg, raw=False, strict_map_key=False, ext_hook=lambda c, d: None)
     except Exception:
         return None
+
+
+def shared_leases(msg: bytes | memoryview) -> list[tuple[int, int]]:
+    """The ``(fd, generation)`` of every shared-memory value a message names (best effort, for
+    releasing them when the message cannot be decoded)."""
+    found: list[tuple[int, int]] = []
+
+    def hook(code: int, data: bytes) -> None:
+        if code in (EXT_SHM_TENSOR, EXT_SHM_NDARRAY):
+            try:
+                where = msgpack.unpackb(data, raw=False)[2]
+                fd, generation = where[1], where[3]
+            except Exception:
+                return None
+            if type(fd) is int and type(generation) is int:
+                found.append((fd, generation))
+        elif code == EXT_DATACLASS:
+            try:
+                msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=hook)
+            except Exception:
+                return None
+        return None
+
+    try:
+        msgpack.unpackb(msg, raw=False, strict_map_key=False, ext_hook=hook)
+    except Exception:
+        pass
+    return found

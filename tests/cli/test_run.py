@@ -14,8 +14,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 ORCHESTR = [sys.executable, "-m", "orchestr.cli"]
 
 
-def _listening_ports() -> set[int]:
-    ports = set()
+def _listening_ports(marker: str) -> set[int]:
+    """Listening TCP ports held by a process whose environment carries ``marker`` (other work
+    on the machine may open listeners meanwhile)."""
+    ports: dict[str, int] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         if not os.path.exists(table):  # no IPv6 on this host
             continue
@@ -23,8 +25,18 @@ def _listening_ports() -> set[int]:
             for line in f.readlines()[1:]:
                 fields = line.split()
                 if fields[3] == "0A":  # LISTEN
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
+                    ports[fields[9]] = int(fields[1].rsplit(":", 1)[1], 16)
+    held = set()
+    for pid in _processes_with(marker):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                inode = target[len("socket:[") : -1] if target.startswith("socket:[") else ""
+                if inode in ports:
+                    held.add(ports[inode])
+        except OSError:
+            continue
+    return held
 
 
 def _processes_with(marker: str) -> list[int]:
@@ -53,21 +65,21 @@ def _run(
     return proc, marker
 
 
-def _assert_nothing_left(marker: str, ports_before: set[int], shm_before: set[str]) -> None:
+def _assert_nothing_left(marker: str, shm_before: set[str]) -> None:
+    assert _listening_ports(marker) == set(), "a listening socket outlived the job"
     assert _processes_with(marker) == [], "worker processes outlived the job"
-    assert _listening_ports() - ports_before == set(), "a listening socket outlived the job"
     assert set(os.listdir("/dev/shm")) - shm_before == set(), "a shared-memory segment leaked"
 
 
 def test_hello_example_runs_and_leaves_nothing_behind() -> None:
-    ports, shm = _listening_ports(), set(os.listdir("/dev/shm"))
+    shm = set(os.listdir("/dev/shm"))
     proc, marker = _run(["run", "examples/hello.py"])
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "call       -> [11, 11, 11, 11]" in out
     assert "call_one   -> 16" in out
     assert "remote error -> ZeroDivisionError: division by zero" in out
-    _assert_nothing_left(marker, ports, shm)
+    _assert_nothing_left(marker, shm)
 
 
 def test_a_failing_job_reports_and_cleans_up(tmp_path: pathlib.Path) -> None:
@@ -88,13 +100,13 @@ def test_a_failing_job_reports_and_cleans_up(tmp_path: pathlib.Path) -> None:
             """
         )
     )
-    ports, shm = _listening_ports(), set(os.listdir("/dev/shm"))
+    shm = set(os.listdir("/dev/shm"))
     proc, marker = _run(["run", str(job)])
     assert proc.returncode == 1
     assert re.search(
         r"the job failed: ActorError: Boom\[[01]\]\.go raised KeyError: 'missing-key'", proc.stderr
     )
-    _assert_nothing_left(marker, ports, shm)
+    _assert_nothing_left(marker, shm)
 
 
 def test_a_job_raising_a_plain_exception_cleans_up(tmp_path: pathlib.Path) -> None:
@@ -106,11 +118,11 @@ def test_a_job_raising_a_plain_exception_cleans_up(tmp_path: pathlib.Path) -> No
         "    await ctx.spawn(Counter, n=2)\n"
         "    raise RuntimeError('driver bug')\n"
     )
-    ports, shm = _listening_ports(), set(os.listdir("/dev/shm"))
+    shm = set(os.listdir("/dev/shm"))
     proc, marker = _run(["run", str(job)], PYTHONPATH=str(ROOT / "examples"))
     assert proc.returncode == 1
     assert "RuntimeError: driver bug" in proc.stderr
-    _assert_nothing_left(marker, ports, shm)
+    _assert_nothing_left(marker, shm)
 
 
 def test_bad_job_files_get_clear_errors(tmp_path: pathlib.Path) -> None:

@@ -36,6 +36,10 @@ class Sink(oc.Actor):
         return [shared_mapping_of(t.data_ptr()), float(t.double().sum()), list(t.shape)]
 
     @oc.endpoint
+    async def where_async(self, t: torch.Tensor) -> float:
+        return float(t[0])
+
+    @oc.endpoint
     def where_array(self, a: np.ndarray) -> list[Any]:
         return [shared_mapping_of(a.ctypes.data), float(a.sum()), str(a.dtype)]
 

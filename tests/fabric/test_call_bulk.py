@@ -6,6 +6,8 @@ import asyncio
 import gc
 import os
 import signal
+import sys
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -30,6 +32,7 @@ async def eventually(check: Callable[[], bool]) -> None:
 
 async def test_large_tensor_arrives_as_shared_memory(ctx: oc.JobContext) -> None:
     sink = await ctx.spawn(Sink)
+    await sink.pid.call_one()  # the handshake settles on the first call
     x = torch.arange(4 * MiB, dtype=torch.float32)  # 16 MiB
     mapping, total, shape = await sink.where.call_one(x)
     assert mapping.startswith(f"/memfd:orchestr.{os.getpid()}.")  # no copy on the receiver
@@ -40,6 +43,7 @@ async def test_large_tensor_arrives_as_shared_memory(ctx: oc.JobContext) -> None
 
 async def test_small_tensor_stays_in_the_frame(ctx: oc.JobContext) -> None:
     sink = await ctx.spawn(Sink)
+    await sink.pid.call_one()  # the handshake settles on the first call
     mapping, total, _ = await sink.where.call_one(torch.ones(1000))
     assert not (mapping or "").startswith(f"/memfd:orchestr.{os.getpid()}.")
     assert total == 1000.0
@@ -47,6 +51,7 @@ async def test_small_tensor_stays_in_the_frame(ctx: oc.JobContext) -> None:
 
 async def test_results_and_arrays_come_back_through_shared_memory(ctx: oc.JobContext) -> None:
     sink = await ctx.spawn(Sink)
+    await sink.pid.call_one()  # the handshake settles on the first call
     x = torch.randn(MiB)
     y = await sink.echo.call_one(x)
     assert torch.equal(x, y)
@@ -63,6 +68,7 @@ async def test_results_and_arrays_come_back_through_shared_memory(ctx: oc.JobCon
 
 async def test_segments_return_to_the_pool_and_are_reused(ctx: oc.JobContext) -> None:
     sink = await ctx.spawn(Sink)
+    await sink.pid.call_one()  # the handshake settles on the first call
     x = torch.zeros(2 * MiB)
     for i in range(5):
         x.fill_(i)
@@ -78,6 +84,7 @@ async def test_segments_return_to_the_pool_and_are_reused(ctx: oc.JobContext) ->
 
 async def test_results_held_by_the_caller_pin_the_actors_segment(ctx: oc.JobContext) -> None:
     sink = await ctx.spawn(Sink)
+    await sink.pid.call_one()  # the handshake settles on the first call
     y = await sink.make.call_one(MiB, 3.0)
     assert (await sink.pool_stats.call_one())["held"] == 1
     del y
@@ -89,6 +96,7 @@ async def test_results_held_by_the_caller_pin_the_actors_segment(ctx: oc.JobCont
 
 async def test_registered_memory_moves_with_no_copy(ctx: oc.JobContext) -> None:
     sink = await ctx.spawn(Sink)
+    await sink.pid.call_one()  # the handshake settles on the first call
     x = fabric.empty((MiB,), torch.float32)
     x.fill_(1.0)
     await sink.fill.call_one(x, 5.0)  # the actor writes into the very memory we sent
@@ -158,6 +166,7 @@ def _mapped_segments_of(pid: int) -> list[str]:
 
 async def test_sigkill_of_the_owner_leaves_no_segment_behind(ctx: oc.JobContext) -> None:
     sink = await ctx.spawn(Sink)
+    await sink.pid.call_one()  # the handshake settles on the first call
     pid = await sink.pid.call_one()
     y = await sink.make.call_one(MiB, 4.0)  # a view of the actor's segment, held here
     assert _mapped_segments_of(pid)
@@ -226,6 +235,7 @@ async def test_received_bytes_are_counted() -> None:
     before = traffic["received"]
     async with oc.open_local_cluster() as ctx:
         sink = await ctx.spawn(Sink)
+        await sink.pid.call_one()  # the handshake settles on the first call
         await sink.echo.call_one(b"x" * 100_000)
     assert traffic["received"] - before >= 100_000
 
@@ -234,6 +244,7 @@ async def test_calls_on_one_host_can_ride_shared_memory_streams() -> None:
     config = oc.load_config(local_call_transport="shm")
     async with oc.open_local_cluster(config) as ctx:
         sink = await ctx.spawn(Sink)
+        await sink.pid.call_one()  # the handshake settles on the first call
         for n in (10, 100_000, 2 * MiB):  # inline, out of band, and a shared-memory value
             assert (await sink.where.call_one(torch.ones(n)))[1] == float(n)
         [row] = [r for r in fabric.connections() if r["direction"] == "out"]
@@ -258,3 +269,90 @@ async def test_bulk_values_have_a_limit_of_their_own(monkeypatch: pytest.MonkeyP
         assert (await sink.where.call_one(torch.ones(MiB // 2)))[1] == MiB / 2
         with pytest.raises(oc.MessageTooLargeError, match="ORCHESTR_MAX_BULK_BYTES"):
             await sink.where.call_one(torch.ones(2 * MiB))
+
+
+async def test_async_endpoints_let_go_of_their_arguments(ctx: oc.JobContext) -> None:
+    sink = await ctx.spawn(Sink)
+    await sink.pid.call_one()  # the handshake settles on the first call
+    x = torch.zeros(2 * MiB)
+    for i in range(4):
+        x.fill_(i)
+        assert await sink.where_async.call_one(x) == i
+    await eventually(lambda: pool.stats()["held"] == 0)  # not pinned until the next call
+    assert pool.stats()["segments"] == 1  # each call reused the segment the last one freed
+
+
+class _Opaque:
+    """Has an extension code here but not in the worker, so the worker cannot decode it."""
+
+
+async def test_a_message_that_fails_to_decode_gives_its_segments_back(
+    ctx: oc.JobContext,
+) -> None:
+    from orchestr import _serde
+
+    _serde.register_ext(_Opaque, 99, lambda o: 0, lambda d: _Opaque())
+    sink = await ctx.spawn(Sink)
+    await sink.pid.call_one()  # the handshake settles on the first call
+    for _ in range(3):
+        with pytest.raises(oc.TransportError, match="unknown extension type 99"):
+            await sink.echo.call_one([_Opaque(), torch.ones(MiB)])
+    await eventually(lambda: pool.stats()["held"] == 0)
+    assert (await sink.where.call_one(torch.ones(MiB)))[1] == MiB  # the connection lives on
+
+
+def test_finalizers_never_wait_for_the_pool_lock() -> None:
+    """Garbage collection can free a pooled tensor while this thread holds the pool's lock."""
+    from orchestr.fabric._segments import SegmentPool
+
+    local = SegmentPool()
+    _, done = local.empty(MiB)
+    finished = threading.Event()
+
+    def release_under_lock() -> None:
+        with local._lock:
+            done()  # what a finalizer does, run where the lock is already held
+        finished.set()
+
+    worker = threading.Thread(target=release_under_lock, daemon=True)
+    worker.start()
+    assert finished.wait(5), "a finalizer deadlocked on the pool lock"
+    assert local.stats()["held"] == 0
+    local.close()
+
+
+async def test_a_peer_cannot_claim_to_be_the_server_itself(ctx: oc.JobContext) -> None:
+    """A connection that claims the server's own process key and shows the server's own probe
+    (learned from an honest handshake) must not get shared memory."""
+    import json
+
+    sink = await ctx.spawn(Sink)
+    address = sink.members[0].address
+    server_key = address.split("?proc=")[1].split("&")[0]
+    code = f"""
+import asyncio, json
+import msgpack
+from orchestr import _bulk
+from orchestr._frames import FrameDecoder, encode_frame
+from orchestr.fabric._local import process_key
+async def hello(info):
+    host, port = {address.split("://")[1].split("?")[0]!r}.split(":")
+    r, w = await asyncio.open_connection(host, int(port))
+    w.write(b"".join(encode_frame(msgpack.packb([0, {ctx.token!r}, info]), [])))
+    await w.drain()
+    welcome = msgpack.unpackb(FrameDecoder(1 << 20).feed(await r.read(65536))[0][0])[2]
+    w.close()
+    return welcome
+async def main():
+    honest = await hello({{"process": process_key(), "probe": _bulk.probe()}})
+    forged = await hello({{"process": {server_key!r}, "probe": honest["probe"]}})
+    print(json.dumps([honest, forged]))
+asyncio.run(main())
+"""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    honest, forged = json.loads(out)
+    assert honest["shm"] is True and honest["probe"] is not None
+    assert forged["shm"] is False and forged["probe"] is None

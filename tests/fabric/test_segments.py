@@ -156,7 +156,7 @@ async def test_descriptors_from_the_wrong_process_are_refused() -> None:
     from orchestr.config import Config
 
     link = BulkLink(Config(), asyncio.get_running_loop(), lambda items: None)
-    with pytest.raises(ProtocolError, match="without it"):
+    with pytest.raises(ProtocolError, match="before this connection agreed"):
         link.view([os.getpid(), 3, 1, 1, 0], 8)
     link.set_peer("aaaa:1:beef")
     link.can_receive = True
