@@ -143,7 +143,12 @@ class Buffer:
         )
 
     def release(self) -> None:
-        """Unregister (owner only). Idempotent."""
+        """Unregister (owner only). Idempotent.
+
+        Transfers that start afterwards fail with :class:`StaleDescriptorError`. One already
+        under way when the owner releases may still complete, so release only when peers are
+        done, and keep the memory itself alive until then (as with RDMA deregistration).
+        """
         if self._region is None:
             if self._data is None:
                 raise DescriptorError(

@@ -42,7 +42,7 @@ from ._wire import (
     SEND,
     WELCOME,
     FramedProtocol,
-    frame_limit,
+    frame_limits,
     pack_frame,
     traffic,
 )
@@ -85,7 +85,7 @@ class _Connection(FramedProtocol):
     """One caller-side connection to one worker's call server."""
 
     def __init__(self, client: CallClient, address: str) -> None:
-        super().__init__(frame_limit(client.config))
+        super().__init__(*frame_limits(client.config))
         self.client = client
         self.address = address
         self.pending: dict[int, _Pending] = {}

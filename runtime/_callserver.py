@@ -43,7 +43,7 @@ from ._wire import (
     SEND,
     WELCOME,
     FramedProtocol,
-    frame_limit,
+    frame_limits,
     pack_frame,
     traffic,
 )
@@ -66,7 +66,7 @@ _Item = tuple["_ServerConnection | None", int, EndpointSpec, Any, Any]
 
 class _ServerConnection(FramedProtocol):
     def __init__(self, server: CallServer, stream: str) -> None:
-        super().__init__(frame_limit(server.config))
+        super().__init__(*frame_limits(server.config))
         self.server = server
         self.authed = False
         self.mapped_calls: set[int] = set()

@@ -92,8 +92,10 @@ class FrameDecoder:
     after that and the connection must be closed.
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, max_extra: int | None = None) -> None:
         self.max_bytes = max_bytes
+        #: The largest buffer area; by default the frame as a whole is held to ``max_bytes``.
+        self.max_extra = max_extra
         self._buf = bytearray(_INITIAL)
         self._start = 0  # first unparsed byte
         self._end = 0  # end of received bytes
@@ -164,10 +166,18 @@ class FrameDecoder:
             scratch = extra_len & SCRATCH
             extra_len &= ~SCRATCH
             total = msg_len + extra_len
-            if total > self.max_bytes:
+            if self.max_extra is None:
+                if total > self.max_bytes:
+                    raise ProtocolError(
+                        f"peer sent a frame of {total} bytes, over the limit of "
+                        f"{self.max_bytes} bytes (ORCHESTR_MAX_MESSAGE_BYTES)"
+                    )
+            elif msg_len > self.max_bytes or extra_len > self.max_extra:
                 raise ProtocolError(
-                    f"peer sent a frame of {total} bytes, over the limit of {self.max_bytes} "
-                    f"bytes (ORCHESTR_MAX_MESSAGE_BYTES)"
+                    f"peer sent a frame with a {msg_len}-byte message and {extra_len} bytes of "
+                    f"buffers, over the limits of {self.max_bytes} (ORCHESTR_MAX_MESSAGE_BYTES) "
+                    f"and {self.max_extra} bytes (ORCHESTR_MAX_MESSAGE_BYTES plus "
+                    f"ORCHESTR_MAX_BULK_BYTES)"
                 )
             body = self._start + HEADER.size
             if extra_len == 0 or scratch:

@@ -66,9 +66,9 @@ def pack_frame(
     return encode_frame(msg, buffers, scratch=scratch)
 
 
-def frame_limit(config: Config) -> int:
-    """The largest frame a call-path connection accepts."""
-    return config.max_message_bytes + config.max_bulk_bytes
+def frame_limits(config: Config) -> tuple[int, int]:
+    """The largest message and the largest buffer area a call-path frame may carry."""
+    return config.max_message_bytes, config.max_message_bytes + config.max_bulk_bytes
 
 
 class FramedProtocol(asyncio.BufferedProtocol):
@@ -77,9 +77,9 @@ class FramedProtocol(asyncio.BufferedProtocol):
     end. Frames sent before the connection is made wait for it; frames
     sent after it is lost are dropped."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, max_extra: int | None = None) -> None:
         self.loop = asyncio.get_running_loop()
-        self.decoder = FrameDecoder(max_bytes)
+        self.decoder = FrameDecoder(max_bytes, max_extra)
         self.transport: asyncio.Transport | None = None
         self.out: list[bytes | memoryview] = []
         self.flush_scheduled = False

@@ -332,3 +332,13 @@ def test_random_frame_streams_yield_headers_lengths_or_protocol_error(
             parts.append(raw_frame(msg, extra))
     data = b"".join(parts) + garbage
     check_decoder_against_reference(data, cuts, max_bytes)
+
+
+def test_message_and_buffers_have_limits_of_their_own() -> None:
+    dec = FrameDecoder(100, 1000)
+    frames = dec.feed(b"".join(encode_frame(b"m" * 50, [memoryview(b"x" * 900)])))
+    assert [bytes(m) for m, _ in frames] == [b"m" * 50]
+    with pytest.raises(ProtocolError, match="ORCHESTR_MAX_MESSAGE_BYTES"):
+        FrameDecoder(100, 1000).feed(HEADER.pack(200, 0))
+    with pytest.raises(ProtocolError, match="ORCHESTR_MAX_BULK_BYTES"):
+        FrameDecoder(100, 1000).feed(HEADER.pack(10, 2000))
