@@ -20,20 +20,15 @@ peer's with :class:`ConnectionResetError`. Connecting to a name nobody listens o
 from __future__ import annotations
 
 import asyncio
-import collections
 import errno
 import itertools
-from collections.abc import Callable, Iterable
-from typing import Any
+
+from ._flow import HIGH_WATER, Bytes, ProtocolFactory, StreamEnd
 
 __all__ = ["DELIVERY_BUDGET", "HIGH_WATER", "InprocStreamTransport"]
 
-HIGH_WATER = 1 << 20
 DELIVERY_BUDGET = 1 << 20  # bytes handed to a protocol per loop callback, at most
 SCHEME = "inproc://"
-
-ProtocolFactory = Callable[[], asyncio.BaseProtocol]
-Bytes = bytes | bytearray | memoryview
 
 _names = itertools.count(1)
 _listeners: dict[str, _InprocListener] = {}
@@ -45,8 +40,9 @@ def _name_of(url: str) -> str:
     return url[len(SCHEME) :]
 
 
-class _End(asyncio.Transport):
-    """One end of an in-process connection."""
+class _End(StreamEnd):
+    """One end of an in-process connection; its queue holds bytes not yet in the peer's
+    protocol."""
 
     def __init__(
         self,
@@ -55,40 +51,18 @@ class _End(asyncio.Transport):
         sockname: str,
         peername: str,
     ) -> None:
-        super().__init__({"sockname": sockname, "peername": peername, "socket": None})
-        self._loop = loop
-        self._protocol = protocol
-        self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
+        super().__init__(
+            loop, protocol, {"sockname": sockname, "peername": peername, "socket": None}
+        )
         self.peer: _End | None = None
-        # outgoing bytes not yet in the peer's protocol: the head chunk starts at _offset
-        self._out: collections.deque[bytes] = collections.deque()
-        self._offset = 0
-        self._out_size = 0
         self._drops = 0  # bumped whenever the queue is dropped
-        self._high = HIGH_WATER
-        self._low = HIGH_WATER // 4
-        self._writing_paused = False
-        self._reading_paused = False
         self._delivery_scheduled = False
         self._started = False
         self._eof_wanted = False  # write_eof or close: send EOF once the queue is empty
         self._eof_sent = False
         self._eof_in = False  # the peer sent EOF; tell our protocol when reading
-        self._eof_told = False
-        self._closing = False
-        self._lost = False
 
     # -- asyncio.BaseTransport --------------------------------------------------------------
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self._protocol
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self._protocol = protocol
-        self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
-
-    def is_closing(self) -> bool:
-        return self._closing
-
     def close(self) -> None:
         if self._closing:
             return
@@ -103,61 +77,18 @@ class _End(asyncio.Transport):
         self._schedule_delivery()
 
     # -- asyncio.ReadTransport --------------------------------------------------------------
-    def is_reading(self) -> bool:
-        return not (self._reading_paused or self._closing)
-
-    def pause_reading(self) -> None:
-        if self._closing or self._reading_paused:
-            return
-        self._reading_paused = True
-
-    def resume_reading(self) -> None:
-        if self._closing or not self._reading_paused:
-            return
-        self._reading_paused = False
+    def _reading_resumed(self) -> None:
         if self.peer is not None:
             self.peer._schedule_delivery()
         if self._eof_in and not self._eof_told:
             self._loop.call_soon(self._tell_eof_if_reading)
 
     # -- asyncio.WriteTransport -------------------------------------------------------------
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        if high is None:
-            high = HIGH_WATER if low is None else 4 * low
-        if low is None:
-            low = high // 4
-        if not high >= low >= 0:
-            raise ValueError(f"high ({high!r}) must be >= low ({low!r}) must be >= 0")
-        self._high, self._low = high, low
-        self._maybe_pause()
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self._low, self._high
-
-    def get_write_buffer_size(self) -> int:
-        return self._out_size
-
-    def write(self, data: Bytes) -> None:
-        if self._queue(data):
-            self._maybe_pause()
-            self._schedule_delivery()
-
-    def writelines(self, list_of_data: Iterable[Bytes]) -> None:
-        queued = False
-        for data in list_of_data:
-            queued = self._queue(data) or queued
-        if queued:
-            self._maybe_pause()
-            self._schedule_delivery()
-
     def write_eof(self) -> None:
         if self._eof_wanted:
             return
         self._eof_wanted = True
         self._schedule_delivery()
-
-    def can_write_eof(self) -> bool:
-        return True
 
     def abort(self) -> None:
         if self._lost:
@@ -168,7 +99,7 @@ class _End(asyncio.Transport):
             peer._lose(ConnectionResetError(errno.ECONNRESET, "in-process peer aborted"))
 
     # -- internals ----------------------------------------------------------------------------
-    def _queue(self, data: Bytes) -> bool:
+    def _take(self, data: Bytes) -> bool:
         if self._eof_wanted and not self._closing:
             raise RuntimeError("Cannot call write() after write_eof()")
         # After close() or loss, writes are dropped, as asyncio's socket transports do.
@@ -181,39 +112,13 @@ class _End(asyncio.Transport):
         self._out_size += len(chunk)
         return True
 
-    def _maybe_pause(self) -> None:
-        if self._writing_paused or self._out_size <= self._high or self._lost:
-            return
-        self._writing_paused = True
-        try:
-            self._protocol.pause_writing()
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            self._report("protocol.pause_writing() failed", exc)
-
-    def _maybe_resume(self) -> None:
-        if not self._writing_paused or self._out_size > self._low or self._lost:
-            return
-        self._writing_paused = False
-        try:
-            self._protocol.resume_writing()
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            self._report("protocol.resume_writing() failed", exc)
+    def _kick(self) -> None:
+        self._schedule_delivery()
 
     def _drop_queue(self) -> None:
         self._drops += 1
-        self._out.clear()
-        self._offset = 0
-        self._out_size = 0
+        self._discard_out()
         self._maybe_resume()
-
-    def _report(self, message: str, exc: BaseException) -> None:
-        self._loop.call_exception_handler(
-            {"message": message, "exception": exc, "transport": self, "protocol": self._protocol}
-        )
 
     def _start(self) -> None:
         self._started = True
@@ -249,11 +154,7 @@ class _End(asyncio.Transport):
             if self._drops != drops:
                 break  # the reader closed or aborted from inside its callback
             budget -= given
-            self._offset += given
-            self._out_size -= given
-            if self._offset == len(head):
-                self._out.popleft()
-                self._offset = 0
+            self._advance(head, given)
         self._maybe_resume()
         if self._lost:
             return
@@ -295,19 +196,10 @@ class _End(asyncio.Transport):
     def _tell_eof_if_reading(self) -> None:
         if self._eof_told or self._lost or not self.is_reading():
             return
-        self._eof_told = True
-        keep_open: Any = None
-        eof_received = getattr(self._protocol, "eof_received", None)
-        if eof_received is not None:
-            try:
-                keep_open = eof_received()
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                self._fatal(exc)
-                return
-        if not keep_open:
-            self.close()
+        self._tell_eof()
+
+    def _eof_failed(self, exc: BaseException) -> None:
+        self._fatal(exc)
 
     def _fatal(self, exc: BaseException) -> None:
         """Our protocol raised while taking data: report, then tear the connection down."""

@@ -37,6 +37,7 @@ from orchestr.errors import (
 
 from . import _buffers, _local
 from ._buffers import Descriptor, OneSided, Region
+from ._sidechannel import SideChannel, recv_exactly
 
 __all__ = ["NixlBuffers", "load_nixl"]
 
@@ -68,23 +69,13 @@ def load_nixl() -> Any | None:
     return nixl
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
 class _Handler(socketserver.BaseRequestHandler):
     """Owner side: answers liveness checks and hands out the agent's metadata."""
 
     def handle(self) -> None:
         sock: socket.socket = self.request
         backend: NixlBuffers = self.server.backend  # type: ignore[attr-defined]
-        while (head := _recv_exactly(sock, _REQ.size)) is not None:
+        while (head := recv_exactly(sock, _REQ.size)) is not None:
             magic, op, region_id, key = _REQ.unpack(head)
             if magic != _MAGIC:
                 return
@@ -104,11 +95,6 @@ class _Handler(socketserver.BaseRequestHandler):
                 return
 
 
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
 class _Peer:
     """Reader side: the side channel to one owner and what was loaded from it."""
 
@@ -121,9 +107,9 @@ class _Peer:
     def ask(self, op: int, region: int = 0, key: int = 0) -> bytes:
         self.sock.sendall(_REQ.pack(_MAGIC, op, region, key))
         size = _META_HEAD.size if op == _META else _STATE.size
-        head = _recv_exactly(self.sock, size)
+        head = recv_exactly(self.sock, size)
         if head is not None and op == _META:
-            meta = _recv_exactly(self.sock, _META_HEAD.unpack(head)[1])
+            meta = recv_exactly(self.sock, _META_HEAD.unpack(head)[1])
             head = None if meta is None else head + meta
         if head is None:
             raise ConnectionError("the nixl owner closed its side channel")
@@ -141,7 +127,7 @@ class NixlBuffers(OneSided):
         self._agent_pid = 0
         self._probed = False
         self._reason: str | None = None
-        self._server: _Server | None = None
+        self._server: SideChannel | None = None
         self._regs: dict[int, tuple[Any, int]] = {}  # region id -> (registration, address)
         self._generation = 0
         self._peers: dict[tuple[str, int], _Peer] = {}
@@ -223,13 +209,10 @@ class NixlBuffers(OneSided):
             self._regs[region.id] = (None, addr)
         with self._lock:
             if self._server is None:
-                self._server = _Server((settings.bind_host, 0), _Handler)
-                self._server.backend = self  # type: ignore[attr-defined]
-                threading.Thread(
-                    target=self._server.serve_forever, name="orchestr-nixl", daemon=True
-                ).start()
-            host, port = self._server.server_address[:2]
-        return (str(host), int(port), str(agent.name), addr)
+                self._server = SideChannel((settings.bind_host, 0), _Handler, self)
+                self._server.serve_in_thread("orchestr-nixl")
+            host, port = self._server.endpoint
+        return (host, port, str(agent.name), addr)
 
     def unexport(self, region: Region) -> None:
         with self._lock:
@@ -243,8 +226,7 @@ class NixlBuffers(OneSided):
             server, self._server = self._server, None
             peers, self._peers = self._peers, {}
         if server is not None:
-            server.shutdown()
-            server.server_close()
+            server.stop()
         for peer in peers.values():
             peer.sock.close()
 

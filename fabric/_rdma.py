@@ -39,6 +39,7 @@ from orchestr.errors import (
 from . import _buffers
 from . import _rdma_devices as devices
 from ._buffers import Descriptor, OneSided, Region
+from ._sidechannel import SideChannel, recv_exactly
 
 __all__ = ["RdmaBuffers"]
 
@@ -123,16 +124,6 @@ class _Verbs:
         qp.to_rts(attr)  # RESET -> INIT -> RTR -> RTS, each with its attribute mask
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
 class _Handler(socketserver.BaseRequestHandler):
     """Owner side of the side channel: one RC QP per reader, kept while it stays connected, and
     answers about the regions the reader names."""
@@ -141,24 +132,19 @@ class _Handler(socketserver.BaseRequestHandler):
         sock: socket.socket = self.request
         backend: RdmaBuffers = self.server.backend  # type: ignore[attr-defined]
         verbs = backend._open()
-        peer = _recv_exactly(sock, _HELLO.size)
+        peer = recv_exactly(sock, _HELLO.size)
         if peer is None:
             return
         qp, psn = verbs.new_qp(verbs.owner_cq)
         try:
             verbs.connect(qp, psn, peer)
             sock.sendall(verbs.hello(qp, psn))
-            while (ask := _recv_exactly(sock, _ASK.size)) is not None:
+            while (ask := recv_exactly(sock, _ASK.size)) is not None:
                 sock.sendall(backend._vouch(*_ASK.unpack(ask)))
         except Exception:
             return  # the reader sees the hang-up and reports it
         finally:
             qp.close()
-
-
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
 
 
 class _Conn:
@@ -173,7 +159,7 @@ class _Conn:
         try:
             self.sock = socket.create_connection((host, port), timeout=10)
             self.sock.sendall(verbs.hello(self.qp, psn))
-            peer = _recv_exactly(self.sock, _HELLO.size)
+            peer = recv_exactly(self.sock, _HELLO.size)
             if peer is None:
                 raise TransportError(f"the RDMA owner at {host}:{port} hung up while connecting")
             verbs.connect(self.qp, psn, peer)
@@ -187,7 +173,7 @@ class _Conn:
         if known is None:
             assert self.sock is not None
             self.sock.sendall(_ASK.pack(desc.region, desc.key))
-            answer = _recv_exactly(self.sock, _VOUCH.size)
+            answer = recv_exactly(self.sock, _VOUCH.size)
             if answer is None:
                 raise ConnectionError("the RDMA owner closed its side channel")
             ok, writable, addr, length, rkey = _VOUCH.unpack(answer)
@@ -223,7 +209,7 @@ class RdmaBuffers(OneSided):
         self._info: dict[str, Any] | None = None
         self._reason: str | None = None
         self._verbs: _Verbs | None = None
-        self._server: _Server | None = None
+        self._server: SideChannel | None = None
         self._mrs: dict[int, tuple[Any, int, bool]] = {}  # region id -> (MR, address, writable)
         self._conns: dict[tuple[str, int], _Conn] = {}
         self._lock = threading.Lock()
@@ -260,12 +246,9 @@ class RdmaBuffers(OneSided):
         verbs = self._open()
         with self._lock:
             if self._server is None:
-                self._server = _Server((settings.bind_host, 0), _Handler)
-                self._server.backend = self  # type: ignore[attr-defined]
-                threading.Thread(
-                    target=self._server.serve_forever, name="orchestr-rdma", daemon=True
-                ).start()
-            host, port = self._server.server_address[:2]
+                self._server = SideChannel((settings.bind_host, 0), _Handler, self)
+                self._server.serve_in_thread("orchestr-rdma")
+            host, port = self._server.endpoint
         addr, rkey, e = address_of(region.mem), 0, verbs.e
         if region.mem.nbytes:
             access = e.IBV_ACCESS_REMOTE_READ
@@ -274,7 +257,7 @@ class RdmaBuffers(OneSided):
             mr = verbs.register(addr, region.mem.nbytes, access)
             self._mrs[region.id] = (mr, addr, not region.mem.readonly)
             rkey = mr.rkey
-        return (str(host), int(port), addr, rkey)
+        return (host, port, addr, rkey)
 
     def unexport(self, region: Region) -> None:
         entry = self._mrs.pop(region.id, None)
@@ -294,8 +277,7 @@ class RdmaBuffers(OneSided):
             server, self._server = self._server, None
             conns, self._conns = self._conns, {}
         if server is not None:
-            server.shutdown()
-            server.server_close()
+            server.stop()
         for conn in conns.values():
             conn.close()
 

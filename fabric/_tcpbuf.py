@@ -23,6 +23,7 @@ from orchestr.errors import DescriptorError, StaleDescriptorError, TransportErro
 
 from . import _buffers
 from ._buffers import Descriptor, OneSided, Region
+from ._sidechannel import SideChannel
 
 __all__ = ["TcpBuffers"]
 
@@ -75,11 +76,6 @@ def _recv_exactly(sock: socket.socket, view: memoryview) -> bool:
     return True
 
 
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
 class TcpBuffers(OneSided):
     """The ``tcp`` buffer backend."""
 
@@ -87,7 +83,7 @@ class TcpBuffers(OneSided):
 
     def __init__(self, bind_host: str = "127.0.0.1") -> None:
         self.bind_host = bind_host
-        self._server: _Server | None = None
+        self._server: SideChannel | None = None
         self._lock = threading.Lock()
         self._idle: dict[tuple[str, int], list[socket.socket]] = {}
 
@@ -100,12 +96,9 @@ class TcpBuffers(OneSided):
     def export(self, region: Region) -> tuple[Any, ...]:
         with self._lock:
             if self._server is None:
-                self._server = _Server((self.bind_host, 0), _Handler)
-                threading.Thread(
-                    target=self._server.serve_forever, name="orchestr-buffers", daemon=True
-                ).start()
-            host, port = self._server.server_address[:2]
-        return (str(host), int(port))
+                self._server = SideChannel((self.bind_host, 0), _Handler)
+                self._server.serve_in_thread("orchestr-buffers")
+            return self._server.endpoint
 
     def unexport(self, region: Region) -> None:
         pass  # the region table refuses it from now on
@@ -115,8 +108,7 @@ class TcpBuffers(OneSided):
             server, self._server = self._server, None
             idle, self._idle = self._idle, {}
         if server is not None:
-            server.shutdown()
-            server.server_close()
+            server.stop()
         for socks in idle.values():
             for s in socks:
                 s.close()

@@ -287,11 +287,11 @@ class _Opaque:
 
 
 async def test_a_message_that_fails_to_decode_gives_its_segments_back(
-    ctx: oc.JobContext,
+    ctx: oc.JobContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from orchestr import _serde
 
-    _serde.register_ext(_Opaque, 99, lambda o: 0, lambda d: _Opaque())
+    monkeypatch.setitem(_serde._ext_encoders, _Opaque, (99, lambda o: 0))  # this process only
     sink = await ctx.spawn(Sink)
     await sink.pid.call_one()  # the handshake settles on the first call
     for _ in range(3):
