@@ -68,17 +68,17 @@ def register_buffer_transport(scheme: str, factory: Callable[[], BufferTransport
         _instances.pop(scheme, None)
 
 
-def _builtin(module: str, name: str, *args: Any) -> Callable[[], BufferTransport]:
+def _builtin(module: str, name: str) -> Callable[[], BufferTransport]:
     def make() -> BufferTransport:
         cls = getattr(importlib.import_module(module, __package__), name)
-        return cls(*args)  # type: ignore[no-any-return]
+        return cls()  # type: ignore[no-any-return]
 
     return make
 
 
 register_buffer_transport("inproc", _builtin("._inproc", "InprocBuffers"))
 register_buffer_transport("shm", _builtin("._shm", "ShmBuffers"))
-register_buffer_transport("tcp", lambda: _builtin("._tcpbuf", "TcpBuffers", settings.bind_host)())
+register_buffer_transport("tcp", _builtin("._tcpbuf", "TcpBuffers"))
 register_buffer_transport("rdma", _builtin("._rdma", "RdmaBuffers"))
 register_buffer_transport("nixl", _builtin("._nixl", "NixlBuffers"))
 
@@ -186,8 +186,9 @@ def release_all() -> int:
 
 
 def shutdown() -> int:
-    """Release every buffer, stop backend servers and close the segment pool (the process is
-    stopping). Returns how many buffers were still registered."""
+    """Release every buffer, stop backend servers, close the segment pools and go back to the
+    default settings (the job or the process is ending). Returns how many buffers were still
+    registered."""
     from ._segments import pool, receive_pool
 
     released = release_all()
@@ -197,4 +198,6 @@ def shutdown() -> int:
             close()
     pool.close()
     receive_pool.close()
+    fresh = Settings()
+    settings.bind_host, settings.fallback = fresh.bind_host, fresh.fallback
     return released

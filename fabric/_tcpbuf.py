@@ -81,8 +81,7 @@ class TcpBuffers(OneSided):
 
     scheme = "tcp"
 
-    def __init__(self, bind_host: str = "127.0.0.1") -> None:
-        self.bind_host = bind_host
+    def __init__(self) -> None:
         self._server: SideChannel | None = None
         self._lock = threading.Lock()
         self._idle: dict[tuple[str, int], list[socket.socket]] = {}
@@ -96,7 +95,9 @@ class TcpBuffers(OneSided):
     def export(self, region: Region) -> tuple[Any, ...]:
         with self._lock:
             if self._server is None:
-                self._server = SideChannel((self.bind_host, 0), _Handler)
+                from ._registry import settings  # the job's bind host, as it is now
+
+                self._server = SideChannel((settings.bind_host, 0), _Handler)
                 self._server.serve_in_thread("orchestr-buffers")
             return self._server.endpoint
 

@@ -44,6 +44,7 @@ from ._wire import (
     FramedProtocol,
     frame_limits,
     pack_frame,
+    pack_frame_sized,
     traffic,
 )
 from .config import Config
@@ -103,6 +104,56 @@ class _Connection(FramedProtocol):
         if peer == process_key():  # calling an actor in this very process: prove it is us
             info["self"] = _bulk.self_secret()
         self.out = pack_frame([HELLO, client.token, info], 1 << 20)
+        self.welcomed = False
+        #: Messages held until WELCOME: (message to encode again with shared memory, or None;
+        #: its frame as first encoded; the call's fallback policy).
+        self.held: list[tuple[list[Any] | None, list[bytes | memoryview], str | None]] | None
+        self.held = None
+
+    def submit(
+        self,
+        message: list[Any],
+        parts: list[bytes | memoryview],
+        big: int,
+        sink: Any,
+        fallback: str | None,
+    ) -> None:
+        """Send one encoded message. Before the handshake has said whether large values may
+        go through shared memory, a message carrying them to a server on this host waits for
+        it (and everything after it waits too, to keep the order)."""
+        if self.held is None and not (big and sink is None and self.awaiting_shm()):
+            self.bulk.sent(sink)
+            self.send(parts)
+            return
+        if self.held is None:
+            self.held = []
+        self.held.append((message if big and sink is None else None, parts, fallback))
+
+    def awaiting_shm(self) -> bool:
+        return not self.welcomed and self.bulk.same_host and not self.lost
+
+    def _send_held(self) -> None:
+        held, self.held = self.held or [], None
+        config = self.client.config
+        for message, parts, fallback in held:
+            sink = None
+            if message is not None:
+                sink = self.bulk.sink(fallback)
+                if sink is not None:  # shared memory it is: encode it again for that
+                    try:
+                        parts = pack_frame(message, config.max_message_bytes, sink, config)
+                    except OrchestrError as exc:
+                        self._fail(message, exc)
+                        continue
+            self.bulk.sent(sink)
+            self.send(parts)
+
+    def _fail(self, message: list[Any], exc: OrchestrError) -> None:
+        pending = self.pending.pop(message[1], None) if message[0] == CALL else None
+        if pending is not None:
+            self.client.done(pending)
+            if not pending.future.done():
+                pending.future.set_exception(exc)
 
     def _send_release(self, items: list[list[int]]) -> None:
         self.send(pack_frame([RELEASE, 0, items], 1 << 30))
@@ -110,19 +161,20 @@ class _Connection(FramedProtocol):
     def welcome(self, info: Any) -> None:
         if not isinstance(info, dict) or not isinstance(info.get("process"), str):
             raise ProtocolError("WELCOME carries a map with the server's process")
+        self.welcomed = True
         try:
             local = self.bulk.set_peer(info["process"], reachable=peer_is_local(self.transport))
         except (ValueError, IndexError):
             raise ProtocolError(f"malformed process key {info['process']!r}") from None
-        if not local:
-            return
-        if info.get("shm") is True:
-            self.bulk.can_send = True
-        else:
-            self.bulk.refuse(str(info.get("reason")))
-        reason = check_probe(info.get("probe"), self.bulk.peer_pid)
-        self.bulk.can_receive = reason is None
-        self.send(pack_frame([READY, 0, {"shm": reason is None, "reason": reason}], 1 << 20))
+        if local:
+            if info.get("shm") is True:
+                self.bulk.can_send = True
+            else:
+                self.bulk.refuse(str(info.get("reason")))
+            reason = check_probe(info.get("probe"), self.bulk.peer_pid)
+            self.bulk.can_receive = reason is None
+            self.send(pack_frame([READY, 0, {"shm": reason is None, "reason": reason}], 1 << 20))
+        self._send_held()
 
     def buffer_updated(self, nbytes: int) -> None:
         traffic["received"] += nbytes
@@ -184,6 +236,7 @@ class _Connection(FramedProtocol):
             self.broken = exc
             self.client.forget(self)
         self.lost = True
+        self.held = None
         if self.transport is not None:
             self.transport.abort()
             self.transport = None
@@ -257,12 +310,8 @@ class CallClient:
         call_id = next(self._ids)
         conn = self._connection(address)
         sink = conn.bulk.sink(fallback)
-        parts = pack_frame(
-            [CALL, call_id, actor_id, endpoint, lift_large(args), lift_large(kwargs)],
-            self.config.max_message_bytes,
-            sink,
-            self.config,
-        )
+        message = [CALL, call_id, actor_id, endpoint, lift_large(args), lift_large(kwargs)]
+        parts, big = pack_frame_sized(message, self.config.max_message_bytes, sink, self.config)
         future = self.loop.create_future()
         if timeout is None:
             timeout = self.config.call_timeout
@@ -275,9 +324,8 @@ class CallClient:
             self.report_broken([pending], conn.broken)
             self.done(pending)
             return future
-        conn.bulk.sent(sink)
         conn.pending[call_id] = pending
-        conn.send(parts)
+        conn.submit(message, parts, big, sink, fallback)
         return future
 
     def send(
@@ -291,18 +339,13 @@ class CallClient:
         """Send a call whose result nobody waits for; the actor logs any error it raises."""
         conn = self._connection(address)
         sink = conn.bulk.sink()
-        parts = pack_frame(
-            [SEND, 0, actor_id, endpoint, lift_large(args), lift_large(kwargs)],
-            self.config.max_message_bytes,
-            sink,
-            self.config,
-        )
+        message = [SEND, 0, actor_id, endpoint, lift_large(args), lift_large(kwargs)]
+        parts, big = pack_frame_sized(message, self.config.max_message_bytes, sink, self.config)
         if conn.broken is not None or conn.lost:
             if sink is not None:
                 sink.abandon()
             return
-        conn.bulk.sent(sink)
-        conn.send(parts)
+        conn.submit(message, parts, big, sink, None)
 
     def connections(self) -> list[dict[str, Any]]:
         """What each open connection negotiated: the stream, how large values travel

@@ -45,6 +45,7 @@ from ._wire import (
     FramedProtocol,
     frame_limits,
     pack_frame,
+    pack_frame_sized,
     traffic,
 )
 from .config import Config
@@ -70,6 +71,9 @@ class _ServerConnection(FramedProtocol):
         self.server = server
         self.authed = False
         self.mapped_calls: set[int] = set()
+        self.ready_seen = False
+        #: Large results held until READY says whether they may go through shared memory.
+        self.held: list[list[Any]] = []
         self.bulk = BulkLink(server.config, self.loop, self._send_release)
         self.bulk.stream = stream
 
@@ -102,12 +106,16 @@ class _ServerConnection(FramedProtocol):
     def ready(self, info: Any) -> None:
         if not isinstance(info, dict):
             raise ProtocolError("READY carries a map")
-        if not self.bulk.can_receive:
-            return  # we never offered shared memory on this connection
+        if not self.bulk.can_receive or self.ready_seen:
+            return  # we never offered shared memory on this connection, or heard already
+        self.ready_seen = True
         if info.get("shm") is True:
             self.bulk.can_send = True
         else:
             self.bulk.refuse(str(info.get("reason")))
+        held, self.held = self.held, []
+        for message in held:
+            self.ok(message[1], message[2])
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -135,19 +143,20 @@ class _ServerConnection(FramedProtocol):
     # -- replies (a caller that went away gets none; its client fails the call) ------------
     def ok(self, call_id: int, value: Any) -> None:
         sink = self.bulk.sink()
+        message = [OK, call_id, lift_large(value)]
+        config = self.server.config
         try:
-            parts = pack_frame(
-                [OK, call_id, lift_large(value)],
-                self.server.config.max_message_bytes,
-                sink,
-                self.server.config,
-            )
+            parts, big = pack_frame_sized(message, config.max_message_bytes, sink, config)
         except (SerializationError, MessageTooLargeError, TransportError) as exc:
             self.error(call_id, "raised", exc, note="while sending the result")
             return
         if self.lost:
             if sink is not None:
                 sink.abandon()
+            return
+        if big and sink is None and self.bulk.can_receive and not self.ready_seen:
+            # the caller has not yet said whether it maps our memory: hold large results
+            self.held.append(message)
             return
         self.bulk.sent(sink)
         if call_id in self.mapped_calls:

@@ -32,6 +32,7 @@ __all__ = [
     "WELCOME",
     "FramedProtocol",
     "pack_frame",
+    "pack_frame_sized",
 ]
 
 HELLO, CALL, SEND, OK, ERR, WELCOME, READY, RELEASE = 0, 1, 2, 3, 4, 5, 6, 7
@@ -43,7 +44,16 @@ traffic = {"received": 0}
 def pack_frame(
     message: list[Any], limit: int, bulk: Any = None, config: Config | None = None
 ) -> list[bytes | memoryview]:
-    """Encode one message; raises SerializationError / MessageTooLargeError at the caller.
+    """Encode one message; see :func:`pack_frame_sized`."""
+    return pack_frame_sized(message, limit, bulk, config)[0]
+
+
+def pack_frame_sized(
+    message: list[Any], limit: int, bulk: Any = None, config: Config | None = None
+) -> tuple[list[bytes | memoryview], int]:
+    """Encode one message, and say how many bytes of it are large values kept in the frame
+    (counted only with ``config``). Raises SerializationError / MessageTooLargeError at the
+    caller.
 
     Payloads wrapped with :func:`orchestr._serde.lift_large` go out of band, uncopied; large
     tensors go to ``bulk`` (shared memory) when given. With ``config``, buffers (tensors,
@@ -63,7 +73,7 @@ def pack_frame(
         if bulk is not None:
             bulk.abandon()
         raise MessageTooLargeError(size - big, limit)
-    return encode_frame(msg, buffers, scratch=scratch)
+    return encode_frame(msg, buffers, scratch=scratch), big
 
 
 def frame_limits(config: Config) -> tuple[int, int]:

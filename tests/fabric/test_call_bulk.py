@@ -356,3 +356,20 @@ asyncio.run(main())
     honest, forged = json.loads(out)
     assert honest["shm"] is True and honest["probe"] is not None
     assert forged["shm"] is False and forged["probe"] is None
+
+
+async def test_the_first_calls_on_a_connection_already_use_shared_memory(
+    ctx: oc.JobContext,
+) -> None:
+    from tests.fabric.actors import shared_mapping_of
+
+    sinks = await ctx.spawn(Sink, n=2)
+    first, second = sinks[0], sinks[1]
+    # the very first message to this actor carries a large value: it waits for the handshake
+    mapping, total, _ = await first.where.call_one(torch.ones(MiB))
+    assert mapping.startswith(f"/memfd:orchestr.{os.getpid()}.") and total == MiB
+    # the very first answer from that actor is large: it waits for the caller's READY
+    y = await second.make.call_one(MiB, 2.0)
+    worker = await second.pid.call_one()
+    assert shared_mapping_of(y.data_ptr()).startswith(f"/memfd:orchestr.{worker}.")
+    assert float(y.sum()) == 2.0 * MiB
