@@ -8,8 +8,9 @@ Across hosts, values stay in the frame on the stream transport.
 Each connection negotiates this in its handshake. The caller's ``HELLO`` and the server's
 ``WELCOME`` each carry a probe (a tiny segment); each side maps the other's to prove it can. The
 caller uses shared memory once the server has mapped the caller's probe (WELCOME says so), and
-the server once the caller has mapped the server's (READY says so); until then large values
-travel in the frame. A peer counts as local only when its process key says so *and* the
+the server once the caller has mapped the server's (READY says so). Until then a message that
+carries large values to a peer on this host waits for the handshake (one round trip, on a new
+connection only) rather than going into the frame. A peer counts as local only when its process key says so *and* the
 connection does (a Unix socket, or TCP from loopback or from our own address), so a remote peer
 cannot talk its way into shared memory. A failed probe is a fallback to the stream: an error under the policy
 ``error``, otherwise logged and counted. ``RELEASE`` messages hand segments back.
