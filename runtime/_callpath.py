@@ -18,6 +18,8 @@ import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import structlog
+
 from orchestr import fabric
 from orchestr.fabric import _registry as fabric_registry
 from orchestr.fabric import connect_stream, stream_transports
@@ -63,6 +65,8 @@ from .errors import (
 )
 
 __all__ = ["CallClient", "current_client", "set_current_client"]
+
+log = structlog.get_logger("orchestr.callpath")
 
 #: Reports why an actor went away: ``(actor_id) -> description or None``.
 DeathReporter = Callable[[str], Awaitable[ActorDiedError | None]]
@@ -143,13 +147,16 @@ class _Connection(FramedProtocol):
                     try:
                         parts = pack_frame(message, config.max_message_bytes, sink, config)
                     except OrchestrError as exc:
-                        self._fail(message, exc)
+                        self._fail(message, exc)  # a broadcast has no caller to tell: logged
                         continue
             self.bulk.sent(sink)
             self.send(parts)
 
     def _fail(self, message: list[Any], exc: OrchestrError) -> None:
-        pending = self.pending.pop(message[1], None) if message[0] == CALL else None
+        if message[0] != CALL:
+            log.error("a broadcast could not be sent", address=self.address, error=str(exc))
+            return
+        pending = self.pending.pop(message[1], None)
         if pending is not None:
             self.client.done(pending)
             if not pending.future.done():
@@ -174,6 +181,9 @@ class _Connection(FramedProtocol):
             reason = check_probe(info.get("probe"), self.bulk.peer_pid)
             self.bulk.can_receive = reason is None
             self.send(pack_frame([READY, 0, {"shm": reason is None, "reason": reason}], 1 << 20))
+        elif info.get("shm") is True:  # it offers shared memory; this connection says no
+            reason = "this connection does not come from the caller's host"
+            self.send(pack_frame([READY, 0, {"shm": False, "reason": reason}], 1 << 20))
         self._send_held()
 
     def buffer_updated(self, nbytes: int) -> None:
