@@ -19,11 +19,13 @@ cannot talk its way into shared memory. A failed probe is a fallback to the stre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import os
 import secrets
 import threading
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import structlog
@@ -134,6 +136,25 @@ def local_url_of_address(url: str) -> str | None:
     return _query(url).get("local")
 
 
+#: While a call goes to several members at once: the values already copied into a segment,
+#: by (address, size), so every member gets the same segment instead of a copy of its own.
+_fanout: list[dict[tuple[int, int], tuple[Segment, int, int]]] = []
+
+
+@contextlib.contextmanager
+def fanout() -> Iterator[None]:
+    """Within this block (no user code runs inside it), sending the same tensor to several
+    actors on this host copies it once."""
+    if _fanout:
+        yield
+        return
+    _fanout.append({})
+    try:
+        yield
+    finally:
+        _fanout.clear()
+
+
 class _Sink:
     """Collects the segments one message's encoding leased."""
 
@@ -145,8 +166,13 @@ class _Sink:
 
     def put(self, buf: memoryview) -> list[int]:
         nbytes = buf.nbytes
-        found = pool.find(address_of(buf), nbytes)
-        if found is not None:  # already in a segment: send it as it is
+        address = address_of(buf)
+        copied = _fanout[0].get((address, nbytes)) if _fanout else None
+        found = pool.find(address, nbytes) if copied is None else None
+        if copied is not None:  # another member of this fan-out already has it copied
+            segment, generation, offset = copied
+            pool.hold(segment.fd)
+        elif found is not None:  # already in a segment: send it as it is
             segment, offset = found
             pool.hold(segment.fd)
             generation = segment.generation
@@ -166,6 +192,8 @@ class _Sink:
             except BaseException:
                 pool.release(segment.fd, generation)
                 raise
+            if _fanout:
+                _fanout[0][(address, nbytes)] = (segment, generation, offset)
         self.leases.append((segment.fd, generation))
         return [os.getpid(), segment.fd, segment.key, generation, offset]
 

@@ -13,6 +13,7 @@ from typing import Any
 from orchestr.fabric._buffers import check_fallback
 
 from . import _serde
+from ._bulk import fanout
 from ._callpath import current_client
 from .errors import MeshError
 
@@ -142,7 +143,8 @@ class Endpoint:
         """
         if not self.mesh.members:
             raise MeshError(f"mesh {self.mesh.name!r} is empty")
-        return asyncio.gather(*(self._send(m, args, kwargs) for m in self.mesh.members))
+        with fanout():  # a large argument is copied once for all members on this host
+            return asyncio.gather(*[self._send(m, args, kwargs) for m in self.mesh.members])
 
     def call_one(self, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
         """Call the mesh's only member; raises :class:`MeshError` unless it has exactly one."""
@@ -171,7 +173,8 @@ class Endpoint:
         """Call every member and yield results in the order they finish."""
         if not self.mesh.members:
             raise MeshError(f"mesh {self.mesh.name!r} is empty")
-        futures = [self._send(m, args, kwargs) for m in self.mesh.members]
+        with fanout():
+            futures = [self._send(m, args, kwargs) for m in self.mesh.members]
         try:
             for next_done in asyncio.as_completed(futures):
                 yield await next_done
@@ -182,8 +185,9 @@ class Endpoint:
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every member without waiting; an error is logged by the actor that raised it."""
         client = current_client()
-        for m in self.mesh.members:
-            client.send(m.address, m.actor_id, self.name, args, kwargs)
+        with fanout():
+            for m in self.mesh.members:
+                client.send(m.address, m.actor_id, self.name, args, kwargs)
 
 
 def _mesh_to_wire(mesh: Mesh) -> list[Any]:

@@ -373,3 +373,17 @@ async def test_the_first_calls_on_a_connection_already_use_shared_memory(
     worker = await second.pid.call_one()
     assert shared_mapping_of(y.data_ptr()).startswith(f"/memfd:orchestr.{worker}.")
     assert float(y.sum()) == 2.0 * MiB
+
+
+async def test_a_call_to_many_members_copies_a_large_argument_once(ctx: oc.JobContext) -> None:
+    sinks = await ctx.spawn(Sink, n=3)
+    await sinks.pid.call()  # the handshakes settle on the first calls
+    await eventually(lambda: pool.stats()["held"] == 0)
+    before = pool.stats()["segments"]
+    x = torch.arange(MiB, dtype=torch.float32)
+    results = await sinks.where.call(x, keep=True)
+    assert [r[1] for r in results] == [float(x.double().sum())] * 3
+    assert pool.stats()["segments"] - before <= 1  # one copy, lent to all three
+    assert pool.stats()["held"] == 1
+    assert await sinks.drop.call() == [1, 1, 1]
+    await eventually(lambda: pool.stats()["held"] == 0)
