@@ -10,6 +10,7 @@ counted, never silent.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import secrets
@@ -163,8 +164,24 @@ _regions: dict[int, Region] = {}
 _ids = itertools.count(1)
 
 
+#: Regions whose owning handle was garbage collected: released at the next registration or
+#: release (a finalizer must not take locks; it may run while one is held).
+_later: collections.deque[tuple[Region, list[BufferTransport]]] = collections.deque()
+
+
+def release_later(region: Region, transports: list[BufferTransport]) -> None:
+    """:func:`release` for finalizers: queued, done by the next registration or release."""
+    _later.append((region, transports))
+
+
+def _drain() -> None:
+    while _later:
+        release(*_later.popleft())
+
+
 def register_memory(mem: memoryview, transports: list[BufferTransport]) -> Region:
     """Register ``mem`` (a flat byte view) with every backend in ``transports``."""
+    _drain()
     mem = mem.cast("B") if mem.format != "B" or mem.ndim != 1 else mem
     with _lock:
         region = Region(next(_ids), mem)
@@ -203,6 +220,7 @@ def lookup(region_id: int, key: int) -> Region:
 
 def release_all(transports: list[BufferTransport]) -> int:
     """Release every region of this process (an actor stopping); returns how many."""
+    _drain()
     with _lock:
         regions = list(_regions.values())
     for r in regions:

@@ -8,6 +8,7 @@ the owner's memory and the caller's, over the best backend for where the two are
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from orchestr.errors import DescriptorError, OrchestrError
@@ -62,8 +63,9 @@ class Buffer:
     values too) in place, with every transport that works here. Pass the buffer in any call;
     the receiver awaits ``read_into(dst)`` or ``write_from(src)``. The owner calls
     ``release()`` (or uses ``with``) when peers are done; a released buffer's handles fail with
-    :class:`StaleDescriptorError`. Buffers are also released when the owning actor stops, and
-    the kernel reclaims them if its process is killed.
+    :class:`StaleDescriptorError`. A buffer whose owner drops it is released soon after (at the
+    next registration), and all are released when the owning actor stops; the kernel reclaims
+    them if its process is killed.
     """
 
     def __init__(self, data: Any) -> None:
@@ -71,6 +73,10 @@ class Buffer:
         self._data = data  # keeps the memory alive while registered
         self._transports = _registry.usable_buffer_transports()
         self._region: Region | None = _buffers.register_memory(view, self._transports)
+        # dropped without release(): released soon after (the memory stays valid until then)
+        self._finalizer = weakref.finalize(
+            self, _buffers.release_later, self._region, self._transports
+        )
         self.nbytes = view.nbytes
         self.descriptors: dict[str, Descriptor] = {
             s: self._region.descriptor(s) for s in self._region.exports
@@ -156,6 +162,7 @@ class Buffer:
                     f"{_local.process_key()}"
                 )
             return
+        self._finalizer.detach()
         _buffers.release(self._region, self._transports)
         self._region = None
 
