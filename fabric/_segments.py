@@ -122,11 +122,16 @@ class SegmentPool:
             slot.holders = 1
             return slot.segment, slot.segment.bump()
 
-    def hold(self, fd: int) -> None:
-        """One more holder of a leased segment (its descriptor is being sent again)."""
+    def hold(self, fd: int, generation: int) -> bool:
+        """One more holder of a segment that is lent out under ``generation`` (its descriptor
+        is being sent again); ``False``, changing nothing, when it no longer is."""
         with self._lock:
             self._enter()
-            self._by_fd[fd].holders += 1
+            slot = self._by_fd.get(fd)
+            if slot is None or slot.holders <= 0 or slot.segment.generation != generation:
+                return False
+            slot.holders += 1
+            return True
 
     def release(self, fd: int, generation: int) -> None:
         """A holder is done. Releases for an older generation are ignored."""

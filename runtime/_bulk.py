@@ -6,14 +6,15 @@ frame carries a descriptor and the receiver's actor gets a tensor that is the se
 Across hosts, values stay in the frame on the stream transport.
 
 Each connection negotiates this in its handshake. The caller's ``HELLO`` and the server's
-``WELCOME`` each carry a probe (a tiny segment); each side maps the other's to prove it can. The
-caller uses shared memory once the server has mapped the caller's probe (WELCOME says so), and
-the server once the caller has mapped the server's (READY says so). Until then a message that
-carries large values to a peer on this host waits for the handshake (one round trip, on a new
-connection only) rather than going into the frame. A peer counts as local only when its process key says so *and* the
-connection does (a Unix socket, or TCP from loopback or from our own address), so a remote peer
-cannot talk its way into shared memory. A failed probe is a fallback to the stream: an error under the policy
-``error``, otherwise logged and counted. ``RELEASE`` messages hand segments back.
+``WELCOME`` each carry a probe (a tiny segment); each side maps the other's to prove it can.
+The caller uses shared memory once the server has mapped the caller's probe (WELCOME says so),
+and the server once the caller has mapped the server's (READY says so). Until then a message
+that carries large values to a peer on this host waits for the handshake (one round trip, on a
+new connection only) rather than going into the frame. A peer counts as local only when its
+process key says so *and* the connection does (a Unix socket, or TCP from loopback or from our
+own address), so a remote peer cannot talk its way into shared memory. A failed probe is a
+fallback to the stream: an error under the policy ``error``, otherwise logged and counted.
+``RELEASE`` messages hand segments back.
 """
 
 from __future__ import annotations
@@ -48,9 +49,13 @@ from .errors import (
 __all__ = [
     "BulkLink",
     "address_with_process",
+    "check_probe",
+    "fanout",
     "local_url_of_address",
+    "peer_is_local",
     "peer_of_address",
     "probe",
+    "self_secret",
 ]
 
 log = structlog.get_logger("orchestr.bulk")
@@ -168,13 +173,13 @@ class _Sink:
         nbytes = buf.nbytes
         address = address_of(buf)
         copied = _fanout[0].get((address, nbytes)) if _fanout else None
+        if copied is not None and not pool.hold(copied[0].fd, copied[1]):
+            copied = None  # that copy was given back (its message failed to encode)
         found = pool.find(address, nbytes) if copied is None else None
         if copied is not None:  # another member of this fan-out already has it copied
             segment, generation, offset = copied
-            pool.hold(segment.fd)
-        elif found is not None:  # already in a segment: send it as it is
-            segment, offset = found
-            pool.hold(segment.fd)
+        elif found is not None and pool.hold(found[0].fd, found[0].generation):
+            segment, offset = found  # already in a segment: send it as it is
             generation = segment.generation
         else:
             try:

@@ -387,3 +387,6 @@ async def test_a_call_to_many_members_copies_a_large_argument_once(ctx: oc.JobCo
     assert pool.stats()["held"] == 1
     assert await sinks.drop.call() == [1, 1, 1]
     await eventually(lambda: pool.stats()["held"] == 0)
+    with pytest.raises(oc.SerializationError):  # copied, then refused: the copy is given back
+        sinks.where.call(x, {1, 2})
+    assert pool.stats()["held"] == 0

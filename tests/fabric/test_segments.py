@@ -87,7 +87,8 @@ def test_a_peer_maps_a_leased_segment_and_checks_it(peer: Callable[..., list[obj
 def test_holders_and_stale_releases() -> None:
     pool = SegmentPool()
     seg, gen = pool.lease(MiB)
-    pool.hold(seg.fd)
+    assert pool.hold(seg.fd, gen)
+    assert not pool.hold(seg.fd, gen - 1)  # not lent under that generation
     pool.release(seg.fd, gen - 1)  # an old generation's release changes nothing
     pool.release(seg.fd, gen)
     assert pool.stats()["held"] == 1
@@ -95,6 +96,9 @@ def test_holders_and_stale_releases() -> None:
     assert pool.stats() == {"segments": 1, "bytes": MiB, "idle_bytes": MiB, "held": 0}
     pool.release(seg.fd, gen)  # one too many: ignored
     assert pool.stats()["held"] == 0
+    assert not pool.hold(seg.fd, gen)  # a free segment cannot be lent again this way
+    again, _ = pool.lease(MiB)
+    assert again is seg and pool.stats()["segments"] == 1  # it was in the free list once
     pool.close()
 
 
