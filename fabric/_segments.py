@@ -200,6 +200,12 @@ class SegmentPool:
         segment, generation = self.lease(nbytes)
         return segment.data[:nbytes], lambda: self.release_later(segment.fd, generation)
 
+    def lent_bytes(self) -> int:
+        """Capacity of the segments held by someone now."""
+        with self._lock:
+            self._enter()
+            return sum(s.segment.capacity for s in self._by_fd.values() if s.holders)
+
     def stats(self) -> dict[str, int]:
         with self._lock:
             self._enter()

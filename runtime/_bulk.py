@@ -163,13 +163,30 @@ def fanout() -> Iterator[None]:
 class _Sink:
     """Collects the segments one message's encoding leased."""
 
-    __slots__ = ("leases", "threshold")
+    __slots__ = ("leases", "link", "policy", "threshold")
 
-    def __init__(self, threshold: int) -> None:
+    def __init__(self, threshold: int, link: BulkLink | None = None, policy: str = "allow") -> None:
         self.threshold = threshold
+        self.link = link
+        self.policy = policy
         self.leases: list[tuple[int, int]] = []
 
-    def put(self, buf: memoryview) -> list[int]:
+    def _over_budget(self, nbytes: int) -> bool:
+        """Whether lending ``nbytes`` more would pass ``shm_pool_bytes``; under the policy
+        ``error`` that raises FallbackError, otherwise the value goes into the frame."""
+        link = self.link
+        if link is None or pool.lent_bytes() + nbytes <= link.pool_bytes:
+            return False
+        reason = (
+            f"peers hold {pool.lent_bytes()} bytes of this process's shared memory, and "
+            f"{nbytes} more would pass ORCHESTR_SHM_POOL_BYTES={link.pool_bytes}"
+        )
+        if self.policy == "error":
+            raise FallbackError(f"{reason}; the fallback policy is 'error'")
+        link.note_fallback(reason)
+        return True
+
+    def put(self, buf: memoryview) -> list[int] | None:
         nbytes = buf.nbytes
         address = address_of(buf)
         copied = _fanout[0].get((address, nbytes)) if _fanout else None
@@ -182,6 +199,8 @@ class _Sink:
             segment, offset = found  # already in a segment: send it as it is
             generation = segment.generation
         else:
+            if self._over_budget(nbytes):
+                return None
             try:
                 segment, generation = pool.lease(nbytes)
             except OSError as exc:
@@ -212,7 +231,9 @@ class BulkLink:
 
     def __init__(self, config: Config, loop: asyncio.AbstractEventLoop, send: Any) -> None:
         self.threshold = config.inline_max_bytes
+        self.pool_bytes = config.shm_pool_bytes
         self.policy = config.transport_fallback
+        self._noted = False
         self.loop = loop
         self._send = send  # (message list) -> None, on the loop
         self.peer: str | None = None
@@ -240,6 +261,14 @@ class BulkLink:
         self.peer_pid = _local.pid_of(peer)
         self.same_host = reachable and _local.host_of(peer) == _local.host_id()
         return self.same_host
+
+    def note_fallback(self, reason: str) -> None:
+        """One large value went into the frame instead of shared memory: count it, and log
+        the first time per connection."""
+        _buffers.stats.setdefault("tcp", _buffers.Counters()).fallbacks += 1
+        if not self._noted:
+            self._noted = True
+            log.warning("transport fallback", wanted="shm", using="frame", reason=reason)
 
     def stream_fallback(self, reason: str) -> None:
         """The same-host stream could not be opened; the connection uses tcp instead."""
@@ -275,7 +304,7 @@ class BulkLink:
         error when shared memory was refused and the policy (the call's, else the job's) is
         ``error``."""
         if self.can_send:
-            return _Sink(self.threshold)
+            return _Sink(self.threshold, self, policy or self.policy)
         if self.refused is not None and (policy or self.policy) == "error":
             return _RefusingSink(self.threshold, self.refused, self.peer)
         return None
@@ -367,7 +396,7 @@ class _RefusingSink(_Sink):
     __slots__ = ("peer", "reason")
 
     def __init__(self, threshold: int, reason: str, peer: str | None) -> None:
-        super().__init__(threshold)
+        super().__init__(threshold, None, "error")
         self.reason = reason
         self.peer = peer
 

@@ -158,8 +158,9 @@ def _tensor_to_wire(obj: Any) -> msgpack.ExtType:
     buf = memoryview(flat.numpy()).cast("B")
     enc = _current[-1]
     if enc.bulk is not None and buf.nbytes >= enc.bulk.threshold:
-        where = enc.bulk.put(buf)
-        return msgpack.ExtType(EXT_SHM_TENSOR, msgpack.packb([dtype, shape, where, buf.nbytes]))
+        where = enc.bulk.put(buf)  # None: no shared memory left for it; into the frame then
+        if where is not None:
+            return msgpack.ExtType(EXT_SHM_TENSOR, msgpack.packb([dtype, shape, where, buf.nbytes]))
     offset = enc.add(buf)
     return msgpack.ExtType(EXT_TENSOR, msgpack.packb([dtype, shape, offset, buf.nbytes]))
 
@@ -176,9 +177,11 @@ def _ndarray_to_wire(obj: Any) -> msgpack.ExtType:
     enc = _current[-1]
     if enc.bulk is not None and buf.nbytes >= enc.bulk.threshold:
         where = enc.bulk.put(buf)
-        return msgpack.ExtType(
-            EXT_SHM_NDARRAY, msgpack.packb([arr.dtype.str, list(arr.shape), where, buf.nbytes])
-        )
+        if where is not None:
+            return msgpack.ExtType(
+                EXT_SHM_NDARRAY,
+                msgpack.packb([arr.dtype.str, list(arr.shape), where, buf.nbytes]),
+            )
     offset = enc.add(buf)
     return msgpack.ExtType(
         EXT_NDARRAY, msgpack.packb([arr.dtype.str, list(arr.shape), offset, buf.nbytes])
@@ -232,8 +235,9 @@ def encode(obj: object) -> tuple[bytes, list[memoryview]]:
 def encode_parts(obj: object, bulk: Any = None) -> tuple[bytes, list[memoryview], bool]:
     """Like :func:`encode`, and also whether the receiver only copies out of the buffers.
 
-    ``bulk`` (a sink with ``threshold`` and ``put(view) -> where``) takes tensors and arrays of
-    at least ``threshold`` bytes instead of the frame; on failure its ``abandon()`` is called.
+    ``bulk`` (a sink with ``threshold`` and ``put(view) -> where``, or ``None`` to leave the
+    value in the frame) takes tensors and arrays of at least ``threshold`` bytes instead of the
+    frame; on failure its ``abandon()`` is called.
     """
     enc = _Encoding(bulk)
     _current.append(enc)

@@ -41,6 +41,9 @@ class Config:
     #: Largest total of tensors, arrays and bytes of at least ``inline_max_bytes`` each in one
     #: call-path message (through shared memory on one host, in the frame across hosts).
     max_bulk_bytes: int = 16 * 1024**3
+    #: Most bytes of shared memory this process lends to peers for call values at once; past
+    #: it, large values go into the call frame (a fallback: logged and counted, or an error).
+    shm_pool_bytes: int = 8 * 1024**3
     #: Tensors and arrays of at least this many bytes in call arguments and results travel
     #: through shared memory to processes on the same host instead of inside the call frame.
     inline_max_bytes: int = 1024 * 1024

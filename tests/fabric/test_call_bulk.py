@@ -390,3 +390,26 @@ async def test_a_call_to_many_members_copies_a_large_argument_once(ctx: oc.JobCo
     with pytest.raises(oc.SerializationError):  # copied, then refused: the copy is given back
         sinks.where.call(x, {1, 2})
     assert pool.stats()["held"] == 0
+
+
+async def test_past_the_pool_budget_large_values_go_into_the_frame() -> None:
+    from orchestr.fabric._buffers import stats
+
+    config = oc.load_config(shm_pool_bytes=2 * MiB)
+    async with oc.open_local_cluster(config) as ctx:
+        sink = await ctx.spawn(Sink)
+        worker = await sink.pid.call_one()
+        me = f"/memfd:orchestr.{os.getpid()}."
+        for _ in range(2):  # the actor keeps both: 2 MiB lent, the whole budget
+            mapping, _, _ = await sink.where.call_one(torch.ones(MiB // 4), keep=True)
+            assert mapping.startswith(me)
+        before = stats["tcp"].fallbacks if "tcp" in stats else 0
+        mapping, total, _ = await sink.where.call_one(torch.ones(MiB // 4), keep=True)
+        assert total == MiB // 4 and mapping.startswith(f"/memfd:orchestr.{worker}.")
+        assert stats["tcp"].fallbacks == before + 1
+        with pytest.raises(oc.FallbackError, match="ORCHESTR_SHM_POOL_BYTES"):
+            await sink.where.options(fallback="error").call_one(torch.ones(MiB // 4))
+        await sink.drop.call_one()
+        await eventually(lambda: pool.stats()["held"] == 0)
+        mapping, _, _ = await sink.where.call_one(torch.ones(MiB // 4))
+        assert mapping.startswith(me)  # the budget is free again
