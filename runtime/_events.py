@@ -1,0 +1,129 @@
+"""A job's event log (JSON lines) and its export as a Chrome/Perfetto trace.
+
+Every record is one line: ``{"ts": <unix seconds>, "kind": ..., ...fields}``. Spans (phases,
+calls) are one record when they end, with their start ``ts`` and ``dur`` in seconds, the
+``track`` they belong on and, if they failed, the ``error``. :func:`export_trace` turns a log
+into the Trace Event format that chrome://tracing and ui.perfetto.dev open: spans become
+complete (``"X"``) events on one thread per track, other records instant (``"i"``) events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+from .errors import ConfigError
+
+__all__ = ["EventLog", "export_trace", "read_events"]
+
+
+class EventLog:
+    """Appends events to ``path``; thread-safe; each line is flushed as it is written."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._file: TextIO | None = open(self.path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def record(self, kind: str, **fields: Any) -> None:
+        """Write one event now. Raises ConfigError for a kind that is not a non-empty string
+        or fields that are not JSON."""
+        self._write(time.time(), kind, fields)
+
+    @contextlib.contextmanager
+    def span(
+        self, name: str, *, track: str = "job", kind: str = "span", **fields: Any
+    ) -> Iterator[None]:
+        """Time the block; the event is written when it ends, with ``error`` if it raised."""
+        start = time.time()
+        began = time.perf_counter()
+        try:
+            yield
+        except BaseException as exc:
+            fields["error"] = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            fields.update(name=name, track=track, dur=time.perf_counter() - began)
+            self._write(start, kind, fields)
+
+    def _write(self, ts: float, kind: str, fields: dict[str, Any]) -> None:
+        if not isinstance(kind, str) or not kind:
+            raise ConfigError(f"an event kind is a non-empty string, got {kind!r}")
+        try:
+            line = json.dumps({"ts": ts, "kind": kind, **fields}, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"event {kind!r} has a field that is not JSON: {exc}") from exc
+        with self._lock:
+            if self._file is None:
+                raise ConfigError(f"the event log {self.path} is closed")
+            self._file.write(line + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        """Close the file. Idempotent."""
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def __enter__(self) -> EventLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The events of a log, in file order. Raises ConfigError naming the first bad line."""
+    events = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{number} is not a JSON line: {exc}") from None
+            if not (isinstance(event, dict) and isinstance(event.get("kind"), str)):
+                raise ConfigError(f"{path}:{number} is not an event (no kind)")
+            if not isinstance(event.get("ts"), int | float):
+                raise ConfigError(f"{path}:{number} has no timestamp")
+            events.append(event)
+    return events
+
+
+def export_trace(log_path: str | os.PathLike[str], trace_path: str | os.PathLike[str]) -> int:
+    """Write the Chrome/Perfetto trace of an event log; returns how many events it holds."""
+    events = read_events(log_path)
+    origin = min((e["ts"] for e in events), default=0.0)
+    tracks: dict[str, int] = {}
+    trace: list[dict[str, Any]] = []
+    for event in events:
+        track = str(event.get("track", "job"))
+        tid = tracks.setdefault(track, len(tracks) + 1)
+        args = {k: v for k, v in event.items() if k not in ("ts", "kind", "name", "track", "dur")}
+        entry: dict[str, Any] = {
+            "name": str(event.get("name", event["kind"])),
+            "cat": event["kind"],
+            "pid": 1,
+            "tid": tid,
+            "ts": round((event["ts"] - origin) * 1e6, 3),
+            "args": args,
+        }
+        if isinstance(event.get("dur"), int | float):
+            entry.update(ph="X", dur=round(event["dur"] * 1e6, 3))
+        else:
+            entry.update(ph="i", s="t")
+        trace.append(entry)
+    names = [
+        {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": track}}
+        for track, tid in tracks.items()
+    ]
+    with open(trace_path, "w", encoding="utf-8") as f:
+        json.dump({"traceEvents": names + trace, "displayTimeUnit": "ms"}, f)
+    return len(trace)

@@ -1,0 +1,83 @@
+"""The event log and its Chrome/Perfetto trace."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import threading
+
+import pytest
+
+from orchestr._events import EventLog, export_trace, read_events
+from orchestr.errors import ConfigError
+
+
+def test_events_spans_and_the_trace(tmp_path: pathlib.Path) -> None:
+    log_path, trace_path = tmp_path / "events.jsonl", tmp_path / "trace.json"
+    with EventLog(log_path) as log:
+        log.record("spawn", mesh="gen", size=2)
+        with log.span("generation", track="phases", kind="phase", version=3):
+            with log.span("gen.step", track="gen[0]", kind="call"):
+                pass
+            with pytest.raises(ZeroDivisionError), log.span("reward", track="rew[0]", kind="call"):
+                1 / 0  # noqa: B018
+        log.record("restart", actor="gen[1]", reason="SIGKILL")
+    events = read_events(log_path)
+    assert [e["kind"] for e in events] == ["spawn", "call", "call", "phase", "restart"]
+    phase = events[3]
+    assert phase["name"] == "generation" and phase["version"] == 3 and phase["dur"] >= 0
+    assert events[2]["error"] == "ZeroDivisionError: division by zero"
+    assert phase["ts"] <= events[1]["ts"]  # a span is stamped with its start
+
+    assert export_trace(log_path, trace_path) == 5
+    trace = json.loads(trace_path.read_text())
+    names = {e["args"]["name"]: e["tid"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert set(names) == {"job", "phases", "gen[0]", "rew[0]"}
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["name"] for e in spans} == {"generation", "gen.step", "reward"}
+    for e in spans:
+        assert e["ts"] >= 0 and e["dur"] >= 0 and e["pid"] == 1
+    gen = next(e for e in spans if e["name"] == "generation")
+    step = next(e for e in spans if e["name"] == "gen.step")
+    assert gen["ts"] <= step["ts"] and step["ts"] + step["dur"] <= gen["ts"] + gen["dur"] + 1
+    assert gen["tid"] == names["phases"] and gen["cat"] == "phase"
+    instants = [e for e in trace["traceEvents"] if e["ph"] == "i"]
+    assert [e["name"] for e in instants] == ["spawn", "restart"]
+    assert instants[1]["args"] == {"actor": "gen[1]", "reason": "SIGKILL"}
+
+
+def test_threads_write_whole_lines(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "events.jsonl"
+    with EventLog(path) as log:
+        threads = [
+            threading.Thread(target=lambda i=i: [log.record("tick", i=i, n=n) for n in range(200)])
+            for i in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(read_events(path)) == 800
+
+
+def test_bad_events_and_bad_logs_get_clear_errors(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    with pytest.raises(ConfigError, match="non-empty string"):
+        log.record("")
+    with pytest.raises(ConfigError, match="not JSON"):
+        log.record("spawn", value=object())
+    with pytest.raises(ConfigError, match="not JSON"):
+        log.record("spawn", value=float("nan"))
+    log.record("ok")
+    log.close()
+    log.close()  # idempotent
+    with pytest.raises(ConfigError, match="closed"):
+        log.record("late")
+    assert [e["kind"] for e in read_events(path)] == ["ok"]  # the refused ones wrote nothing
+    path.write_text('{"ts": 1, "kind": "a"}\n{not json\n')
+    with pytest.raises(ConfigError, match=r"events.jsonl:2 is not a JSON line"):
+        read_events(path)
+    path.write_text('{"ts": 1}\n')
+    with pytest.raises(ConfigError, match=":1 is not an event"):
+        read_events(path)
