@@ -30,6 +30,7 @@ _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 from ._actor import Actor, endpoint
 from ._driver import JobContext, open_local_cluster, run
 from ._mesh import Endpoint, Mesh
+from ._phases import Collective
 from ._serde import register
 from .config import Config, load_config
 from .errors import (
@@ -69,6 +70,7 @@ __all__ = [
     "CallError",
     "CallTimeoutError",
     "ClosedResourceError",
+    "Collective",
     "Config",
     "ConfigError",
     "ControlPlaneError",

@@ -21,11 +21,13 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 from . import _serde
 from ._actor import Actor, class_path
 from ._callpath import CallClient, set_current_client
+from ._events import EventLog, export_trace
 from ._grpc import ControlChannel
 from ._head import HeadService, explain_death
 from ._headstate import validate_resources
 from ._mesh import Member, Mesh
 from ._node import NodeService
+from ._phases import FabricHints, Phase, RecordingHints, make_phase
 from .config import Config, load_config
 from .errors import ActorDiedError, ConfigError, OrchestrError
 
@@ -55,6 +57,34 @@ class JobContext:
         self.job_id = job_id
         self._stub = head.stub(pb_grpc.HeadStub)
         self._meshes: list[Mesh] = []
+        #: The job's event log (JSON lines); exported as ``trace.json`` when the job ends.
+        self.events = EventLog(os.path.join(session_dir, "events.jsonl"))
+        #: Where phase hints go: the fabric manager, or (by default) a recorder.
+        self.hints: FabricHints = RecordingHints()
+        self._phases: list[Phase] = []
+
+    @property
+    def current_phase(self) -> Phase | None:
+        """The innermost phase now running, if any."""
+        return self._phases[-1] if self._phases else None
+
+    @contextlib.asynccontextmanager
+    async def phase(
+        self, name: str, *, traffic: Any = None, expected_s: float | None = None
+    ) -> AsyncIterator[Phase]:
+        """Run the block as phase ``name`` (``generation``, ``training``, ``weight_sync``,
+        ``idle`` or the job's own word), declaring the traffic it expects: bytes between meshes
+        ``{("trainer", "generator"): n}`` or an :class:`orchestr.Collective`. The fabric hints
+        hear of it before the block starts; the event log and trace get a span."""
+        phase = make_phase(name, traffic, expected_s)
+        self.hints.upcoming(phase)
+        self._phases.append(phase)
+        try:
+            with self.events.span(name, track="phases", kind="phase", **phase.describe()):
+                yield phase
+        finally:
+            self._phases.remove(phase)
+            self.hints.ended(phase)
 
     @property
     def head_address(self) -> str:
@@ -115,6 +145,7 @@ class JobContext:
             list(info.members[0].endpoints) if info.members else [],
         )
         self._meshes.append(mesh)
+        self.events.record("spawn", mesh=mesh.name, size=n, class_path=mesh.class_path)
         log.info("spawned", mesh=mesh.name, size=n)
         return mesh
 
@@ -127,6 +158,15 @@ class JobContext:
 
     async def actors(self) -> list[Any]:
         return list((await self.head.rpc(self._stub.ListActors, pb.Empty())).actors)
+
+
+def _export_trace(session_dir: str) -> None:
+    try:
+        export_trace(
+            os.path.join(session_dir, "events.jsonl"), os.path.join(session_dir, "trace.json")
+        )
+    except (OSError, ConfigError) as exc:
+        log.warning("cannot write the job's trace", error=str(exc))
 
 
 def _worker_pythonpath() -> str:
@@ -180,6 +220,8 @@ async def open_local_cluster(
                     set_current_client(None)
                     await client.aclose()
                     fabric.shutdown()
+                    ctx.events.close()
+                    _export_trace(session_dir)
         finally:
             await head_channel.aclose()
             structlog.contextvars.unbind_contextvars("job")

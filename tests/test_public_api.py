@@ -9,7 +9,8 @@ import orchestr.roles
 
 EXPECTED = {
     "Actor", "ActorDiedError", "ActorError", "AuthenticationError", "BrokenResourceError",
-    "Buffer", "CallError", "CallTimeoutError", "ClosedResourceError", "Config", "ConfigError",
+    "Buffer", "CallError", "CallTimeoutError", "ClosedResourceError", "Collective", "Config",
+    "ConfigError",
     "ControlPlaneError", "DescriptorError", "Endpoint", "FallbackError", "JobContext", "Mesh",
     "MeshError", "MessageTooLargeError", "OrchestrError", "PlacementError", "ProtocolError",
     "SerializationError", "SpawnError", "StaleDescriptorError", "TransportError",
