@@ -124,20 +124,8 @@ async def timed_sends(receiver: oc.Mesh, x: torch.Tensor, iters: int, warmup: in
     return times[warmup:]
 
 
-async def orchestr_registered_case(
-    receiver: oc.Mesh, nbytes: int, iters: int, warmup: int
-) -> list[float]:
-    """The tensor lives in registered (shared) memory from the start: on one host sending it
-    copies nothing; across hosts it travels like any tensor."""
-    x = fabric.empty(nbytes // 4, torch.float32)
-    x.zero_()
-    return await timed_sends(receiver, x, iters, warmup)
-
-
-class Receiver(oc.Actor):
-    @oc.endpoint
-    def take(self, t: torch.Tensor) -> int:
-        return t.numel()
+class _Measured(oc.Actor):
+    """Both ends report their memory and where they run."""
 
     @oc.endpoint
     def memory(self, reset: bool) -> dict[str, int]:
@@ -148,7 +136,13 @@ class Receiver(oc.Actor):
         return f"{oc.load_config().bind_host} pid {os.getpid()}"
 
 
-class Sender(oc.Actor):
+class Receiver(_Measured):
+    @oc.endpoint
+    def take(self, t: torch.Tensor) -> int:
+        return t.numel()
+
+
+class Sender(_Measured):
     @oc.endpoint
     async def run(self, receiver: oc.Mesh, nbytes: int, iters: int, warmup: int) -> list[float]:
         x = torch.zeros(nbytes // 4, dtype=torch.float32)
@@ -157,19 +151,12 @@ class Sender(oc.Actor):
     @oc.endpoint
     async def run_registered(
         self, receiver: oc.Mesh, nbytes: int, iters: int, warmup: int
-    ) -> list[float] | None:
-        try:
-            return await orchestr_registered_case(receiver, nbytes, iters, warmup)
-        except NotImplementedError:
-            return None
-
-    @oc.endpoint
-    def memory(self, reset: bool) -> dict[str, int]:
-        return memory(reset)
-
-    @oc.endpoint
-    def where(self) -> str:
-        return f"{oc.load_config().bind_host} pid {os.getpid()}"
+    ) -> list[float]:
+        """The tensor lives in registered (shared) memory from the start: on one host sending
+        it copies nothing; across hosts it travels like any tensor."""
+        x = fabric.empty(nbytes // 4, torch.float32)
+        x.zero_()
+        return await timed_sends(receiver, x, iters, warmup)
 
 
 async def run_cases(sender: oc.Mesh, receiver: oc.Mesh, cases: list[CaseSpec]) -> dict[str, Any]:
@@ -196,9 +183,6 @@ async def run_cases(sender: oc.Mesh, receiver: oc.Mesh, cases: list[CaseSpec]) -
             after = await asyncio.gather(
                 sender.memory.call_one(False), receiver.memory.call_one(False)
             )
-            if seconds is None:
-                out[kind][str(nbytes)] = None
-                continue
             out[kind][str(nbytes)] = {
                 "seconds": seconds,
                 "sender": {"rss_before": before[0]["rss"], "peak": after[0]["hwm"]},

@@ -1,19 +1,11 @@
-"""The serving half of the call path: hosts actors and runs their endpoints.
-
-Ordering: calls to one actor run one at a time in arrival order, and a connection delivers one
-caller's frames in the order they were sent, so one caller's messages are processed in order.
-Endpoints marked ``concurrent=True`` skip the queue. An idle actor runs a sync endpoint
-directly from the receive callback; everything else goes through the actor's mailbox task.
-"""
+"""The serving half of the call path: accepts connections, answers the handshake, decodes
+calls and hands them to the actors hosted here (:mod:`._actorhost` runs them)."""
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import hmac
-import inspect
-import traceback
 from typing import Any
 
 import structlog
@@ -23,7 +15,7 @@ from orchestr.fabric import _registry as fabric_registry
 from orchestr.fabric._local import process_key
 
 from . import _serde
-from ._actor import Actor, EndpointSpec
+from ._actorhost import ActorHost
 from ._bulk import (
     BulkLink,
     address_with_process,
@@ -57,12 +49,9 @@ from .errors import (
     TransportError,
 )
 
-__all__ = ["ActorHost", "CallServer"]
+__all__ = ["CallServer"]
 
 log = structlog.get_logger("orchestr.callserver")
-
-# (reply-to connection or None for a broadcast, call id, endpoint, args, kwargs)
-_Item = tuple["_ServerConnection | None", int, EndpointSpec, Any, Any]
 
 
 class _ServerConnection(FramedProtocol):
@@ -185,130 +174,6 @@ class _ServerConnection(FramedProtocol):
         if self.transport is not None:
             self.transport.close()
             self.transport = None
-
-
-def _signature(fn: Any) -> str:
-    try:
-        return str(inspect.signature(fn, eval_str=True))
-    except Exception:  # annotations that do not evaluate here; show them as written
-        return str(inspect.signature(fn))
-
-
-class ActorHost:
-    """One live actor: its instance, its endpoints and its mailbox."""
-
-    def __init__(self, instance: Actor, label: str) -> None:
-        self.instance = instance
-        self.label = label
-        self.endpoints: dict[str, tuple[EndpointSpec, Any]] = {
-            name: (spec, getattr(instance, name))
-            for name, spec in instance._orchestr_endpoints.items()
-        }
-        self.mailbox: collections.deque[_Item] = collections.deque()
-        self.busy = False
-        self.waiter: asyncio.Future[None] | None = None
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.runner = asyncio.ensure_future(self._run())
-
-    def submit(self, item: _Item) -> None:
-        spec = item[2]
-        if spec.concurrent:
-            task = asyncio.ensure_future(self._invoke(item))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-        elif not self.busy and not self.mailbox and not spec.is_async:
-            self.busy = True
-            try:
-                self._invoke_sync(item)
-            finally:
-                self.busy = False
-        else:
-            self.mailbox.append(item)
-            if self.waiter is not None and not self.waiter.done():
-                self.waiter.set_result(None)
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self.mailbox:
-                self.waiter = loop.create_future()
-                await self.waiter
-                continue
-            item = self.mailbox.popleft()
-            self.busy = True
-            try:
-                if item[2].is_async:
-                    await self._invoke(item)
-                else:
-                    self._invoke_sync(item)
-            finally:
-                self.busy = False
-                # drop the arguments now, not at the next call: values that came through
-                # shared memory go back to their sender when they are freed
-                del item
-
-    def _invoke_sync(self, item: _Item) -> None:
-        conn, call_id, spec, args, kwargs = item
-        fn = self.endpoints[spec.name][1]
-        try:
-            value = fn(*args, **kwargs)
-        except Exception as exc:
-            self._failed(item, exc)
-        else:
-            if conn is not None:
-                conn.ok(call_id, value)
-
-    async def _invoke(self, item: _Item) -> None:
-        conn, call_id, spec, args, kwargs = item
-        fn = self.endpoints[spec.name][1]
-        try:
-            if spec.is_async:
-                value = await fn(*args, **kwargs)
-            else:
-                value = await asyncio.to_thread(fn, *args, **kwargs)
-        except Exception as exc:
-            self._failed(item, exc)
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # the actor is stopping
-            # the endpoint's own code let a cancellation escape: an error for this call only
-            self._failed(item, RuntimeError(f"endpoint was cancelled from inside: {exc!r}"))
-        else:
-            if conn is not None:
-                conn.ok(call_id, value)
-
-    def _failed(self, item: _Item, exc: Exception) -> None:
-        conn, call_id, spec, args, kwargs = item
-        fn = self.endpoints[spec.name][1]
-        tb = traceback.format_exc()
-        kind = "raised"
-        if isinstance(exc, TypeError):
-            try:
-                inspect.signature(fn).bind(*args, **kwargs)
-            except TypeError as bind_exc:
-                kind = "bad_call"
-                exc = TypeError(f"{self.label}.{spec.name}{_signature(fn)}: {bind_exc}")
-                tb = ""
-        if conn is None:
-            log.error(
-                "broadcast call raised",
-                actor=self.label,
-                endpoint=spec.name,
-                error=repr(exc),
-                traceback=tb,
-            )
-        else:
-            log.info(
-                "call raised", actor=self.label, call=call_id, endpoint=spec.name, error=repr(exc)
-            )
-            conn.error(call_id, kind, exc, tb=tb)
-
-    async def aclose(self) -> None:
-        self.runner.cancel()
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(self.runner, *self.tasks, return_exceptions=True)
 
 
 class CallServer:

@@ -24,8 +24,9 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
 from . import _serde
 from ._actor import Actor
+from ._actorhost import ActorHost
 from ._callpath import CallClient, set_current_client
-from ._callserver import ActorHost, CallServer
+from ._callserver import CallServer
 from ._grpc import ControlChannel, abort_with, make_server
 from ._head import explain_death
 from ._log import configure_logging
