@@ -11,13 +11,9 @@ import structlog
 
 from orchestr.fabric._local import process_key
 
-from . import _bulk, _serde
-from ._bulk import (
-    BulkLink,
-    check_probe,
-    peer_is_local,
-    peer_of_address,
-)
+from . import _locality, _serde
+from ._bulk import BulkLink
+from ._locality import check_probe, peer_is_local, peer_of_address
 from ._wire import (
     CALL,
     ERR,
@@ -81,9 +77,12 @@ class Connection(FramedProtocol):
                 local = self.bulk.set_peer(peer)
             except (ValueError, IndexError):
                 peer = None
-        info = {"process": process_key(), "probe": _bulk.probe() if local or peer is None else None}
+        info = {
+            "process": process_key(),
+            "probe": _locality.probe() if local or peer is None else None,
+        }
         if peer == process_key():  # calling an actor in this very process: prove it is us
-            info["self"] = _bulk.self_secret()
+            info["self"] = _locality.self_secret()
         self.out = pack_frame([HELLO, client.token, info], 1 << 20)
         self.welcomed = False
         #: Messages held until WELCOME: (message to encode again with shared memory, or None;

@@ -23,10 +23,8 @@ from orchestr import fabric
 from orchestr.fabric import _registry as fabric_registry
 from orchestr.fabric import connect_stream, stream_transports
 
-from ._bulk import (
-    local_url_of_address,
-)
 from ._callconn import Connection, Pending
+from ._locality import local_url_of_address
 from ._serde import lift_large
 from ._wire import (
     CALL,

@@ -16,14 +16,8 @@ from orchestr.fabric._local import process_key
 
 from . import _serde
 from ._actorhost import ActorHost
-from ._bulk import (
-    BulkLink,
-    address_with_process,
-    check_probe,
-    peer_is_local,
-    probe,
-    self_secret,
-)
+from ._bulk import BulkLink
+from ._locality import address_with_process, check_probe, peer_is_local, probe, self_secret
 from ._serde import lift_large
 from ._wire import (
     CALL,

@@ -197,10 +197,10 @@ async def test_fallback_policy_for_buffers(ctx: oc.JobContext) -> None:
 async def test_a_failed_shared_memory_handshake_falls_back_loudly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from orchestr import _bulk
+    from orchestr import _locality
 
     # a probe the worker cannot map: the handshake must notice and say why
-    monkeypatch.setattr(_bulk, "probe", lambda: [os.getpid(), 987654, 1])
+    monkeypatch.setattr(_locality, "probe", lambda: [os.getpid(), 987654, 1])
     async with oc.open_local_cluster() as ctx:
         sink = await ctx.spawn(Sink)
         worker = await sink.pid.call_one()
@@ -259,9 +259,9 @@ async def test_calls_on_one_host_can_ride_shared_memory_streams() -> None:
 
 
 async def test_bulk_values_have_a_limit_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestr import _bulk
+    from orchestr import _locality
 
-    monkeypatch.setattr(_bulk, "probe", lambda: [os.getpid(), 987654, 1])  # keep it inline
+    monkeypatch.setattr(_locality, "probe", lambda: [os.getpid(), 987654, 1])  # keep it inline
     config = oc.load_config(max_bulk_bytes=4 * MiB, inline_max_bytes=MiB)
     async with oc.open_local_cluster(config) as ctx:
         sink = await ctx.spawn(Sink)
@@ -332,7 +332,7 @@ async def test_a_peer_cannot_claim_to_be_the_server_itself(ctx: oc.JobContext) -
     code = f"""
 import asyncio, json
 import msgpack
-from orchestr import _bulk
+from orchestr import _locality
 from orchestr._frames import FrameDecoder, encode_frame
 from orchestr.fabric._local import process_key
 async def hello(info):
@@ -344,7 +344,7 @@ async def hello(info):
     w.close()
     return welcome
 async def main():
-    honest = await hello({{"process": process_key(), "probe": _bulk.probe()}})
+    honest = await hello({{"process": process_key(), "probe": _locality.probe()}})
     forged = await hello({{"process": {server_key!r}, "probe": honest["probe"]}})
     print(json.dumps([honest, forged]))
 asyncio.run(main())
