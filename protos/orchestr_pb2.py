@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0eorchestr.proto\x12\x0borchestr.v1\"\x07\n\x05\x45mpty\"\x05\n\x03\x41\x63k\"q\n\tResources\x12\x34\n\x07\x61mounts\x18\x01 \x03(\x0b\x32#.orchestr.v1.Resources.AmountsEntry\x1a.\n\x0c\x41mountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x87\x02\n\x08NodeInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12%\n\x05total\x18\x03 \x01(\x0b\x32\x16.orchestr.v1.Resources\x12$\n\x04\x66ree\x18\x04 \x01(\x0b\x32\x16.orchestr.v1.Resources\x12\x31\n\x06labels\x18\x05 \x03(\x0b\x32!.orchestr.v1.NodeInfo.LabelsEntry\x12\x1b\n\x13last_heartbeat_unix\x18\x06 \x01(\x01\x12\r\n\x05\x61live\x18\x07 \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xcb\x01\n\x13RegisterNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12%\n\x05total\x18\x03 \x01(\x0b\x32\x16.orchestr.v1.Resources\x12<\n\x06labels\x18\x04 \x03(\x0b\x32,.orchestr.v1.RegisterNodeRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"4\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x01(\x05\"`\n\nWorkerExit\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06signal\x18\x05 \x01(\x05\"\xea\x01\n\x10SpawnMeshRequest\x12\x12\n\nclass_path\x18\x01 \x01(\t\x12\x11\n\tinit_args\x18\x02 \x01(\x0c\x12\x0c\n\x04size\x18\x03 \x01(\x05\x12)\n\tresources\x18\x04 \x01(\x0b\x32\x16.orchestr.v1.Resources\x12\x39\n\x06labels\x18\x05 \x03(\x0b\x32).orchestr.v1.SpawnMeshRequest.LabelsEntry\x12\x0c\n\x04name\x18\x06 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xea\x01\n\tActorInfo\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x0f\n\x07mesh_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\nclass_path\x18\x05 \x01(\t\x12\x0f\n\x07node_id\x18\x06 \x01(\t\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x14\n\x0c\x63\x61ll_address\x18\x08 \x01(\t\x12\r\n\x05state\x18\t \x01(\t\x12\x0b\n\x03pid\x18\n \x01(\x05\x12\x11\n\texit_code\x18\x0b \x01(\x05\x12\x0e\n\x06signal\x18\x0c \x01(\x05\x12\x11\n\tendpoints\x18\r \x03(\t\"f\n\x08MeshInfo\x12\x0f\n\x07mesh_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\nclass_path\x18\x03 \x01(\t\x12\'\n\x07members\x18\x04 \x03(\x0b\x32\x16.orchestr.v1.ActorInfo\"\"\n\x0fStopMeshRequest\x12\x0f\n\x07mesh_id\x18\x01 \x01(\t\"<\n\x0fGetActorRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x17\n\x0fwait_for_exit_s\x18\x02 \x01(\x01\"0\n\x08NodeList\x12$\n\x05nodes\x18\x01 \x03(\x0b\x32\x15.orchestr.v1.NodeInfo\"3\n\tActorList\x12&\n\x06\x61\x63tors\x18\x01 \x03(\x0b\x32\x16.orchestr.v1.ActorInfo\"\'\n\x12StartWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"[\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x17\n\x0f\x63ontrol_address\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61ll_address\x18\x04 \x01(\t\"7\n\x11StopWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07grace_s\x18\x02 \x01(\x01\"z\n\x12\x43reateActorRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x12\n\nclass_path\x18\x02 \x01(\t\x12\x11\n\tinit_args\x18\x03 \x01(\x0c\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x0c\n\x04rank\x18\x05 \x01(\x05\x12\x0f\n\x07mesh_id\x18\x06 \x01(\t\"%\n\x10\x43reateActorReply\x12\x11\n\tendpoints\x18\x01 \x03(\t2\xfa\x03\n\x04Head\x12\x42\n\x0cRegisterNode\x12 .orchestr.v1.RegisterNodeRequest\x1a\x10.orchestr.v1.Ack\x12<\n\tHeartbeat\x12\x1d.orchestr.v1.HeartbeatRequest\x1a\x10.orchestr.v1.Ack\x12=\n\x10ReportWorkerExit\x12\x17.orchestr.v1.WorkerExit\x1a\x10.orchestr.v1.Ack\x12\x41\n\tSpawnMesh\x12\x1d.orchestr.v1.SpawnMeshRequest\x1a\x15.orchestr.v1.MeshInfo\x12:\n\x08StopMesh\x12\x1c.orchestr.v1.StopMeshRequest\x1a\x10.orchestr.v1.Ack\x12@\n\x08GetActor\x12\x1c.orchestr.v1.GetActorRequest\x1a\x16.orchestr.v1.ActorInfo\x12\x36\n\tListNodes\x12\x12.orchestr.v1.Empty\x1a\x15.orchestr.v1.NodeList\x12\x38\n\nListActors\x12\x12.orchestr.v1.Empty\x1a\x16.orchestr.v1.ActorList2\xcc\x01\n\x04Node\x12G\n\x0bStartWorker\x12\x1f.orchestr.v1.StartWorkerRequest\x1a\x17.orchestr.v1.WorkerInfo\x12>\n\nStopWorker\x12\x1e.orchestr.v1.StopWorkerRequest\x1a\x10.orchestr.v1.Ack\x12;\n\x0eRegisterWorker\x12\x17.orchestr.v1.WorkerInfo\x1a\x10.orchestr.v1.Ack2W\n\x06Worker\x12M\n\x0b\x43reateActor\x12\x1f.orchestr.v1.CreateActorRequest\x1a\x1d.orchestr.v1.CreateActorReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0eorchestr.proto\x12\x0borchestr.v1\"\x07\n\x05\x45mpty\"\x05\n\x03\x41\x63k\"q\n\tResources\x12\x34\n\x07\x61mounts\x18\x01 \x03(\x0b\x32#.orchestr.v1.Resources.AmountsEntry\x1a.\n\x0c\x41mountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x87\x02\n\x08NodeInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12%\n\x05total\x18\x03 \x01(\x0b\x32\x16.orchestr.v1.Resources\x12$\n\x04\x66ree\x18\x04 \x01(\x0b\x32\x16.orchestr.v1.Resources\x12\x31\n\x06labels\x18\x05 \x03(\x0b\x32!.orchestr.v1.NodeInfo.LabelsEntry\x12\x1b\n\x13last_heartbeat_unix\x18\x06 \x01(\x01\x12\r\n\x05\x61live\x18\x07 \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xcb\x01\n\x13RegisterNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12%\n\x05total\x18\x03 \x01(\x0b\x32\x16.orchestr.v1.Resources\x12<\n\x06labels\x18\x04 \x03(\x0b\x32,.orchestr.v1.RegisterNodeRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"4\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x01(\x05\"u\n\nWorkerExit\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06signal\x18\x05 \x01(\x05\x12\x13\n\x0blast_output\x18\x06 \x01(\t\"\x97\x02\n\x10SpawnMeshRequest\x12\x12\n\nclass_path\x18\x01 \x01(\t\x12\x11\n\tinit_args\x18\x02 \x01(\x0c\x12\x0c\n\x04size\x18\x03 \x01(\x05\x12)\n\tresources\x18\x04 \x01(\x0b\x32\x16.orchestr.v1.Resources\x12\x39\n\x06labels\x18\x05 \x03(\x0b\x32).orchestr.v1.SpawnMeshRequest.LabelsEntry\x12\x0c\n\x04name\x18\x06 \x01(\t\x12+\n\x07restart\x18\x07 \x01(\x0b\x32\x1a.orchestr.v1.RestartPolicy\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"^\n\rRestartPolicy\x12\x14\n\x0cmax_restarts\x18\x01 \x01(\x05\x12\x11\n\tbackoff_s\x18\x02 \x01(\x01\x12\x15\n\rbackoff_max_s\x18\x03 \x01(\x01\x12\r\n\x05retry\x18\x04 \x01(\t\"\xa7\x02\n\tActorInfo\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x0f\n\x07mesh_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\nclass_path\x18\x05 \x01(\t\x12\x0f\n\x07node_id\x18\x06 \x01(\t\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x14\n\x0c\x63\x61ll_address\x18\x08 \x01(\t\x12\r\n\x05state\x18\t \x01(\t\x12\x0b\n\x03pid\x18\n \x01(\x05\x12\x11\n\texit_code\x18\x0b \x01(\x05\x12\x0e\n\x06signal\x18\x0c \x01(\x05\x12\x11\n\tendpoints\x18\r \x03(\t\x12\x10\n\x08restarts\x18\x0e \x01(\x05\x12\x13\n\x0blast_output\x18\x0f \x01(\t\x12\x14\n\x0cmax_restarts\x18\x10 \x01(\x05\"f\n\x08MeshInfo\x12\x0f\n\x07mesh_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\nclass_path\x18\x03 \x01(\t\x12\'\n\x07members\x18\x04 \x03(\x0b\x32\x16.orchestr.v1.ActorInfo\"\"\n\x0fStopMeshRequest\x12\x0f\n\x07mesh_id\x18\x01 \x01(\t\"i\n\x0fGetActorRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x17\n\x0fwait_for_exit_s\x18\x02 \x01(\x01\x12\x1a\n\x12wait_for_restart_s\x18\x03 \x01(\x01\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\"\x14\n\x12WatchActorsRequest\"A\n\nActorEvent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12%\n\x05\x61\x63tor\x18\x02 \x01(\x0b\x32\x16.orchestr.v1.ActorInfo\"I\n\x13RestartActorRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\x0c\x12\x11\n\thas_state\x18\x03 \x01(\x08\"\'\n\x13\x41\x62\x61ndonActorRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\"0\n\x08NodeList\x12$\n\x05nodes\x18\x01 \x03(\x0b\x32\x15.orchestr.v1.NodeInfo\"3\n\tActorList\x12&\n\x06\x61\x63tors\x18\x01 \x03(\x0b\x32\x16.orchestr.v1.ActorInfo\"\'\n\x12StartWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"[\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x17\n\x0f\x63ontrol_address\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61ll_address\x18\x04 \x01(\t\"7\n\x11StopWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07grace_s\x18\x02 \x01(\x01\"\x9c\x01\n\x12\x43reateActorRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x12\n\nclass_path\x18\x02 \x01(\t\x12\x11\n\tinit_args\x18\x03 \x01(\x0c\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x0c\n\x04rank\x18\x05 \x01(\x05\x12\x0f\n\x07mesh_id\x18\x06 \x01(\t\x12\r\n\x05state\x18\x07 \x01(\x0c\x12\x11\n\thas_state\x18\x08 \x01(\x08\"%\n\x10\x43reateActorReply\x12\x11\n\tendpoints\x18\x01 \x03(\t\"@\n\rEndpointStats\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12\r\n\x05\x63\x61lls\x18\x02 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x03 \x01(\x04\"\x84\x01\n\nActorStats\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\r\n\x05label\x18\x02 \x01(\t\x12\x13\n\x0bqueue_depth\x18\x03 \x01(\r\x12\x11\n\tin_flight\x18\x04 \x01(\r\x12-\n\tendpoints\x18\x05 \x03(\x0b\x32\x1a.orchestr.v1.EndpointStats\"}\n\x0eTransportStats\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x11\n\ttransport\x18\x02 \x01(\t\x12\x12\n\nbytes_sent\x18\x03 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x04 \x01(\x04\x12\x0b\n\x03ops\x18\x05 \x01(\x04\x12\x11\n\tfallbacks\x18\x06 \x01(\x04\"z\n\x0bWorkerStats\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\'\n\x06\x61\x63tors\x18\x02 \x03(\x0b\x32\x17.orchestr.v1.ActorStats\x12/\n\ntransports\x18\x03 \x03(\x0b\x32\x1b.orchestr.v1.TransportStats2\xd3\x05\n\x04Head\x12\x42\n\x0cRegisterNode\x12 .orchestr.v1.RegisterNodeRequest\x1a\x10.orchestr.v1.Ack\x12<\n\tHeartbeat\x12\x1d.orchestr.v1.HeartbeatRequest\x1a\x10.orchestr.v1.Ack\x12=\n\x10ReportWorkerExit\x12\x17.orchestr.v1.WorkerExit\x1a\x10.orchestr.v1.Ack\x12\x41\n\tSpawnMesh\x12\x1d.orchestr.v1.SpawnMeshRequest\x1a\x15.orchestr.v1.MeshInfo\x12:\n\x08StopMesh\x12\x1c.orchestr.v1.StopMeshRequest\x1a\x10.orchestr.v1.Ack\x12@\n\x08GetActor\x12\x1c.orchestr.v1.GetActorRequest\x1a\x16.orchestr.v1.ActorInfo\x12\x36\n\tListNodes\x12\x12.orchestr.v1.Empty\x1a\x15.orchestr.v1.NodeList\x12\x38\n\nListActors\x12\x12.orchestr.v1.Empty\x1a\x16.orchestr.v1.ActorList\x12I\n\x0bWatchActors\x12\x1f.orchestr.v1.WatchActorsRequest\x1a\x17.orchestr.v1.ActorEvent0\x01\x12H\n\x0cRestartActor\x12 .orchestr.v1.RestartActorRequest\x1a\x16.orchestr.v1.ActorInfo\x12\x42\n\x0c\x41\x62\x61ndonActor\x12 .orchestr.v1.AbandonActorRequest\x1a\x10.orchestr.v1.Ack2\xcc\x01\n\x04Node\x12G\n\x0bStartWorker\x12\x1f.orchestr.v1.StartWorkerRequest\x1a\x17.orchestr.v1.WorkerInfo\x12>\n\nStopWorker\x12\x1e.orchestr.v1.StopWorkerRequest\x1a\x10.orchestr.v1.Ack\x12;\n\x0eRegisterWorker\x12\x17.orchestr.v1.WorkerInfo\x1a\x10.orchestr.v1.Ack2\x8e\x01\n\x06Worker\x12M\n\x0b\x43reateActor\x12\x1f.orchestr.v1.CreateActorRequest\x1a\x1d.orchestr.v1.CreateActorReply\x12\x35\n\x05Stats\x12\x12.orchestr.v1.Empty\x1a\x18.orchestr.v1.WorkerStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -58,37 +58,55 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEATREQUEST']._serialized_start=634
   _globals['_HEARTBEATREQUEST']._serialized_end=686
   _globals['_WORKEREXIT']._serialized_start=688
-  _globals['_WORKEREXIT']._serialized_end=784
-  _globals['_SPAWNMESHREQUEST']._serialized_start=787
-  _globals['_SPAWNMESHREQUEST']._serialized_end=1021
+  _globals['_WORKEREXIT']._serialized_end=805
+  _globals['_SPAWNMESHREQUEST']._serialized_start=808
+  _globals['_SPAWNMESHREQUEST']._serialized_end=1087
   _globals['_SPAWNMESHREQUEST_LABELSENTRY']._serialized_start=381
   _globals['_SPAWNMESHREQUEST_LABELSENTRY']._serialized_end=426
-  _globals['_ACTORINFO']._serialized_start=1024
-  _globals['_ACTORINFO']._serialized_end=1258
-  _globals['_MESHINFO']._serialized_start=1260
-  _globals['_MESHINFO']._serialized_end=1362
-  _globals['_STOPMESHREQUEST']._serialized_start=1364
-  _globals['_STOPMESHREQUEST']._serialized_end=1398
-  _globals['_GETACTORREQUEST']._serialized_start=1400
-  _globals['_GETACTORREQUEST']._serialized_end=1460
-  _globals['_NODELIST']._serialized_start=1462
-  _globals['_NODELIST']._serialized_end=1510
-  _globals['_ACTORLIST']._serialized_start=1512
-  _globals['_ACTORLIST']._serialized_end=1563
-  _globals['_STARTWORKERREQUEST']._serialized_start=1565
-  _globals['_STARTWORKERREQUEST']._serialized_end=1604
-  _globals['_WORKERINFO']._serialized_start=1606
-  _globals['_WORKERINFO']._serialized_end=1697
-  _globals['_STOPWORKERREQUEST']._serialized_start=1699
-  _globals['_STOPWORKERREQUEST']._serialized_end=1754
-  _globals['_CREATEACTORREQUEST']._serialized_start=1756
-  _globals['_CREATEACTORREQUEST']._serialized_end=1878
-  _globals['_CREATEACTORREPLY']._serialized_start=1880
-  _globals['_CREATEACTORREPLY']._serialized_end=1917
-  _globals['_HEAD']._serialized_start=1920
-  _globals['_HEAD']._serialized_end=2426
-  _globals['_NODE']._serialized_start=2429
-  _globals['_NODE']._serialized_end=2633
-  _globals['_WORKER']._serialized_start=2635
-  _globals['_WORKER']._serialized_end=2722
+  _globals['_RESTARTPOLICY']._serialized_start=1089
+  _globals['_RESTARTPOLICY']._serialized_end=1183
+  _globals['_ACTORINFO']._serialized_start=1186
+  _globals['_ACTORINFO']._serialized_end=1481
+  _globals['_MESHINFO']._serialized_start=1483
+  _globals['_MESHINFO']._serialized_end=1585
+  _globals['_STOPMESHREQUEST']._serialized_start=1587
+  _globals['_STOPMESHREQUEST']._serialized_end=1621
+  _globals['_GETACTORREQUEST']._serialized_start=1623
+  _globals['_GETACTORREQUEST']._serialized_end=1728
+  _globals['_WATCHACTORSREQUEST']._serialized_start=1730
+  _globals['_WATCHACTORSREQUEST']._serialized_end=1750
+  _globals['_ACTOREVENT']._serialized_start=1752
+  _globals['_ACTOREVENT']._serialized_end=1817
+  _globals['_RESTARTACTORREQUEST']._serialized_start=1819
+  _globals['_RESTARTACTORREQUEST']._serialized_end=1892
+  _globals['_ABANDONACTORREQUEST']._serialized_start=1894
+  _globals['_ABANDONACTORREQUEST']._serialized_end=1933
+  _globals['_NODELIST']._serialized_start=1935
+  _globals['_NODELIST']._serialized_end=1983
+  _globals['_ACTORLIST']._serialized_start=1985
+  _globals['_ACTORLIST']._serialized_end=2036
+  _globals['_STARTWORKERREQUEST']._serialized_start=2038
+  _globals['_STARTWORKERREQUEST']._serialized_end=2077
+  _globals['_WORKERINFO']._serialized_start=2079
+  _globals['_WORKERINFO']._serialized_end=2170
+  _globals['_STOPWORKERREQUEST']._serialized_start=2172
+  _globals['_STOPWORKERREQUEST']._serialized_end=2227
+  _globals['_CREATEACTORREQUEST']._serialized_start=2230
+  _globals['_CREATEACTORREQUEST']._serialized_end=2386
+  _globals['_CREATEACTORREPLY']._serialized_start=2388
+  _globals['_CREATEACTORREPLY']._serialized_end=2425
+  _globals['_ENDPOINTSTATS']._serialized_start=2427
+  _globals['_ENDPOINTSTATS']._serialized_end=2491
+  _globals['_ACTORSTATS']._serialized_start=2494
+  _globals['_ACTORSTATS']._serialized_end=2626
+  _globals['_TRANSPORTSTATS']._serialized_start=2628
+  _globals['_TRANSPORTSTATS']._serialized_end=2753
+  _globals['_WORKERSTATS']._serialized_start=2755
+  _globals['_WORKERSTATS']._serialized_end=2877
+  _globals['_HEAD']._serialized_start=2880
+  _globals['_HEAD']._serialized_end=3603
+  _globals['_NODE']._serialized_start=3606
+  _globals['_NODE']._serialized_end=3810
+  _globals['_WORKER']._serialized_start=3813
+  _globals['_WORKER']._serialized_end=3955
 # @@protoc_insertion_point(module_scope)

@@ -80,21 +80,23 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., workers: _Optional[int] = ...) -> None: ...
 
 class WorkerExit(_message.Message):
-    __slots__ = ("node_id", "worker_id", "pid", "exit_code", "signal")
+    __slots__ = ("node_id", "worker_id", "pid", "exit_code", "signal", "last_output")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    LAST_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     worker_id: str
     pid: int
     exit_code: int
     signal: int
-    def __init__(self, node_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ...) -> None: ...
+    last_output: str
+    def __init__(self, node_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., last_output: _Optional[str] = ...) -> None: ...
 
 class SpawnMeshRequest(_message.Message):
-    __slots__ = ("class_path", "init_args", "size", "resources", "labels", "name")
+    __slots__ = ("class_path", "init_args", "size", "resources", "labels", "name", "restart")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -108,16 +110,30 @@ class SpawnMeshRequest(_message.Message):
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    RESTART_FIELD_NUMBER: _ClassVar[int]
     class_path: str
     init_args: bytes
     size: int
     resources: Resources
     labels: _containers.ScalarMap[str, str]
     name: str
-    def __init__(self, class_path: _Optional[str] = ..., init_args: _Optional[bytes] = ..., size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ...) -> None: ...
+    restart: RestartPolicy
+    def __init__(self, class_path: _Optional[str] = ..., init_args: _Optional[bytes] = ..., size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ...) -> None: ...
+
+class RestartPolicy(_message.Message):
+    __slots__ = ("max_restarts", "backoff_s", "backoff_max_s", "retry")
+    MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_S_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_MAX_S_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FIELD_NUMBER: _ClassVar[int]
+    max_restarts: int
+    backoff_s: float
+    backoff_max_s: float
+    retry: str
+    def __init__(self, max_restarts: _Optional[int] = ..., backoff_s: _Optional[float] = ..., backoff_max_s: _Optional[float] = ..., retry: _Optional[str] = ...) -> None: ...
 
 class ActorInfo(_message.Message):
-    __slots__ = ("actor_id", "mesh_id", "name", "rank", "class_path", "node_id", "worker_id", "call_address", "state", "pid", "exit_code", "signal", "endpoints")
+    __slots__ = ("actor_id", "mesh_id", "name", "rank", "class_path", "node_id", "worker_id", "call_address", "state", "pid", "exit_code", "signal", "endpoints", "restarts", "last_output", "max_restarts")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     MESH_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +147,9 @@ class ActorInfo(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     actor_id: str
     mesh_id: str
     name: str
@@ -144,7 +163,10 @@ class ActorInfo(_message.Message):
     exit_code: int
     signal: int
     endpoints: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, actor_id: _Optional[str] = ..., mesh_id: _Optional[str] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., class_path: _Optional[str] = ..., node_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., call_address: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
+    restarts: int
+    last_output: str
+    max_restarts: int
+    def __init__(self, actor_id: _Optional[str] = ..., mesh_id: _Optional[str] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., class_path: _Optional[str] = ..., node_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., call_address: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., endpoints: _Optional[_Iterable[str]] = ..., restarts: _Optional[int] = ..., last_output: _Optional[str] = ..., max_restarts: _Optional[int] = ...) -> None: ...
 
 class MeshInfo(_message.Message):
     __slots__ = ("mesh_id", "name", "class_path", "members")
@@ -165,12 +187,44 @@ class StopMeshRequest(_message.Message):
     def __init__(self, mesh_id: _Optional[str] = ...) -> None: ...
 
 class GetActorRequest(_message.Message):
-    __slots__ = ("actor_id", "wait_for_exit_s")
+    __slots__ = ("actor_id", "wait_for_exit_s", "wait_for_restart_s", "address")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOR_EXIT_S_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FOR_RESTART_S_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
     actor_id: str
     wait_for_exit_s: float
-    def __init__(self, actor_id: _Optional[str] = ..., wait_for_exit_s: _Optional[float] = ...) -> None: ...
+    wait_for_restart_s: float
+    address: str
+    def __init__(self, actor_id: _Optional[str] = ..., wait_for_exit_s: _Optional[float] = ..., wait_for_restart_s: _Optional[float] = ..., address: _Optional[str] = ...) -> None: ...
+
+class WatchActorsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ActorEvent(_message.Message):
+    __slots__ = ("kind", "actor")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    actor: ActorInfo
+    def __init__(self, kind: _Optional[str] = ..., actor: _Optional[_Union[ActorInfo, _Mapping]] = ...) -> None: ...
+
+class RestartActorRequest(_message.Message):
+    __slots__ = ("actor_id", "state", "has_state")
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HAS_STATE_FIELD_NUMBER: _ClassVar[int]
+    actor_id: str
+    state: bytes
+    has_state: bool
+    def __init__(self, actor_id: _Optional[str] = ..., state: _Optional[bytes] = ..., has_state: _Optional[bool] = ...) -> None: ...
+
+class AbandonActorRequest(_message.Message):
+    __slots__ = ("actor_id",)
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    actor_id: str
+    def __init__(self, actor_id: _Optional[str] = ...) -> None: ...
 
 class NodeList(_message.Message):
     __slots__ = ("nodes",)
@@ -211,23 +265,77 @@ class StopWorkerRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., grace_s: _Optional[float] = ...) -> None: ...
 
 class CreateActorRequest(_message.Message):
-    __slots__ = ("actor_id", "class_path", "init_args", "name", "rank", "mesh_id")
+    __slots__ = ("actor_id", "class_path", "init_args", "name", "rank", "mesh_id", "state", "has_state")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     CLASS_PATH_FIELD_NUMBER: _ClassVar[int]
     INIT_ARGS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     MESH_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HAS_STATE_FIELD_NUMBER: _ClassVar[int]
     actor_id: str
     class_path: str
     init_args: bytes
     name: str
     rank: int
     mesh_id: str
-    def __init__(self, actor_id: _Optional[str] = ..., class_path: _Optional[str] = ..., init_args: _Optional[bytes] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., mesh_id: _Optional[str] = ...) -> None: ...
+    state: bytes
+    has_state: bool
+    def __init__(self, actor_id: _Optional[str] = ..., class_path: _Optional[str] = ..., init_args: _Optional[bytes] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., mesh_id: _Optional[str] = ..., state: _Optional[bytes] = ..., has_state: _Optional[bool] = ...) -> None: ...
 
 class CreateActorReply(_message.Message):
     __slots__ = ("endpoints",)
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     endpoints: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EndpointStats(_message.Message):
+    __slots__ = ("endpoint", "calls", "errors")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    calls: int
+    errors: int
+    def __init__(self, endpoint: _Optional[str] = ..., calls: _Optional[int] = ..., errors: _Optional[int] = ...) -> None: ...
+
+class ActorStats(_message.Message):
+    __slots__ = ("actor_id", "label", "queue_depth", "in_flight", "endpoints")
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    actor_id: str
+    label: str
+    queue_depth: int
+    in_flight: int
+    endpoints: _containers.RepeatedCompositeFieldContainer[EndpointStats]
+    def __init__(self, actor_id: _Optional[str] = ..., label: _Optional[str] = ..., queue_depth: _Optional[int] = ..., in_flight: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[EndpointStats, _Mapping]]] = ...) -> None: ...
+
+class TransportStats(_message.Message):
+    __slots__ = ("kind", "transport", "bytes_sent", "bytes_received", "ops", "fallbacks")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    transport: str
+    bytes_sent: int
+    bytes_received: int
+    ops: int
+    fallbacks: int
+    def __init__(self, kind: _Optional[str] = ..., transport: _Optional[str] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., ops: _Optional[int] = ..., fallbacks: _Optional[int] = ...) -> None: ...
+
+class WorkerStats(_message.Message):
+    __slots__ = ("worker_id", "actors", "transports")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTORS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    actors: _containers.RepeatedCompositeFieldContainer[ActorStats]
+    transports: _containers.RepeatedCompositeFieldContainer[TransportStats]
+    def __init__(self, worker_id: _Optional[str] = ..., actors: _Optional[_Iterable[_Union[ActorStats, _Mapping]]] = ..., transports: _Optional[_Iterable[_Union[TransportStats, _Mapping]]] = ...) -> None: ...

@@ -74,6 +74,21 @@ class HeadStub:
                 request_serializer=orchestr__pb2.Empty.SerializeToString,
                 response_deserializer=orchestr__pb2.ActorList.FromString,
                 _registered_method=True)
+        self.WatchActors = channel.unary_stream(
+                '/orchestr.v1.Head/WatchActors',
+                request_serializer=orchestr__pb2.WatchActorsRequest.SerializeToString,
+                response_deserializer=orchestr__pb2.ActorEvent.FromString,
+                _registered_method=True)
+        self.RestartActor = channel.unary_unary(
+                '/orchestr.v1.Head/RestartActor',
+                request_serializer=orchestr__pb2.RestartActorRequest.SerializeToString,
+                response_deserializer=orchestr__pb2.ActorInfo.FromString,
+                _registered_method=True)
+        self.AbandonActor = channel.unary_unary(
+                '/orchestr.v1.Head/AbandonActor',
+                request_serializer=orchestr__pb2.AbandonActorRequest.SerializeToString,
+                response_deserializer=orchestr__pb2.Ack.FromString,
+                _registered_method=True)
 
 
 class HeadServicer:
@@ -127,6 +142,25 @@ class HeadServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchActors(self, request, context):
+        """Supervision: the owner hears of deaths, then re-creates the actor or gives it up.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestartActor(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbandonActor(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HeadServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +203,21 @@ def add_HeadServicer_to_server(servicer, server):
                     servicer.ListActors,
                     request_deserializer=orchestr__pb2.Empty.FromString,
                     response_serializer=orchestr__pb2.ActorList.SerializeToString,
+            ),
+            'WatchActors': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchActors,
+                    request_deserializer=orchestr__pb2.WatchActorsRequest.FromString,
+                    response_serializer=orchestr__pb2.ActorEvent.SerializeToString,
+            ),
+            'RestartActor': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestartActor,
+                    request_deserializer=orchestr__pb2.RestartActorRequest.FromString,
+                    response_serializer=orchestr__pb2.ActorInfo.SerializeToString,
+            ),
+            'AbandonActor': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbandonActor,
+                    request_deserializer=orchestr__pb2.AbandonActorRequest.FromString,
+                    response_serializer=orchestr__pb2.Ack.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -397,6 +446,87 @@ class Head:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def WatchActors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/orchestr.v1.Head/WatchActors',
+            orchestr__pb2.WatchActorsRequest.SerializeToString,
+            orchestr__pb2.ActorEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestartActor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchestr.v1.Head/RestartActor',
+            orchestr__pb2.RestartActorRequest.SerializeToString,
+            orchestr__pb2.ActorInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbandonActor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchestr.v1.Head/AbandonActor',
+            orchestr__pb2.AbandonActorRequest.SerializeToString,
+            orchestr__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class NodeStub:
     """Missing associated documentation comment in .proto file."""
@@ -570,6 +700,11 @@ class WorkerStub:
                 request_serializer=orchestr__pb2.CreateActorRequest.SerializeToString,
                 response_deserializer=orchestr__pb2.CreateActorReply.FromString,
                 _registered_method=True)
+        self.Stats = channel.unary_unary(
+                '/orchestr.v1.Worker/Stats',
+                request_serializer=orchestr__pb2.Empty.SerializeToString,
+                response_deserializer=orchestr__pb2.WorkerStats.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -581,6 +716,13 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Stats(self, request, context):
+        """Counters for the head's metrics: calls per actor and endpoint, bytes per transport.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -588,6 +730,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.CreateActor,
                     request_deserializer=orchestr__pb2.CreateActorRequest.FromString,
                     response_serializer=orchestr__pb2.CreateActorReply.SerializeToString,
+            ),
+            'Stats': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stats,
+                    request_deserializer=orchestr__pb2.Empty.FromString,
+                    response_serializer=orchestr__pb2.WorkerStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -617,6 +764,33 @@ class Worker:
             '/orchestr.v1.Worker/CreateActor',
             orchestr__pb2.CreateActorRequest.SerializeToString,
             orchestr__pb2.CreateActorReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchestr.v1.Worker/Stats',
+            orchestr__pb2.Empty.SerializeToString,
+            orchestr__pb2.WorkerStats.FromString,
             options,
             channel_credentials,
             insecure,

@@ -32,6 +32,7 @@ from ._driver import JobContext, open_local_cluster, run
 from ._mesh import Endpoint, Mesh
 from ._phases import Collective
 from ._serde import register
+from ._supervise import Failure, RestartPolicy
 from .config import Config, load_config
 from .errors import (
     ActorDiedError,
@@ -53,6 +54,7 @@ from .errors import (
     SerializationError,
     SpawnError,
     StaleDescriptorError,
+    SupervisionError,
     TransportError,
     TransportUnavailableError,
 )
@@ -76,6 +78,7 @@ __all__ = [
     "ControlPlaneError",
     "DescriptorError",
     "Endpoint",
+    "Failure",
     "FallbackError",
     "JobContext",
     "Mesh",
@@ -84,9 +87,11 @@ __all__ = [
     "OrchestrError",
     "PlacementError",
     "ProtocolError",
+    "RestartPolicy",
     "SerializationError",
     "SpawnError",
     "StaleDescriptorError",
+    "SupervisionError",
     "TransportError",
     "TransportUnavailableError",
     "__version__",

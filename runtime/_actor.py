@@ -10,7 +10,7 @@ from typing import Any, TypeVar, overload
 
 from .errors import SpawnError
 
-__all__ = ["Actor", "EndpointSpec", "class_path", "endpoint", "endpoints_of"]
+__all__ = ["Actor", "EndpointSpec", "class_path", "endpoint", "endpoints_of", "saves_state"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -68,6 +68,23 @@ class Actor:
                 if isinstance(spec, EndpointSpec):
                     found[name] = dataclasses.replace(spec, name=name)
         cls._orchestr_endpoints = found
+
+    def save_state(self) -> Any:
+        """Optional: return this actor's state as plain values (no tensors). The owner saves
+        it on ``ctx.checkpoint(mesh)`` or every ``RestartPolicy.checkpoint_s`` seconds, in
+        order with the actor's other calls; a restarted actor gets the last one back through
+        :meth:`load_state`, right after ``__init__``."""
+        raise NotImplementedError
+
+    def load_state(self, state: Any) -> None:
+        """Optional: restore what :meth:`save_state` returned (called after ``__init__`` in a
+        restarted actor, before it takes calls)."""
+        raise NotImplementedError
+
+
+def saves_state(cls: type) -> bool:
+    """Whether ``cls`` defines its own :meth:`Actor.save_state`."""
+    return getattr(cls, "save_state", Actor.save_state) is not Actor.save_state
 
 
 def endpoints_of(cls: type) -> dict[str, EndpointSpec]:

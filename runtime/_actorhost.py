@@ -4,6 +4,9 @@ Ordering: calls to one actor run one at a time in arrival order, and a connectio
 caller's frames in the order they were sent, so one caller's messages are processed in order.
 Endpoints marked ``concurrent=True`` skip the queue. An idle actor runs a sync endpoint
 directly from the receive callback; everything else goes through the actor's mailbox task.
+
+Each endpoint counts the calls it started and those that raised (two integers, bumped on the
+hot path); :meth:`ActorHost.stats` reads them with the mailbox's depth for the head's metrics.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from typing import Any, Protocol
 
 import structlog
 
-from ._actor import Actor, EndpointSpec
+from ._actor import Actor, EndpointSpec, saves_state
+from ._stats import ActorStats, EndpointStats
 
-__all__ = ["ActorHost", "Item", "Replies"]
+__all__ = ["ActorHost", "Counts", "Item", "Replies"]
 
 log = structlog.get_logger("orchestr.callserver")
 
@@ -44,16 +48,34 @@ def _signature(fn: Any) -> str:
         return str(inspect.signature(fn))
 
 
+class Counts:
+    """One endpoint's calls: started, and those of them that raised."""
+
+    __slots__ = ("calls", "errors")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.errors = 0
+
+
 class ActorHost:
     """One live actor: its instance, its endpoints and its mailbox."""
 
-    def __init__(self, instance: Actor, label: str) -> None:
+    def __init__(self, instance: Actor, label: str, actor_id: str = "") -> None:
         self.instance = instance
         self.label = label
+        self.actor_id = actor_id
         self.endpoints: dict[str, tuple[EndpointSpec, Any]] = {
             name: (spec, getattr(instance, name))
             for name, spec in instance._orchestr_endpoints.items()
         }
+        #: Calls by endpoint name; an entry is made on an endpoint's first call.
+        self.counts: collections.defaultdict[str, Counts] = collections.defaultdict(Counts)
+        if saves_state(type(instance)):  # in order with the actor's other calls
+            self.endpoints["__save_state__"] = (
+                EndpointSpec("__save_state__", False, False),
+                instance.save_state,
+            )
         self.mailbox: collections.deque[Item] = collections.deque()
         self.busy = False
         self.waiter: asyncio.Future[None] | None = None
@@ -100,6 +122,7 @@ class ActorHost:
     def _invoke_sync(self, item: Item) -> None:
         conn, call_id, spec, args, kwargs = item
         fn = self.endpoints[spec.name][1]
+        self.counts[spec.name].calls += 1
         try:
             value = fn(*args, **kwargs)
         except Exception as exc:
@@ -111,6 +134,7 @@ class ActorHost:
     async def _invoke(self, item: Item) -> None:
         conn, call_id, spec, args, kwargs = item
         fn = self.endpoints[spec.name][1]
+        self.counts[spec.name].calls += 1
         try:
             if spec.is_async:
                 value = await fn(*args, **kwargs)
@@ -131,6 +155,7 @@ class ActorHost:
     def _failed(self, item: Item, exc: Exception) -> None:
         conn, call_id, spec, args, kwargs = item
         fn = self.endpoints[spec.name][1]
+        self.counts[spec.name].errors += 1
         tb = traceback.format_exc()
         kind = "raised"
         if isinstance(exc, TypeError):
@@ -153,6 +178,22 @@ class ActorHost:
                 "call raised", actor=self.label, call=call_id, endpoint=spec.name, error=repr(exc)
             )
             conn.error(call_id, kind, exc, tb=tb)
+
+    def stats(self) -> ActorStats:
+        """Its counters now, by endpoint (the actor's own, never-called ones included). Calls
+        in flight: the one the mailbox runs, and concurrent ones."""
+        zero = Counts()
+        endpoints = []
+        for name in sorted(self.instance._orchestr_endpoints):
+            c = self.counts.get(name, zero)
+            endpoints.append(EndpointStats(name, c.calls, c.errors))
+        return ActorStats(
+            actor_id=self.actor_id,
+            label=self.label,
+            queue_depth=len(self.mailbox),
+            in_flight=int(self.busy) + len(self.tasks),
+            endpoints=endpoints,
+        )
 
     async def aclose(self) -> None:
         self.runner.cancel()

@@ -33,7 +33,7 @@ from orchestr.fabric._memfd import Segment
 from orchestr.fabric._segments import copy, peers, pool
 from orchestr.fabric._shm import address_of
 
-from . import _serde
+from . import _serde, _wire
 from ._locality import is_u64
 from .config import Config
 from .errors import (
@@ -125,6 +125,8 @@ class _Sink:
             if _fanout:
                 _fanout[0][(address, nbytes)] = (segment, generation, offset)
         self.leases.append((segment.fd, generation))
+        _wire.bulk.sent += nbytes
+        _wire.bulk.ops += 1
         return [os.getpid(), segment.fd, segment.key, generation, offset]
 
     def abandon(self) -> None:
@@ -234,6 +236,8 @@ class BulkLink:
             raise DescriptorError(f"a descriptor for process {pid} arrived from {self.peer}")
         lease = (fd, generation)
         self.this_decode.append(lease)
+        _wire.bulk.received += nbytes
+        _wire.bulk.ops += 1
         return peers.view(pid, fd, key, generation, offset, nbytes, lambda: self._release(lease))
 
     def release_unmapped(self, msg: bytes | memoryview) -> None:

@@ -46,16 +46,43 @@ log = structlog.get_logger("orchestr.callpath")
 
 
 class Pending:
-    __slots__ = ("actor_id", "endpoint", "future", "label", "timeout", "timer")
+    """A call waiting for its reply. It keeps what it sent (references, no copies), so a call
+    that never left, or one under at-least-once retry, can be sent again to a restarted actor."""
+
+    __slots__ = (
+        "actor_id",
+        "args",
+        "deadline",
+        "endpoint",
+        "fallback",
+        "future",
+        "label",
+        "retry",
+        "timeout",
+        "timer",
+    )
 
     def __init__(
-        self, future: asyncio.Future[Any], actor_id: str, label: str, endpoint: str, timeout: float
+        self,
+        future: asyncio.Future[Any],
+        actor_id: str,
+        label: str,
+        endpoint: str,
+        timeout: float,
+        args: tuple[Any, Any] = ((), {}),
+        fallback: str | None = None,
+        retry: bool = False,
     ) -> None:
         self.future = future
         self.actor_id = actor_id
         self.label = label
         self.endpoint = endpoint
         self.timeout = timeout
+        self.deadline = 0.0
+        self.args = args
+        self.fallback = fallback
+        #: At-least-once: sent again to the actor's next incarnation if it dies meanwhile.
+        self.retry = retry
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -89,6 +116,12 @@ class Connection(FramedProtocol):
         #: its frame as first encoded; the call's fallback policy).
         self.held: list[tuple[list[Any] | None, list[bytes | memoryview], str | None]] | None
         self.held = None
+        #: Whether the stream was ever open: calls on one that never was were never sent.
+        self.connected = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.connected = True
+        super().connection_made(transport)
 
     def submit(
         self,
@@ -164,6 +197,7 @@ class Connection(FramedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         traffic["received"] += nbytes
+        self.counters.received += nbytes
         try:
             frames = self.decoder.buffer_updated(nbytes)
         except ProtocolError as exc:
@@ -230,7 +264,7 @@ class Connection(FramedProtocol):
         for p in pending.values():
             self.client.done(p)
         if pending:
-            self.client.report_broken(list(pending.values()), exc)
+            self.client.report_broken(list(pending.values()), exc, sent=self.connected)
 
 
 def _connection_error(message: list[Any], address: str) -> OrchestrError:

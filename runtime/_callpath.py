@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -43,10 +44,23 @@ from .errors import (
     ProtocolError,
 )
 
-__all__ = ["CallClient", "current_client", "set_current_client"]
+__all__ = ["ActorLookup", "ActorView", "CallClient", "current_client", "set_current_client"]
 
-#: Reports why an actor went away: ``(actor_id) -> description or None``.
-DeathReporter = Callable[[str], Awaitable[ActorDiedError | None]]
+
+@dataclasses.dataclass(frozen=True)
+class ActorView:
+    """What the head says about an actor whose connection broke."""
+
+    #: ``alive``, ``starting``, ``restarting``, ``dead`` or ``stopped``.
+    state: str
+    #: Where it serves calls now (its new incarnation's address after a restart).
+    address: str
+    #: Why it (last) went away, as the error to raise; ``None`` when it never died.
+    died: ActorDiedError | None
+
+
+#: Asks the head about an actor: ``(actor_id, address the caller knew, restart wait in s)``.
+ActorLookup = Callable[[str, str, float], Awaitable[ActorView]]
 
 
 class CallClient:
@@ -55,15 +69,15 @@ class CallClient:
     Owned by one process (the driver or a worker) and used from its event loop only.
     """
 
-    def __init__(
-        self, token: str, config: Config, death_reporter: DeathReporter | None = None
-    ) -> None:
+    def __init__(self, token: str, config: Config, lookup: ActorLookup | None = None) -> None:
         self.token = token
         self.config = config
         fabric.configure(bind_host=config.bind_host, fallback=config.transport_fallback)
-        self.death_reporter = death_reporter
+        self.lookup = lookup
         self.loop = asyncio.get_running_loop()
         self._connections: dict[str, Connection] = {}
+        #: actor id -> the address of its current incarnation, once it was restarted.
+        self.moved: dict[str, str] = {}
         self._ids = itertools.count(1)
         self._inflight: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -84,31 +98,42 @@ class CallClient:
         kwargs: dict[str, Any],
         timeout: float | None = None,
         fallback: str | None = None,
+        retry: bool = False,
     ) -> asyncio.Future[Any]:
-        """Send one call; the returned future resolves to its result.
+        """Send one call; the returned future resolves to its result. With ``retry`` (the
+        mesh's at-least-once policy) a call in flight when the actor dies is sent again to its
+        restarted incarnation, within the same deadline.
 
         Raises at once (not through the future) when the arguments cannot be sent.
         """
-        call_id = next(self._ids)
-        conn = self._connection(address)
-        sink = conn.bulk.sink(fallback)
-        message = [CALL, call_id, actor_id, endpoint, lift_large(args), lift_large(kwargs)]
-        parts, big = pack_frame_sized(message, self.config.max_message_bytes, sink, self.config)
         future = self.loop.create_future()
         if timeout is None:
             timeout = self.config.call_timeout
-        pending = Pending(future, actor_id, label, endpoint, timeout)
-        pending.timer = self.loop.call_later(timeout, self._expire, conn, call_id)
-        self._inflight[actor_id] = self._inflight.get(actor_id, 0) + 1
+        pending = Pending(
+            future, actor_id, label, endpoint, timeout, (args, kwargs), fallback, retry
+        )
+        pending.deadline = self.loop.time() + timeout
+        self._submit(self.moved.get(actor_id, address), pending)
+        return future
+
+    def _submit(self, address: str, pending: Pending) -> None:
+        call_id = next(self._ids)
+        conn = self._connection(address)
+        sink = conn.bulk.sink(pending.fallback)
+        args, kwargs = pending.args
+        message = [CALL, call_id, pending.actor_id, pending.endpoint]
+        message += [lift_large(args), lift_large(kwargs)]
+        parts, big = pack_frame_sized(message, self.config.max_message_bytes, sink, self.config)
+        pending.timer = self.loop.call_at(pending.deadline, self._expire, conn, call_id)
+        self._inflight[pending.actor_id] = self._inflight.get(pending.actor_id, 0) + 1
         if conn.broken is not None:
             if sink is not None:
                 sink.abandon()
-            self.report_broken([pending], conn.broken)
             self.done(pending)
-            return future
+            self.report_broken([pending], conn.broken, sent=conn.connected, address=address)
+            return
         conn.pending[call_id] = pending
-        conn.submit(message, parts, big, sink, fallback)
-        return future
+        conn.submit(message, parts, big, sink, pending.fallback)
 
     def send(
         self,
@@ -119,7 +144,7 @@ class CallClient:
         kwargs: dict[str, Any],
     ) -> None:
         """Send a call whose result nobody waits for; the actor logs any error it raises."""
-        conn = self._connection(address)
+        conn = self._connection(self.moved.get(actor_id, address))
         sink = conn.bulk.sink()
         message = [SEND, 0, actor_id, endpoint, lift_large(args), lift_large(kwargs)]
         parts, big = pack_frame_sized(message, self.config.max_message_bytes, sink, self.config)
@@ -195,41 +220,54 @@ class CallClient:
         if self._connections.get(conn.address) is conn:
             del self._connections[conn.address]
 
-    def report_broken(self, pending: list[Pending], exc: BaseException) -> None:
-        """Fail calls whose connection broke, asking the head why the actor went away."""
+    def report_broken(
+        self, pending: list[Pending], exc: BaseException, *, sent: bool = True, address: str = ""
+    ) -> None:
+        """Settle calls whose connection broke: ask the head what became of the actor, then
+        send each call again to its restarted incarnation when that is safe (the call never
+        left, or it is at-least-once), else fail it with an error that says why."""
         if isinstance(exc, AuthenticationError | ProtocolError | ClosedResourceError):
             for p in pending:
                 if not p.future.done():
                     p.future.set_exception(exc)
             return
-        self._spawn(self._explain_death(pending, exc))
+        self._spawn(self._settle_broken(pending, exc, sent, address))
 
-    async def _explain_death(self, pending: list[Pending], exc: BaseException) -> None:
-        reasons: dict[str, ActorDiedError | None] = {}
+    async def _settle_broken(
+        self, pending: list[Pending], exc: BaseException, sent: bool, address: str
+    ) -> None:
+        views: dict[str, ActorView | None] = {}
         for p in pending:
-            if p.actor_id not in reasons and self.death_reporter is not None:
-                try:
-                    reasons[p.actor_id] = await self.death_reporter(p.actor_id)
-                except OrchestrError:
-                    reasons[p.actor_id] = None
-            reason = reasons.get(p.actor_id)
             if p.future.done():
                 continue
-            if reason is not None:
-                err = ActorDiedError(
-                    f"{p.label}.{p.endpoint} failed: {reason}",
-                    actor=p.label,
-                    exit_code=reason.exit_code,
-                    signal=reason.signal,
-                )
-            else:
-                err = ActorDiedError(
-                    f"{p.label}.{p.endpoint} failed: lost the connection to the actor's worker "
-                    f"({exc})",
-                    actor=p.label,
-                )
-            err.__cause__ = exc
-            p.future.set_exception(err)
+            resend = p.retry or not sent
+            if p.actor_id not in views or (resend and _restarting(views[p.actor_id])):
+                views[p.actor_id] = await self._look_up(p.actor_id, address, resend)
+            view = views[p.actor_id]
+            if p.future.done():
+                continue
+            moved = view is not None and view.state == "alive" and view.address != address
+            if moved and view is not None:
+                self.moved[p.actor_id] = view.address
+                if resend and not self._closed:
+                    if self.loop.time() >= p.deadline:
+                        p.future.set_exception(CallTimeoutError(p.label, p.endpoint, p.timeout))
+                        continue
+                    try:
+                        self._submit(view.address, p)
+                    except OrchestrError as err:
+                        p.future.set_exception(err)
+                    continue
+            p.future.set_exception(_death(p, view, exc, moved))
+
+    async def _look_up(self, actor_id: str, address: str, wait_restart: bool) -> ActorView | None:
+        if self.lookup is None:
+            return None
+        restart_wait = self.config.restart_wait if wait_restart else 0.0
+        try:
+            return await self.lookup(actor_id, address, restart_wait)
+        except OrchestrError:
+            return None
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -268,3 +306,29 @@ def current_client() -> CallClient:
             "(orchestr.run / orchestr run job.py) or from another actor"
         )
     return _current
+
+
+def _restarting(view: ActorView | None) -> bool:
+    return view is not None and view.state in ("restarting", "starting")
+
+
+def _death(p: Pending, view: ActorView | None, exc: BaseException, moved: bool) -> ActorDiedError:
+    """The error of a call whose actor went away, saying what became of the actor."""
+    where = f"{p.label}.{p.endpoint} failed: "
+    died = view.died if view is not None else None
+    if died is None:
+        text = f"lost the connection to the actor's worker ({exc})"
+    else:
+        text = str(died)
+    if moved:
+        text += "; it was restarted, but the call is not retried (the mesh's retry is at-most-once)"
+    elif _restarting(view):
+        text += "; it is being restarted"
+    err = ActorDiedError(
+        where + text,
+        actor=p.label,
+        exit_code=died.exit_code if died else None,
+        signal=died.signal if died else None,
+    )
+    err.__cause__ = exc
+    return err

@@ -111,6 +111,7 @@ class _ServerConnection(FramedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         traffic["received"] += nbytes
+        self.counters.received += nbytes
         try:
             frames = self.decoder.buffer_updated(nbytes)
         except ProtocolError as exc:

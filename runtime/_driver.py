@@ -19,17 +19,18 @@ from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
 from . import _serde
-from ._actor import Actor, class_path
+from ._actor import Actor, class_path, saves_state
 from ._callpath import CallClient, set_current_client
 from ._events import EventLog, export_trace
 from ._grpc import ControlChannel
-from ._head import HeadService, explain_death
+from ._head import HeadService, actor_lookup
 from ._headstate import validate_resources
 from ._mesh import Member, Mesh
 from ._node import NodeService
 from ._phases import FabricHints, Phase, RecordingHints, make_phase
+from ._supervise import RestartPolicy, SuperviseHook, Supervisor, check_hook
 from .config import Config, load_config
-from .errors import ActorDiedError, ConfigError, OrchestrError
+from .errors import ConfigError, OrchestrError, SupervisionError
 
 __all__ = ["JobContext", "open_local_cluster", "run"]
 
@@ -62,6 +63,15 @@ class JobContext:
         #: Where phase hints go: the fabric manager, or (by default) a recorder.
         self.hints: FabricHints = RecordingHints()
         self._phases: list[Phase] = []
+        #: Hears of deaths of this job's actors and restarts, accepts or escalates them.
+        self.supervisor = Supervisor(head, client, self.events, self._escalate)
+        self._host: asyncio.Task[Any] | None = None
+
+    def _escalate(self, error: SupervisionError) -> None:
+        """The root policy: an escalated failure fails the job loudly, at once. The job's
+        main is cancelled; leaving the cluster raises ``error``."""
+        if self._host is not None and not self._host.done():
+            self._host.cancel(msg="orchestr: an actor failure escalated to the job's root")
 
     @property
     def current_phase(self) -> Phase | None:
@@ -86,6 +96,10 @@ class JobContext:
             self._phases.remove(phase)
             self.hints.ended(phase)
 
+    #: ``host:port`` of the head's Prometheus endpoint (``GET /metrics``); ``None`` when the
+    #: head serves none (``ORCHESTR_METRICS_PORT=-1``) or is not this job's own.
+    metrics_address: str | None = None
+
     @property
     def head_address(self) -> str:
         """``host:port`` of the cluster's head: what another node joins
@@ -106,16 +120,27 @@ class JobContext:
         name: str | None = None,
         resources: Mapping[str, float] | None = None,
         labels: Mapping[str, str] | None = None,
+        restart: RestartPolicy | None = None,
+        supervise: SuperviseHook = None,
         **kwargs: Any,
     ) -> Mesh:
         """Create ``n`` actors of class ``actor`` (a class or ``"module:Class"``), each built with
         ``actor(*args, **kwargs)``, placed on nodes that have ``resources`` free and carry
         ``labels``. Blocks until every member is ready; all or nothing.
 
+        ``restart`` (a :class:`RestartPolicy`; default: no restarts, at-most-once) and
+        ``supervise`` (``"restart"``, ``"handle"``, ``"escalate"`` or a function of a
+        :class:`Failure` returning one) decide what a member's death does. By default a death
+        with no restart left fails the job with :class:`SupervisionError`.
+
         Raises :class:`PlacementError`, or :class:`SpawnError` with the remote traceback when
         an import or ``__init__`` fails. Not idempotent.
         """
         path = actor if isinstance(actor, str) else class_path(actor)
+        policy = restart if restart is not None else RestartPolicy()
+        if not isinstance(policy, RestartPolicy):
+            raise ConfigError(f"restart must be an orchestr.RestartPolicy, got {restart!r}")
+        check_hook(supervise)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"n must be a positive integer, got {n!r}")
         if name is not None and not isinstance(name, str):
@@ -135,6 +160,7 @@ class JobContext:
             resources=pb.Resources(amounts=validate_resources(resources or {})),
             labels=dict(labels or {}),
             name=name or "",
+            restart=policy.to_proto(),
         )
         info = await self.head.rpc(self._stub.SpawnMesh, request, timeout=None)
         mesh = Mesh(
@@ -143,7 +169,10 @@ class JobContext:
             info.class_path,
             [Member(m.actor_id, m.call_address, m.rank) for m in info.members],
             list(info.members[0].endpoints) if info.members else [],
+            retry=policy.retry == "at_least_once",
         )
+        saves = not isinstance(actor, str) and saves_state(actor)
+        self.supervisor.adopt(mesh, policy, supervise, saves)
         self._meshes.append(mesh)
         self.events.record("spawn", mesh=mesh.name, size=n, class_path=mesh.class_path)
         log.info("spawned", mesh=mesh.name, size=n)
@@ -151,7 +180,15 @@ class JobContext:
 
     async def stop(self, mesh: Mesh) -> None:
         """Stop every actor of ``mesh`` (its workers get SIGTERM). Idempotent."""
+        self.supervisor.forget(mesh)
         await self.head.rpc(self._stub.StopMesh, pb.StopMeshRequest(mesh_id=mesh.mesh_id))
+
+    async def checkpoint(self, mesh: Mesh) -> int:
+        """Save the state of every member of ``mesh`` (its class defines ``save_state``); a
+        member restarted later is given the last saved state through ``load_state``. Runs in
+        order with each member's other calls. Returns how many members were saved (a dead one
+        is skipped); raises :class:`ConfigError` when the class saves nothing."""
+        return await self.supervisor.checkpoint(mesh)
 
     async def nodes(self) -> list[Any]:
         return list((await self.head.rpc(self._stub.ListNodes, pb.Empty())).nodes)
@@ -205,15 +242,23 @@ async def open_local_cluster(
                 labels=labels,
                 worker_env=worker_env,
             ):
-
-                async def reporter(actor_id: str) -> ActorDiedError | None:
-                    return await explain_death(head_channel, actor_id, config.death_report_wait)
-
-                client = CallClient(token, config, reporter)
+                client = CallClient(token, config, actor_lookup(head_channel, config))
                 set_current_client(client)
                 ctx = JobContext(head_channel, client, config, job_id, session_dir)
+                ctx.metrics_address = head.metrics_address
+                ctx._host = asyncio.current_task()
                 try:
-                    yield ctx
+                    async with ctx.supervisor:
+                        try:
+                            yield ctx
+                        except asyncio.CancelledError:
+                            if ctx.supervisor.escalated is None or ctx._host is None:
+                                raise
+                            ctx._host.uncancel()
+                        finally:
+                            ctx.supervisor.closing = True
+                        if ctx.supervisor.escalated is not None:
+                            raise ctx.supervisor.escalated
                 finally:
                     with contextlib.suppress(OrchestrError):
                         await asyncio.gather(*(ctx.stop(m) for m in ctx._meshes))

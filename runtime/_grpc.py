@@ -108,6 +108,11 @@ class ControlChannel:
         self._metadata = (("authorization", f"Bearer {token}"),)
         self._channel = grpc.aio.insecure_channel(address, options=_options(config))
 
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """What every request on this channel carries (the token), for streaming calls."""
+        return self._metadata
+
     def stub(self, stub_cls: Callable[[grpc.aio.Channel], Any]) -> Any:
         return stub_cls(self._channel)
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import secrets
 import signal as _signal
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -14,12 +15,21 @@ import structlog
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
+from ._callpath import ActorLookup, ActorView
 from ._grpc import ControlChannel, abort_with, make_server
 from ._headstate import ActorRecord, HeadState
+from ._metrics import MetricsServer
 from .config import Config
 from .errors import ActorDiedError, OrchestrError, SpawnError
 
-__all__ = ["HeadService", "actor_info", "describe_exit", "explain_death"]
+__all__ = [
+    "HeadService",
+    "actor_info",
+    "actor_lookup",
+    "death_error",
+    "describe_exit",
+    "explain_death",
+]
 
 log = structlog.get_logger("orchestr.head")
 
@@ -34,26 +44,53 @@ def describe_exit(pid: int, exit_code: int, sig: int) -> str:
     return f"worker process {pid} exited with code {exit_code}"
 
 
-async def explain_death(head: ControlChannel, actor_id: str, wait: float) -> ActorDiedError | None:
-    """Ask the head why ``actor_id`` went away, waiting up to ``wait`` s for the node's report."""
-    info = await head.rpc(
-        head.stub(pb_grpc.HeadStub).GetActor,
-        pb.GetActorRequest(actor_id=actor_id, wait_for_exit_s=wait),
-        timeout=wait + 5,
-    )
-    if info.state == "dead":
-        sig = _signal.Signals(info.signal).name if info.signal in _signal.valid_signals() else None
-        return ActorDiedError(
-            f"actor {info.name}[{info.rank}] died: {describe_exit(info.pid, info.exit_code, info.signal)}",
-            actor=f"{info.name}[{info.rank}]",
-            exit_code=None if info.signal else info.exit_code,
-            signal=sig,
-        )
+def death_error(info: Any) -> ActorDiedError:
+    """The :class:`ActorDiedError` an ``ActorInfo`` of an ended actor describes, with the
+    worker's last output (a fatal-error dump, a traceback) when it left one."""
+    label = f"{info.name}[{info.rank}]"
     if info.state == "stopped":
-        return ActorDiedError(
-            f"actor {info.name}[{info.rank}] was stopped", actor=f"{info.name}[{info.rank}]"
+        return ActorDiedError(f"actor {label} was stopped", actor=label)
+    sig = _signal.Signals(info.signal).name if info.signal in _signal.valid_signals() else None
+    how = describe_exit(info.pid, info.exit_code, info.signal)
+    if info.state not in ("dead", "restarting"):  # alive again: the pid is the new worker's
+        how = how.replace(f"worker process {info.pid}", "its worker")
+    text = f"actor {label} died: {how}"
+    if info.last_output:
+        text += f"\n--- the worker's last output ---\n{info.last_output}"
+    return ActorDiedError(
+        text, actor=label, exit_code=None if info.signal else info.exit_code, signal=sig
+    )
+
+
+async def explain_death(
+    head: ControlChannel, actor_id: str, wait: float, *, address: str = "", restart_wait: float = 0
+) -> Any:
+    """Ask the head about ``actor_id`` after a connection to ``address`` broke: waits up to
+    ``wait`` s for the node's exit report, then (when ``restart_wait`` > 0 and the actor is
+    being restarted) up to ``restart_wait`` s for its new incarnation. Returns its ``ActorInfo``."""
+    return await head.rpc(
+        head.stub(pb_grpc.HeadStub).GetActor,
+        pb.GetActorRequest(
+            actor_id=actor_id,
+            wait_for_exit_s=wait,
+            wait_for_restart_s=restart_wait,
+            address=address,
+        ),
+        timeout=wait + restart_wait + 5,
+    )
+
+
+def actor_lookup(head: ControlChannel, config: Config) -> ActorLookup:
+    """How a process's call client asks the head what became of an actor."""
+
+    async def lookup(actor_id: str, address: str, restart_wait: float) -> ActorView:
+        info = await explain_death(
+            head, actor_id, config.death_report_wait, address=address, restart_wait=restart_wait
         )
-    return None
+        ended = info.state in ("dead", "stopped", "restarting") or info.restarts > 0
+        return ActorView(info.state, info.call_address, death_error(info) if ended else None)
+
+    return lookup
 
 
 def actor_info(a: ActorRecord) -> pb.ActorInfo:
@@ -71,6 +108,9 @@ def actor_info(a: ActorRecord) -> pb.ActorInfo:
         exit_code=a.exit_code,
         signal=a.signal,
         endpoints=a.endpoints,
+        restarts=a.restarts,
+        max_restarts=a.max_restarts,
+        last_output=a.last_output,
     )
 
 
@@ -86,10 +126,18 @@ class HeadService(pb_grpc.HeadServicer):
         self.port = self.server.add_insecure_port(f"{config.bind_host}:{port}")
         self.address = f"{config.bind_host}:{self.port}"
         self._channels: dict[str, ControlChannel] = {}
-        self._ended: dict[str, asyncio.Event] = {}
+        self._changed: dict[str, asyncio.Event] = {}
+        self._watchers: set[asyncio.Queue[pb.ActorEvent | None]] = set()
         self._monitor: asyncio.Task[None] | None = None
+        self.metrics = MetricsServer(self.state, token, config)
+
+    @property
+    def metrics_address(self) -> str | None:
+        """``host:port`` of its ``GET /metrics`` once started; ``None`` when metrics are off."""
+        return self.metrics.address
 
     async def __aenter__(self) -> HeadService:
+        await self.metrics.start()
         await self.server.start()
         self._monitor = asyncio.ensure_future(self._watch_heartbeats())
         log.info("head started", address=self.address)
@@ -99,6 +147,7 @@ class HeadService(pb_grpc.HeadServicer):
         await self.aclose()
 
     async def aclose(self) -> None:
+        await self.metrics.aclose()
         if self._monitor is not None:
             self._monitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -121,8 +170,27 @@ class HeadService(pb_grpc.HeadServicer):
             for node_id in self.state.expire_nodes(self.state.now(), self.config.heartbeat_timeout):
                 log.warning("node missed its heartbeats; marked dead", node=node_id)
 
-    def _ended_event(self, actor_id: str) -> asyncio.Event:
-        return self._ended.setdefault(actor_id, asyncio.Event())
+    def _notify(self, actor_id: str) -> None:
+        """Wake whoever waits for a change of ``actor_id``'s state."""
+        event = self._changed.pop(actor_id, None)
+        if event is not None:
+            event.set()
+
+    async def _wait_while(self, record: ActorRecord, still: Any, limit_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(limit_s):
+                while still(record):
+                    await self._changed.setdefault(record.actor_id, asyncio.Event()).wait()
+
+    def _publish(self, kind: str, record: ActorRecord) -> None:
+        event = pb.ActorEvent(kind=kind, actor=actor_info(record))
+        for queue in list(self._watchers):
+            try:
+                queue.put_nowait(event)
+            except asyncio.QueueFull:  # a watcher that does not read is cut off, not waited on
+                self._watchers.discard(queue)
+                queue.get_nowait()
+                queue.put_nowait(None)
 
     # -- node-facing RPCs ----------------------------------------------------------------
     async def RegisterNode(self, request: Any, context: Any) -> pb.Ack:
@@ -144,7 +212,9 @@ class HeadService(pb_grpc.HeadServicer):
         return pb.Ack()
 
     async def ReportWorkerExit(self, request: Any, context: Any) -> pb.Ack:
-        record = self.state.worker_exited(request.worker_id, request.exit_code, request.signal)
+        record = self.state.worker_exited(
+            request.worker_id, request.exit_code, request.signal, request.last_output
+        )
         if record is not None:
             log.warning(
                 "actor died",
@@ -152,8 +222,10 @@ class HeadService(pb_grpc.HeadServicer):
                 actor_id=record.actor_id,
                 node=request.node_id,
                 reason=describe_exit(request.pid, request.exit_code, request.signal),
+                restarting=record.state == "restarting",
             )
-            self._ended_event(record.actor_id).set()
+            self._notify(record.actor_id)
+            self._publish("died", record)
         return pb.Ack()
 
     # -- driver-facing RPCs --------------------------------------------------------------
@@ -172,6 +244,9 @@ class HeadService(pb_grpc.HeadServicer):
             )
         except OrchestrError as exc:
             await abort_with(context, exc)
+        for record in records:
+            record.max_restarts = max(0, request.restart.max_restarts)
+            record.init_args = request.init_args
         results = await asyncio.gather(
             *(self._start_member(r, request.init_args) for r in records), return_exceptions=True
         )
@@ -190,9 +265,13 @@ class HeadService(pb_grpc.HeadServicer):
             members=[actor_info(r) for r in records],
         )
 
-    async def _start_member(self, record: ActorRecord, init_args: bytes) -> None:
+    async def _start_member(
+        self, record: ActorRecord, init_args: bytes, state: bytes | None = None
+    ) -> None:
         node = self.state.nodes[record.node_id]
         worker_id = f"w-{record.actor_id[2:]}"
+        if record.restarts:
+            worker_id += f"-{record.restarts}"
         record.worker_id = worker_id
         self.state.by_worker[worker_id] = record.actor_id
         node_ch = self._channel(node.address)
@@ -202,6 +281,7 @@ class HeadService(pb_grpc.HeadServicer):
             timeout=self.config.worker_start_timeout + 5,
         )
         record.pid = winfo.pid
+        record.control_address = winfo.control_address
         # One request per worker: a channel of its own, closed at once, so none pile up.
         worker_ch = ControlChannel(winfo.control_address, self.token, self.config)
         try:
@@ -214,6 +294,8 @@ class HeadService(pb_grpc.HeadServicer):
                     name=record.name,
                     rank=record.rank,
                     mesh_id=record.mesh_id,
+                    state=state or b"",
+                    has_state=state is not None,
                 ),
                 timeout=None,
             )
@@ -227,11 +309,12 @@ class HeadService(pb_grpc.HeadServicer):
         self.state.actor_started(
             record.actor_id, worker_id, winfo.call_address, winfo.pid, list(reply.endpoints)
         )
+        self._notify(record.actor_id)
 
     async def _stop_members(self, records: list[ActorRecord]) -> None:
         async def stop(record: ActorRecord) -> None:
             self.state.actor_ended(record.actor_id, stopped=True)
-            self._ended_event(record.actor_id).set()
+            self._notify(record.actor_id)
             node = self.state.nodes.get(record.node_id)
             if node is None or not node.alive or not record.worker_id:
                 return
@@ -255,11 +338,65 @@ class HeadService(pb_grpc.HeadServicer):
         if record is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no actor {request.actor_id!r}")
             raise AssertionError("unreachable")  # abort raises
-        if record.state in ("starting", "alive") and request.wait_for_exit_s > 0:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(request.wait_for_exit_s):
-                    await self._ended_event(record.actor_id).wait()
+        if request.wait_for_exit_s > 0:
+            # Alive where the caller knew it: the node's report of its exit is on its way.
+            await self._wait_while(
+                record,
+                lambda r: (
+                    r.state in ("starting", "alive")
+                    and (not request.address or r.call_address in ("", request.address))
+                ),
+                request.wait_for_exit_s,
+            )
+        if request.wait_for_restart_s > 0:
+            await self._wait_while(
+                record, lambda r: r.state in ("restarting", "starting"), request.wait_for_restart_s
+            )
         return actor_info(record)
+
+    # -- supervision ---------------------------------------------------------------------
+    async def WatchActors(self, request: Any, context: Any) -> AsyncIterator[pb.ActorEvent]:
+        queue: asyncio.Queue[pb.ActorEvent | None] = asyncio.Queue(maxsize=10_000)
+        self._watchers.add(queue)
+        await context.send_initial_metadata(())  # the watcher knows it is heard from now on
+        try:
+            while (event := await queue.get()) is not None:
+                yield event
+        finally:
+            self._watchers.discard(queue)
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "this watcher fell 10000 events behind and was cut off; watch again and reconcile "
+            "with ListActors",
+        )
+
+    async def RestartActor(self, request: Any, context: Any) -> pb.ActorInfo:
+        """Re-create a ``restarting`` actor with its constructor arguments, on its old node
+        when that still fits, else on another."""
+        try:
+            record = self.state.restart(request.actor_id)
+        except OrchestrError as exc:
+            await abort_with(context, exc)
+        self._notify(record.actor_id)
+        try:
+            state = request.state if request.has_state else None
+            await self._start_member(record, record.init_args, state)
+        except BaseException as exc:
+            self.state.restart_failed(record.actor_id)
+            self._notify(record.actor_id)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            error = exc if isinstance(exc, OrchestrError) else SpawnError(repr(exc))
+            log.warning("restart failed", actor=record.label, error=str(error))
+            await abort_with(context, error)
+        log.info("actor restarted", actor=record.label, restarts=record.restarts)
+        return actor_info(record)
+
+    async def AbandonActor(self, request: Any, context: Any) -> pb.Ack:
+        record = self.state.abandon(request.actor_id)
+        if record is not None:
+            self._notify(record.actor_id)
+        return pb.Ack()
 
     async def ListNodes(self, request: Any, context: Any) -> pb.NodeList:
         return pb.NodeList(

@@ -45,11 +45,21 @@ class ActorRecord:
     resources: dict[str, float]
     worker_id: str = ""
     call_address: str = ""
+    #: host:port of the hosting worker's gRPC service (the head asks it for metrics).
+    control_address: str = ""
     pid: int = 0
-    state: str = "starting"  # starting -> alive -> stopped | dead
+    # starting -> alive -> stopped | dead | restarting (-> starting again, or dead)
+    state: str = "starting"
     exit_code: int = 0
     signal: int = 0
     endpoints: list[str] = dataclasses.field(default_factory=list)
+    #: How many times a death may be followed by a restart; the owner decides each one.
+    max_restarts: int = 0
+    restarts: int = 0
+    #: The worker's last output when it died (a fatal-error dump, a traceback).
+    last_output: str = ""
+    #: The encoded constructor arguments, kept to re-create the actor with the same ones.
+    init_args: bytes = b""
 
     @property
     def label(self) -> str:
@@ -185,16 +195,71 @@ class HeadState:
         a = self.actors.get(actor_id)
         if a is None or a.state in ("stopped", "dead"):
             return None
-        self._release(a)
+        if a.state != "restarting":  # a restarting actor holds nothing
+            self._release(a)
         a.state = "stopped" if stopped else "dead"
         a.exit_code, a.signal = exit_code, signal
         return a
 
-    def worker_exited(self, worker_id: str, exit_code: int, signal: int) -> ActorRecord | None:
-        actor_id = self.by_worker.get(worker_id)
+    def worker_exited(
+        self, worker_id: str, exit_code: int, signal: int, last_output: str = ""
+    ) -> ActorRecord | None:
+        """A worker died: its actor is ``restarting`` while it has restarts left (its owner
+        then restarts or abandons it), else ``dead``. Returns the record, or ``None`` for a
+        worker that hosts nothing (or an actor that had already ended)."""
+        actor_id = self.by_worker.pop(worker_id, None)
         if actor_id is None:
             return None
-        return self.actor_ended(actor_id, stopped=False, exit_code=exit_code, signal=signal)
+        a = self.actor_ended(actor_id, stopped=False, exit_code=exit_code, signal=signal)
+        if a is not None:
+            a.last_output = last_output
+            if a.restarts < a.max_restarts:
+                a.state = "restarting"
+        return a
+
+    def restart(self, actor_id: str) -> ActorRecord:
+        """Reserve a node for a ``restarting`` actor again: its old node when it is alive and
+        has room, else the one with most free CPU that fits. Raises :class:`PlacementError`
+        (the actor stays ``restarting``) or :class:`ConfigError` for an actor in another state."""
+        a = self.actors.get(actor_id)
+        if a is None or a.state != "restarting":
+            state = "unknown" if a is None else a.state
+            raise ConfigError(f"actor {actor_id!r} is {state}, not waiting for a restart")
+        old = self.nodes.get(a.node_id)
+        fits = [
+            n
+            for n in self.nodes.values()
+            if n.alive and all(n.free.get(k, 0.0) + 1e-9 >= v for k, v in a.resources.items())
+        ]
+        if not fits:
+            raise PlacementError(self._explain(a.name, a.rank, 1, a.resources, {}))
+        node = old if old in fits else max(fits, key=lambda n: (n.free.get("cpu", 0.0), n.node_id))
+        for k, v in a.resources.items():
+            node.free[k] = node.free.get(k, 0.0) - v
+        a.node_id = node.node_id
+        a.state = "starting"
+        a.restarts += 1
+        a.worker_id = a.call_address = ""
+        a.pid = a.exit_code = a.signal = 0
+        return a
+
+    def restart_failed(self, actor_id: str) -> None:
+        """Creating the new incarnation failed: back to ``restarting`` (the owner may try
+        again while restarts are left, or abandon it), holding nothing."""
+        a = self.actors.get(actor_id)
+        if a is not None and a.state in ("starting", "alive"):
+            self._release(a)
+            if a.worker_id:
+                self.by_worker.pop(a.worker_id, None)
+            a.state = "restarting" if a.restarts < a.max_restarts else "dead"
+
+    def abandon(self, actor_id: str) -> ActorRecord | None:
+        """The owner gives up on a ``restarting`` actor: it is ``dead`` for good."""
+        a = self.actors.get(actor_id)
+        if a is None or a.state != "restarting":
+            return None
+        a.state = "dead"
+        return a
 
     def mesh_members(self, mesh_id: str) -> list[ActorRecord]:
         return sorted(

@@ -42,12 +42,15 @@ class Mesh:
         class_path: str,
         members: Sequence[Member],
         endpoints: Sequence[str],
+        retry: bool = False,
     ) -> None:
         self.mesh_id = mesh_id
         self.name = name
         self.class_path = class_path
         self.members = tuple(members)
         self.endpoints = tuple(endpoints)
+        #: At-least-once: calls in flight when a member dies go to its restarted incarnation.
+        self.retry = retry
 
     def __len__(self) -> int:
         return len(self.members)
@@ -68,7 +71,7 @@ class Mesh:
                 ) from None
         else:
             raise TypeError(f"index a mesh with an int or a slice, not {type(key).__name__}")
-        return Mesh(self.mesh_id, self.name, self.class_path, members, self.endpoints)
+        return Mesh(self.mesh_id, self.name, self.class_path, members, self.endpoints, self.retry)
 
     def __getattr__(self, name: str) -> Endpoint:
         if name.startswith("_") or name not in self.endpoints:
@@ -134,6 +137,7 @@ class Endpoint:
             kwargs,
             self.timeout,
             self.fallback,
+            self.mesh.retry,
         )
 
     def call(self, *args: Any, **kwargs: Any) -> asyncio.Future[list[Any]]:
@@ -197,13 +201,19 @@ def _mesh_to_wire(mesh: Mesh) -> list[Any]:
         mesh.class_path,
         list(mesh.endpoints),
         [[m.actor_id, m.address, m.rank] for m in mesh.members],
+        mesh.retry,
     ]
 
 
 def _mesh_from_wire(data: Any) -> Mesh:
-    mesh_id, name, class_path, endpoints, members = data
+    mesh_id, name, class_path, endpoints, members, retry = data
     return Mesh(
-        mesh_id, name, class_path, [Member(a, addr, r) for a, addr, r in members], endpoints
+        mesh_id,
+        name,
+        class_path,
+        [Member(a, addr, r) for a, addr, r in members],
+        endpoints,
+        bool(retry),
     )
 
 

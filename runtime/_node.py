@@ -52,7 +52,7 @@ class _Worker:
         self.worker_id = worker_id
         self.proc = proc
         self.registered: asyncio.Future[pb.WorkerInfo] = asyncio.get_running_loop().create_future()
-        self.output: collections.deque[str] = collections.deque(maxlen=20)
+        self.output: collections.deque[str] = collections.deque(maxlen=60)
         self.tasks: list[asyncio.Task[None]] = []
 
 
@@ -205,8 +205,12 @@ class NodeService(pb_grpc.NodeServicer):
         code = rc if rc >= 0 else 0
         self.workers.pop(worker.worker_id, None)
         reason = describe_exit(worker.proc.pid, code, sig)
+        # Let the output relay reach the end of the pipe: a fatal-error dump is often last.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.5):
+                await asyncio.gather(worker.tasks[0], return_exceptions=True)
+        abnormal = bool(sig) or code != 0
         if not worker.registered.done():
-            await asyncio.sleep(0.05)  # let the output relay catch the last lines
             tail = "\n".join(worker.output) or "(no output)"
             worker.registered.set_exception(
                 SpawnError(f"{reason} before it registered; its last output:\n{tail}")
@@ -221,6 +225,7 @@ class NodeService(pb_grpc.NodeServicer):
                     pid=worker.proc.pid,
                     exit_code=code,
                     signal=sig,
+                    last_output="\n".join(worker.output) if abnormal else "",
                 ),
                 timeout=5,
             )

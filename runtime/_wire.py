@@ -16,6 +16,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
+from orchestr.fabric._flow import StreamEnd
+from orchestr.fabric._shmring import RingEnd
+
 from . import _serde
 from ._frames import FrameDecoder, encode_frame
 from .config import Config
@@ -31,14 +34,59 @@ __all__ = [
     "SEND",
     "WELCOME",
     "FramedProtocol",
+    "Moved",
     "pack_frame",
     "pack_frame_sized",
+    "stream_counters",
+    "stream_scheme",
 ]
 
 HELLO, CALL, SEND, OK, ERR, WELCOME, READY, RELEASE = 0, 1, 2, 3, 4, 5, 6, 7
 
 #: Bytes this process received on call-path streams (both ends), for metrics and tests.
 traffic = {"received": 0}
+
+
+class Moved:
+    """What this process moved one way or the other over one transport: plain integers,
+    bumped on the hot path without locks (each process's call path runs on one loop)."""
+
+    __slots__ = ("ops", "received", "sent")
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+        self.ops = 0  # values (bulk); streams leave it at 0
+
+
+#: Call-path stream bytes by stream scheme (``tcp``, ``shm``, ``inproc``), both ends.
+streams: dict[str, Moved] = {}
+#: Call values that went through shared-memory segments instead of the frame (see ``_bulk``).
+bulk = Moved()
+
+
+def stream_counters(scheme: str) -> Moved:
+    moved = streams.get(scheme)
+    if moved is None:
+        moved = streams[scheme] = Moved()
+    return moved
+
+
+def stream_scheme(transport: asyncio.BaseTransport) -> str:
+    """The stream scheme a connected transport belongs to: the in-host ends say, by their
+    class; anything else is taken for a socket (``tcp``)."""
+    if isinstance(transport, RingEnd):
+        return "shm"
+    if isinstance(transport, StreamEnd):
+        return "inproc"
+    return "tcp"
+
+
+def _nbytes(parts: list[bytes | memoryview]) -> int:
+    n = 0
+    for p in parts:
+        n += p.nbytes if isinstance(p, memoryview) else len(p)
+    return n
 
 
 def pack_frame(
@@ -94,6 +142,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self.out: list[bytes | memoryview] = []
         self.flush_scheduled = False
         self.lost = False
+        #: Where this connection's bytes are counted; set for real once connected.
+        self.counters = Moved()
 
     def send(self, parts: list[bytes | memoryview]) -> None:
         if self.lost:
@@ -104,9 +154,12 @@ class FramedProtocol(asyncio.BufferedProtocol):
         # The first frame of a loop turn goes out at once (latency); the flush scheduled here
         # sends whatever else this turn queues in one write (throughput).
         if len(parts) == 1:
-            self.transport.write(parts[0])
+            part = parts[0]
+            self.transport.write(part)
+            self.counters.sent += part.nbytes if isinstance(part, memoryview) else len(part)
         else:
             self.transport.writelines(parts)
+            self.counters.sent += _nbytes(parts)
         self.flush_scheduled = True
         self.loop.call_soon(self.flush)
 
@@ -115,6 +168,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         if self.transport is None or not self.out:
             return
         out, self.out = self.out, []
+        self.counters.sent += _nbytes(out)
         if len(out) == 1:
             self.transport.write(out[0])
         else:
@@ -122,6 +176,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.counters = stream_counters(stream_scheme(transport))
         self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:

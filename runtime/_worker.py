@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import faulthandler
 import importlib
 import os
 import signal
@@ -22,16 +23,16 @@ from orchestr import fabric
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
-from . import _serde
+from . import _serde, _stats
 from ._actor import Actor
 from ._actorhost import ActorHost
 from ._callpath import CallClient, set_current_client
 from ._callserver import CallServer
 from ._grpc import ControlChannel, abort_with, make_server
-from ._head import explain_death
+from ._head import actor_lookup
 from ._log import configure_logging
 from .config import Config, load_config
-from .errors import ActorDiedError, OrchestrError, SpawnError
+from .errors import OrchestrError, SpawnError
 
 log = structlog.get_logger("orchestr.worker")
 
@@ -85,14 +86,27 @@ class WorkerService(pb_grpc.WorkerServicer):
                     f"{label} ({request.class_path}).__init__ raised {type(exc).__name__}: {exc}\n"
                     f"--- remote traceback ---\n{traceback.format_exc().rstrip()}"
                 ) from exc
+            if request.has_state:  # a restart: the state its owner last saved
+                try:
+                    instance.load_state(_serde.decode(request.state))
+                except Exception as exc:
+                    raise SpawnError(
+                        f"{label} ({request.class_path}).load_state raised "
+                        f"{type(exc).__name__}: {exc}\n"
+                        f"--- remote traceback ---\n{traceback.format_exc().rstrip()}"
+                    ) from exc
         except OrchestrError as exc:
             log.error("actor creation failed", actor=label, error=str(exc))
             await abort_with(context, exc if isinstance(exc, SpawnError) else SpawnError(str(exc)))
-        self.calls.actors[request.actor_id] = ActorHost(instance, label)
+        self.calls.actors[request.actor_id] = ActorHost(instance, label, request.actor_id)
         log.info(
             "actor created", actor=label, actor_id=request.actor_id, class_path=request.class_path
         )
         return pb.CreateActorReply(endpoints=sorted(instance._orchestr_endpoints))
+
+    async def Stats(self, request: Any, context: Any) -> pb.WorkerStats:
+        actors = [host.stats() for host in self.calls.actors.values()]
+        return _stats.to_pb(_stats.worker_stats(self.worker_id, actors))
 
 
 def _die_with_parent() -> None:
@@ -111,10 +125,7 @@ async def serve_worker() -> None:
     node = ControlChannel(env["ORCHESTR_NODE_ADDRESS"], token, config)
     parent = os.getppid()
 
-    async def death_reporter(actor_id: str) -> ActorDiedError | None:
-        return await explain_death(head, actor_id, config.death_report_wait)
-
-    client = CallClient(token, config, death_reporter)
+    client = CallClient(token, config, actor_lookup(head, config))
     set_current_client(client)
     calls = CallServer(token, config)
     await calls.start(f"tcp://{config.bind_host}:0")
@@ -153,6 +164,9 @@ async def serve_worker() -> None:
 
 def main() -> None:
     _die_with_parent()
+    # A fatal signal (SIGSEGV, SIGABRT, ...) dumps every thread's stack to stderr, which the
+    # node relays and keeps: the head reports it as the death's cause.
+    faulthandler.enable()
     env = os.environ
     session_dir = env.get("ORCHESTR_SESSION_DIR")
     log_file = None

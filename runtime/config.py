@@ -12,6 +12,8 @@ __all__ = ["Config", "config_environ", "load_config"]
 
 
 _CHOICES = {"transport_fallback": ("allow", "error"), "local_call_transport": ("shm", "tcp")}
+#: Integer fields that are not simply positive: lowest and highest allowed, and what they mean.
+_RANGES = {"metrics_port": (-1, 65535, "0 picks a free port, -1 serves no metrics")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,9 @@ class Config:
     worker_stop_grace: float = 3.0
     #: Seconds to wait for the head to learn why a worker went away, when a call breaks.
     death_report_wait: float = 1.0
+    #: Seconds a call under at-least-once retry (or one that never left) waits for its dead
+    #: actor's restart before it fails.
+    restart_wait: float = 30.0
     #: Largest total of tensors, arrays and bytes of at least ``inline_max_bytes`` each in one
     #: call-path message (through shared memory on one host, in the frame across hosts).
     max_bulk_bytes: int = 16 * 1024**3
@@ -54,6 +59,9 @@ class Config:
     #: rings with a socket doorbell). tcp is the default: it measured faster for small calls
     #: (docs/decisions/0002-data-plane.md). Calls across hosts always use tcp.
     local_call_transport: str = "tcp"
+    #: Port of the head's Prometheus endpoint (``GET /metrics`` on ``bind_host``): 0 picks a
+    #: free one (``JobContext.metrics_address`` says which), -1 serves no metrics.
+    metrics_port: int = 0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -72,7 +80,14 @@ class Config:
                 raise ConfigError(
                     f"{field.name} must be a number of type {field.type}, got {value!r}"
                 )
-            if not value > 0:
+            bounds = _RANGES.get(field.name)
+            if bounds is not None:
+                low, high, meaning = bounds
+                if not low <= value <= high:
+                    raise ConfigError(
+                        f"{field.name} must be from {low} to {high} ({meaning}), got {value!r}"
+                    )
+            elif not value > 0:
                 raise ConfigError(f"{field.name} must be positive, got {value!r}")
 
 

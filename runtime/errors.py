@@ -22,6 +22,7 @@
     └── CallError                    an actor call did not produce a result
         ├── ActorError               the remote endpoint raised; carries type, message, traceback
         ├── ActorDiedError           the hosting worker exited or was killed during the call
+        │   └── SupervisionError         ... and its owner escalated: the job fails
         └── CallTimeoutError         the call's deadline passed (also a ``TimeoutError``)
 
 Errors translated from a lower layer (grpc, sockets) keep it as ``__cause__``.
@@ -49,6 +50,7 @@ __all__ = [
     "SerializationError",
     "SpawnError",
     "StaleDescriptorError",
+    "SupervisionError",
     "TransportError",
     "TransportUnavailableError",
 ]
@@ -176,6 +178,12 @@ class ActorDiedError(CallError):
         self.actor = actor
         self.exit_code = exit_code
         self.signal = signal
+
+
+class SupervisionError(ActorDiedError):
+    """An actor's failure reached the root of the job's supervision: its mesh had no restart
+    left, or its ``supervise`` hook escalated. The job fails with this error; the message
+    carries the root cause (signal or exit code, and the worker's last output)."""
 
 
 class CallTimeoutError(CallError, TimeoutError):

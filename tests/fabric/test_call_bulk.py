@@ -165,7 +165,7 @@ def _mapped_segments_of(pid: int) -> list[str]:
 
 
 async def test_sigkill_of_the_owner_leaves_no_segment_behind(ctx: oc.JobContext) -> None:
-    sink = await ctx.spawn(Sink)
+    sink = await ctx.spawn(Sink, supervise="handle")  # its death is expected
     await sink.pid.call_one()  # the handshake settles on the first call
     pid = await sink.pid.call_one()
     y = await sink.make.call_one(MiB, 4.0)  # a view of the actor's segment, held here

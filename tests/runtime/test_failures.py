@@ -20,7 +20,7 @@ from .actors import BrokenInit, Counter, ExitsAtOnce, Point
 
 
 async def test_sigkill_during_a_call_names_actor_and_signal(ctx: oc.JobContext) -> None:
-    mesh = await ctx.spawn(Counter, name="victim")
+    mesh = await ctx.spawn(Counter, name="victim", supervise="handle")
     pid = (await mesh.whoami.call_one())["pid"]
     call = mesh.sleep.call_one(60)
     await asyncio.sleep(0.2)
@@ -38,7 +38,7 @@ async def test_sigkill_during_a_call_names_actor_and_signal(ctx: oc.JobContext) 
 
 
 async def test_worker_exit_code_is_reported(ctx: oc.JobContext) -> None:
-    mesh = await ctx.spawn(ExitsAtOnce, name="quitter")
+    mesh = await ctx.spawn(ExitsAtOnce, name="quitter", supervise="handle")
     with pytest.raises(oc.ActorDiedError, match="quitter\\[0\\].*exited with code 3") as info:
         await mesh.die.call_one(3)
     assert info.value.exit_code == 3

@@ -68,7 +68,8 @@ async def test_node_main_joins_takes_a_mesh_and_stops_on_sigterm(tmp_path: Path)
             joined = next(n for n in nodes if n.labels["host"] == "b")
             assert joined.labels["role"] == "extra" and joined.alive
 
-            mesh = await ctx.spawn(Counter, 5, labels={"host": "b"})
+            # the node is stopped below, and its actor with it: an expected death
+            mesh = await ctx.spawn(Counter, 5, labels={"host": "b"}, supervise="handle")
             assert await mesh.add.call_one(2) == 7
             worker_pid = (await mesh.whoami.call_one())["pid"]
             assert _ppid(worker_pid) == proc.pid  # the worker runs under the joined node
