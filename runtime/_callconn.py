@@ -58,6 +58,7 @@ class Pending:
         "future",
         "label",
         "retry",
+        "started",
         "timeout",
         "timer",
     )
@@ -83,6 +84,8 @@ class Pending:
         self.fallback = fallback
         #: At-least-once: sent again to the actor's next incarnation if it dies meanwhile.
         self.retry = retry
+        #: When the call was sent (epoch seconds) if its span is recorded, else 0.
+        self.started = 0.0
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -236,7 +239,7 @@ class Connection(FramedProtocol):
                     self.abort(_connection_error(message, self.address))
                     return
                 continue  # the call already timed out or was cancelled
-            self.client.done(pending)
+            self.client.done(pending, kind == OK)
             if pending.future.done():
                 continue
             if kind == OK:

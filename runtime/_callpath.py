@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -78,11 +79,36 @@ class CallClient:
         self._connections: dict[str, Connection] = {}
         #: actor id -> the address of its current incarnation, once it was restarted.
         self.moved: dict[str, str] = {}
+        # Call spans for the job's event log: (start, end, actor, endpoint, ok), at most
+        # ``_span_rate`` a second, handed to ``_span_sink`` once a second.
+        self._spans: list[tuple[float, float, str, str, bool]] = []
+        self._span_quota = 0
+        self._span_rate = 0
+        self._span_sink: Callable[[list[tuple[float, float, str, str, bool]]], None] | None = None
+        self._span_timer: asyncio.TimerHandle | None = None
         self._ids = itertools.count(1)
         self._inflight: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         fabric_registry.connection_sources.append(self.connections)
+
+    def record_spans(
+        self, per_s: int, sink: Callable[[list[tuple[float, float, str, str, bool]]], None]
+    ) -> None:
+        """Time up to ``per_s`` calls a second and hand their spans to ``sink`` once a second
+        (the job's event log). Past the rate, calls are not timed: the log stays bounded."""
+        self._span_rate = self._span_quota = per_s
+        self._span_sink = sink
+        if per_s > 0:
+            self._span_timer = self.loop.call_later(1.0, self._flush_spans)
+
+    def _flush_spans(self) -> None:
+        self._span_quota = self._span_rate
+        spans, self._spans = self._spans, []
+        if spans and self._span_sink is not None:
+            self._span_sink(spans)
+        if not self._closed:
+            self._span_timer = self.loop.call_later(1.0, self._flush_spans)
 
     def inflight(self, actor_id: str) -> int:
         """Calls sent to ``actor_id`` from this process that have not finished."""
@@ -113,6 +139,9 @@ class CallClient:
             future, actor_id, label, endpoint, timeout, (args, kwargs), fallback, retry
         )
         pending.deadline = self.loop.time() + timeout
+        if self._span_quota:
+            self._span_quota -= 1
+            pending.started = time.time()
         self._submit(self.moved.get(actor_id, address), pending)
         return future
 
@@ -197,7 +226,11 @@ class CallClient:
         except OSError as exc:
             conn.abort(BrokenResourceError(f"cannot connect to {target}: {exc}"))
 
-    def done(self, p: Pending) -> None:
+    def done(self, p: Pending, ok: bool = False) -> None:
+        """The call left flight (``ok``: with a result, not an error)."""
+        if p.started:
+            self._spans.append((p.started, time.time(), p.label, p.endpoint, ok))
+            p.started = 0.0
         if p.timer is not None:
             p.timer.cancel()
             p.timer = None
@@ -279,6 +312,9 @@ class CallClient:
         if self._closed:
             return
         self._closed = True
+        if self._span_timer is not None:
+            self._span_timer.cancel()
+            self._flush_spans()
         with contextlib.suppress(ValueError):
             fabric_registry.connection_sources.remove(self.connections)
         for conn in list(self._connections.values()):

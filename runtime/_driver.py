@@ -247,6 +247,7 @@ async def open_local_cluster(
                 ctx = JobContext(head_channel, client, config, job_id, session_dir)
                 ctx.metrics_address = head.metrics_address
                 ctx._host = asyncio.current_task()
+                client.record_spans(config.call_spans_per_s, ctx.events.record_calls)
                 try:
                     async with ctx.supervisor:
                         try:

@@ -4,7 +4,8 @@ Every record is one line: ``{"ts": <unix seconds>, "kind": ..., ...fields}``. Sp
 calls) are one record when they end, with their start ``ts`` and ``dur`` in seconds, the
 ``track`` they belong on and, if they failed, the ``error``. :func:`export_trace` turns a log
 into the Trace Event format that chrome://tracing and ui.perfetto.dev open: spans become
-complete (``"X"``) events on one thread per track, other records instant (``"i"``) events.
+complete (``"X"``) events on one thread per track, calls (which overlap) async begin/end
+(``"b"``/``"e"``) pairs, other records instant (``"i"``) events.
 """
 
 from __future__ import annotations
@@ -50,6 +51,29 @@ class EventLog:
         finally:
             fields.update(name=name, track=track, dur=time.perf_counter() - began)
             self._write(start, kind, fields)
+
+    def record_calls(self, spans: list[tuple[float, float, str, str, bool]]) -> None:
+        """Write call spans ``(start, end, actor, endpoint, ok)`` in one go: each is a
+        ``call`` event on the actor's track of the trace."""
+        lines = "".join(
+            json.dumps(
+                {
+                    "ts": start,
+                    "kind": "call",
+                    "name": f"{actor}.{endpoint}",
+                    "track": f"calls to {actor}",
+                    "dur": max(0.0, end - start),
+                    **({} if ok else {"error": "failed"}),
+                }
+            )
+            + "\n"
+            for start, end, actor, endpoint, ok in spans
+        )
+        with self._lock:
+            if self._file is None:
+                return  # the job has ended; late spans are not an error
+            self._file.write(lines)
+            self._file.flush()
 
     def _write(self, ts: float, kind: str, fields: dict[str, Any]) -> None:
         if not isinstance(kind, str) or not kind:
@@ -98,7 +122,7 @@ def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def export_trace(log_path: str | os.PathLike[str], trace_path: str | os.PathLike[str]) -> int:
-    """Write the Chrome/Perfetto trace of an event log; returns how many events it holds."""
+    """Write the Chrome/Perfetto trace of an event log; returns how many log events it holds."""
     events = read_events(log_path)
     origin = min((e["ts"] for e in events), default=0.0)
     tracks: dict[str, int] = {}
@@ -115,6 +139,14 @@ def export_trace(log_path: str | os.PathLike[str], trace_path: str | os.PathLike
             "ts": round((event["ts"] - origin) * 1e6, 3),
             "args": args,
         }
+        if event["kind"] == "call" and isinstance(event.get("dur"), int | float):
+            # Calls overlap (many in flight to one actor): async slices may overlap, where
+            # complete ("X") slices on one thread must nest.
+            entry.update(ph="b", id=len(trace) + 1)
+            end = dict(entry, ph="e", args={})
+            end["ts"] = round(entry["ts"] + event["dur"] * 1e6, 3)
+            trace += [entry, end]
+            continue
         if isinstance(event.get("dur"), int | float):
             entry.update(ph="X", dur=round(event["dur"] * 1e6, 3))
         else:
@@ -126,4 +158,4 @@ def export_trace(log_path: str | os.PathLike[str], trace_path: str | os.PathLike
     ]
     with open(trace_path, "w", encoding="utf-8") as f:
         json.dump({"traceEvents": names + trace, "displayTimeUnit": "ms"}, f)
-    return len(trace)
+    return len(events)

@@ -13,7 +13,10 @@ __all__ = ["Config", "config_environ", "load_config"]
 
 _CHOICES = {"transport_fallback": ("allow", "error"), "local_call_transport": ("shm", "tcp")}
 #: Integer fields that are not simply positive: lowest and highest allowed, and what they mean.
-_RANGES = {"metrics_port": (-1, 65535, "0 picks a free port, -1 serves no metrics")}
+_RANGES = {
+    "metrics_port": (-1, 65535, "0 picks a free port, -1 serves no metrics"),
+    "call_spans_per_s": (0, 10**9, "0 records none"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +65,9 @@ class Config:
     #: Port of the head's Prometheus endpoint (``GET /metrics`` on ``bind_host``): 0 picks a
     #: free one (``JobContext.metrics_address`` says which), -1 serves no metrics.
     metrics_port: int = 0
+    #: Most calls a second the job's controller records as spans in its event log and trace
+    #: (0: none); calls past it in a second are not timed, so the log stays bounded.
+    call_spans_per_s: int = 1000
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

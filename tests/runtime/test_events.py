@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import threading
+from typing import Any
 
 import pytest
 
+import orchestr as oc
 from orchestr._events import EventLog, export_trace, read_events
 from orchestr.errors import ConfigError
+
+from .actors import Counter
 
 
 def test_events_spans_and_the_trace(tmp_path: pathlib.Path) -> None:
@@ -34,12 +39,15 @@ def test_events_spans_and_the_trace(tmp_path: pathlib.Path) -> None:
     names = {e["args"]["name"]: e["tid"] for e in trace["traceEvents"] if e["ph"] == "M"}
     assert set(names) == {"job", "phases", "gen[0]", "rew[0]"}
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert {e["name"] for e in spans} == {"generation", "gen.step", "reward"}
-    for e in spans:
-        assert e["ts"] >= 0 and e["dur"] >= 0 and e["pid"] == 1
-    gen = next(e for e in spans if e["name"] == "generation")
-    step = next(e for e in spans if e["name"] == "gen.step")
-    assert gen["ts"] <= step["ts"] and step["ts"] + step["dur"] <= gen["ts"] + gen["dur"] + 1
+    assert {e["name"] for e in spans} == {"generation"}  # calls may overlap: async slices
+    begins = {e["name"]: e for e in trace["traceEvents"] if e["ph"] == "b"}
+    ends = {e["id"]: e for e in trace["traceEvents"] if e["ph"] == "e"}
+    assert set(begins) == {"gen.step", "reward"}
+    for e in spans + list(begins.values()):
+        assert e["ts"] >= 0 and e["pid"] == 1
+    gen = spans[0]
+    step, step_end = begins["gen.step"], ends[begins["gen.step"]["id"]]
+    assert gen["ts"] <= step["ts"] <= step_end["ts"] <= gen["ts"] + gen["dur"] + 1
     assert gen["tid"] == names["phases"] and gen["cat"] == "phase"
     instants = [e for e in trace["traceEvents"] if e["ph"] == "i"]
     assert [e["name"] for e in instants] == ["spawn", "restart"]
@@ -81,3 +89,31 @@ def test_bad_events_and_bad_logs_get_clear_errors(tmp_path: pathlib.Path) -> Non
     path.write_text('{"ts": 1}\n')
     with pytest.raises(ConfigError, match=":1 is not an event"):
         read_events(path)
+
+
+def _load_trace(path: pathlib.Path) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = json.loads(path.read_text())["traceEvents"]
+    return events
+
+
+async def test_calls_from_the_job_are_spans_in_its_log_and_trace() -> None:
+    async with oc.open_local_cluster() as ctx:
+        mesh = await ctx.spawn(Counter, n=2, name="traced")
+        await mesh.add.call(1)
+        with pytest.raises(oc.ActorError):
+            await mesh[0].fail.call_one("no")
+        session = ctx.session_dir
+    calls = [e for e in read_events(os.path.join(session, "events.jsonl")) if e["kind"] == "call"]
+    assert sorted(e["name"] for e in calls) == ["traced[0].add", "traced[0].fail", "traced[1].add"]
+    assert [e.get("error") for e in calls if e["name"].endswith("fail")] == ["failed"]
+    assert all(e["dur"] >= 0 and e["track"].startswith("calls to traced[") for e in calls)
+    trace = _load_trace(pathlib.Path(session, "trace.json"))
+    begins = [e for e in trace if e["ph"] == "b" and e["cat"] == "call"]
+    ends = {e["id"]: e for e in trace if e["ph"] == "e"}
+    assert len(begins) == 3 and all(ends[b["id"]]["ts"] >= b["ts"] for b in begins)
+
+
+def test_call_spans_can_be_turned_off() -> None:
+    assert oc.load_config({"ORCHESTR_CALL_SPANS_PER_S": "0"}).call_spans_per_s == 0
+    with pytest.raises(oc.ConfigError, match="call_spans_per_s must be from 0"):
+        oc.load_config({"ORCHESTR_CALL_SPANS_PER_S": "-1"})
