@@ -12,11 +12,16 @@ setup: $(STAMP)
 # pip never reaches for a multi-GB CUDA build.
 # Debian's python3-pyverbs (RDMA verbs) is optional: the rdma backend finds it outside the venv
 # and reports "no RDMA device" on a machine without one. Installed when apt can, else skipped.
+# Graphviz (`dot`) draws `orchestr graph`'s SVG; without it only the .dot file is written.
 $(STAMP): pyproject.toml
 	-@test -d /usr/lib/python3/dist-packages/pyverbs || { command -v apt-get >/dev/null && \
 	  [ "$$(id -u)" = 0 ] && { apt-get install -y -qq python3-pyverbs >/dev/null 2>&1 || \
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq python3-pyverbs >/dev/null 2>&1; }; } \
 	  || echo "python3-pyverbs not installed: the rdma backend will say so"; }
+	-@command -v dot >/dev/null || { command -v apt-get >/dev/null && \
+	  [ "$$(id -u)" = 0 ] && { apt-get install -y -qq graphviz >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq graphviz >/dev/null 2>&1; }; } \
+	  || echo "graphviz not installed: orchestr graph will write .dot files but no .svg"; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0

@@ -57,6 +57,51 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _graph(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from orchestr._graphdry import DryRunError, NoGraphError, capture_graph
+
+    try:
+        module = load_job(args.job)
+    except Exception as exc:  # the job's own import-time errors are the user's to see
+        print(f"orchestr graph: cannot load {args.job}: {exc}", file=sys.stderr)
+        return 2
+    main = getattr(module, "main", None)
+    if not inspect.iscoroutinefunction(main):
+        print(f"orchestr graph: {args.job} must define `async def main(ctx)`", file=sys.stderr)
+        return 2
+    try:
+        graph = asyncio.run(capture_graph(main))
+    except (DryRunError, NoGraphError) as exc:
+        print(f"orchestr graph: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        print(
+            f"orchestr graph: the job failed before its first graph: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = out / graph.name
+    files = {"dot": str(prefix) + ".dot", "svg": str(prefix) + ".svg"}
+    failure = None
+    try:
+        graph.render(prefix)
+    except orchestr.ConfigError as exc:
+        failure, files["svg"] = exc, ""
+    if args.json:
+        print(json.dumps({"graph": graph.to_dict(), "description": graph.describe(), **files}))
+    else:
+        print(graph.describe())
+        print(*(f"wrote {path}" for path in files.values() if path), sep="\n")
+    if failure is not None:
+        print(f"orchestr graph: {failure}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _transports(args: argparse.Namespace) -> int:
     from orchestr import fabric
 
@@ -87,6 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a job file on an embedded local cluster")
     run.add_argument("job", help="path to a Python file defining `async def main(ctx)`")
     run.set_defaults(func=_run)
+    graph = sub.add_parser(
+        "graph",
+        help="show a job's first dataflow graph without running it (text, .dot and .svg)",
+    )
+    graph.add_argument("job", help="path to a Python file defining `async def main(ctx)`")
+    graph.add_argument(
+        "--out", default=".", help="folder for <graph name>.dot and .svg (default: here)"
+    )
+    graph.add_argument("--json", action="store_true", help="print one JSON object")
+    graph.set_defaults(func=_graph)
     transports = sub.add_parser(
         "transports", help="list the data-plane transports this host can use, and why not"
     )

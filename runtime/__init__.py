@@ -28,7 +28,10 @@ import os as _os
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 from ._actor import Actor, endpoint
+from ._channelstate import Staleness
 from ._driver import JobContext, open_local_cluster, run
+from ._graph import Graph, GraphNode, Versioned
+from ._graphrun import GraphRun
 from ._mesh import Endpoint, Mesh
 from ._phases import Collective
 from ._serde import register
@@ -80,6 +83,9 @@ __all__ = [
     "Endpoint",
     "Failure",
     "FallbackError",
+    "Graph",
+    "GraphNode",
+    "GraphRun",
     "JobContext",
     "Mesh",
     "MeshError",
@@ -91,9 +97,11 @@ __all__ = [
     "SerializationError",
     "SpawnError",
     "StaleDescriptorError",
+    "Staleness",
     "SupervisionError",
     "TransportError",
     "TransportUnavailableError",
+    "Versioned",
     "__version__",
     "endpoint",
     "load_config",

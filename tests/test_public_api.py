@@ -16,6 +16,7 @@ EXPECTED = {
     "SerializationError", "SpawnError", "StaleDescriptorError", "TransportError",
     "TransportUnavailableError", "__version__", "endpoint", "load_config",
     "open_local_cluster", "register", "run",
+    "Graph", "GraphNode", "GraphRun", "Staleness", "Versioned",
     "Failure", "RestartPolicy", "SupervisionError",
 }  # fmt: skip
 

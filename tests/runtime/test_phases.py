@@ -44,7 +44,12 @@ async def test_phases_reach_the_hints_first_and_land_in_the_log_and_trace() -> N
         assert ctx.current_phase is None and hints.seen[-1][0] == "ended"
         session = ctx.session_dir
     events = read_events(os.path.join(session, "events.jsonl"))
-    assert [e["kind"] for e in events if e["kind"] != "call"] == ["spawn", "phase", "phase", "phase"]
+    assert [e["kind"] for e in events if e["kind"] != "call"] == [
+        "spawn",
+        "phase",
+        "phase",
+        "phase",
+    ]
     gen = next(e for e in events if e.get("name") == "generation")
     assert gen["traffic"] == [["trainer", "gen", 64 << 20]] and gen["expected_s"] == 2.0
     sync = next(e for e in events if e.get("name") == "weight_sync")
