@@ -451,3 +451,28 @@ async def test_a_restarted_member_gets_its_items_again(cluster: Cluster) -> None
     assert values == list(range(12))
     assert run.stats()["items->work"]["redelivered"] >= 1
     assert await phoenix.pid.call_one() != pid
+
+
+@on_cluster
+async def test_ten_thousand_items_through_a_consumer_killed_three_times(cluster: Cluster) -> None:
+    """At-least-once delivery with de-duplication: the consumer's worker is SIGKILLed three
+    times mid-stream and restarted; every item's result arrives exactly once, in order."""
+    ctx, _, _ = cluster
+    policy = oc.RestartPolicy(max_restarts=3, backoff_s=0.02)
+    consumer = await ctx.spawn(Stage, name="consumer", restart=policy)
+    g = oc.Graph("exactly-once")
+    items = g.source("items", range(10_000), capacity=64)
+    doubled = g.map("double", consumer.double, items, ordered=True, retries=20, capacity=64)
+    results: list[int] = []
+    kills: list[int] = []
+    async with asyncio.timeout(120), g.run(ctx) as run:
+        async for value in run.results(doubled):
+            results.append(value)
+            if len(results) in (2_500, 5_000, 7_500):
+                os.kill(await consumer.pid.call_one(), signal.SIGKILL)
+                kills.append(len(results))
+    assert kills == [2_500, 5_000, 7_500]
+    assert results == [2 * i for i in range(10_000)]  # each once, in order
+    stats = run.stats()["items->double"]
+    assert stats["delivered"] == 10_000 and stats["redelivered"] >= 1
+    assert [a.restarts for a in await ctx.actors() if a.name == "consumer"] == [3]
