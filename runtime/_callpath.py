@@ -110,6 +110,12 @@ class CallClient:
         if not self._closed:
             self._span_timer = self.loop.call_later(1.0, self._flush_spans)
 
+    def step_span(self, started: float, graph: str, ok: bool) -> None:
+        """Record a compiled graph's step as a span, within the same rate as calls."""
+        if self._span_quota:
+            self._span_quota -= 1
+            self._spans.append((started, time.time(), graph, "step", ok))
+
     def inflight(self, actor_id: str) -> int:
         """Calls sent to ``actor_id`` from this process that have not finished."""
         return self._inflight.get(actor_id, 0)

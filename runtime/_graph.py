@@ -32,6 +32,7 @@ from ._serde import register
 from .errors import ConfigError
 
 if TYPE_CHECKING:
+    from ._graphcompiled import CompiledGraph
     from ._graphrun import GraphRun
 
 __all__ = ["Batched", "Graph", "GraphCaptured", "GraphNode", "Versioned"]
@@ -41,7 +42,7 @@ DEFAULT_CAPACITY = 16
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 
 Choice = Literal["least_loaded", "round_robin"] | Callable[[Any, int], int]
-Kind = Literal["source", "map", "fanout", "merge"]
+Kind = Literal["source", "input", "map", "fanout", "merge"]
 
 
 @register
@@ -221,6 +222,24 @@ class Graph:
             retries, retry_timeout_s, "least_loaded",
         )  # fmt: skip
 
+    def input(self, name: str = "input") -> GraphNode:
+        """The value each step of a compiled graph starts from (see :meth:`compile`): a
+        graph with an input repeats per step instead of streaming from sources."""
+        return self._add(GraphNode(self, name, "input", capacity=1))
+
+    async def compile(self, ctx: Any, *, step_timeout_s: float | None = None) -> CompiledGraph:
+        """Wire a step graph (an :meth:`input`, then ``map`` and ``fanout`` stages) ahead:
+        connections to every member are opened and their handshakes done, each call's message
+        head is packed once. ``execute(value)`` then starts a step and returns its future at
+        once, so step N+1 is dispatched while step N runs. ``step_timeout_s`` is each step's
+        deadline (default: the endpoints' own, ``Config.call_timeout`` unless set). Raises :class:`ConfigError` for a graph that does
+        not repeat per step (sources, merges, batches)."""
+        if getattr(ctx, "orchestr_dry_run", False):
+            raise GraphCaptured(self)
+        from ._graphcompiled import compile_graph
+
+        return await compile_graph(self, ctx, step_timeout_s)
+
     def merge(self, name: str, *inputs: GraphNode, capacity: int = DEFAULT_CAPACITY) -> GraphNode:
         """One stream of the items of every input, interleaved as they arrive."""
         if len(inputs) < 2:
@@ -272,6 +291,11 @@ class Graph:
         manager whose exit cancels whatever still runs. See :class:`GraphRun`."""
         if getattr(ctx, "orchestr_dry_run", False):
             raise GraphCaptured(self)
+        if any(n.kind == "input" for n in self._nodes.values()):
+            raise ConfigError(
+                f"graph {self.name!r} has an input, so it runs step by step: compile it with "
+                f"`await g.compile(ctx)` and call `execute(value)` per step"
+            )
         from ._graphrun import GraphRun
 
         return GraphRun(self, ctx)

@@ -79,6 +79,8 @@ def to_dict(graph: Graph) -> dict[str, Any]:
 def _detail(node: GraphNode) -> str:
     if node.kind == "source":
         return f"source, {_source_kind(node.items)}"
+    if node.kind == "input":
+        return "input, one value per step (compiled)"
     if node.kind == "merge":
         return f"merge of {', '.join(i.node.name for i in node.inputs)}"
     ep = node.endpoint
@@ -115,6 +117,8 @@ def _q(text: str) -> str:
 def _label(node: GraphNode) -> str:
     if node.kind == "source":
         return f"{node.name}\nsource: {_source_kind(node.items)}"
+    if node.kind == "input":
+        return f"{node.name}\ninput per step"
     if node.kind == "merge":
         return f"{node.name}\nmerge"
     ep = node.endpoint
@@ -129,7 +133,13 @@ def _label(node: GraphNode) -> str:
     return "\n".join(lines)
 
 
-_SHAPES = {"source": "cylinder", "map": "box", "fanout": "box3d", "merge": "invtriangle"}
+_SHAPES = {
+    "source": "cylinder",
+    "input": "cds",
+    "map": "box",
+    "fanout": "box3d",
+    "merge": "invtriangle",
+}
 
 
 def to_dot(graph: Graph) -> str:

@@ -55,3 +55,33 @@ class Stage(oc.Actor):
         await asyncio.sleep(0.005)
         self.calls += 1
         return oc.Versioned(x, self.calls - 1)
+
+
+class Ordered(oc.Actor):
+    """Remembers the values its steps brought, in the order they ran."""
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    @oc.endpoint
+    def take(self, x: Any) -> list[Any]:
+        self.seen.append(x)
+        return [self.rank, x]
+
+    @oc.endpoint
+    def plus_one(self, x: int) -> int:
+        if x < 0:
+            raise ValueError(f"negative step value {x}")
+        return x + 1
+
+    @oc.endpoint
+    def size(self, array: Any) -> int:
+        return int(array.nbytes)
+
+    @oc.endpoint
+    def history(self) -> list[Any]:
+        return self.seen
+
+    @oc.endpoint
+    def pid(self) -> int:
+        return os.getpid()
