@@ -28,7 +28,7 @@ from ._headstate import validate_resources
 from ._mesh import Member, Mesh
 from ._node import NodeService
 from ._phases import FabricHints, Phase, RecordingHints, make_phase
-from ._supervise import RestartPolicy, SuperviseHook, Supervisor, check_hook
+from ._supervise import RestartPolicy, SuperviseHook, Supervisor, check_spawn_options
 from .config import Config, load_config
 from .errors import ConfigError, OrchestrError, SupervisionError
 
@@ -122,6 +122,7 @@ class JobContext:
         labels: Mapping[str, str] | None = None,
         restart: RestartPolicy | None = None,
         supervise: SuperviseHook = None,
+        per_process: int = 1,
         **kwargs: Any,
     ) -> Mesh:
         """Create ``n`` actors of class ``actor`` (a class or ``"module:Class"``), each built with
@@ -131,16 +132,16 @@ class JobContext:
         ``restart`` (a :class:`RestartPolicy`; default: no restarts, at-most-once) and
         ``supervise`` (``"restart"``, ``"handle"``, ``"escalate"`` or a function of a
         :class:`Failure` returning one) decide what a member's death does. By default a death
-        with no restart left fails the job with :class:`SupervisionError`.
+        with no restart left fails the job with :class:`SupervisionError`. ``per_process``
+        members of a node share one worker process (light actors: fewer processes, and a call
+        to all of them wakes each process once); a process that dies takes all of its members
+        with it, and each is restarted in a process of its own.
 
         Raises :class:`PlacementError`, or :class:`SpawnError` with the remote traceback when
         an import or ``__init__`` fails. Not idempotent.
         """
         path = actor if isinstance(actor, str) else class_path(actor)
-        policy = restart if restart is not None else RestartPolicy()
-        if not isinstance(policy, RestartPolicy):
-            raise ConfigError(f"restart must be an orchestr.RestartPolicy, got {restart!r}")
-        check_hook(supervise)
+        policy = check_spawn_options(restart, supervise, per_process)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"n must be a positive integer, got {n!r}")
         if name is not None and not isinstance(name, str):
@@ -161,6 +162,7 @@ class JobContext:
             labels=dict(labels or {}),
             name=name or "",
             restart=policy.to_proto(),
+            per_process=per_process,
         )
         info = await self.head.rpc(self._stub.SpawnMesh, request, timeout=None)
         mesh = Mesh(

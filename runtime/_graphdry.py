@@ -17,6 +17,7 @@ from ._actor import Actor, class_path, endpoints_of
 from ._graph import Graph, GraphCaptured
 from ._headstate import validate_resources
 from ._mesh import Endpoint, Member, Mesh
+from ._supervise import RestartPolicy, SuperviseHook, check_spawn_options
 from .config import Config, load_config
 from .errors import ConfigError, SpawnError
 
@@ -100,9 +101,13 @@ class DryContext:
         name: str | None = None,
         resources: Mapping[str, float] | None = None,
         labels: Mapping[str, str] | None = None,
+        restart: RestartPolicy | None = None,
+        supervise: SuperviseHook = None,
+        per_process: int = 1,
         **kwargs: Any,
     ) -> Mesh:
         """Import and check ``actor``; return a mesh of ``n`` placeholder members."""
+        check_spawn_options(restart, supervise, per_process)
         cls = _import_class(actor) if isinstance(actor, str) else actor
         path = class_path(cls)
         try:

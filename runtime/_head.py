@@ -212,10 +212,9 @@ class HeadService(pb_grpc.HeadServicer):
         return pb.Ack()
 
     async def ReportWorkerExit(self, request: Any, context: Any) -> pb.Ack:
-        record = self.state.worker_exited(
+        for record in self.state.worker_exited(
             request.worker_id, request.exit_code, request.signal, request.last_output
-        )
-        if record is not None:
+        ):
             log.warning(
                 "actor died",
                 actor=record.label,
@@ -248,7 +247,11 @@ class HeadService(pb_grpc.HeadServicer):
             record.max_restarts = max(0, request.restart.max_restarts)
             record.init_args = request.init_args
         results = await asyncio.gather(
-            *(self._start_member(r, request.init_args) for r in records), return_exceptions=True
+            *(
+                self._start_group(g, request.init_args)
+                for g in _groups(records, request.per_process)
+            ),
+            return_exceptions=True,
         )
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
@@ -268,56 +271,77 @@ class HeadService(pb_grpc.HeadServicer):
     async def _start_member(
         self, record: ActorRecord, init_args: bytes, state: bytes | None = None
     ) -> None:
-        node = self.state.nodes[record.node_id]
-        worker_id = f"w-{record.actor_id[2:]}"
-        if record.restarts:
-            worker_id += f"-{record.restarts}"
-        record.worker_id = worker_id
-        self.state.by_worker[worker_id] = record.actor_id
+        """Start a worker process for ``record`` alone and create the actor in it."""
+        await self._start_group([record], init_args, state)
+
+    async def _start_group(
+        self, records: list[ActorRecord], init_args: bytes, state: bytes | None = None
+    ) -> None:
+        """Start one worker process on the node of ``records`` (all on one node) and create
+        each of their actors in it, in rank order."""
+        first = records[0]
+        node = self.state.nodes[first.node_id]
+        worker_id = f"w-{first.actor_id[2:]}"
+        if first.restarts:
+            worker_id += f"-{first.restarts}"
+        hosted = self.state.by_worker.setdefault(worker_id, set())
+        for record in records:
+            record.worker_id = worker_id
+            hosted.add(record.actor_id)
         node_ch = self._channel(node.address)
         winfo = await node_ch.rpc(
             node_ch.stub(pb_grpc.NodeStub).StartWorker,
             pb.StartWorkerRequest(worker_id=worker_id),
             timeout=self.config.worker_start_timeout + 5,
         )
-        record.pid = winfo.pid
-        record.control_address = winfo.control_address
-        # One request per worker: a channel of its own, closed at once, so none pile up.
+        # One channel per worker for its creation, closed at once, so none pile up.
         worker_ch = ControlChannel(winfo.control_address, self.token, self.config)
         try:
-            reply = await worker_ch.rpc(
-                worker_ch.stub(pb_grpc.WorkerStub).CreateActor,
-                pb.CreateActorRequest(
-                    actor_id=record.actor_id,
-                    class_path=record.class_path,
-                    init_args=init_args,
-                    name=record.name,
-                    rank=record.rank,
-                    mesh_id=record.mesh_id,
-                    state=state or b"",
-                    has_state=state is not None,
-                ),
-                timeout=None,
-            )
+            for record in records:
+                record.pid = winfo.pid
+                record.control_address = winfo.control_address
+                reply = await worker_ch.rpc(
+                    worker_ch.stub(pb_grpc.WorkerStub).CreateActor,
+                    pb.CreateActorRequest(
+                        actor_id=record.actor_id,
+                        class_path=record.class_path,
+                        init_args=init_args,
+                        name=record.name,
+                        rank=record.rank,
+                        mesh_id=record.mesh_id,
+                        state=state or b"",
+                        has_state=state is not None,
+                    ),
+                    timeout=None,
+                )
+                if record.state != "starting":  # the worker died during the creation
+                    raise SpawnError(
+                        f"{record.label} died during creation: "
+                        f"{describe_exit(record.pid, record.exit_code, record.signal)}"
+                    )
+                self.state.actor_started(
+                    record.actor_id,
+                    worker_id,
+                    winfo.call_address,
+                    winfo.pid,
+                    list(reply.endpoints),
+                )
+                self._notify(record.actor_id)
         finally:
             await worker_ch.aclose()
-        if record.state != "starting":  # the worker died while the actor was being created
-            raise SpawnError(
-                f"{record.label} died during creation: "
-                f"{describe_exit(record.pid, record.exit_code, record.signal)}"
-            )
-        self.state.actor_started(
-            record.actor_id, worker_id, winfo.call_address, winfo.pid, list(reply.endpoints)
-        )
-        self._notify(record.actor_id)
 
     async def _stop_members(self, records: list[ActorRecord]) -> None:
+        workers: set[str] = set()
+
         async def stop(record: ActorRecord) -> None:
             self.state.actor_ended(record.actor_id, stopped=True)
             self._notify(record.actor_id)
             node = self.state.nodes.get(record.node_id)
             if node is None or not node.alive or not record.worker_id:
                 return
+            if record.worker_id in workers:  # it shares its process with another member
+                return
+            workers.add(record.worker_id)
             ch = self._channel(node.address)
             with contextlib.suppress(OrchestrError):
                 await ch.rpc(
@@ -416,3 +440,14 @@ class HeadService(pb_grpc.HeadServicer):
 
     async def ListActors(self, request: Any, context: Any) -> pb.ActorList:
         return pb.ActorList(actors=[actor_info(a) for a in self.state.actors.values()])
+
+
+def _groups(records: list[ActorRecord], per_process: int) -> list[list[ActorRecord]]:
+    """Members that share a worker process: up to ``per_process`` of a node's, in rank order."""
+    size = max(1, per_process)
+    by_node: dict[str, list[ActorRecord]] = {}
+    for record in records:
+        by_node.setdefault(record.node_id, []).append(record)
+    return [
+        members[i : i + size] for members in by_node.values() for i in range(0, len(members), size)
+    ]

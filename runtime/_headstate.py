@@ -70,7 +70,7 @@ class HeadState:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeRecord] = {}
         self.actors: dict[str, ActorRecord] = {}
-        self.by_worker: dict[str, str] = {}  # worker id -> actor id
+        self.by_worker: dict[str, set[str]] = {}  # worker id -> the actors it hosts
 
     # -- nodes ---------------------------------------------------------------------------
     def register_node(
@@ -186,7 +186,7 @@ class HeadState:
         a = self.actors[actor_id]
         a.worker_id, a.call_address, a.pid, a.endpoints = worker_id, call_address, pid, endpoints
         a.state = "alive"
-        self.by_worker[worker_id] = actor_id
+        self.by_worker.setdefault(worker_id, set()).add(actor_id)
 
     def actor_ended(
         self, actor_id: str, *, stopped: bool, exit_code: int = 0, signal: int = 0
@@ -203,19 +203,19 @@ class HeadState:
 
     def worker_exited(
         self, worker_id: str, exit_code: int, signal: int, last_output: str = ""
-    ) -> ActorRecord | None:
-        """A worker died: its actor is ``restarting`` while it has restarts left (its owner
-        then restarts or abandons it), else ``dead``. Returns the record, or ``None`` for a
-        worker that hosts nothing (or an actor that had already ended)."""
-        actor_id = self.by_worker.pop(worker_id, None)
-        if actor_id is None:
-            return None
-        a = self.actor_ended(actor_id, stopped=False, exit_code=exit_code, signal=signal)
-        if a is not None:
-            a.last_output = last_output
-            if a.restarts < a.max_restarts:
-                a.state = "restarting"
-        return a
+    ) -> list[ActorRecord]:
+        """A worker died, and every actor it hosted: each is ``restarting`` while it has
+        restarts left (its owner then restarts or abandons it), else ``dead``. Returns those
+        records (none for a worker that hosts nothing, or actors that had already ended)."""
+        ended = []
+        for actor_id in sorted(self.by_worker.pop(worker_id, ())):
+            a = self.actor_ended(actor_id, stopped=False, exit_code=exit_code, signal=signal)
+            if a is not None:
+                a.last_output = last_output
+                if a.restarts < a.max_restarts:
+                    a.state = "restarting"
+                ended.append(a)
+        return ended
 
     def restart(self, actor_id: str) -> ActorRecord:
         """Reserve a node for a ``restarting`` actor again: its old node when it is alive and
@@ -250,7 +250,7 @@ class HeadState:
         if a is not None and a.state in ("starting", "alive"):
             self._release(a)
             if a.worker_id:
-                self.by_worker.pop(a.worker_id, None)
+                self.by_worker.get(a.worker_id, set()).discard(actor_id)
             a.state = "restarting" if a.restarts < a.max_restarts else "dead"
 
     def abandon(self, actor_id: str) -> ActorRecord | None:

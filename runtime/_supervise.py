@@ -35,7 +35,7 @@ from ._head import death_error
 from ._mesh import Member, Mesh
 from .errors import ActorDiedError, ConfigError, OrchestrError, SupervisionError
 
-__all__ = ["Failure", "RestartPolicy", "SuperviseHook", "Supervisor", "check_hook"]
+__all__ = ["Failure", "RestartPolicy", "SuperviseHook", "Supervisor", "check_spawn_options"]
 
 log = structlog.get_logger("orchestr.supervise")
 
@@ -116,14 +116,19 @@ class Failure:
 SuperviseHook = Decision | Callable[[Failure], Decision | Awaitable[Decision | None] | None] | None
 
 
-def check_hook(hook: Any) -> None:
-    if hook is None or callable(hook):
-        return
-    if hook not in DECISIONS:
+def check_spawn_options(restart: Any, supervise: Any, per_process: Any) -> RestartPolicy:
+    """Checks ``ctx.spawn``'s supervision and packing options; returns the restart policy."""
+    policy = restart if restart is not None else RestartPolicy()
+    if not isinstance(policy, RestartPolicy):
+        raise ConfigError(f"restart must be an orchestr.RestartPolicy, got {restart!r}")
+    if not (supervise is None or callable(supervise) or supervise in DECISIONS):
         raise ConfigError(
             f"supervise must be one of {', '.join(DECISIONS)} or a function of the failure, "
-            f"got {hook!r}"
+            f"got {supervise!r}"
         )
+    if isinstance(per_process, bool) or not isinstance(per_process, int) or per_process < 1:
+        raise ConfigError(f"per_process must be a positive integer, got {per_process!r}")
+    return policy
 
 
 @dataclasses.dataclass

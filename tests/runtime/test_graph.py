@@ -4,7 +4,9 @@ worker processes on one embedded cluster shared by the module (spawning is the s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import random
 import shutil
 import signal
 from collections.abc import AsyncIterator, Iterator
@@ -476,3 +478,36 @@ async def test_ten_thousand_items_through_a_consumer_killed_three_times(cluster:
     stats = run.stats()["items->double"]
     assert stats["delivered"] == 10_000 and stats["redelivered"] >= 1
     assert [a.restarts for a in await ctx.actors() if a.name == "consumer"] == [3]
+
+
+@on_cluster
+async def test_random_kills_of_a_running_graph(cluster: Cluster) -> None:
+    """Members of two stages die by SIGKILL or a SIGSEGV at random points while a graph runs;
+    they are restarted and the graph finishes with every result once and in order."""
+    ctx, _, _ = cluster
+    rng = random.Random(11)
+    policy = oc.RestartPolicy(max_restarts=8, backoff_s=0.02)
+    first = await ctx.spawn(Stage, n=2, name="first", restart=policy)
+    second = await ctx.spawn(Stage, n=2, name="second", restart=policy)
+    g = oc.Graph("chaos")
+    doubled = g.map("double", first.double, g.source("items", range(2_000)), retries=30)
+    quadrupled = g.map("again", second.double, doubled, retries=30)
+    results: list[int] = []
+    kills = 0
+    async with asyncio.timeout(90), g.run(ctx) as run:
+        async for value in run.results(quadrupled):
+            results.append(value)
+            if len(results) % 400 == 200:
+                victim = rng.choice([first, second])[rng.randrange(2)]
+                with contextlib.suppress(oc.ActorDiedError):
+                    pid = await victim.pid.call_one()
+                    os.kill(pid, rng.choice([signal.SIGKILL, signal.SIGSEGV]))
+                    kills += 1
+    assert results == [4 * i for i in range(2_000)]
+    assert kills >= 4
+    async with asyncio.timeout(20):  # the last kill may land after the last item
+        while True:
+            actors = [a for a in await ctx.actors() if a.name in ("first", "second")]
+            if sum(a.restarts for a in actors) == kills and {a.state for a in actors} == {"alive"}:
+                break
+            await asyncio.sleep(0.05)

@@ -288,7 +288,7 @@ def test_actor_started_records_worker_and_marks_alive() -> None:
         4242,
     )
     assert record.endpoints == ["f", "g"]
-    assert state.by_worker == {"w-1": record.actor_id}
+    assert state.by_worker == {"w-1": {record.actor_id}}
 
 
 def test_worker_exited_marks_its_actor_dead_with_code_and_signal() -> None:
@@ -297,7 +297,7 @@ def test_worker_exited_marks_its_actor_dead_with_code_and_signal() -> None:
     state.actor_started(first.actor_id, "w-1", "addr1", 11, [])
     state.actor_started(second.actor_id, "w-2", "addr2", 12, [])
     ended = state.worker_exited("w-2", exit_code=-9, signal=9)
-    assert ended is second
+    assert ended == [second]
     assert (second.state, second.exit_code, second.signal) == ("dead", -9, 9)
     assert first.state == "alive"
     assert state.nodes["a"].free == {"cpu": 3.0}
@@ -307,14 +307,14 @@ def test_worker_exited_twice_releases_once() -> None:
     state = state_with({"a": {"cpu": 4}})
     (record,) = place(state, 1, {"cpu": 3})
     state.actor_started(record.actor_id, "w-1", "addr", 1, [])
-    assert state.worker_exited("w-1", 1, 0) is record
-    assert state.worker_exited("w-1", 2, 0) is None
+    assert state.worker_exited("w-1", 1, 0) == [record]
+    assert state.worker_exited("w-1", 2, 0) == []
     assert record.exit_code == 1
     assert state.nodes["a"].free == {"cpu": 4.0}
 
 
 def test_worker_exited_of_unknown_worker_returns_none() -> None:
-    assert HeadState().worker_exited("w-unknown", 1, 0) is None
+    assert HeadState().worker_exited("w-unknown", 1, 0) == []
 
 
 def test_stopped_then_worker_exit_does_not_overwrite_the_stop() -> None:
@@ -322,8 +322,57 @@ def test_stopped_then_worker_exit_does_not_overwrite_the_stop() -> None:
     (record,) = place(state, 1, {"cpu": 1})
     state.actor_started(record.actor_id, "w-1", "addr", 1, [])
     state.actor_ended(record.actor_id, stopped=True)
-    assert state.worker_exited("w-1", 0, 15) is None
+    assert state.worker_exited("w-1", 0, 15) == []
     assert (record.state, record.signal) == ("stopped", 0)
+
+
+def test_a_shared_worker_takes_all_its_actors_with_it() -> None:
+    state = state_with({"a": {"cpu": 4}})
+    records = place(state, 3, {"cpu": 1})
+    for r in records:
+        state.actor_started(r.actor_id, "w-shared", "addr", 7, [])
+    assert state.worker_exited("w-shared", 0, 9) == sorted(records, key=lambda r: r.actor_id)
+    assert {r.state for r in records} == {"dead"}
+    assert state.nodes["a"].free == {"cpu": 4.0}
+
+
+def test_restarting_then_restart_or_abandon() -> None:
+    state = state_with({"a": {"cpu": 2}, "b": {"cpu": 2}})
+    first, second = place(state, 2, {"cpu": 1})
+    for r, w in ((first, "w-1"), (second, "w-2")):
+        r.max_restarts = 1
+        state.actor_started(r.actor_id, w, f"addr-{w}", 1, [])
+    (died,) = state.worker_exited("w-1", 0, 9, "Fatal Python error")
+    assert died is first and first.state == "restarting" and first.last_output
+    node = first.node_id
+    assert state.nodes[node].free["cpu"] == 2.0  # a restarting actor holds nothing
+    state.restart(first.actor_id)
+    assert (first.state, first.restarts, first.node_id) == ("starting", 1, node)  # same node
+    assert state.nodes[node].free["cpu"] == 1.0
+    state.actor_started(first.actor_id, "w-1-1", "addr-new", 2, [])
+    (again,) = state.worker_exited("w-1-1", 0, 9)
+    assert again.state == "dead"  # its one restart is used up
+    with pytest.raises(ConfigError, match="not waiting for a restart"):
+        state.restart(first.actor_id)
+    second.max_restarts = 2
+    state.worker_exited("w-2", 3, 0)
+    assert state.abandon(second.actor_id) is second and second.state == "dead"
+    assert state.abandon(second.actor_id) is None
+
+
+def test_a_restart_goes_elsewhere_when_its_node_is_gone() -> None:
+    state = state_with({"a": {"cpu": 1}, "b": {"cpu": 1}})
+    (record,) = place(state, 1, {"cpu": 1})
+    record.max_restarts = 1
+    state.actor_started(record.actor_id, "w-1", "addr", 1, [])
+    state.worker_exited("w-1", 0, 9)
+    state.nodes[record.node_id].alive = False
+    old = record.node_id
+    state.restart(record.actor_id)
+    assert record.node_id != old
+    state.restart_failed(record.actor_id)
+    assert record.state == "dead"  # no restart left after the failed one
+    assert all(n.free == {"cpu": 1.0} for n in state.nodes.values())
 
 
 # -- re-registration -------------------------------------------------------------------------

@@ -239,3 +239,22 @@ async def test_random_kills_during_a_stream_of_calls(ctx: oc.JobContext) -> None
         kills = await killing
     assert results == [x * x for x in range(600)]
     assert kills >= 1 and sum(await _restarts(ctx, "chaos")) >= 1
+
+
+async def test_members_sharing_a_process_live_and_die_together(ctx: oc.JobContext) -> None:
+    policy = oc.RestartPolicy(max_restarts=1, backoff_s=0.02, retry="at_least_once")
+    mesh = await ctx.spawn(Keeper, 3, n=6, name="packed", per_process=3, restart=policy)
+    who = await mesh.whoami.call()
+    pids = [w["pid"] for w in who]
+    assert pids[:3] == [pids[0]] * 3 and pids[3:] == [pids[3]] * 3 and pids[0] != pids[3]
+    assert [w["rank"] for w in who] == list(range(6)) and {w["seed"] for w in who} == {3}
+    assert await mesh.add.call(2) == [2] * 6  # each member is its own actor, with its state
+    os.kill(pids[0], signal.SIGKILL)
+    async with asyncio.timeout(30):
+        await _wait_alive(ctx, "packed", 3)
+    after = [w["pid"] for w in await mesh.whoami.call()]
+    assert after[3:] == pids[3:]  # the other process was untouched
+    assert len(set(after[:3])) == 3 and pids[0] not in after  # a process each after restart
+    assert await _restarts(ctx, "packed") == [1, 1, 1, 0, 0, 0]
+    with pytest.raises(oc.ConfigError, match="per_process must be a positive integer"):
+        await ctx.spawn(Keeper, 1, per_process=0)
