@@ -50,6 +50,7 @@ protos: setup
 bench: setup
 	$(PY) bench/actor_calls.py
 	$(PY) bench/transfer.py
+	$(PY) bench/dataflow.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -292,7 +292,9 @@ class HeadService(pb_grpc.HeadServicer):
         winfo = await node_ch.rpc(
             node_ch.stub(pb_grpc.NodeStub).StartWorker,
             pb.StartWorkerRequest(worker_id=worker_id),
-            timeout=self.config.worker_start_timeout + 5,
+            # No deadline here: the node may queue the start behind others (it starts a few
+            # processes at a time) and bounds each start itself (worker_start_timeout).
+            timeout=None,
         )
         # One channel per worker for its creation, closed at once, so none pile up.
         worker_ch = ControlChannel(winfo.control_address, self.token, self.config)

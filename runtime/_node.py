@@ -84,6 +84,7 @@ class NodeService(pb_grpc.NodeServicer):
         self.address = f"{config.bind_host}:{self.port}"
         self.head = ControlChannel(head_address, token, config)
         self.workers: dict[str, _Worker] = {}
+        self._starting = asyncio.Semaphore(config.max_starting_workers)
         self._heartbeat: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> NodeService:
@@ -132,6 +133,10 @@ class NodeService(pb_grpc.NodeServicer):
 
     # -- workers -------------------------------------------------------------------------
     async def StartWorker(self, request: Any, context: Any) -> pb.WorkerInfo:
+        async with self._starting:  # a few processes start at a time; the rest wait here
+            return await self._start_worker(request, context)
+
+    async def _start_worker(self, request: Any, context: Any) -> pb.WorkerInfo:
         worker_id = request.worker_id or f"w-{secrets.token_hex(6)}"
         env = dict(os.environ)
         env.update(config_environ(self.config))  # workers run under the node's settings

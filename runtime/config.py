@@ -39,6 +39,9 @@ class Config:
     heartbeat_timeout: float = 5.0
     #: Seconds a new worker process has to register before the spawn fails.
     worker_start_timeout: float = 60.0
+    #: Worker processes a node starts at once; more wait their turn (hundreds of interpreters
+    #: importing side by side on a few cores would starve everything, the node included).
+    max_starting_workers: int = 8
     #: Seconds a stopping worker gets after SIGTERM before SIGKILL.
     worker_stop_grace: float = 3.0
     #: Seconds to wait for the head to learn why a worker went away, when a call breaks.

@@ -109,6 +109,37 @@ def test_a_failing_job_reports_and_cleans_up(tmp_path: pathlib.Path) -> None:
     _assert_nothing_left(marker, shm)
 
 
+def test_a_crashing_actor_fails_the_job_loudly_and_cleans_up(tmp_path: pathlib.Path) -> None:
+    job = tmp_path / "crashing_job.py"
+    job.write_text(
+        textwrap.dedent(
+            """
+            import asyncio, ctypes
+            import orchestr as oc
+
+            class Native(oc.Actor):
+                @oc.endpoint
+                def touch_null(self) -> None:
+                    ctypes.string_at(0)
+
+            async def main(ctx):
+                mesh = await ctx.spawn(Native, n=2)
+                mesh[1].touch_null.broadcast()
+                await asyncio.sleep(60)
+                print("still running")
+            """
+        )
+    )
+    shm = set(os.listdir("/dev/shm"))
+    proc, marker = _run(["run", str(job)])
+    assert proc.returncode == 1
+    assert "still running" not in proc.stdout
+    err = proc.stderr
+    assert "the job failed: SupervisionError: actor Native[1] died" in err
+    assert "killed by SIGSEGV" in err and "in touch_null" in err  # the worker's stack dump
+    _assert_nothing_left(marker, shm)
+
+
 def test_a_job_raising_a_plain_exception_cleans_up(tmp_path: pathlib.Path) -> None:
     job = tmp_path / "plain_error.py"
     job.write_text(
