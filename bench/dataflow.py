@@ -67,9 +67,8 @@ TARGETS = (("orchestr", "ray", 5.0), ("orchestr_compiled", "ray_compiled", 2.0))
 #: about 27 MiB, a Ray worker's about 45); the margin stays free besides.
 WORKER_ESTIMATE = 64 << 20
 MARGIN = 2 << 30
-#: A compiled graph still being built may hang; its figures are given up after this long.
+#: A compiled run that does not finish in this long is given up, and reported as such.
 COMPILED_DEADLINE_S = 300.0
-#: Members per spawn when one spawn of the whole group fails (see spawn_group).
 
 Result = dict[str, Any]  # a summary {"median", "min", "max", ...}, or {"error": reason}
 

@@ -60,6 +60,8 @@ class ActorRecord:
     last_output: str = ""
     #: The encoded constructor arguments, kept to re-create the actor with the same ones.
     init_args: bytes = b""
+    #: The node labels it was placed by; a restart honours them too.
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -149,6 +151,7 @@ class HeadState:
             record = ActorRecord(
                 new_id[rank], mesh_id, name, rank, class_path, node.node_id, request
             )
+            record.labels = dict(labels)
             self.actors[record.actor_id] = record
             placed.append(record)
         return placed
@@ -229,10 +232,12 @@ class HeadState:
         fits = [
             n
             for n in self.nodes.values()
-            if n.alive and all(n.free.get(k, 0.0) + 1e-9 >= v for k, v in a.resources.items())
+            if n.alive
+            and all(n.labels.get(k) == v for k, v in a.labels.items())
+            and all(n.free.get(k, 0.0) + 1e-9 >= v for k, v in a.resources.items())
         ]
         if not fits:
-            raise PlacementError(self._explain(a.name, a.rank, 1, a.resources, {}))
+            raise PlacementError(self._explain(a.name, a.rank, 1, a.resources, a.labels))
         node = old if old in fits else max(fits, key=lambda n: (n.free.get("cpu", 0.0), n.node_id))
         for k, v in a.resources.items():
             node.free[k] = node.free.get(k, 0.0) - v

@@ -419,3 +419,15 @@ def test_register_node_copies_its_inputs() -> None:
     assert state.nodes["a"].total == {"cpu": 4.0}
     assert state.nodes["a"].free == {"cpu": 3.0}
     assert state.nodes["a"].labels == {"zone": "x"}
+
+
+def test_a_restart_honours_the_labels_it_was_placed_by() -> None:
+    state = state_with({"a": {"cpu": 1}, "b": {"cpu": 1}}, {"a": {"zone": "x"}, "b": {"zone": "y"}})
+    (record,) = place(state, 1, {"cpu": 1}, {"zone": "x"})
+    record.max_restarts = 1
+    state.actor_started(record.actor_id, "w-1", "addr", 1, [])
+    state.worker_exited("w-1", 0, 9)
+    state.nodes["a"].alive = False  # node b has room, but the wrong zone
+    with pytest.raises(PlacementError, match="labels {'zone': 'x'}"):
+        state.restart(record.actor_id)
+    assert record.state == "restarting" and state.nodes["b"].free == {"cpu": 1.0}

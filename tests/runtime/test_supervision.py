@@ -11,7 +11,9 @@ import signal
 import pytest
 
 import orchestr as oc
+from orchestr._driver import _worker_pythonpath
 from orchestr._events import read_events
+from orchestr._node import NodeService
 
 from .supervised import BadRestore, Caller, Keeper
 
@@ -258,3 +260,40 @@ async def test_members_sharing_a_process_live_and_die_together(ctx: oc.JobContex
     assert await _restarts(ctx, "packed") == [1, 1, 1, 0, 0, 0]
     with pytest.raises(oc.ConfigError, match="per_process must be a positive integer"):
         await ctx.spawn(Keeper, 1, per_process=0)
+
+
+async def test_a_restart_goes_to_another_node_when_its_own_is_full() -> None:
+    async with (
+        asyncio.timeout(60),
+        oc.open_local_cluster(resources={"cpu": 1}, labels={"host": "a"}) as ctx,
+        NodeService(
+            ctx.head_address,
+            ctx.token,
+            ctx.config,
+            resources={"cpu": 1},
+            labels={"host": "b"},
+            worker_env={"PYTHONPATH": _worker_pythonpath()},
+        ) as second,
+    ):
+        blocker = await ctx.spawn(
+            Caller, name="blocker", resources={"cpu": 1}, labels={"host": "b"}
+        )
+
+        async def make_room_elsewhere(failure: oc.Failure) -> str:
+            # The dead actor's node fills up; the other node frees: the restart must move.
+            await ctx.stop(blocker)
+            await ctx.spawn(Caller, name="filler", resources={"cpu": 1}, labels={"host": "a"})
+            return "restart"
+
+        policy = oc.RestartPolicy(max_restarts=1, backoff_s=0.01)
+        mover = await ctx.spawn(
+            Keeper, 5, name="mover", resources={"cpu": 1}, restart=policy,
+            supervise=make_room_elsewhere,
+        )  # fmt: skip
+        before = {a.name: a.node_id for a in await ctx.actors()}
+        assert before["mover"] != second.node_id
+        os.kill((await mover.whoami.call_one())["pid"], signal.SIGKILL)
+        await _wait_alive(ctx, "mover", 1)
+        after = {a.name: a.node_id for a in await ctx.actors() if a.state == "alive"}
+        assert after["mover"] == second.node_id
+        assert (await mover.whoami.call_one())["seed"] == 5
