@@ -267,7 +267,9 @@ class Connection(FramedProtocol):
         for p in pending.values():
             self.client.done(p)
         if pending:
-            self.client.report_broken(list(pending.values()), exc, sent=self.connected)
+            self.client.report_broken(
+                list(pending.values()), exc, sent=self.connected, address=self.address
+            )
 
 
 def _connection_error(message: list[Any], address: str) -> OrchestrError:
