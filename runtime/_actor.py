@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import sys
 from collections.abc import Callable
@@ -10,7 +11,15 @@ from typing import Any, TypeVar, overload
 
 from .errors import SpawnError
 
-__all__ = ["Actor", "EndpointSpec", "class_path", "endpoint", "endpoints_of", "saves_state"]
+__all__ = [
+    "Actor",
+    "EndpointSpec",
+    "class_path",
+    "endpoint",
+    "endpoints_of",
+    "load_actor_class",
+    "saves_state",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -116,3 +125,25 @@ def class_path(cls: type) -> str:
             f"classes by path, so define it at module level"
         )
     return f"{module_name(cls.__module__)}:{cls.__qualname__}"
+
+
+def load_actor_class(class_path: str, *, where: str = "") -> type[Actor]:
+    """Import ``module:QualName`` (``where`` says in which process, for the message); raises
+    :class:`SpawnError` saying what failed."""
+    module_name, sep, qualname = class_path.partition(":")
+    if not sep or not module_name or not qualname:
+        raise SpawnError(
+            f"actor class path must look like 'package.module:ClassName', got {class_path!r}"
+        )
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise SpawnError(
+            f"cannot import actor class {class_path!r}{where}: {type(exc).__name__}: {exc} "
+            f"(sys.path: {sys.path[:4]}...)"
+        ) from exc
+    if not (isinstance(obj, type) and issubclass(obj, Actor)):
+        raise SpawnError(f"{class_path!r} is not an orchestr.Actor subclass")
+    return obj

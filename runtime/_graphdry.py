@@ -8,12 +8,11 @@ exists to answer it.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
-from ._actor import Actor, class_path, endpoints_of
+from ._actor import Actor, class_path, endpoints_of, load_actor_class
 from ._graph import Graph, GraphCaptured
 from ._headstate import validate_resources
 from ._mesh import Endpoint, Member, Mesh
@@ -108,7 +107,7 @@ class DryContext:
     ) -> Mesh:
         """Import and check ``actor``; return a mesh of ``n`` placeholder members."""
         check_spawn_options(restart, supervise, per_process)
-        cls = _import_class(actor) if isinstance(actor, str) else actor
+        cls = load_actor_class(actor) if isinstance(actor, str) else actor
         path = class_path(cls)
         try:
             inspect.signature(cls).bind(*args, **kwargs)
@@ -139,23 +138,6 @@ class DryContext:
             f"without a cluster (only ctx.spawn, ctx.stop, ctx.phase, ctx.events and "
             f"ctx.config work), so run the job with `orchestr run` instead"
         )
-
-
-def _import_class(path: str) -> type[Actor]:
-    module_name, _, qualname = path.partition(":")
-    if not module_name or not qualname:
-        raise SpawnError(
-            f"an actor class path must look like 'package.module:ClassName', not {path!r}"
-        )
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise SpawnError(f"cannot import actor class {path!r}: {exc}") from exc
-    if not (isinstance(obj, type) and issubclass(obj, Actor)):
-        raise SpawnError(f"{path!r} is not an orchestr.Actor subclass")
-    return obj
 
 
 async def capture_graph(main: Callable[[Any], Awaitable[Any]]) -> Graph:

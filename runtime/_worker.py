@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import ctypes
 import faulthandler
-import importlib
 import os
 import signal
 import sys
@@ -24,7 +23,7 @@ from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
 from . import _serde, _stats
-from ._actor import Actor
+from ._actor import load_actor_class
 from ._actorhost import ActorHost
 from ._callpath import CallClient, set_current_client
 from ._callserver import CallServer
@@ -35,27 +34,6 @@ from .config import Config, load_config
 from .errors import OrchestrError, SpawnError
 
 log = structlog.get_logger("orchestr.worker")
-
-
-def load_actor_class(class_path: str) -> type[Actor]:
-    """Import ``module:QualName``; raises :class:`SpawnError` saying what failed."""
-    module_name, sep, qualname = class_path.partition(":")
-    if not sep or not module_name or not qualname:
-        raise SpawnError(
-            f"actor class path must look like 'package.module:ClassName', got {class_path!r}"
-        )
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise SpawnError(
-            f"cannot import actor class {class_path!r} in the worker: {type(exc).__name__}: {exc} "
-            f"(sys.path: {sys.path[:4]}...)"
-        ) from exc
-    if not (isinstance(obj, type) and issubclass(obj, Actor)):
-        raise SpawnError(f"{class_path!r} is not an orchestr.Actor subclass")
-    return obj
 
 
 class WorkerService(pb_grpc.WorkerServicer):
@@ -71,7 +49,7 @@ class WorkerService(pb_grpc.WorkerServicer):
     async def CreateActor(self, request: Any, context: Any) -> pb.CreateActorReply:
         label = f"{request.name}[{request.rank}]"
         try:
-            cls = load_actor_class(request.class_path)
+            cls = load_actor_class(request.class_path, where=" in the worker")
             args, kwargs = _serde.decode(request.init_args)
             instance = cls.__new__(cls)
             instance.rank, instance.mesh_name, instance.actor_id = (
