@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import structlog
 
 from ._actor import Actor, EndpointSpec, saves_state
+from ._distributed import JOIN_ENDPOINT, STORE_ENDPOINT, join, open_store
 from ._stats import ActorStats, EndpointStats
 
 __all__ = ["ActorHost", "Counts", "Item", "Replies"]
@@ -71,6 +72,10 @@ class ActorHost:
         }
         #: Calls by endpoint name; an entry is made on an endpoint's first call.
         self.counts: collections.defaultdict[str, Counts] = collections.defaultdict(Counts)
+        # Every actor can join a torch.distributed group of its mesh (see _distributed); the
+        # join blocks until all members have, so it runs in a thread.
+        self.endpoints[STORE_ENDPOINT] = (EndpointSpec(STORE_ENDPOINT, False, False), open_store)
+        self.endpoints[JOIN_ENDPOINT] = (EndpointSpec(JOIN_ENDPOINT, False, True), join)
         if saves_state(type(instance)):  # in order with the actor's other calls
             self.endpoints["__save_state__"] = (
                 EndpointSpec("__save_state__", False, False),

@@ -266,7 +266,7 @@ class CallServer:
             return
         entry = host.endpoints.get(endpoint)
         if entry is None:
-            names = ", ".join(sorted(host.endpoints)) or "none"
+            names = ", ".join(sorted(n for n in host.endpoints if not n.startswith("__"))) or "none"
             self._reject(
                 reply_to,
                 call_id,

@@ -21,6 +21,7 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 from . import _serde
 from ._actor import Actor, class_path, saves_state
 from ._callpath import CallClient, set_current_client
+from ._distributed import init_distributed
 from ._events import EventLog, export_trace
 from ._grpc import ControlChannel
 from ._head import HeadService, actor_lookup
@@ -184,6 +185,18 @@ class JobContext:
         """Stop every actor of ``mesh`` (its workers get SIGTERM). Idempotent."""
         self.supervisor.forget(mesh)
         await self.head.rpc(self._stub.StopMesh, pb.StopMeshRequest(mesh_id=mesh.mesh_id))
+
+    async def init_distributed(
+        self, mesh: Mesh, *, backend: str | None = None, timeout_s: float = 120.0
+    ) -> list[dict[str, Any]]:
+        """Make the members of ``mesh`` one ``torch.distributed`` process group, rank = mesh
+        rank: member 0 serves the rendezvous store on its host, then all join at once.
+        ``backend``: ``"gloo"`` or ``"nccl"`` (default: nccl where CUDA is available, else
+        gloo). Blocks until every member has joined, at most ``timeout_s``; returns what each
+        reports (rank, world_size, backend). Raises :class:`ConfigError` for a bad backend or
+        members that share a process, :class:`ActorError` when a member cannot join. Once per
+        process: not idempotent."""
+        return await init_distributed(self, mesh, backend, timeout_s)
 
     async def checkpoint(self, mesh: Mesh) -> int:
         """Save the state of every member of ``mesh`` (its class defines ``save_state``); a
