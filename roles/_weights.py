@@ -1,0 +1,344 @@
+"""Versioned weight sync, trainer to generators, over the data plane.
+
+The trainer's :class:`WeightPublisher` copies a model's tensors into a few flat buckets (one
+dtype each, at most ``bucket_bytes``; the layout is :func:`~._weightplan.plan_buckets`),
+registers each bucket once as an :class:`orchestr.Buffer` and returns a small
+:class:`WeightsRef` per version. The controller passes only that ref; each generator's
+:class:`WeightLoader` reads the buckets straight from the trainer's memory (one kernel copy on a
+host, tcp or rdma across hosts), verifies them and copies them into its model in place. The
+bytes never go through the controller, and never one tensor per call.
+
+**Double buffering**: the publisher keeps ``slots`` (default 2) sets of buckets and writes
+version *v* into the set that does not hold *v - 1*, so a generator still reading the previous
+version is never disturbed by the next publish. A reader that lags further behind finds its slot
+rewritten: each slot has a one-word stamp (its version; -1 while being written) that the loader
+reads before and after the buckets (a seqlock), so that case is reported as
+:class:`StaleWeightsError`, never loaded. It relies on the publisher's stores becoming visible
+in order (true on x86); elsewhere the checksum still catches the torn read.
+
+**Checksum**: CRC-32 per bucket by default (zlib: about 6.7 GB/s a core on the development
+machine against 2.0 GB/s for SHA-256 and 1.3 GB/s for BLAKE2b, and it releases the GIL). It
+guards against accidents, not adversaries (peers share a cluster token): a torn or corrupted
+bucket escapes it with probability 2**-32, and the stale read a checksum could miss (a slot
+rewritten with equal bytes) is caught by the stamp. ``checksum="sha256"`` or ``"blake2b"``
+buys a cryptographic digest at 3-5x the cost. The loader verifies every bucket before it
+touches the model, so a failed load leaves the model as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+import torch
+
+from orchestr import Buffer, register
+from orchestr.errors import StaleDescriptorError
+
+from ._weightplan import (
+    CHECKSUMS,
+    DEFAULT_BUCKET_BYTES,
+    BucketPlan,
+    BucketSpec,
+    ChecksumMismatchError,
+    ManifestMismatchError,
+    StaleWeightsError,
+    TensorSlot,
+    WeightSyncError,
+    bytes_of,
+    few,
+    plan_buckets,
+    to_dtype,
+    weight_tensors,
+)
+
+__all__ = ["BucketRef", "WeightLoader", "WeightPublisher", "WeightsRef"]
+
+#: A slot's stamp while the publisher writes it.
+WRITING = -1
+#: Buckets at least this large are checksummed in a thread, off the event loop.
+_THREAD_BYTES = 1 << 20
+
+
+class BucketRef(NamedTuple):
+    dtype: str
+    numel: int
+    checksum: str
+    buffer: Buffer
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class WeightsRef:
+    """One published version: the manifest, a buffer handle and checksum per bucket, and the
+    slot's stamp. Small (tens of bytes per tensor); pass it in any actor call."""
+
+    version: int
+    tensors: tuple[TensorSlot, ...]
+    buckets: tuple[BucketRef, ...]
+    stamp: Buffer
+    algorithm: str = "crc32"
+
+    def __post_init__(self) -> None:
+        # from the wire, tuples arrive as lists: rebuild the named tuples
+        try:
+            tensors = tuple(TensorSlot(n, d, tuple(s), b, o) for n, d, s, b, o in self.tensors)
+            buckets = tuple(BucketRef(d, n, c, buf) for d, n, c, buf in self.buckets)
+        except (TypeError, ValueError) as exc:
+            raise ManifestMismatchError(f"malformed weights ref: {exc}") from None
+        object.__setattr__(self, "tensors", tensors)
+        object.__setattr__(self, "buckets", buckets)
+
+    @property
+    def plan(self) -> BucketPlan:
+        return BucketPlan(self.tensors, tuple(BucketSpec(b.dtype, b.numel) for b in self.buckets))
+
+    @property
+    def nbytes(self) -> int:
+        return self.plan.nbytes
+
+
+class _Slot:
+    def __init__(self, plan: BucketPlan, pin: bool) -> None:
+        self.buckets = [
+            torch.empty(b.numel, dtype=to_dtype(b.dtype), pin_memory=pin) for b in plan.buckets
+        ]
+        self.buffers = [Buffer(b) for b in self.buckets]
+        self.stamp = torch.zeros(1, dtype=torch.int64)
+        self.stamp_buffer = Buffer(self.stamp)
+
+    def release(self) -> None:
+        for buf in [*self.buffers, self.stamp_buffer]:
+            buf.release()
+
+
+def _views(plan: BucketPlan, buckets: list[torch.Tensor]) -> Iterable[tuple[str, torch.Tensor]]:
+    for t in plan.tensors:
+        yield t.name, buckets[t.bucket][t.offset : t.offset + t.numel].view(t.shape)
+
+
+def _sync_devices(tensors: Iterable[torch.Tensor]) -> None:
+    for device in {t.device for t in tensors if t.device.type == "cuda"}:
+        torch.cuda.synchronize(device)
+
+
+class WeightPublisher:
+    """Trainer side: publishes versions of a model's weights as registered buckets.
+
+    ``slots`` sets of buckets are registered on the first publish and reused for every later
+    version (see double buffering above); a ref stays readable until ``slots`` newer versions
+    have been published (with 2: version v until v + 2). Use ``with`` or :meth:`close` to
+    release the buffers.
+    """
+
+    def __init__(
+        self,
+        *,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        slots: int = 2,
+        checksum: str = "crc32",
+    ) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
+        if checksum not in CHECKSUMS:
+            raise ValueError(f"unknown checksum {checksum!r}; choose one of {sorted(CHECKSUMS)}")
+        self.bucket_bytes, self.algorithm = bucket_bytes, checksum
+        self.version: int | None = None
+        self._plan: BucketPlan | None = None
+        self._slots: list[_Slot] = []
+        self._n_slots = slots
+        self._next = 0
+        self._closed = False
+
+    def publish(
+        self, model: torch.nn.Module | Mapping[str, torch.Tensor], version: int
+    ) -> WeightsRef:
+        """Copy ``model``'s weights into the next slot and return the ref of ``version``.
+
+        Blocks while it copies and checksums (about model size / memory bandwidth); run it
+        between optimizer steps, not while they change the weights. Raises
+        :class:`WeightSyncError` for a version not above the last one, a model whose layout
+        changed, or a closed publisher. Not idempotent: each call rewrites a slot.
+        """
+        if self._closed:
+            raise WeightSyncError("this publisher is closed; make a new one")
+        if version < 0:
+            raise ValueError(f"versions are non-negative integers, got {version}")
+        if self.version is not None and version <= self.version:
+            raise WeightSyncError(
+                f"version {version} is not newer than the last published {self.version}; "
+                f"versions must increase"
+            )
+        tensors = weight_tensors(model)
+        plan = plan_buckets(tensors, self.bucket_bytes)
+        if self._plan is None:
+            self._plan = plan
+            pin = any(t.device.type == "cuda" for t in tensors.values())
+            self._slots = [_Slot(plan, pin) for _ in range(self._n_slots)]
+        elif plan != self._plan:
+            raise WeightSyncError(
+                "the model's tensors (names, dtypes or shapes) changed since the first "
+                "publish; a publisher serves one layout, make a new one for another"
+            )
+        slot = self._slots[self._next]
+        self._next = (self._next + 1) % len(self._slots)
+        slot.stamp.fill_(WRITING)  # a reader that overlaps this write sees it
+        with torch.no_grad():
+            for name, view in _views(plan, slot.buckets):
+                src = tensors[name].detach()
+                view.copy_(src, non_blocking=src.device.type == "cuda")
+        _sync_devices(tensors.values())
+        fn = CHECKSUMS[self.algorithm]
+        sums = [fn(bytes_of(b)) for b in slot.buckets]
+        slot.stamp.fill_(version)
+        self.version = version
+        return WeightsRef(
+            version,
+            plan.tensors,
+            tuple(
+                BucketRef(b.dtype, b.numel, s, buf)
+                for b, s, buf in zip(plan.buckets, sums, slot.buffers, strict=True)
+            ),
+            slot.stamp_buffer,
+            self.algorithm,
+        )
+
+    def close(self) -> None:
+        """Release every bucket; readers of any ref then get :class:`StaleWeightsError`.
+        Idempotent."""
+        self._closed = True
+        for slot in self._slots:
+            slot.release()
+
+    def __enter__(self) -> WeightPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class WeightLoader:
+    """Generator side: loads published versions into a model, in place.
+
+    Host buckets are allocated on the first load (pinned when the model is on a GPU) and
+    reused. Reads run ``max_inflight`` buckets at a time; each is checksummed as it lands.
+    ``transport`` and ``fallback`` are passed to :meth:`orchestr.Buffer.read_into`.
+    """
+
+    def __init__(
+        self, *, max_inflight: int = 4, transport: str | None = None, fallback: str | None = None
+    ) -> None:
+        if max_inflight < 1:
+            raise ValueError(f"max_inflight must be at least 1, got {max_inflight}")
+        self.version: int | None = None
+        #: Transports the last load's reads used.
+        self.transports: set[str] = set()
+        self._max_inflight = max_inflight
+        self._read_options: dict[str, Any] = {"transport": transport, "fallback": fallback}
+        self._plan: BucketPlan | None = None
+        self._buckets: list[torch.Tensor] = []
+        self._lock = asyncio.Lock()  # one load at a time: they share the host buckets
+
+    async def load(
+        self, model: torch.nn.Module | Mapping[str, torch.Tensor], ref: WeightsRef
+    ) -> bool:
+        """Read version ``ref.version`` from the publisher and copy it into ``model``.
+
+        Returns ``False`` (and moves nothing) when that version is already loaded. Blocks on
+        the reads, which go straight to the publisher's memory. The model is written only after
+        every bucket has arrived and verified, so a failed load leaves it untouched. Raises
+        :class:`StaleWeightsError` for a version older than the loaded one or one the publisher
+        has rewritten or released, :class:`ManifestMismatchError` when the manifest does not
+        fit ``model``, :class:`ChecksumMismatchError` for a bucket that arrived corrupted, and
+        transport errors as the data plane raises them. Cancel-safe: cancelled, it leaves the
+        model as it was. Loads on one loader run one at a time.
+        """
+        async with self._lock:
+            return await self._load(model, ref)
+
+    async def _load(
+        self, model: torch.nn.Module | Mapping[str, torch.Tensor], ref: WeightsRef
+    ) -> bool:
+        if self.version is not None and ref.version < self.version:
+            raise StaleWeightsError(
+                f"weights version {ref.version} is older than version {self.version}, which "
+                f"is already loaded; pass the newest ref"
+            )
+        if ref.version == self.version:
+            return False
+        tensors = weight_tensors(model)
+        plan = ref.plan
+        if plan != self._plan:
+            plan.validate()
+            plan.check(tensors)
+            pin = any(t.device.type == "cuda" for t in tensors.values())
+            self._buckets = [
+                torch.empty(b.numel, dtype=to_dtype(b.dtype), pin_memory=pin) for b in plan.buckets
+            ]
+            self._plan = plan
+        else:
+            plan.check(tensors)
+        if ref.algorithm not in CHECKSUMS:
+            raise WeightSyncError(f"unknown checksum {ref.algorithm!r} in weights ref")
+        self.transports = set()
+        await self._check_stamp(ref, "before reading")
+        sums = await self._read_all(ref)
+        await self._check_stamp(ref, "while it was read")
+        for i, (b, got) in enumerate(zip(ref.buckets, sums, strict=True)):
+            if got != b.checksum:
+                names = [t.name for t in ref.tensors if t.bucket == i]
+                raise ChecksumMismatchError(
+                    f"bucket {i} of weights version {ref.version} ({b.numel} {b.dtype}: "
+                    f"{few(names, 3)}) arrived with {ref.algorithm} {got}, the publisher "
+                    f"computed {b.checksum}; the publisher's memory was changed after publish "
+                    f"or the transfer corrupted it. Nothing was loaded"
+                )
+        with torch.no_grad():
+            for name, view in _views(plan, self._buckets):
+                dst = tensors[name]
+                dst.copy_(view, non_blocking=dst.device.type == "cuda")
+        _sync_devices(tensors.values())
+        self.version = ref.version
+        return True
+
+    async def _read(self, buf: Buffer, dst: torch.Tensor) -> None:
+        try:
+            self.transports.add(await buf.read_into(dst, **self._read_options))
+        except StaleDescriptorError as exc:
+            raise StaleWeightsError(
+                f"the publisher released its weight buffers ({exc}); it closed or its actor "
+                f"stopped. Ask it for a new ref"
+            ) from exc
+
+    async def _check_stamp(self, ref: WeightsRef, when: str) -> None:
+        stamp = torch.zeros(1, dtype=torch.int64)
+        await self._read(ref.stamp, stamp)
+        found = int(stamp[0])
+        if found != ref.version:
+            now = "is being rewritten" if found == WRITING else f"now holds version {found}"
+            raise StaleWeightsError(
+                f"the publisher's slot for weights version {ref.version} {now} ({when}): this "
+                f"reader lagged too far behind (the publisher keeps its last few versions). "
+                f"Nothing was loaded; load the newest ref"
+            )
+
+    async def _read_all(self, ref: WeightsRef) -> list[str]:
+        fn = CHECKSUMS[ref.algorithm]
+        sums = [""] * len(ref.buckets)
+        gate = asyncio.Semaphore(self._max_inflight)
+
+        async def one(i: int) -> None:
+            dst = self._buckets[i]
+            async with gate:
+                await self._read(ref.buckets[i].buffer, dst)
+            view = bytes_of(dst)
+            sums[i] = (
+                await asyncio.to_thread(fn, view) if view.nbytes >= _THREAD_BYTES else fn(view)
+            )
+
+        async with asyncio.TaskGroup() as tg:
+            for i in range(len(ref.buckets)):
+                tg.create_task(one(i))
+        return sums

@@ -1,0 +1,390 @@
+"""Weight sync (bucket plan, checksums, publisher and loader, in one process and between real
+actors) and the torch backend seam."""
+
+from __future__ import annotations
+
+import pathlib
+
+import hypothesis.strategies as st
+import pytest
+import torch
+from hypothesis import given, settings
+
+import orchestr as oc
+from orchestr import _serde
+from orchestr.roles import _backend
+from orchestr.roles._backend import (
+    Backend,
+    BackendError,
+    BackendSpec,
+    BackendUnavailableError,
+    choose_backend,
+)
+from orchestr.roles._weightplan import (
+    BucketPlan,
+    BucketSpec,
+    ChecksumMismatchError,
+    ManifestMismatchError,
+    StaleWeightsError,
+    TensorSlot,
+    WeightSyncError,
+    checksum,
+    plan_buckets,
+    weight_tensors,
+    weights_digest,
+)
+from orchestr.roles._weights import WeightLoader, WeightPublisher, WeightsRef
+
+from .weight_actors import Generator, Trainer, make_net
+
+# -- the bucket plan ----------------------------------------------------------------------------
+
+
+def test_the_plan_sorts_by_dtype_then_name_and_packs_buckets() -> None:
+    tensors = {
+        "b": torch.zeros(10),
+        "d": torch.zeros(100),
+        "c": torch.zeros(3, dtype=torch.bfloat16),
+        "a": torch.zeros(5),
+    }
+    plan = plan_buckets(tensors, bucket_bytes=64)  # 16 float32s
+    assert plan.tensors == (
+        TensorSlot("c", "bfloat16", (3,), 0, 0),
+        TensorSlot("a", "float32", (5,), 1, 0),
+        TensorSlot("b", "float32", (10,), 1, 5),
+        TensorSlot("d", "float32", (100,), 2, 0),  # larger than a bucket: one of its own
+    )
+    assert plan.buckets == (
+        BucketSpec("bfloat16", 3),
+        BucketSpec("float32", 15),
+        BucketSpec("float32", 100),
+    )
+    assert plan.nbytes == 3 * 2 + 115 * 4
+    assert plan_buckets(dict(reversed(tensors.items())), 64) == plan  # order-independent
+    with pytest.raises(ValueError, match="positive"):
+        plan_buckets(tensors, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([torch.float32, torch.bfloat16, torch.float64, torch.int8]),
+            st.lists(st.integers(0, 40), max_size=3),
+        ),
+        max_size=25,
+    ),
+    st.integers(1, 512),
+)
+def test_every_plan_is_consistent_and_respects_the_bucket_size(
+    specs: list[tuple[torch.dtype, list[int]]], bucket_bytes: int
+) -> None:
+    tensors = {f"t{i}": torch.zeros(shape, dtype=dt) for i, (dt, shape) in enumerate(specs)}
+    plan = plan_buckets(tensors, bucket_bytes)
+    plan.validate()
+    plan.check(tensors)
+    assert {t.name for t in plan.tensors} == set(tensors)
+    for i, b in enumerate(plan.buckets):
+        members = [t for t in plan.tensors if t.bucket == i]
+        assert members and all(t.dtype == b.dtype for t in members)
+        itemsize = getattr(torch, b.dtype).itemsize
+        assert b.numel * itemsize <= bucket_bytes or len([t for t in members if t.numel]) == 1
+        assert b.numel == sum(t.numel for t in members)  # contiguous, no gaps
+
+
+def test_a_manifest_that_does_not_fit_the_model_is_refused_with_what_differs() -> None:
+    model = weight_tensors(make_net(0))
+    plan = plan_buckets(model, 1 << 12)
+    renamed = {("fc9.bias" if k == "fc1.bias" else k): v for k, v in model.items()}
+    with pytest.raises(ManifestMismatchError, match=r"missing from the model fc1\.bias.*fc9"):
+        plan.check(renamed)
+    with pytest.raises(ManifestMismatchError, match=r"emb: the model holds float32.*bfloat16"):
+        plan.check({**model, "emb": model["emb"].float()})
+    with pytest.raises(ManifestMismatchError, match=r"fc2.weight: the model's shape is \[2\]"):
+        plan.check({**model, "fc2.weight": torch.zeros(2)})
+
+
+@pytest.mark.parametrize(
+    ("plan", "error"),
+    [
+        (
+            BucketPlan((TensorSlot("a", "float32", (4,), 1, 0),), (BucketSpec("float32", 4),)),
+            "bucket 1 does not exist",
+        ),
+        (
+            BucketPlan((TensorSlot("a", "float32", (4,), 0, 1),), (BucketSpec("float32", 4),)),
+            "outside bucket",
+        ),
+        (
+            BucketPlan((TensorSlot("a", "int8", (4,), 0, 0),), (BucketSpec("float32", 4),)),
+            "int8 placed in a float32",
+        ),
+        (
+            BucketPlan(
+                (TensorSlot("a", "float32", (4,), 0, 0), TensorSlot("b", "float32", (2,), 0, 3)),
+                (BucketSpec("float32", 8),),
+            ),
+            "a and b overlap",
+        ),
+        (
+            BucketPlan((TensorSlot("a", "float32", (1,), 0, 0),) * 2, (BucketSpec("float32", 2),)),
+            "twice",
+        ),
+        (
+            BucketPlan((TensorSlot("a", "floaty", (1,), 0, 0),), (BucketSpec("floaty", 1),)),
+            "unknown torch dtype",
+        ),
+    ],
+)
+def test_malformed_manifests_are_refused(plan: BucketPlan, error: str) -> None:
+    with pytest.raises(ManifestMismatchError, match=error):
+        plan.validate()
+
+
+def test_synced_tensors_are_the_state_dict_with_tied_ones_once() -> None:
+    net = make_net(0)
+    names = set(weight_tensors(net))
+    assert "out.weight" in names and "tied.weight" not in names  # tied: first name only
+    assert {"steps", "scale", "emb"} <= names and "cache" not in names  # not persistent
+    with pytest.raises(WeightSyncError, match="not a tensor"):
+        weight_tensors({"x": 3})  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize("algorithm", ["crc32", "sha256", "blake2b"])
+def test_a_flipped_byte_changes_the_checksum(algorithm: str) -> None:
+    t = torch.randn(1000, dtype=torch.float64)
+    before = checksum(t, algorithm)
+    assert checksum(t.clone(), algorithm) == before
+    t.view(torch.uint8)[4321] ^= 1
+    assert checksum(t, algorithm) != before
+    with pytest.raises(ValueError, match="unknown checksum 'md4'"):
+        checksum(t, "md4")
+
+
+# -- publisher and loader in one process --------------------------------------------------------
+
+
+async def test_publish_and_load_in_one_process() -> None:
+    trainer, gen = make_net(0), make_net(1)
+    assert weights_digest(trainer) != weights_digest(gen)
+    loader = WeightLoader()
+    with WeightPublisher(bucket_bytes=4096) as publisher:
+        for version in (1, 2, 3):
+            with torch.no_grad():
+                trainer.fc1.weight.add_(1.0)
+            ref = publisher.publish(trainer, version)
+            assert len(ref.buckets) > 3
+            assert await loader.load(gen, ref) is True
+            assert weights_digest(gen) == weights_digest(trainer)
+            assert loader.transports == {"inproc"}
+        assert await loader.load(gen, ref) is False  # already there: nothing moves
+        with pytest.raises(WeightSyncError, match="not newer than the last published 3"):
+            publisher.publish(trainer, 3)
+        with pytest.raises(WeightSyncError, match="changed since the first publish"):
+            publisher.publish({"x": torch.zeros(3)}, 4)
+
+
+async def test_the_ref_is_small_and_survives_the_wire() -> None:
+    trainer = make_net(0, width=512)
+    with WeightPublisher(bucket_bytes=4096) as publisher:
+        ref = publisher.publish(trainer, 7)
+        msg, buffers = _serde.encode(ref)
+        assert not buffers and len(msg) < 4096 < ref.nbytes // 100
+        back = _serde.decode(msg)
+        assert isinstance(back, WeightsRef) and back.version == 7 and back.plan == ref.plan
+        gen = make_net(1, width=512)
+        assert await WeightLoader().load(gen, back)
+        assert weights_digest(gen) == weights_digest(trainer)
+
+
+async def test_older_versions_and_lagging_readers_are_refused() -> None:
+    trainer = make_net(0)
+    with WeightPublisher(bucket_bytes=4096, slots=2) as publisher:
+        refs = {v: publisher.publish(trainer, v) for v in (1, 2)}
+        loader = WeightLoader()
+        assert await loader.load(make_net(1), refs[2])
+        with pytest.raises(StaleWeightsError, match="version 1 is older than version 2"):
+            await loader.load(make_net(1), refs[1])
+        refs[3] = publisher.publish(trainer, 3)  # reuses version 1's slot
+        lagging, model = WeightLoader(), make_net(1)
+        before = weights_digest(model)
+        with pytest.raises(StaleWeightsError, match="version 1 now holds version 3"):
+            await lagging.load(model, refs[1])
+        assert weights_digest(model) == before and lagging.version is None
+        assert await lagging.load(model, refs[2])  # the previous version stays readable
+    with pytest.raises(StaleWeightsError, match="released its weight buffers"):
+        await WeightLoader().load(make_net(1), refs[3])
+
+
+async def test_a_corrupted_bucket_is_caught_and_nothing_is_loaded() -> None:
+    trainer, gen = make_net(0), make_net(1)
+    with WeightPublisher(bucket_bytes=4096, checksum="sha256") as publisher:
+        ref = publisher.publish(trainer, 1)
+        await ref.buckets[2].buffer.write_from(torch.tensor([7], dtype=torch.uint8), offset=9)
+        before = weights_digest(gen)
+        with pytest.raises(ChecksumMismatchError, match="bucket 2 of weights version 1.*sha256"):
+            await WeightLoader().load(gen, ref)
+        assert weights_digest(gen) == before
+
+
+async def test_a_model_of_another_shape_is_refused_before_any_read() -> None:
+    with WeightPublisher() as publisher:
+        ref = publisher.publish(make_net(0), 1)
+        with pytest.raises(ManifestMismatchError, match="the model's shape is"):
+            await WeightLoader().load(make_net(0, width=32), ref)
+        with pytest.raises(ManifestMismatchError, match="cast the model"):
+            await WeightLoader().load(make_net(0).double(), ref)
+
+
+# -- between real actors ------------------------------------------------------------------------
+
+
+async def test_generators_match_the_trainer_bitwise_after_every_sync(ctx: oc.JobContext) -> None:
+    width = 256  # about 0.3 MB of weights in 6 buckets of 4 dtypes
+    trainer = await ctx.spawn(Trainer, 0, width, 64 << 10)
+    gens = await ctx.spawn(Generator, 100, width, n=2)
+    assert len(set(await gens.digest.call())) == 2
+    received = await gens.received.call()
+    for version in range(1, 6):
+        ref = await trainer.step.call_one(version)  # the controller holds only this ref
+        assert isinstance(ref, WeightsRef) and len(ref.buckets) == 6
+        results = await gens.load.call(ref)
+        want = await trainer.digest.call_one()
+        for r in results:
+            assert (r["loaded"], r["version"], r["digest"]) == (True, version, want)
+            assert r["tied"] and r["transports"] == ["shm"]
+    # the weights went actor to actor: the generators' call frames carried far less than them
+    moved = [b - a for a, b in zip(received, await gens.received.call(), strict=True)]
+    assert all(m < ref.nbytes for m in moved), (moved, ref.nbytes)
+    want_tensors = await trainer.tensors.call_one()
+    for got in await gens.tensors.call():
+        assert got.keys() == want_tensors.keys()
+        for name, t in want_tensors.items():
+            assert got[name].dtype == t.dtype and torch.equal(_raw(got[name]), _raw(t)), name
+    assert {t.dtype for t in want_tensors.values()} >= {torch.bfloat16, torch.float64}
+
+    old = await trainer.publish.call_one(6)
+    newer = await trainer.step.call_one(7)
+    await gens.load.call(newer)
+    with pytest.raises(oc.ActorError, match="StaleWeightsError: weights version 6 is older"):
+        await gens[0].load.call_one(old)
+
+    bad = await trainer.step.call_one(8)
+    await trainer.corrupt.call_one(bad, 3, 100)
+    with pytest.raises(oc.ActorError, match="ChecksumMismatchError: bucket 3 of weights version 8"):
+        await gens[1].load.call_one(bad)
+    assert (await gens[1].load.call_one(newer))["loaded"] is False  # still at 7, untouched
+    assert await gens[1].digest.call_one() == await gens[0].digest.call_one()
+
+    await trainer.close.call_one()
+    with pytest.raises(oc.ActorError, match="StaleWeightsError: the publisher released"):
+        await gens[0].load.call_one(bad)
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+# -- the torch backend seam ---------------------------------------------------------------------
+
+
+def test_the_node_picks_what_it_has() -> None:
+    backend = choose_backend()
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert backend.name == expected == backend.device.type
+    assert choose_backend(None) == choose_backend(BackendSpec()) == backend
+    assert choose_backend("cpu").describe() == {
+        "name": "cpu",
+        "device": "cpu",
+        "dtype": None,
+        "compiled": False,
+    }
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this node has a GPU")
+def test_cuda_without_a_gpu_is_refused_with_the_reason() -> None:
+    with pytest.raises(BackendUnavailableError, match="'cuda' cannot run on this node: .*'cpu'"):
+        choose_backend("cuda")
+    with pytest.raises(BackendUnavailableError, match="cuda:1"):
+        choose_backend(BackendSpec("cuda:1", dtype="bfloat16"))
+    row = next(r for r in _backend.backend_report() if r["name"] == "cuda")
+    assert not row["available"] and row["reason"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_backends_name_their_device() -> None:
+    backend = choose_backend(BackendSpec("cuda:0", dtype="bfloat16"))
+    model = backend.prepare(torch.nn.Linear(4, 4))
+    assert model.weight.device == torch.device("cuda", 0)
+    assert model.weight.dtype == torch.bfloat16
+    with pytest.raises(BackendUnavailableError, match="does not exist on this node"):
+        choose_backend(f"cuda:{torch.cuda.device_count()}")
+
+
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [
+        ("tpu", r"unknown torch backend 'tpu'; known: cpu, cuda.*orchestr\.backends"),
+        ("cuda:x", "bad device"),
+        ("cpu:3", "no device 3"),
+        (BackendSpec("cpu", dtype="float7"), "unknown torch dtype 'float7'"),
+    ],
+)
+def test_bad_names_are_refused(spec: str | BackendSpec, error: str) -> None:
+    with pytest.raises(BackendError, match=error):
+        choose_backend(spec)
+
+
+def test_prepare_casts_floating_tensors_and_tensor_follows_the_dtype() -> None:
+    backend = choose_backend(BackendSpec("cpu", dtype="float64"))
+    net = backend.prepare(make_net(0))
+    dtypes = {k: v.dtype for k, v in weight_tensors(net).items()}
+    assert dtypes["fc1.weight"] == dtypes["emb"] == dtypes["scale"] == torch.float64
+    assert dtypes["steps"] == torch.int64  # integers keep their dtype
+    assert backend.tensor([1.0, 2.0]).dtype == torch.float64
+    assert backend.tensor([1, 2]).dtype == torch.int64
+    assert backend.empty(2, 3).shape == (2, 3) and backend.empty(1).dtype == torch.float64
+    backend.synchronize()
+
+
+def test_a_compiled_backend_wraps_the_module_in_torch_compile() -> None:
+    spec = BackendSpec("cpu", compiled=True, compile_options={"backend": "eager"})
+    backend = choose_backend(_serde.decode(_serde.encode(spec)[0]))  # specs travel in calls
+    assert backend.compiled
+    lin = torch.nn.Linear(4, 2)
+    compiled = backend.prepare(lin)
+    assert compiled is not lin and isinstance(compiled, torch.nn.Module)
+    x = torch.randn(3, 4)
+    assert torch.equal(compiled(x), lin(x))
+
+
+class MetaKind:
+    """A plug-in backend: tensors without storage."""
+
+    def probe(self) -> str | None:
+        return None
+
+    def build(self, spec: BackendSpec, index: int | None) -> Backend:
+        return Backend("meta", torch.device("meta"))
+
+
+@pytest.fixture
+def installed_backend(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A distribution on sys.path whose metadata declares two backends, one broken."""
+    dist = tmp_path / "orchestr_metabackend-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: orchestr-meta\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[orchestr.backends]\n"
+        "meta = tests.roles.test_weights:MetaKind\n"
+        "broken = tests.roles.no_such_module:Nothing\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_backend, "_entry_points_loaded", False)
+    monkeypatch.setattr(_backend, "_kinds", dict(_backend._kinds))
+
+
+def test_an_entry_point_backend_is_found(installed_backend: None) -> None:
+    backend = choose_backend("meta")
+    assert backend.prepare(torch.nn.Linear(2, 2)).weight.is_meta
+    assert "meta" in _backend.backends() and "broken" not in _backend.backends()
