@@ -1,0 +1,285 @@
+"""The generator role: an actor around :class:`~orchestr.roles._engine.Engine`.
+
+The engine loop is one background task owned by the actor: started on the first endpoint
+call, it steps while there is work (each step runs in a thread, so the actor keeps answering
+calls) and sleeps when idle or paused; :meth:`Generator.aclose` cancels it (the worker's loop
+cancels it too when the worker stops). Every engine access holds one ``asyncio.Lock``, so an
+endpoint that changes the engine waits for the step in progress, at most one step.
+
+A finished completion goes to the :meth:`Generator.generate` call that submitted it, else to
+the stream read by :meth:`Generator.next_completed`, in finishing order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import importlib
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import structlog
+import torch
+
+import orchestr as oc
+from orchestr.fabric import Buffer
+
+from ._engine import Completion, Engine, Request
+
+__all__ = ["Completion", "Generator", "Request"]
+
+log = structlog.get_logger("orchestr.roles.generator")
+T = TypeVar("T")
+
+
+def load_factory(path: str) -> Callable[..., Any]:
+    """Import ``package.module:callable``; raises ``ValueError`` saying what failed."""
+    module, sep, name = path.partition(":")
+    if not (sep and module and name):
+        raise ValueError(f"model_factory must look like 'package.module:callable', got {path!r}")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot import model_factory {path!r}: {exc}") from exc
+    if not callable(obj):
+        raise ValueError(f"model_factory {path!r} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def _as_request(r: Any) -> Request:
+    if isinstance(r, Request):
+        return r
+    if isinstance(r, dict):
+        return Request(**r)
+    raise TypeError(f"a request is a Request or a dict of its fields, got {type(r).__name__}")
+
+
+class Generator(oc.Actor):
+    """Hosts a causal LM built by ``model_factory`` (``"module:callable"``, called with
+    ``model_kwargs`` after ``torch.manual_seed(seed)``) and serves requests with continuous
+    batching of up to ``max_batch``. ``version`` is the initial weights' policy version; the
+    other keywords go to :class:`Engine`."""
+
+    def __init__(
+        self,
+        model_factory: str,
+        seed: int = 0,
+        max_batch: int = 32,
+        *,
+        model_kwargs: dict[str, Any] | None = None,
+        version: int = 0,
+        eos_id: int | None = None,
+        pad_id: int = 0,
+        max_seq_len: int | None = None,
+        torch_threads: int | None = None,
+    ) -> None:
+        if torch_threads is not None:
+            torch.set_num_threads(torch_threads)
+        torch.manual_seed(seed)
+        model = load_factory(model_factory)(**(model_kwargs or {}))
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"{model_factory} returned {type(model).__name__}, not a torch Module")
+        self._engine = Engine(
+            model,
+            max_batch=max_batch,
+            version=version,
+            seed=seed,
+            pad_id=pad_id,
+            eos_id=eos_id,
+            max_seq_len=max_seq_len,
+        )
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()  # work may have appeared
+        self._ready: deque[Completion] = deque()  # finished, for next_completed
+        self._has_ready = asyncio.Event()
+        self._claimed: dict[str, asyncio.Future[Completion]] = {}  # id -> generate() waiting
+        self._abandoned: set[str] = set()  # ids of a cancelled generate() call
+        self._task: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._closed = False
+
+    # -- endpoints ---------------------------------------------------------------------------
+    @oc.endpoint(concurrent=True)
+    async def submit(self, requests: list[Any]) -> None:
+        """Queue requests (``Request`` or dicts of its fields); their completions arrive
+        through :meth:`next_completed`. Blocks at most for the step in progress. Raises
+        ``ValueError`` for a bad request, and then queues none of them."""
+        reqs = [_as_request(r) for r in requests]
+        self._ensure_running()
+        async with self._lock:
+            self._engine.submit(reqs)
+        self._wake.set()
+
+    @oc.endpoint(concurrent=True)
+    async def next_completed(
+        self, max_n: int = 64, timeout_s: float | None = None
+    ) -> list[Completion]:
+        """Up to ``max_n`` completions in finishing order, as soon as at least one exists;
+        ``[]`` after ``timeout_s`` (``None``: wait forever). Cancel-safe: a cancelled call
+        takes nothing."""
+        if max_n < 1:
+            raise ValueError(f"max_n must be at least 1, got {max_n}")
+        self._ensure_running()
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not self._ready:
+                    self._has_ready.clear()
+                    await self._has_ready.wait()
+                    self._check_alive()
+        except TimeoutError:
+            return []
+        out = [self._ready.popleft() for _ in range(min(max_n, len(self._ready)))]
+        if self._ready:
+            self._has_ready.set()  # leave the rest to other readers
+        return out
+
+    @oc.endpoint(concurrent=True)
+    async def generate(self, requests: list[Any]) -> list[Completion]:
+        """Submit ``requests`` and return their completions in request order, when all are
+        done. They do not appear in :meth:`next_completed`. Cancelling the call cancels the
+        requests still running."""
+        reqs = [_as_request(r) for r in requests]
+        self._ensure_running()
+        loop = asyncio.get_running_loop()
+        async with self._lock:
+            self._engine.submit(reqs)
+            futures = {r.id: loop.create_future() for r in reqs}
+            self._claimed.update(futures)
+        self._wake.set()
+        try:
+            return [await f for f in futures.values()]
+        finally:
+            for rid in futures:
+                # still claimed: not delivered (this call was cancelled, or another one failed)
+                if self._claimed.pop(rid, None) is not None and self._failure is None:
+                    self._abandoned.add(rid)
+            self._wake.set()
+
+    @oc.endpoint(concurrent=True)
+    async def cancel(self, request_id: str) -> Completion:
+        """Stop a waiting or running request; returns what it generated so far. Raises
+        ``KeyError`` for an id that is neither."""
+        self._ensure_running()
+        async with self._lock:
+            return self._engine.cancel(request_id)
+
+    @oc.endpoint(concurrent=True)
+    async def load_weights(self, state: dict[str, Any], version: int) -> None:
+        """Load a state dict whose values are tensors or :class:`orchestr.Buffer` handles
+        (read into staging tensors shaped like the model's, before anything is copied) and
+        make ``version`` current. Tokens of the next step carry it; pause first for a clean
+        cut. Raises ``ValueError`` if the state does not fit (weights unchanged)."""
+        self._ensure_running()
+        own = self._engine.model.state_dict()
+        tensors: dict[str, torch.Tensor] = {}
+        for k, v in state.items():
+            if isinstance(v, Buffer) and k in own:
+                dst = torch.empty(own[k].shape, dtype=own[k].dtype)
+                if v.nbytes != dst.nbytes:
+                    raise ValueError(f"buffer for {k!r} has {v.nbytes} bytes, needs {dst.nbytes}")
+                await v.read_into(dst)
+                v = dst
+            tensors[k] = v
+        async with self._lock:
+            await _in_thread(self._engine.load_weights, tensors, version)
+        log.info("weights loaded", version=version)
+
+    @oc.endpoint(concurrent=True)
+    async def pause(self) -> None:
+        """Stop stepping after the step in progress (returns when it has ended). Running
+        requests keep their tokens and continue after :meth:`resume`. Idempotent."""
+        self._ensure_running()
+        async with self._lock:
+            self._engine.pause()
+
+    @oc.endpoint(concurrent=True)
+    async def resume(self) -> None:
+        """Continue stepping under the current weights. Idempotent."""
+        self._ensure_running()
+        async with self._lock:
+            self._engine.resume()
+        self._wake.set()
+
+    @oc.endpoint(concurrent=True)
+    async def stats(self) -> dict[str, Any]:
+        """The engine's counters plus ``ready`` (completions waiting for next_completed)."""
+        async with self._lock:
+            return {**dataclasses.asdict(self._engine.stats()), "ready": len(self._ready)}
+
+    @oc.endpoint(concurrent=True)
+    async def aclose(self) -> None:
+        """Cancel the engine loop (after its step in progress) and fail waiting calls with
+        ``ClosedResourceError``. Idempotent."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._fail_waiters(oc.ClosedResourceError("the generator was closed"))
+
+    # -- the engine loop ---------------------------------------------------------------------
+    def _ensure_running(self) -> None:
+        self._check_alive()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._serve())
+
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise oc.ClosedResourceError("the generator was closed (aclose); spawn a new one")
+        if self._failure is not None:
+            raise self._failed()
+
+    def _failed(self) -> RuntimeError:
+        err = RuntimeError(f"the generator's engine failed: {self._failure!r}; spawn a new one")
+        err.__cause__ = self._failure
+        return err
+
+    async def _serve(self) -> None:
+        try:
+            while True:
+                if not self._engine.has_work() and not self._abandoned:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                async with self._lock:
+                    for rid in self._abandoned:
+                        with contextlib.suppress(KeyError):  # it may have finished meanwhile
+                            self._engine.cancel(rid)
+                    self._abandoned.clear()
+                    finished = await _in_thread(self._engine.step)
+                for c in finished:
+                    future = self._claimed.pop(c.id, None)
+                    if future is not None:
+                        if not future.done():
+                            future.set_result(c)
+                    elif c.id in self._abandoned:  # its generate() call went during the step
+                        self._abandoned.discard(c.id)
+                    else:
+                        self._ready.append(c)
+                        self._has_ready.set()
+        except Exception as exc:  # a model error: nothing can continue; say so to every caller
+            log.exception("generator engine failed")
+            self._failure = exc
+            self._fail_waiters(self._failed())
+
+    def _fail_waiters(self, exc: BaseException) -> None:
+        for future in self._claimed.values():
+            if not future.done():
+                future.set_exception(exc)
+        self._claimed.clear()
+        self._has_ready.set()  # next_completed() callers wake and raise
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn`` in the default executor. A thread cannot be interrupted: on cancellation
+    wait for it to end, so nothing touches the engine after the caller has gone."""
+    future = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait([future])
+        raise
