@@ -128,6 +128,13 @@ class DryContext:
     async def stop(self, mesh: Mesh) -> None:
         pass
 
+    async def init_distributed(self, mesh: Mesh, **kwargs: Any) -> list[dict[str, Any]]:
+        """Nothing to join in a dry run; the graph does not depend on it."""
+        return []
+
+    async def checkpoint(self, mesh: Mesh) -> int:
+        return 0
+
     @contextlib.asynccontextmanager
     async def phase(self, name: str, **kwargs: Any) -> AsyncIterator[None]:
         yield
@@ -135,8 +142,9 @@ class DryContext:
     def __getattr__(self, name: str) -> Any:
         raise DryRunError(
             f"the job uses ctx.{name} before its first graph; `orchestr graph` runs the job "
-            f"without a cluster (only ctx.spawn, ctx.stop, ctx.phase, ctx.events and "
-            f"ctx.config work), so run the job with `orchestr run` instead"
+            f"without a cluster (only ctx.spawn, ctx.stop, ctx.phase, ctx.init_distributed, "
+            f"ctx.checkpoint, ctx.events and ctx.config work), so run the job with "
+            f"`orchestr run` instead"
         )
 
 
