@@ -1,0 +1,185 @@
+"""Sampling and greedy generation over any causal LM, and the per-token log-probs GRPO needs.
+
+The model is anything with ``forward(tokens[B, T]) -> logits[B, T, V]`` that ignores ``PAD``
+(masks it as a key and does not count it in positions, as :class:`._model.TinyLM` does).
+Generation here is the simple reference: the whole sequence is recomputed for every new
+token. The continuous-batching engine builds on the same interface and keys and must give the
+same tokens.
+
+Layout: prompts are left-padded to the longest in the batch, so completions start at one
+column, ``prompt_width``; a row holds ``PAD`` after its ``EOS`` or limit. Since the model
+ignores padding, a row's tokens do not depend on what else is in the batch.
+
+Randomness: each sample owns a ``torch.Generator`` seeded by :func:`sample_key`, from which
+it draws Gumbel noise for its own ``max_new_tokens`` steps up front. A sample's tokens are a
+function of the model, its prompt and its key alone — batch composition and order do not
+matter (up to float rounding in batched matmuls, which can only flip an exact near-tie).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ._seeding import derive_seed
+from ._task import EOS, PAD
+
+__all__ = ["Generation", "completion_logprobs", "generate", "sample_key", "token_logprobs"]
+
+
+def sample_key(seed: int, step: int, prompt_index: int, sample_index: int) -> int:
+    """The RNG seed of one sample: the same in every process that generates it."""
+    return derive_seed("sample", seed, step, prompt_index, sample_index)
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """A batch of completions.
+
+    ``tokens[N, prompt_width + L]``: prompts left-padded, completions from column
+    ``prompt_width``, ``PAD`` after each row's end. ``prompt_lengths[N]``: tokens per prompt.
+    ``lengths[N]``: generated tokens per row, ``EOS`` included. ``logprobs[N, L]``: the
+    behaviour log-prob of each generated token under the sampling distribution (temperature
+    applied; 0 past a row's length; for greedy rows, the log-prob at temperature 1).
+    """
+
+    tokens: torch.Tensor
+    prompt_width: int
+    prompt_lengths: torch.Tensor
+    lengths: torch.Tensor
+    logprobs: torch.Tensor
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """``[N, L]`` bool: which completion columns were generated."""
+        cols = torch.arange(self.logprobs.shape[1])
+        return cols[None, :] < self.lengths[:, None]
+
+    def completion(self, i: int) -> list[int]:
+        """Row ``i``'s generated tokens, ``EOS`` included when it was said."""
+        start = self.prompt_width
+        return [int(t) for t in self.tokens[i, start : start + int(self.lengths[i])]]
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: Sequence[int],
+    *,
+    keys: Sequence[int] | None = None,
+    temperature: float = 1.0,
+) -> Generation:
+    """Complete each encoded prompt, sampling with its key, or greedily when ``keys`` is None.
+
+    A row stops at ``EOS`` or after its own ``max_new_tokens``. Blocks on the computation;
+    raises ``ValueError`` for mismatched lengths, an empty prompt or a non-positive temperature.
+    """
+    n = len(prompts)
+    if len(max_new_tokens) != n or (keys is not None and len(keys) != n):
+        raise ValueError(
+            f"{n} prompts need {n} max_new_tokens and keys, got {len(max_new_tokens)} and "
+            f"{'none' if keys is None else len(keys)}"
+        )
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive (keys=None is greedy), got {temperature}")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token to condition on")
+    width = max((len(p) for p in prompts), default=0)
+    limit = max(max_new_tokens, default=0)
+    tokens = torch.full((n, width + limit), PAD, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        tokens[i, width - len(p) : width] = torch.tensor(list(p), dtype=torch.long)
+    caps = torch.tensor(list(max_new_tokens), dtype=torch.long)
+    lengths = torch.zeros(n, dtype=torch.long)
+    logprobs = torch.zeros(n, limit)
+    noise: torch.Tensor | None = None
+    done = caps <= 0
+    for k in range(limit):
+        active = (~done).nonzero().squeeze(1)
+        if active.numel() == 0:
+            break
+        logits = model(tokens[active, : width + k])[:, -1].float()
+        if keys is None:
+            logp = torch.log_softmax(logits, dim=-1)
+            tok = logits.argmax(-1)
+        else:
+            if noise is None:  # the vocabulary size is known from the first forward
+                noise = _gumbel_noise(keys, list(max_new_tokens), limit, logits.shape[-1])
+            logp = torch.log_softmax(logits / temperature, dim=-1)
+            tok = (logp + noise[active, k]).argmax(-1)
+        tokens[active, width + k] = tok
+        logprobs[active, k] = logp.gather(1, tok[:, None]).squeeze(1)
+        lengths[active] += 1
+        done[active] = (tok == EOS) | (lengths[active] >= caps[active])
+    return Generation(
+        tokens=tokens,
+        prompt_width=width,
+        prompt_lengths=torch.tensor([len(p) for p in prompts], dtype=torch.long),
+        lengths=lengths,
+        logprobs=logprobs,
+    )
+
+
+def _gumbel_noise(keys: Sequence[int], caps: list[int], limit: int, vocab: int) -> torch.Tensor:
+    # Each sample draws exactly caps[i] rows from its own generator, so the noise it sees does
+    # not depend on the longest prompt it happens to share a batch with.
+    noise = torch.zeros(len(keys), limit, vocab)
+    for i, (key, cap) in enumerate(zip(keys, caps, strict=True)):
+        g = torch.Generator().manual_seed(key)
+        u = torch.rand(cap, vocab, generator=g).clamp_(min=1e-20)
+        noise[i, :cap] = -torch.log(-torch.log(u))
+    return noise
+
+
+def token_logprobs(
+    model: nn.Module, tokens: torch.Tensor, start: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """``[B, T - start]``: log p(tokens[:, t] | tokens[:, :t]) for every ``t >= start``.
+
+    Differentiable; ``start >= 1`` since the first token has no prefix to condition on.
+    """
+    return _token_scores(model, tokens, start, temperature)[0]
+
+
+def _token_scores(
+    model: nn.Module, tokens: torch.Tensor, start: int, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if not 1 <= start <= tokens.shape[1]:
+        raise ValueError(f"start must be in 1..{tokens.shape[1]}, got {start}")
+    logits = model(tokens)[:, start - 1 : -1].float() / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return logp.gather(-1, tokens[:, start:, None]).squeeze(-1), entropy
+
+
+def completion_logprobs(
+    model: nn.Module, gen: Generation, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([N, L], [N, L])``: the current model's log-prob of each of ``gen``'s completion
+    tokens and the entropy of its next-token distribution there (both 0 past a row's length),
+    differentiable.
+
+    Rows are grouped by prompt length and each group is cropped to its own prompt and longest
+    completion, so the long tail's padding is not computed for the many short rows (about 3x
+    less work for the task's length mix). Valid because the model ignores ``PAD``.
+    """
+    n, limit = gen.logprobs.shape
+    width = gen.prompt_width
+    logps = torch.zeros(n, limit)
+    entropies = torch.zeros(n, limit)
+    for plen in torch.unique(gen.prompt_lengths).tolist():
+        rows = (gen.prompt_lengths == plen).nonzero().squeeze(1)
+        span = int(gen.lengths[rows].max())
+        if span == 0:
+            continue
+        window = gen.tokens[rows, width - plen : width + span]
+        logp, entropy = _token_scores(model, window, plen, temperature)
+        logps = logps.index_put((rows,), F.pad(logp, (0, limit - span)))
+        entropies = entropies.index_put((rows,), F.pad(entropy, (0, limit - span)))
+    mask = gen.mask
+    return logps * mask, entropies * mask
