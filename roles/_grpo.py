@@ -76,10 +76,10 @@ def grpo_loss(
     with torch.no_grad():
         outside = ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + clip_eps)).to(m.dtype)
         stats = {
-            "loss": float(loss),
-            "ratio_mean": float((ratio * m).sum() / tokens),
+            "loss": float(loss.detach()),
+            "ratio_mean": float((ratio.detach() * m).sum() / tokens),
             "clip_frac": float((outside * m).sum() / tokens),
-            "approx_kl": float(((behaviour - logp_new) * m).sum() / tokens),
+            "approx_kl": float(((behaviour - logp_new.detach()) * m).sum() / tokens),
             "tokens": float(tokens),
         }
     return loss, stats
