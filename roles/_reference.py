@@ -1,0 +1,242 @@
+"""The single-process reference GRPO loop on digit reversal: what the distributed run must match.
+
+Each step draws ``prompts_per_step`` prompts keyed by ``(seed, step, index)``, samples
+``group_size`` completions of each from the current policy with keys
+``(seed, step, prompt, sample)``, scores them, normalises rewards within each prompt's group,
+and takes ``updates_per_step`` gradient steps on the clipped surrogate against the behaviour
+log-probs recorded while sampling. Greedy exact-match accuracy on the fixed evaluation set is
+measured before the first step, every ``eval_every`` steps and after the last.
+
+Same config, same history (wall times aside): model init, prompts and samples are all seeded,
+and torch runs on a fixed thread count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from . import _task
+from ._generate import Generation, completion_logprobs, generate, sample_key
+from ._grpo import group_advantages, grpo_loss
+from ._model import TinyLM, TinyLMConfig
+
+__all__ = [
+    "DEMO_CONFIG",
+    "SMALL_CONFIG",
+    "EvalPoint",
+    "History",
+    "StepMetrics",
+    "TrainConfig",
+    "evaluate",
+    "train",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything a run depends on; the defaults are the demo's run (:data:`DEMO_CONFIG`).
+    ``advantage_scale`` 0 or -1 gives the controls. The entropy bonus keeps a little
+    exploration on the rare long prompts, whose far positions otherwise collapse onto a
+    confident wrong digit that no group can then correct."""
+
+    seed: int = 0
+    steps: int = 200
+    prompts_per_step: int = 64
+    group_size: int = 8
+    lengths: _task.LengthDistribution = dataclasses.field(default_factory=_task.LengthDistribution)
+    model: TinyLMConfig = dataclasses.field(default_factory=TinyLMConfig)
+    lr: float = 1e-3
+    # A long second-moment memory: a rarely seen position's embedding row otherwise takes a
+    # full-size step on the one noisy sample that reaches it.
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    updates_per_step: int = 4
+    clip_eps: float = 0.2
+    temperature: float = 1.0
+    advantage_scale: float = 1.0
+    entropy_coef: float = 0.003
+    eval_every: int = 25
+    eval_size: int = 256
+    threads: int | None = 2
+
+    def __post_init__(self) -> None:
+        if min(self.steps, self.prompts_per_step, self.group_size, self.updates_per_step) < 1:
+            raise ValueError(
+                "steps, prompts_per_step, group_size and updates_per_step must be >= 1"
+            )
+        if self.group_size < 2:
+            raise ValueError(
+                "group_size must be >= 2: a group of one has no advantage to learn from"
+            )
+
+
+DEMO_CONFIG = TrainConfig()
+"""16-digit prompts, 200 steps of 64 prompts x 8 samples: 85-95 s on two cores; held-out
+accuracy 0.91-0.99 over seeds 0-3 (>= 0.9 from about step 75), last-50 mean reward >= 0.99."""
+
+SMALL_CONFIG = dataclasses.replace(
+    DEMO_CONFIG,
+    steps=100,
+    prompts_per_step=32,
+    lengths=_task.LengthDistribution(max_digits=8, decay=0.9),
+    lr=2e-3,
+    eval_every=20,
+    eval_size=128,
+)
+"""Up to 8 digits, 100 steps of 32 x 8: ~15 s on two cores, accuracy 0.94-1.0 over seeds
+0-3; the learning test's run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMetrics:
+    step: int
+    mean_reward: float
+    mean_length: float  # generated tokens per sample
+    # The last update of the step: its surrogate loss, the fraction of tokens whose ratio was
+    # clipped, the behaviour-to-current KL estimate and the mean next-token entropy (nats).
+    loss: float
+    clip_frac: float
+    approx_kl: float
+    entropy: float
+    samples_per_s: float  # samples generated and trained on per second of this step
+    wall_s: float  # since the run started, evaluation included
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalPoint:
+    step: int  # optimiser rounds taken before the evaluation
+    accuracy: float
+    wall_s: float
+
+
+@dataclasses.dataclass
+class History:
+    config: TrainConfig
+    steps: list[StepMetrics]
+    evals: list[EvalPoint]
+    model: TinyLM
+
+    def mean_reward(self, first: int | None = None, last: int | None = None) -> float:
+        """Mean of per-step rewards over the first or last ``n`` steps (all when neither)."""
+        rows = self.steps[:first] if first is not None else self.steps
+        rows = rows[-last:] if last is not None else rows
+        return sum(r.mean_reward for r in rows) / len(rows)
+
+
+def evaluate(model: TinyLM, prompts: Sequence[_task.Prompt]) -> float:
+    """Greedy exact-match accuracy of ``model`` on ``prompts``."""
+    gen = generate(
+        model,
+        [_task.encode_prompt(p) for p in prompts],
+        [_task.max_new_tokens(p) for p in prompts],
+    )
+    hits = sum(_task.accuracy(p, gen.completion(i)) for i, p in enumerate(prompts))
+    return hits / len(prompts)
+
+
+def train(
+    config: TrainConfig, on_step: Callable[[StepMetrics, EvalPoint | None], None] | None = None
+) -> History:
+    """Run ``config`` to the end and return its history; ``on_step`` sees each step as it ends.
+
+    Blocks for the whole run (minutes for the demo config). Sets torch's thread count to
+    ``config.threads`` for the run and restores it afterwards; does not touch the global RNG.
+    """
+    saved_threads = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(config.seed)
+            model = TinyLM(config.model)
+        return _run(config, model, on_step)
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def _run(
+    config: TrainConfig,
+    model: TinyLM,
+    on_step: Callable[[StepMetrics, EvalPoint | None], None] | None,
+) -> History:
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+    )
+    held_out = _task.eval_prompts(config.eval_size, config.lengths)
+    start = time.perf_counter()
+    history = History(config=config, steps=[], evals=[], model=model)
+
+    def run_eval(step: int) -> EvalPoint:
+        point = EvalPoint(step, evaluate(model, held_out), time.perf_counter() - start)
+        history.evals.append(point)
+        return point
+
+    run_eval(0)
+    for step in range(config.steps):
+        t0 = time.perf_counter()
+        samples, gen = _sample(config, model, step)
+        rewards = torch.tensor([_task.reward(p, gen.completion(k)) for k, p in enumerate(samples)])
+        adv = group_advantages(rewards, config.group_size, scale=config.advantage_scale)
+        stats = _update(config, model, opt, gen, adv)
+        elapsed = time.perf_counter() - t0
+        last = step + 1 == config.steps
+        point = run_eval(step + 1) if last or (step + 1) % config.eval_every == 0 else None
+        metrics = StepMetrics(
+            step=step,
+            mean_reward=float(rewards.mean()),
+            mean_length=float(gen.lengths.float().mean()),
+            loss=stats["loss"],
+            clip_frac=stats["clip_frac"],
+            approx_kl=stats["approx_kl"],
+            entropy=stats["entropy"],
+            samples_per_s=len(samples) / elapsed,
+            wall_s=time.perf_counter() - start,
+        )
+        history.steps.append(metrics)
+        if on_step is not None:
+            on_step(metrics, point)
+    return history
+
+
+def _sample(config: TrainConfig, model: TinyLM, step: int) -> tuple[list[_task.Prompt], Generation]:
+    """The step's prompts, each repeated ``group_size`` times, and their completions."""
+    n, g = config.prompts_per_step, config.group_size
+    prompts = [_task.sample_prompt(config.seed, step, i, config.lengths) for i in range(n)]
+    samples = [p for p in prompts for _ in range(g)]
+    gen = generate(
+        model,
+        [_task.encode_prompt(p) for p in samples],
+        [_task.max_new_tokens(p) for p in samples],
+        keys=[sample_key(config.seed, step, i, j) for i in range(n) for j in range(g)],
+        temperature=config.temperature,
+    )
+    return samples, gen
+
+
+def _update(
+    config: TrainConfig,
+    model: TinyLM,
+    opt: torch.optim.Optimizer,
+    gen: Generation,
+    adv: torch.Tensor,
+) -> dict[str, float]:
+    """``updates_per_step`` optimiser steps on one batch; the stats of the last one."""
+    mask = gen.mask
+    stats: dict[str, float] = {}
+    for _ in range(config.updates_per_step):
+        logp, entropy = completion_logprobs(model, gen, config.temperature)
+        loss, stats = grpo_loss(logp, gen.logprobs, adv, mask, config.clip_eps)
+        mean_entropy = entropy.sum() / mask.sum()
+        if config.entropy_coef:
+            loss = loss - config.entropy_coef * mean_entropy
+        stats["entropy"] = float(mean_entropy.detach())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        opt.step()
+    return stats
