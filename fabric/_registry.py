@@ -15,7 +15,7 @@ import dataclasses
 import importlib
 import importlib.metadata
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import structlog
@@ -87,23 +87,30 @@ def _constant(backend: BufferTransport) -> Callable[[], BufferTransport]:
     return lambda: backend
 
 
+def plugins(group: str, what: str) -> Iterator[tuple[str, Any]]:
+    """``(name, object)`` for each entry point of ``group``: what its factory returns. A
+    plug-in that fails to load is logged (as a ``what`` plug-in) and skipped."""
+    for ep in importlib.metadata.entry_points(group=group):
+        try:
+            obj = ep.load()()
+        except Exception as exc:
+            log.warning(f"cannot load {what} plug-in", name=ep.name, error=repr(exc))
+            continue
+        yield ep.name, obj
+
+
 def _load_entry_points() -> None:
     global _entry_points_loaded
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            backend = ep.load()()
-        except Exception as exc:
-            log.warning("cannot load transport plug-in", name=ep.name, error=repr(exc))
-            continue
+    for name, backend in plugins(ENTRY_POINT_GROUP, "transport"):
         if hasattr(backend, "connect") and hasattr(backend, "listen"):
-            _streams.register_stream_transport(ep.name, backend)
+            _streams.register_stream_transport(name, backend)
         elif hasattr(backend, "read_into") and hasattr(backend, "write_from"):
-            register_buffer_transport(ep.name, _constant(backend))
+            register_buffer_transport(name, _constant(backend))
         else:
-            log.warning("transport plug-in is neither a stream nor a buffer backend", name=ep.name)
+            log.warning("transport plug-in is neither a stream nor a buffer backend", name=name)
 
 
 def buffer_transport(scheme: str) -> BufferTransport | None:

@@ -16,7 +16,6 @@ first lookup of a name this process does not know.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import os
 import threading
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ import torch
 
 from orchestr import register
 from orchestr.errors import OrchestrError
+from orchestr.fabric._registry import plugins
 
 __all__ = [
     "Backend",
@@ -186,16 +186,11 @@ def _load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            kind = ep.load()()
-        except Exception as exc:
-            log.warning("cannot load backend plug-in", name=ep.name, error=repr(exc))
-            continue
+    for name, kind in plugins(ENTRY_POINT_GROUP, "backend"):
         if callable(getattr(kind, "probe", None)) and callable(getattr(kind, "build", None)):
-            register_backend(ep.name, kind)
+            register_backend(name, kind)
         else:
-            log.warning("backend plug-in has no probe() and build()", name=ep.name)
+            log.warning("backend plug-in has no probe() and build()", name=name)
 
 
 def _kind(name: str) -> BackendKind | None:
