@@ -37,6 +37,7 @@ def load_job(path: str) -> ModuleType:
 
 
 def _run(args: argparse.Namespace) -> int:
+    sys.argv = [args.job, *args.job_args]  # the job reads its own flags, as under python
     try:
         module = load_job(args.job)
     except (OSError, ValueError) as exc:
@@ -131,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a job file on an embedded local cluster")
     run.add_argument("job", help="path to a Python file defining `async def main(ctx)`")
+    run.add_argument(
+        "job_args",
+        nargs=argparse.REMAINDER,
+        metavar="ARGS",
+        help="arguments for the job: its sys.argv[1:] (after the job file)",
+    )
     run.set_defaults(func=_run)
     graph = sub.add_parser(
         "graph",

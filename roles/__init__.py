@@ -1,5 +1,86 @@
-"""orchestr.roles: role actors (generator, trainer, reward, KV store, attention server, expert
-host) over sans-IO state cores. The package exists so the layout installs whole; the roles are
-built in their own issues and nothing here is exported yet."""
+"""orchestr.roles: role actors over sans-IO cores, and the GRPO job built from them.
 
-__all__: list[str] = []
+- :class:`Generator` hosts a causal LM (:class:`TinyLM` or any ``nn.Module`` with
+  ``forward(tokens) -> logits``) behind a continuous-batching :class:`Engine`; it streams
+  completions with per-token behaviour log-probs and policy versions, and loads new weights
+  from a trainer over the data plane (:meth:`Generator.sync_weights`).
+- :class:`Trainer` holds the policy and its optimizer and takes GRPO steps
+  (:func:`grpo_update`); members of a trainer mesh are data parallel after
+  ``ctx.init_distributed``. It publishes versioned, bucketed, checksummed weights
+  (:class:`WeightPublisher` / :class:`WeightLoader`) and checkpoints.
+- :class:`Reward` scores ``(prompt, completion)`` pairs with a scorer named by path.
+- :func:`run_grpo` runs the three together in ``sync``, ``stream`` or ``stream+skew``
+  mode; :func:`train` is the single-process reference the ``sync`` mode reproduces.
+- Torch execution backends (device, dtype, eager or compiled) sit behind
+  :func:`choose_backend` and :func:`register_backend`.
+"""
+
+from . import _task as reverse_task
+from ._backend import (
+    Backend,
+    BackendError,
+    BackendSpec,
+    BackendUnavailableError,
+    backend_report,
+    choose_backend,
+    register_backend,
+)
+from ._engine import Completion, Engine, EngineStats, Request
+from ._factory import build_model
+from ._grpo import group_advantages, grpo_loss
+from ._model import TinyLM, TinyLMConfig
+from ._reference import DEMO_CONFIG, SMALL_CONFIG, TrainConfig, train
+from ._update import UpdateConfig, grpo_update
+from ._weightplan import (
+    ChecksumMismatchError,
+    ManifestMismatchError,
+    StaleWeightsError,
+    WeightSyncError,
+)
+from ._weights import WeightLoader, WeightPublisher, WeightsRef
+from .generator import Generator
+from .grpo import MODES, GRPOConfig, GRPOResult, LengthRanker, StepRecord, run_grpo
+from .reward import Reward
+from .trainer import Trainer
+
+__all__ = [
+    "DEMO_CONFIG",
+    "MODES",
+    "SMALL_CONFIG",
+    "Backend",
+    "BackendError",
+    "BackendSpec",
+    "BackendUnavailableError",
+    "ChecksumMismatchError",
+    "Completion",
+    "Engine",
+    "EngineStats",
+    "GRPOConfig",
+    "GRPOResult",
+    "Generator",
+    "LengthRanker",
+    "ManifestMismatchError",
+    "Request",
+    "Reward",
+    "StaleWeightsError",
+    "StepRecord",
+    "TinyLM",
+    "TinyLMConfig",
+    "TrainConfig",
+    "Trainer",
+    "UpdateConfig",
+    "WeightLoader",
+    "WeightPublisher",
+    "WeightSyncError",
+    "WeightsRef",
+    "backend_report",
+    "build_model",
+    "choose_backend",
+    "group_advantages",
+    "grpo_loss",
+    "grpo_update",
+    "register_backend",
+    "reverse_task",
+    "run_grpo",
+    "train",
+]

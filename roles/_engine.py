@@ -268,6 +268,13 @@ class Engine:
         self.model.load_state_dict(dict(state), strict=True)
         self._version = version
 
+    def set_version(self, version: int) -> None:
+        """Make ``version`` current after the caller wrote its weights into the model in place
+        (as :class:`~._weights.WeightLoader` does). Versions never go back."""
+        if version < self._version:
+            raise ValueError(f"version {version} is older than the loaded {self._version}")
+        self._version = version
+
     # -- stepping ----------------------------------------------------------------------------
     def has_work(self) -> bool:
         """Whether :meth:`step` would run the model."""

@@ -28,7 +28,14 @@ from torch.nn import functional as F
 from ._seeding import derive_seed
 from ._task import EOS, PAD
 
-__all__ = ["Generation", "completion_logprobs", "generate", "sample_key", "token_logprobs"]
+__all__ = [
+    "Generation",
+    "completion_logprobs",
+    "generate",
+    "pack",
+    "sample_key",
+    "token_logprobs",
+]
 
 
 def sample_key(seed: int, step: int, prompt_index: int, sample_index: int) -> int:
@@ -122,6 +129,46 @@ def generate(
         prompt_lengths=torch.tensor([len(p) for p in prompts], dtype=torch.long),
         lengths=lengths,
         logprobs=logprobs,
+    )
+
+
+def pack(
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    logprobs: Sequence[Sequence[float]],
+) -> Generation:
+    """Lay out completions made elsewhere (a generator's, one by one) as a :class:`Generation`:
+    prompts left-padded to the longest, completions from column ``prompt_width``, ``PAD``
+    after. ``logprobs[i]`` are the behaviour log-probs of ``completions[i]``, one per token.
+
+    Raises ``ValueError`` for mismatched lengths, an empty prompt or completion, or a
+    log-prob list whose length is not its completion's.
+    """
+    n = len(prompts)
+    if len(completions) != n or len(logprobs) != n:
+        raise ValueError(
+            f"{n} prompts need {n} completions and log-prob lists, got "
+            f"{len(completions)} and {len(logprobs)}"
+        )
+    for i, (p, c, lp) in enumerate(zip(prompts, completions, logprobs, strict=True)):
+        if not p or not c:
+            raise ValueError(f"sample {i} has an empty prompt or completion")
+        if len(lp) != len(c):
+            raise ValueError(f"sample {i} has {len(c)} tokens but {len(lp)} log-probs")
+    width = max((len(p) for p in prompts), default=0)
+    limit = max((len(c) for c in completions), default=0)
+    tokens = torch.full((n, width + limit), PAD, dtype=torch.long)
+    behaviour = torch.zeros(n, limit)
+    for i, (p, c, lp) in enumerate(zip(prompts, completions, logprobs, strict=True)):
+        tokens[i, width - len(p) : width] = torch.tensor(list(p), dtype=torch.long)
+        tokens[i, width : width + len(c)] = torch.tensor(list(c), dtype=torch.long)
+        behaviour[i, : len(c)] = torch.tensor(list(lp), dtype=torch.float32)
+    return Generation(
+        tokens=tokens,
+        prompt_width=width,
+        prompt_lengths=torch.tensor([len(p) for p in prompts], dtype=torch.long),
+        lengths=torch.tensor([len(c) for c in completions], dtype=torch.long),
+        logprobs=behaviour,
     )
 
 

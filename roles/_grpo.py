@@ -41,6 +41,8 @@ def grpo_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     clip_eps: float,
+    total_tokens: float | None = None,
+    logp_proximal: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped-ratio policy loss, averaged over every completion token in the batch.
 
@@ -52,6 +54,16 @@ def grpo_loss(
 
     Stats (floats): ``loss``, ``ratio_mean``, ``clip_frac`` (tokens whose ratio left the clip
     range), ``approx_kl`` (mean of ``logp_behaviour - logp_new``), ``tokens``.
+
+    ``logp_proximal`` (``[N, L]``) turns on AReaL's decoupled objective for off-policy
+    samples: the ratio and its clip are taken against the proximal policy (the trainer's
+    weights before this batch's first update) and each token is weighted by the detached
+    ``exp(logp_proximal - logp_behaviour)``, so a stale behaviour policy corrects the estimate
+    without using up the trust region. With on-policy samples the two coincide.
+
+    ``total_tokens`` (default: this batch's) is the divisor of every mean. A data-parallel
+    shard passes the whole batch's count, so summing the shards' losses, gradients and stats
+    gives the whole batch's.
     Raises ``ValueError`` on mismatched shapes or an empty mask.
     """
     if logp_new.shape != logp_behaviour.shape or logp_new.shape != mask.shape:
@@ -64,14 +76,30 @@ def grpo_loss(
             f"advantages must be [N] = [{logp_new.shape[0]}], got {tuple(advantages.shape)}"
         )
     m = mask.to(logp_new.dtype)
-    tokens = m.sum()
-    if float(tokens) == 0:
+    local = m.sum()
+    if float(local) == 0 and total_tokens is None:
         raise ValueError("the mask selects no completion tokens; there is nothing to train on")
+    if total_tokens is not None and not total_tokens >= float(local):
+        raise ValueError(
+            f"total_tokens ({total_tokens}) is less than this batch's ({float(local)})"
+        )
+    tokens = local if total_tokens is None else torch.tensor(float(total_tokens), dtype=m.dtype)
     behaviour = logp_behaviour.detach()
-    ratio = torch.exp(logp_new - behaviour)
+    if logp_proximal is None:
+        anchor, weight = behaviour, None
+    else:
+        if logp_proximal.shape != logp_new.shape:
+            raise ValueError(
+                f"logp_proximal {tuple(logp_proximal.shape)} must have shape {tuple(logp_new.shape)}"
+            )
+        anchor = logp_proximal.detach()
+        weight = torch.exp((anchor - behaviour) * m)  # 1 where masked out
+    ratio = torch.exp(logp_new - anchor)
     adv = advantages.detach().to(logp_new.dtype)[:, None]
     clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
     objective = torch.minimum(ratio * adv, clipped * adv)
+    if weight is not None:
+        objective = objective * weight
     loss = -(objective * m).sum() / tokens
     with torch.no_grad():
         outside = ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + clip_eps)).to(m.dtype)
@@ -80,6 +108,7 @@ def grpo_loss(
             "ratio_mean": float((ratio.detach() * m).sum() / tokens),
             "clip_frac": float((outside * m).sum() / tokens),
             "approx_kl": float(((behaviour - logp_new.detach()) * m).sum() / tokens),
-            "tokens": float(tokens),
+            "behaviour_weight": 1.0 if weight is None else float((weight * m).sum() / tokens),
+            "tokens": float(local),
         }
     return loss, stats

@@ -2,9 +2,10 @@
 
 Each step draws ``prompts_per_step`` prompts keyed by ``(seed, step, index)``, samples
 ``group_size`` completions of each from the current policy with keys
-``(seed, step, prompt, sample)``, scores them, normalises rewards within each prompt's group,
+``(seed, step, prompt, sample)`` through the generator's engine (:mod:`._engine`, the same
+code a :class:`~.generator.Generator` runs), scores them, normalises rewards within each prompt's group,
 and takes ``updates_per_step`` gradient steps on the clipped surrogate against the behaviour
-log-probs recorded while sampling. Greedy exact-match accuracy on the fixed evaluation set is
+log-probs recorded while sampling (:func:`~._update.grpo_update`, the trainer's code). Greedy exact-match accuracy on the fixed evaluation set is
 measured before the first step, every ``eval_every`` steps and after the last.
 
 Same config, same history (wall times aside): model init, prompts and samples are all seeded,
@@ -20,9 +21,12 @@ from collections.abc import Callable, Sequence
 import torch
 
 from . import _task
-from ._generate import Generation, completion_logprobs, generate, sample_key
-from ._grpo import group_advantages, grpo_loss
+from ._engine import Completion, Engine, Request
+from ._generate import Generation, generate, pack, sample_key
+from ._grpo import group_advantages
 from ._model import TinyLM, TinyLMConfig
+from ._task import PAD
+from ._update import UpdateConfig, grpo_update
 
 __all__ = [
     "DEMO_CONFIG",
@@ -31,7 +35,10 @@ __all__ = [
     "History",
     "StepMetrics",
     "TrainConfig",
+    "completions_batch",
     "evaluate",
+    "request_digits",
+    "step_requests",
     "train",
 ]
 
@@ -73,6 +80,17 @@ class TrainConfig:
             raise ValueError(
                 "group_size must be >= 2: a group of one has no advantage to learn from"
             )
+
+    @property
+    def update(self) -> UpdateConfig:
+        """The per-batch training settings, as the trainer takes them."""
+        return UpdateConfig(
+            updates=self.updates_per_step,
+            clip_eps=self.clip_eps,
+            entropy_coef=self.entropy_coef,
+            max_grad_norm=self.max_grad_norm,
+            temperature=self.temperature,
+        )
 
 
 DEMO_CONFIG = TrainConfig()
@@ -179,10 +197,11 @@ def _run(
     run_eval(0)
     for step in range(config.steps):
         t0 = time.perf_counter()
-        samples, gen = _sample(config, model, step)
-        rewards = torch.tensor([_task.reward(p, gen.completion(k)) for k, p in enumerate(samples)])
+        samples = _sample(config, model, step)
+        gen = completions_batch(samples)
+        rewards = torch.tensor([_task.reward(request_digits(c), c.tokens) for c in samples])
         adv = group_advantages(rewards, config.group_size, scale=config.advantage_scale)
-        stats = _update(config, model, opt, gen, adv)
+        stats = grpo_update(model, opt, gen, adv, config.update)
         elapsed = time.perf_counter() - t0
         last = step + 1 == config.steps
         point = run_eval(step + 1) if last or (step + 1) % config.eval_every == 0 else None
@@ -203,40 +222,53 @@ def _run(
     return history
 
 
-def _sample(config: TrainConfig, model: TinyLM, step: int) -> tuple[list[_task.Prompt], Generation]:
-    """The step's prompts, each repeated ``group_size`` times, and their completions."""
+def step_requests(config: TrainConfig, step: int) -> list[Request]:
+    """Step ``step``'s requests: ``prompts_per_step`` prompts keyed by ``(seed, step, i)``,
+    each ``group_size`` times with sample keys ``(seed, step, i, j)``, ids ``"step/i/j"``,
+    grouped by prompt. Any generator given them draws the same completions."""
     n, g = config.prompts_per_step, config.group_size
-    prompts = [_task.sample_prompt(config.seed, step, i, config.lengths) for i in range(n)]
-    samples = [p for p in prompts for _ in range(g)]
-    gen = generate(
-        model,
-        [_task.encode_prompt(p) for p in samples],
-        [_task.max_new_tokens(p) for p in samples],
-        keys=[sample_key(config.seed, step, i, j) for i in range(n) for j in range(g)],
-        temperature=config.temperature,
+    out = []
+    for i in range(n):
+        p = _task.sample_prompt(config.seed, step, i, config.lengths)
+        for j in range(g):
+            out.append(
+                Request(
+                    id=f"{step}/{i}/{j}",
+                    prompt=_task.encode_prompt(p),
+                    max_new_tokens=_task.max_new_tokens(p),
+                    temperature=config.temperature,
+                    seed=sample_key(config.seed, step, i, j),
+                )
+            )
+    return out
+
+
+def request_digits(request: Request | Completion) -> _task.Prompt:
+    """The digits a task request or its completion was made from (its prompt, decoded)."""
+    return tuple(request.prompt[1:-1])
+
+
+def completions_batch(completions: Sequence[Completion]) -> Generation:
+    """``completions`` (in group order) laid out for :func:`~._update.grpo_update`, with the
+    log-probs of the distribution they were sampled from as the behaviour policy."""
+    return pack(
+        [c.prompt for c in completions],
+        [c.tokens for c in completions],
+        [c.sample_logprobs for c in completions],
     )
-    return samples, gen
 
 
-def _update(
-    config: TrainConfig,
-    model: TinyLM,
-    opt: torch.optim.Optimizer,
-    gen: Generation,
-    adv: torch.Tensor,
-) -> dict[str, float]:
-    """``updates_per_step`` optimiser steps on one batch; the stats of the last one."""
-    mask = gen.mask
-    stats: dict[str, float] = {}
-    for _ in range(config.updates_per_step):
-        logp, entropy = completion_logprobs(model, gen, config.temperature)
-        loss, stats = grpo_loss(logp, gen.logprobs, adv, mask, config.clip_eps)
-        mean_entropy = entropy.sum() / mask.sum()
-        if config.entropy_coef:
-            loss = loss - config.entropy_coef * mean_entropy
-        stats["entropy"] = float(mean_entropy.detach())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        opt.step()
-    return stats
+def _sample(config: TrainConfig, model: TinyLM, step: int) -> list[Completion]:
+    """The step's completions from a local engine, in request order."""
+    engine = Engine(
+        model,
+        max_batch=config.prompts_per_step * config.group_size,
+        pad_id=PAD,
+        vocab_size=model.cfg.vocab_size,
+    )
+    requests = step_requests(config, step)
+    engine.submit(requests)
+    done: dict[str, Completion] = {}
+    while engine.has_work():
+        done.update((c.id, c) for c in engine.step())
+    return [done[r.id] for r in requests]

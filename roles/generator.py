@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -27,27 +27,15 @@ import orchestr as oc
 from orchestr.fabric import Buffer
 
 from ._engine import Completion, Engine, Request
+from ._factory import DEFAULT_MODEL, build_model
+from ._model import TinyLM
+from ._weightplan import weights_digest
+from ._weights import WeightLoader, WeightsRef
 
 __all__ = ["Completion", "Generator", "Request"]
 
 log = structlog.get_logger("orchestr.roles.generator")
 T = TypeVar("T")
-
-
-def load_factory(path: str) -> Callable[..., Any]:
-    """Import ``package.module:callable``; raises ``ValueError`` saying what failed."""
-    module, sep, name = path.partition(":")
-    if not (sep and module and name):
-        raise ValueError(f"model_factory must look like 'package.module:callable', got {path!r}")
-    try:
-        obj: Any = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot import model_factory {path!r}: {exc}") from exc
-    if not callable(obj):
-        raise ValueError(f"model_factory {path!r} is not callable")
-    return obj  # type: ignore[no-any-return]
 
 
 def _as_request(r: Any) -> Request:
@@ -60,38 +48,42 @@ def _as_request(r: Any) -> Request:
 
 class Generator(oc.Actor):
     """Hosts a causal LM built by ``model_factory`` (``"module:callable"``, called with
-    ``model_kwargs`` after ``torch.manual_seed(seed)``) and serves requests with continuous
-    batching of up to ``max_batch``. ``version`` is the initial weights' policy version; the
-    other keywords go to :class:`Engine`."""
+    ``model_kwargs`` after ``torch.manual_seed(seed)``; default :class:`~._model.TinyLM`) and
+    serves requests with continuous batching of up to ``max_batch``. ``version`` is the
+    initial weights' policy version; the other keywords go to :class:`Engine` (a TinyLM's
+    ``pad_id`` and ``vocab_size`` are its own unless given)."""
 
     def __init__(
         self,
-        model_factory: str,
+        model_factory: str = DEFAULT_MODEL,
         seed: int = 0,
         max_batch: int = 32,
         *,
         model_kwargs: dict[str, Any] | None = None,
         version: int = 0,
         eos_id: int | None = None,
-        pad_id: int = 0,
+        pad_id: int | None = None,
         max_seq_len: int | None = None,
+        vocab_size: int | None = None,
         torch_threads: int | None = None,
     ) -> None:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
-        torch.manual_seed(seed)
-        model = load_factory(model_factory)(**(model_kwargs or {}))
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"{model_factory} returned {type(model).__name__}, not a torch Module")
+        model = build_model(model_factory, model_kwargs, seed)
+        if isinstance(model, TinyLM):  # its own sizes and padding unless told otherwise
+            vocab_size = vocab_size or model.cfg.vocab_size
+            pad_id = model.cfg.pad_id if pad_id is None else pad_id
         self._engine = Engine(
             model,
             max_batch=max_batch,
             version=version,
             seed=seed,
-            pad_id=pad_id,
+            pad_id=0 if pad_id is None else pad_id,
             eos_id=eos_id,
             max_seq_len=max_seq_len,
+            vocab_size=vocab_size,
         )
+        self._loader = WeightLoader()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()  # work may have appeared
         self._ready: deque[Completion] = deque()  # finished, for next_completed
@@ -187,6 +179,46 @@ class Generator(oc.Actor):
         async with self._lock:
             await _in_thread(self._engine.load_weights, tensors, version)
         log.info("weights loaded", version=version)
+
+    @oc.endpoint(concurrent=True)
+    async def sync_weights(self, ref: WeightsRef) -> dict[str, Any]:
+        """Load the version ``ref`` names straight from its publisher's buffers (bucketed
+        reads over the data plane, each bucket's checksum verified before anything is
+        copied) and make it current. Waits for the step in progress; requests in flight keep
+        going under the new weights, their next tokens carrying the new version.
+
+        Returns ``version``, ``loaded`` (False when that version was already current),
+        ``seconds`` (the load itself), ``wait_s`` (for the step in progress before it),
+        ``bytes`` and the ``transports`` the reads used. Raises the loader's
+        errors (:class:`StaleWeightsError`, :class:`ChecksumMismatchError`, ...) with the
+        weights unchanged."""
+        self._ensure_running()
+        if not isinstance(ref, WeightsRef):
+            raise TypeError(f"sync_weights takes a WeightsRef, got {type(ref).__name__}")
+        asked = time.perf_counter()
+        async with self._lock:
+            t0 = time.perf_counter()
+            loaded = await self._loader.load(self._engine.model, ref)
+            self._engine.set_version(ref.version)
+        seconds = time.perf_counter() - t0
+        log.info("weights synced", version=ref.version, loaded=loaded, seconds=seconds)
+        return {
+            "version": ref.version,
+            "loaded": loaded,
+            "seconds": seconds,
+            "wait_s": t0 - asked,
+            "bytes": ref.nbytes,
+            "transports": sorted(self._loader.transports),
+        }
+
+    @oc.endpoint(concurrent=True)
+    async def digest(self) -> dict[str, Any]:
+        """The weights' digest (equal to the trainer's when bitwise equal) and version."""
+        async with self._lock:
+            return {
+                "digest": weights_digest(self._engine.model),
+                "version": self._engine.version,
+            }
 
     @oc.endpoint(concurrent=True)
     async def pause(self) -> None:

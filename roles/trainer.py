@@ -1,57 +1,72 @@
 """The trainer role: a model and its optimizer, GRPO steps, data parallel, versioned weights.
 
 Each member of a trainer mesh holds a full replica. After ``ctx.init_distributed(trainers)``
-the members are one ``torch.distributed`` group: every step averages the gradients across it
-(one all-reduce over a flat bucket), so the replicas stay bitwise equal when they start equal
-(the same ``seed``). The policy version is the number of optimizer steps taken.
+the members are one ``torch.distributed`` group: each takes whole groups of the batch, every
+mean is over the whole batch's tokens and the gradients are summed across the group (one
+all-reduce over a flat bucket), so the replicas stay bitwise equal when they start equal (the
+same ``seed``). The policy version is the number of batches trained on.
 
-A step takes a batch the controller assembled (sequences, where the completion starts, which
-tokens are the completion's, the behaviour log-probs the generator recorded, rewards and the
-group size) and runs the clipped-ratio GRPO loss against the behaviour log-probs
-(:mod:`._grpo`). Weights leave by the data plane: :meth:`Trainer.publish` returns a small
+A step takes scored completions as a generator made them (prompt, tokens, the behaviour
+log-probs, the policy version) and runs :func:`~._update.grpo_update`, the code the
+single-process reference runs: GRPO's clipped ratio against the behaviour log-probs
+(:mod:`._grpo`), a few optimizer steps per batch. Weights leave by the data plane: :meth:`Trainer.publish` returns a small
 :class:`~._weights.WeightsRef` that generators load from directly.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
+import time
 from typing import Any
 
 import torch
 
 import orchestr as oc
 
-from ._grpo import group_advantages, grpo_loss
-from ._weightplan import weights_digest
+from ._factory import DEFAULT_MODEL, build_model
+from ._generate import completion_logprobs, generate, pack, token_logprobs
+from ._grpo import group_advantages
+from ._update import UpdateConfig, grpo_update
+from ._weightplan import StaleWeightsError, weights_digest
 from ._weights import WeightPublisher, WeightsRef
 
 __all__ = ["Trainer", "build_model"]
 
-DEFAULT_MODEL = "orchestr.roles._model:TinyLM"
 
-
-def build_model(factory: str, kwargs: dict[str, Any] | None, seed: int) -> torch.nn.Module:
-    """``factory`` (``"module:callable"``) called with ``kwargs`` under ``torch.manual_seed(seed)``,
-    so replicas built with one seed start bitwise equal. A ``TinyLM`` gets its config from
-    ``kwargs``."""
-    module_name, sep, name = factory.partition(":")
-    if not sep:
-        raise oc.ConfigError(f"a model factory is named 'package.module:callable', got {factory!r}")
-    try:
-        fn: Any = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as exc:
-        raise oc.ConfigError(f"cannot import model factory {factory!r}: {exc}") from exc
-    torch.manual_seed(seed)
-    if factory == DEFAULT_MODEL:
-        from ._model import TinyLM, TinyLMConfig
-
-        model: torch.nn.Module = TinyLM(TinyLMConfig(**(kwargs or {})))
+def _sample_row(
+    s: Any, need_reward: bool = True
+) -> tuple[list[int], list[int], list[float], int, float]:
+    """(prompt, tokens, behaviour log-probs, version, reward) of one sample."""
+    reward: Any
+    if isinstance(s, tuple | list) and len(s) == 2:
+        s, reward = s
+    elif isinstance(s, dict):
+        reward = s.get("reward")
     else:
-        model = fn(**(kwargs or {}))
-    if not isinstance(model, torch.nn.Module):
-        raise oc.ConfigError(f"{factory} returned {type(model).__name__}, not a torch nn.Module")
-    return model
+        reward = getattr(s, "reward", None)
+    if isinstance(s, dict):
+        get = s.get
+    else:
+
+        def get(key: str) -> Any:
+            return getattr(s, key, None)
+
+    prompt, tokens, logprobs, version = (
+        get("prompt"),
+        get("tokens"),
+        get("sample_logprobs"),
+        get("version"),
+    )
+    if prompt is None or tokens is None or logprobs is None or version is None:
+        raise ValueError(
+            "a sample needs prompt, tokens, sample_logprobs and version (a Completion does); "
+            f"got {type(s).__name__}"
+        )
+    if not need_reward:
+        reward = 0.0
+    elif not isinstance(reward, int | float) or isinstance(reward, bool):
+        raise ValueError(f"a sample needs a numeric reward, got {reward!r}")
+    return list(prompt), list(tokens), [float(x) for x in logprobs], int(version), float(reward)
 
 
 def _distributed() -> tuple[int, int]:
@@ -63,7 +78,10 @@ def _distributed() -> tuple[int, int]:
 
 
 class Trainer(oc.Actor):
-    """A replica of the policy and its optimizer (Adam)."""
+    """A replica of the policy and its optimizer (AdamW with ``betas`` and ``weight_decay``);
+    ``update`` (:class:`~._update.UpdateConfig` or a dict of its fields) says how each batch
+    is trained on. ``max_staleness`` (η), when set, refuses a batch holding a sample older
+    than ``version - η``."""
 
     def __init__(
         self,
@@ -72,72 +90,72 @@ class Trainer(oc.Actor):
         *,
         seed: int = 0,
         lr: float = 1e-3,
-        clip_eps: float = 0.2,
-        max_grad_norm: float = 1.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
+        update: UpdateConfig | dict[str, Any] | None = None,
+        max_staleness: int | None = None,
         torch_threads: int | None = None,
         bucket_bytes: int = 64 << 20,
     ) -> None:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
-        if not lr > 0 or not clip_eps > 0 or not max_grad_norm > 0:
-            raise oc.ConfigError("lr, clip_eps and max_grad_norm must be positive")
-        self.model = build_model(model_factory, model_kwargs, seed)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
-        self.clip_eps = clip_eps
-        self.max_grad_norm = max_grad_norm
+        if not lr > 0:
+            raise oc.ConfigError(f"lr must be positive, got {lr}")
+        if max_staleness is not None and max_staleness < 0:
+            raise oc.ConfigError(f"max_staleness must be >= 0, got {max_staleness}")
+        try:
+            self.update = (
+                update if isinstance(update, UpdateConfig) else UpdateConfig(**(update or {}))
+            )
+            self.optimizer_args = {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}
+            self.model = build_model(model_factory, model_kwargs, seed)
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), **self.optimizer_args)  # type: ignore[arg-type]
+        except (TypeError, ValueError) as exc:
+            raise oc.ConfigError(f"bad trainer settings: {exc}") from exc
+        self.max_staleness = max_staleness
         self.version = 0
         self.publisher = WeightPublisher(bucket_bytes=bucket_bytes)
 
     @oc.endpoint
-    def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
-        """One optimizer step on ``batch``:
+    def train_step(
+        self, samples: list[Any], group_size: int, advantage_scale: float = 1.0
+    ) -> dict[str, float]:
+        """Train on one batch and advance the version by one.
 
-        - ``tokens`` ``[N, T]`` (ints): prompt and completion, padded;
-        - ``start``: the column where completions start;
-        - ``mask`` ``[N, T - start]``: 1 for completion tokens that count;
-        - ``behaviour`` ``[N, T - start]``: the generator's log-probs of those tokens;
-        - ``rewards`` ``[N]`` and ``group_size``: samples of one prompt are consecutive;
-        - ``advantage_scale`` (default 1; 0 or -1 for the controls).
+        ``samples``: :class:`~._engine.Completion` objects (or dicts with ``prompt``,
+        ``tokens``, ``sample_logprobs`` and ``version``) each carrying a ``reward``
+        (a ``(completion, reward)`` pair, or a dict with a ``reward`` key), whole groups of
+        ``group_size`` consecutive samples of one prompt. ``advantage_scale`` 0 or -1 gives
+        the controls. With a process group every member calls this together with its share.
 
-        With a process group, gradients are averaged over its members before the step.
-        Returns the loss statistics, the mean reward and the new ``version``."""
-        tokens = torch.as_tensor(batch["tokens"], dtype=torch.long)
-        start = int(batch["start"])
-        mask = torch.as_tensor(batch["mask"], dtype=torch.float32)
-        behaviour = torch.as_tensor(batch["behaviour"], dtype=torch.float32)
-        rewards = torch.as_tensor(batch["rewards"], dtype=torch.float32)
-        scale = float(batch.get("advantage_scale", 1.0))
-        advantages = group_advantages(rewards, int(batch["group_size"]), scale=scale)
-        from ._generate import token_logprobs
-
-        self.model.train()
-        logp = token_logprobs(self.model, tokens, start)
-        loss, stats = grpo_loss(logp, behaviour, advantages, mask, self.clip_eps)
-        self.optimizer.zero_grad(set_to_none=False)
-        loss.backward()  # type: ignore[no-untyped-call]
-        self._average_gradients()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        self.optimizer.step()
-        self.version += 1
+        Returns the update's statistics over the whole batch plus ``reward_mean`` (this
+        shard's), ``version`` (after), ``oldest_version`` and ``staleness`` (the version before
+        the step minus the oldest sample's). Raises ``ValueError`` for a malformed batch and
+        ``StaleWeightsError`` past ``max_staleness``; either leaves the model untouched.
+        ``busy_s`` is the step's time in this actor."""
+        t0 = time.perf_counter()
+        rows = [_sample_row(s) for s in samples]
+        if not rows:
+            raise ValueError("an empty batch; give at least one group")
+        oldest = min(r[3] for r in rows)
+        if self.max_staleness is not None and oldest < self.version - self.max_staleness:
+            raise StaleWeightsError(
+                f"a sample of version {oldest} is older than the trainer's version "
+                f"{self.version} minus max_staleness {self.max_staleness}"
+            )
+        rewards = torch.tensor([r[4] for r in rows], dtype=torch.float32)
+        advantages = group_advantages(rewards, int(group_size), scale=float(advantage_scale))
+        gen = pack([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+        stats = grpo_update(self.model, self.optimizer, gen, advantages, self.update)
         stats.update(
-            reward_mean=float(rewards.mean()), grad_norm=float(grad_norm), version=self.version
+            reward_mean=float(rewards.mean()),
+            oldest_version=oldest,
+            staleness=self.version - oldest,
+            version=self.version + 1,
+            busy_s=time.perf_counter() - t0,
         )
+        self.version += 1
         return stats
-
-    def _average_gradients(self) -> None:
-        _, world = _distributed()
-        if world == 1:
-            return
-        from torch import distributed as dist
-
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        flat /= world
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
 
     @oc.endpoint
     def logprobs(self, tokens: Any, start: int) -> list[list[float]]:
@@ -145,11 +163,28 @@ class Trainer(oc.Actor):
         with what a generator recorded."""
         self.model.eval()
         with torch.no_grad():
-            from ._generate import token_logprobs
-
             t = torch.as_tensor(tokens, dtype=torch.long)
             out: list[list[float]] = token_logprobs(self.model, t, int(start)).tolist()
             return out
+
+    @oc.endpoint
+    def greedy(self, prompts: list[list[int]], max_new_tokens: list[int]) -> list[list[int]]:
+        """Greedy completions of encoded ``prompts`` under the current weights (the
+        held-out evaluation, with the weights being trained and no generator's time)."""
+        self.model.eval()
+        gen = generate(self.model, prompts, max_new_tokens)
+        return [gen.completion(i) for i in range(len(prompts))]
+
+    @oc.endpoint
+    def completion_logprobs(self, samples: list[Any]) -> list[list[float]]:
+        """The current policy's log-prob of each token of each sample (a ``Completion`` or a
+        dict of its fields; no reward needed), to compare with what a generator recorded."""
+        rows = [_sample_row(s, need_reward=False) for s in samples]
+        gen = pack([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+        self.model.eval()
+        with torch.no_grad():
+            logp, _ = completion_logprobs(self.model, gen)
+        return [logp[i, : len(r[1])].tolist() for i, r in enumerate(rows)]
 
     @oc.endpoint
     def publish(self) -> WeightsRef:

@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -180,6 +181,17 @@ class JobContext:
         self.events.record("spawn", mesh=mesh.name, size=n, class_path=mesh.class_path)
         log.info("spawned", mesh=mesh.name, size=n)
         return mesh
+
+    def write_trace(self, folder: str | os.PathLike[str]) -> str:
+        """Copy the job's event log so far to ``folder/events.jsonl`` and write its
+        Chrome/Perfetto trace beside it as ``trace.json``; returns the trace's path. (The
+        session's own ``trace.json`` is written when the job ends.)"""
+        os.makedirs(folder, exist_ok=True)
+        events = os.path.join(folder, "events.jsonl")
+        shutil.copyfile(self.events.path, events)
+        trace = os.path.join(folder, "trace.json")
+        export_trace(events, trace)
+        return trace
 
     async def stop(self, mesh: Mesh) -> None:
         """Stop every actor of ``mesh`` (its workers get SIGTERM). Idempotent."""

@@ -27,6 +27,16 @@ FABRIC = {
     "release_all", "shutdown", "split_url", "stream_transports", "transport_report",
 }  # fmt: skip
 
+ROLES = {
+    "DEMO_CONFIG", "MODES", "SMALL_CONFIG", "Backend", "BackendError", "BackendSpec",
+    "BackendUnavailableError", "ChecksumMismatchError", "Completion", "Engine", "EngineStats",
+    "GRPOConfig", "GRPOResult", "Generator", "LengthRanker", "ManifestMismatchError", "Request",
+    "Reward", "StaleWeightsError", "StepRecord", "TinyLM", "TinyLMConfig", "TrainConfig",
+    "Trainer", "UpdateConfig", "WeightLoader", "WeightPublisher", "WeightSyncError",
+    "WeightsRef", "backend_report", "build_model", "choose_backend", "group_advantages",
+    "grpo_loss", "grpo_update", "register_backend", "reverse_task", "run_grpo", "train",
+}  # fmt: skip
+
 
 def test_orchestr_exports() -> None:
     assert set(orchestr.__all__) == EXPECTED
@@ -53,4 +63,7 @@ def test_subpackages() -> None:
         "check_stream_transport",
         "check_transport",
     ]
-    assert orchestr.roles.__all__ == []
+    assert set(orchestr.roles.__all__) == ROLES
+    for name in ROLES:
+        assert hasattr(orchestr.roles, name), name
+    assert issubclass(orchestr.roles.StaleWeightsError, orchestr.roles.WeightSyncError)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -211,3 +212,26 @@ def test_transports_reports_what_works_here_and_why_not() -> None:
     text, _ = _run(["transports"])
     assert text.returncode == 0 and f"host {report['host']}" in text.stdout
     assert re.search(r"buffer rdma +(available|unavailable: .+)", text.stdout)
+
+
+def test_the_rl_example_takes_flags_and_writes_its_run(tmp_path: pathlib.Path) -> None:
+    shm_before = set(os.listdir("/dev/shm"))
+    proc, marker = _run(
+        ["run", "examples/grpo_reverse.py", "--small", "--steps", "3", "--mode", "stream",
+         "--runs", str(tmp_path), "--quiet"]
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = tmp_path.iterdir()
+    assert f"wrote {run}/" in proc.stdout
+    _assert_nothing_left(marker, shm_before)
+    names = {p.name for p in run.iterdir()}
+    assert {"metrics.jsonl", "summary.json", "reward.png", "trace.json", "events.jsonl"} <= names
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "step"] == [0, 1, 2]
+    assert [r["version"] for r in rows if r["kind"] == "eval"] == [0, 3]
+    assert (run / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    events = (run / "events.jsonl").read_text().splitlines()
+    phases = {json.loads(line).get("name") for line in events}
+    assert {"training", "weight_sync"} <= phases
+    bad, _ = _run(["run", "examples/grpo_reverse.py", "--mode", "async"])
+    assert bad.returncode == 2 and "invalid choice: 'async'" in bad.stderr

@@ -1,9 +1,10 @@
-"""The trainer role: GRPO steps, data parallel through the runtime's torch.distributed group,
-checkpoints, and versioned weights."""
+"""The trainer role: GRPO steps on scored completions, data parallel through the runtime's
+torch.distributed group, staleness, checkpoints, and versioned weights."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from typing import Any
 
@@ -11,28 +12,29 @@ import pytest
 import torch
 
 import orchestr as oc
-from orchestr.roles._generate import token_logprobs
+from orchestr.roles import _task
+from orchestr.roles._engine import Completion, Engine
+from orchestr.roles._reference import TrainConfig, request_digits, step_requests
 from orchestr.roles.trainer import Trainer, build_model
 
-SMALL = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "positions": "from_start"}
-START = 6
+SMALL = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64}
+CONFIG = TrainConfig(prompts_per_step=4, group_size=2, lengths=_task.LengthDistribution(6))
 
 
-def _batch(rows: range, seed: int = 0) -> dict[str, Any]:
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, 10, (8, 12), generator=g)[list(rows)]
+def _samples(step: int, version: int = 0) -> list[tuple[Completion, float]]:
+    """Step ``step``'s scored completions from a fresh model (seed 3), stamped ``version``."""
     model = build_model("orchestr.roles._model:TinyLM", SMALL, seed=3)
-    with torch.no_grad():
-        behaviour = token_logprobs(model, tokens, START)
-    rewards = torch.rand(8, generator=g)[list(rows)]
-    return {
-        "tokens": tokens.tolist(),
-        "start": START,
-        "mask": torch.ones_like(behaviour).tolist(),
-        "behaviour": behaviour.tolist(),
-        "rewards": rewards.tolist(),
-        "group_size": 2,
-    }
+    engine = Engine(model, max_batch=64, pad_id=_task.PAD, vocab_size=_task.VOCAB_SIZE)
+    requests = step_requests(CONFIG, step)
+    engine.submit(requests)
+    done: dict[str, Completion] = {}
+    while engine.has_work():
+        done.update((c.id, c) for c in engine.step())
+    out = []
+    for r in requests:
+        c = dataclasses.replace(done[r.id], version=version)
+        out.append((c, _task.reward(request_digits(c), c.tokens)))
+    return out
 
 
 async def test_data_parallel_replicas_stay_equal_and_match_one_process(
@@ -43,27 +45,43 @@ async def test_data_parallel_replicas_stay_equal_and_match_one_process(
     single = await ctx.spawn(Trainer, resources={"cpu": 0.5}, **kwargs)
     await ctx.init_distributed(pair)
     for step in range(3):
-        halves = [_batch(range(0, 4), step), _batch(range(4, 8), step)]
+        batch = _samples(step)
         stats = await asyncio.gather(
-            pair[0].train_step.call_one(halves[0]), pair[1].train_step.call_one(halves[1])
+            pair[0].train_step.call_one(batch[:4], 2), pair[1].train_step.call_one(batch[4:], 2)
         )
         assert [s["version"] for s in stats] == [step + 1] * 2
-        await single.train_step.call_one(_batch(range(8), step))
+        alone = await single.train_step.call_one(batch, 2)
+        # the shards' statistics are the whole batch's
+        assert stats[0]["tokens"] == stats[1]["tokens"] == alone["tokens"]
+        assert stats[0]["loss"] == pytest.approx(alone["loss"], abs=1e-6)
     digests = await pair.digest.call()
     assert digests[0]["digest"] == digests[1]["digest"]  # bitwise equal replicas
     assert [d["rank"] for d in digests] == [0, 1] and digests[0]["world_size"] == 2
-    tokens = _batch(range(8))["tokens"]
-    dp = torch.tensor(await pair[0].logprobs.call_one(tokens, START))
-    one = torch.tensor(await single.logprobs.call_one(tokens, START))
-    assert torch.allclose(dp, one, atol=1e-4)  # averaging halves = the whole batch
+    probe = _samples(7)
+    dp = await pair[0].completion_logprobs.call_one([c for c, _ in probe])
+    one = await single.completion_logprobs.call_one([c for c, _ in probe])
+    for a, b in zip(dp, one, strict=True):  # summing the shards = the whole batch
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+
+
+async def test_staleness_bound_refuses_old_samples(ctx: oc.JobContext) -> None:
+    trainer = await ctx.spawn(Trainer, model_kwargs=SMALL, max_staleness=1, torch_threads=1)
+    stats = await trainer.train_step.call_one(_samples(0, version=0), 2)
+    assert (stats["version"], stats["staleness"], stats["oldest_version"]) == (1, 0, 0)
+    stats = await trainer.train_step.call_one(_samples(1, version=0), 2)  # 1 - 0 <= 1
+    assert stats["staleness"] == 1
+    with pytest.raises(oc.ActorError, match="older than the trainer's version 2") as info:
+        await trainer.train_step.call_one(_samples(2, version=0), 2)
+    assert info.value.remote_type == "StaleWeightsError"
+    assert (await trainer.digest.call_one())["version"] == 2  # nothing was trained
 
 
 async def test_checkpoint_restore_and_publish(ctx: oc.JobContext, tmp_path: Any) -> None:
     trainer = await ctx.spawn(Trainer, model_kwargs=SMALL, seed=1, torch_threads=1)
-    await trainer.train_step.call_one(_batch(range(8)))
+    await trainer.train_step.call_one(_samples(0), 2)
     path = await trainer.checkpoint.call_one(str(tmp_path / "ckpt.pt"))
     saved = await trainer.digest.call_one()
-    await trainer.train_step.call_one(_batch(range(8), seed=5))
+    await trainer.train_step.call_one(_samples(1), 2)
     assert (await trainer.digest.call_one())["digest"] != saved["digest"]
     assert await trainer.restore.call_one(path) == 1
     assert await trainer.digest.call_one() == saved
@@ -72,11 +90,25 @@ async def test_checkpoint_restore_and_publish(ctx: oc.JobContext, tmp_path: Any)
     assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
 
 
-async def test_bad_batches_and_models_are_refused(ctx: oc.JobContext) -> None:
+async def test_bad_batches_and_settings_are_refused(ctx: oc.JobContext) -> None:
     trainer = await ctx.spawn(Trainer, model_kwargs=SMALL, torch_threads=1)
-    bad = _batch(range(8))
-    bad["group_size"] = 3
+    before = await trainer.digest.call_one()
+    batch = _samples(0)
     with pytest.raises(oc.ActorError, match="do not split into groups of 3"):
-        await trainer.train_step.call_one(bad)
+        await trainer.train_step.call_one(batch, 3)
+    with pytest.raises(oc.ActorError, match="numeric reward"):
+        await trainer.train_step.call_one([[c, "high"] for c, _ in batch], 2)
+    with pytest.raises(oc.ActorError, match="needs prompt, tokens"):
+        await trainer.train_step.call_one([{"tokens": [1], "reward": 1.0}] * 2, 2)
+    with pytest.raises(oc.ActorError, match="empty batch"):
+        await trainer.train_step.call_one([], 2)
+    short = [(dataclasses.replace(c, sample_logprobs=c.sample_logprobs[:-1]), r) for c, r in batch]
+    with pytest.raises(oc.ActorError, match="log-probs"):
+        await trainer.train_step.call_one(short, 2)
+    assert await trainer.digest.call_one() == before  # none of them touched the model
     with pytest.raises(oc.SpawnError, match="cannot import model factory"):
         await ctx.spawn(Trainer, "no.such:model")
+    with pytest.raises(oc.SpawnError, match="updates must be >= 1"):
+        await ctx.spawn(Trainer, model_kwargs=SMALL, update={"updates": 0})
+    with pytest.raises(oc.SpawnError, match="refused"):
+        await ctx.spawn(Trainer, model_kwargs={"d_model": 30, "n_heads": 4})

@@ -1,0 +1,50 @@
+"""Models by name: ``"package.module:callable"`` plus keyword arguments, built under a seed.
+
+Roles take their model this way so a mesh's members (and a restarted member) build the same
+model from their constructor arguments alone, and replicas built with one seed start bitwise
+equal. :class:`~._model.TinyLM` takes its :class:`~._model.TinyLMConfig` fields as keywords.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+
+import orchestr as oc
+
+__all__ = ["DEFAULT_MODEL", "build_model"]
+
+DEFAULT_MODEL = "orchestr.roles._model:TinyLM"
+
+
+def build_model(factory: str, kwargs: dict[str, Any] | None, seed: int) -> torch.nn.Module:
+    """``factory`` called with ``kwargs`` after ``torch.manual_seed(seed)``.
+
+    Raises :class:`orchestr.ConfigError` when the name does not import, the call fails on its
+    arguments, or the result is not a ``torch.nn.Module``."""
+    module_name, sep, name = factory.partition(":")
+    if not (sep and module_name and name):
+        raise oc.ConfigError(f"a model factory is named 'package.module:callable', got {factory!r}")
+    try:
+        fn: Any = importlib.import_module(module_name)
+        for part in name.split("."):
+            fn = getattr(fn, part)
+    except (ImportError, AttributeError) as exc:
+        raise oc.ConfigError(f"cannot import model factory {factory!r}: {exc}") from exc
+    if not callable(fn):
+        raise oc.ConfigError(f"model factory {factory!r} is not callable")
+    from ._model import TinyLM, TinyLMConfig
+
+    torch.manual_seed(seed)
+    try:
+        if fn is TinyLM:
+            model = TinyLM(TinyLMConfig(**(kwargs or {})))
+        else:
+            model = fn(**(kwargs or {}))
+    except (TypeError, ValueError) as exc:
+        raise oc.ConfigError(f"model factory {factory!r} refused {kwargs!r}: {exc}") from exc
+    if not isinstance(model, torch.nn.Module):
+        raise oc.ConfigError(f"{factory} returned {type(model).__name__}, not a torch nn.Module")
+    return model

@@ -1,0 +1,137 @@
+"""One GRPO update on a batch of completions: what the reference loop and the trainer both run.
+
+The single-process reference (:mod:`._reference`) and the :class:`~.trainer.Trainer` call the
+same :func:`grpo_update` on the same :class:`~._generate.Generation` layout, so a trainer fed
+the samples the reference drew takes bitwise the same steps. In data parallel each member
+holds whole groups; every mean is divided by the token count of the *whole* batch and the
+gradients are summed over the group, so the shards' sum is the whole batch's gradient (equal
+to one process's up to float rounding in the sum's order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from ._generate import Generation, completion_logprobs
+from ._grpo import grpo_loss
+
+__all__ = ["UpdateConfig", "grpo_update"]
+
+_STAT_KEYS = ("loss", "ratio_mean", "clip_frac", "approx_kl", "entropy", "behaviour_weight")
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateConfig:
+    """How a batch is trained on: ``updates`` optimizer steps of the clipped surrogate
+    (ratio clipped to ``1 ± clip_eps``, decoupled from the behaviour policy unless
+    ``decoupled`` is False) minus ``entropy_coef`` times the mean next-token
+    entropy, gradients clipped to ``max_grad_norm``; log-probs at ``temperature``."""
+
+    updates: int = 4
+    clip_eps: float = 0.2
+    entropy_coef: float = 0.003
+    max_grad_norm: float = 1.0
+    temperature: float = 1.0
+    #: Clip against the weights before the batch's first update and weight each token by
+    #: their ratio to the behaviour policy (AReaL's decoupled objective; :func:`~._grpo.grpo_loss`).
+    decoupled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.updates < 1:
+            raise ValueError(f"updates must be >= 1, got {self.updates}")
+        if not (self.clip_eps > 0 and self.max_grad_norm > 0 and self.temperature > 0):
+            raise ValueError("clip_eps, max_grad_norm and temperature must be positive")
+        if self.entropy_coef < 0:
+            raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
+
+
+def _world() -> int:
+    from torch import distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def grpo_update(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    gen: Generation,
+    advantages: torch.Tensor,
+    config: UpdateConfig,
+) -> dict[str, float]:
+    """``config.updates`` optimizer steps on ``gen`` with per-sample ``advantages``; returns
+    the last step's statistics over the whole batch (``loss``, ``ratio_mean``, ``clip_frac``,
+    ``approx_kl``, ``entropy``, ``grad_norm``, ``tokens``).
+
+    With an initialised ``torch.distributed`` group every member must call this together
+    with its shard (collectives inside). Raises ``ValueError`` when no member has a token.
+    """
+    world = _world()
+    mask = gen.mask
+    total = mask.sum().to(torch.float64)
+    if world > 1:
+        from torch import distributed as dist
+
+        dist.all_reduce(total)
+    if float(total) == 0:
+        raise ValueError("the batch has no completion tokens; there is nothing to train on")
+    params = [p for p in model.parameters() if p.requires_grad]
+    stats: dict[str, float] = {}
+    model.train()
+    proximal = None
+    if config.decoupled:
+        with torch.no_grad():
+            proximal, _ = completion_logprobs(model, gen, config.temperature)
+    for _ in range(config.updates):
+        logp, entropy = completion_logprobs(model, gen, config.temperature)
+        loss, stats = grpo_loss(
+            logp,
+            gen.logprobs,
+            advantages,
+            mask,
+            config.clip_eps,
+            total_tokens=float(total),
+            logp_proximal=proximal,
+        )
+        mean_entropy = entropy.sum() / float(total)
+        if config.entropy_coef:
+            loss = loss - config.entropy_coef * mean_entropy
+        stats["entropy"] = float(mean_entropy.detach())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        if world > 1:
+            _sum_gradients(params)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+        optimizer.step()
+    stats["grad_norm"] = float(grad_norm)
+    stats["tokens"] = float(total)
+    if world > 1:
+        _sum_stats(stats)
+    return stats
+
+
+def _sum_gradients(params: list[nn.Parameter]) -> None:
+    """All-reduce (sum) every gradient as one flat bucket; a parameter this shard did not
+    reach counts as zeros."""
+    from torch import distributed as dist
+
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    offset = 0
+    for p, g in zip(params, grads, strict=True):
+        n = g.numel()
+        p.grad = flat[offset : offset + n].view_as(p).clone()
+        offset += n
+
+
+def _sum_stats(stats: dict[str, float]) -> None:
+    from torch import distributed as dist
+
+    vec = torch.tensor([stats[k] for k in _STAT_KEYS], dtype=torch.float64)
+    dist.all_reduce(vec)
+    stats.update(zip(_STAT_KEYS, vec.tolist(), strict=True))

@@ -1,0 +1,148 @@
+"""The GRPO job over real actors: learning in every mode, the staleness bound, weight-sync
+equality, and the sync mode reproducing the single-process reference."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+import torch
+
+import orchestr as oc
+from orchestr.roles import (
+    SMALL_CONFIG,
+    Generator,
+    GRPOConfig,
+    GRPOResult,
+    LengthRanker,
+    Request,
+    Trainer,
+    reverse_task,
+    run_grpo,
+    train,
+)
+from orchestr.roles._reference import step_requests
+from orchestr.roles._weightplan import weights_digest
+
+
+def _check_learned(result: GRPOResult) -> None:
+    start, end = result.evals[0][1], result.evals[-1][1]
+    assert result.mean_reward(last=50) >= 0.8
+    assert end >= 0.9 and end - start >= 0.5, result.evals
+
+
+@pytest.mark.timeout(180)
+async def test_sync_mode_learns_through_the_roles(ctx: oc.JobContext) -> None:
+    result = await run_grpo(ctx, GRPOConfig(train=SMALL_CONFIG, mode="sync"))
+    _check_learned(result)
+    assert [r.version for r in result.steps] == list(range(1, SMALL_CONFIG.steps + 1))
+    assert all(r.max_lag == 0 for r in result.steps)  # on-policy
+    assert result.weight_sync["bytes"] > 0
+
+
+@pytest.mark.timeout(180)
+async def test_stream_with_eta_4_learns_within_the_staleness_bound(ctx: oc.JobContext) -> None:
+    # four batches generated ahead: nearly every sample is 4 versions old. A smaller step
+    # and more of them than the on-policy run (1.0 accuracy in 4 runs out of 4, about 30 s)
+    tc = dataclasses.replace(SMALL_CONFIG, steps=140, lr=1e-3)
+    result = await run_grpo(ctx, GRPOConfig(train=tc, mode="stream", eta=4, lookahead=4))
+    _check_learned(result)
+    # every trained sample: version >= trainer version - eta (the trainer refuses otherwise)
+    assert max(r.max_lag for r in result.steps) == 4  # it really ran that far off-policy
+    assert sum(r.version_lag for r in result.steps) / len(result.steps) > 3
+
+
+@pytest.mark.timeout(180)
+async def test_stream_skew_routes_long_prompts_and_learns(ctx: oc.JobContext) -> None:
+    result = await run_grpo(ctx, GRPOConfig(train=SMALL_CONFIG, mode="stream+skew"))
+    _check_learned(result)
+    assert max(r.max_lag for r in result.steps) <= 1
+    assert result.routed_long > 0
+
+
+@pytest.mark.timeout(180)
+async def test_sync_mode_reproduces_the_single_process_run(ctx: oc.JobContext) -> None:
+    tc = dataclasses.replace(SMALL_CONFIG, steps=6, eval_every=3, seed=5, threads=1)
+    reference = await asyncio.to_thread(train, tc)  # roles run one torch thread each too
+    # one generator holding the whole batch and one trainer: the reference's computation,
+    # bit for bit
+    one = await run_grpo(ctx, GRPOConfig(train=tc, generators=1, max_batch=512))
+    assert [r.loss for r in one.steps] == [s.loss for s in reference.steps]
+    assert [a for _, a, _ in one.evals] == [e.accuracy for e in reference.evals]
+    assert one.final_digest == weights_digest(reference.model)
+    # two generators and two data-parallel trainers: the same samples and steps up to float
+    # rounding between batch shapes (a near-tie can flip a rare token)
+    two = await run_grpo(ctx, GRPOConfig(train=tc, generators=2, trainers=2))
+    assert two.trainer_digests_equal
+    for got, want in zip(two.steps, reference.steps, strict=True):
+        assert got.reward == pytest.approx(want.mean_reward, abs=2e-3)
+        assert got.loss == pytest.approx(want.loss, abs=2e-3)
+    assert [a for _, a, _ in two.evals] == pytest.approx(
+        [e.accuracy for e in reference.evals], abs=0.02
+    )
+
+
+async def test_weights_are_bitwise_equal_after_every_sync(ctx: oc.JobContext) -> None:
+    tc = dataclasses.replace(SMALL_CONFIG, prompts_per_step=8)
+    model = dataclasses.asdict(tc.model)
+    trainer = await ctx.spawn(Trainer, model_kwargs=model, seed=1, torch_threads=1)
+    gens = await ctx.spawn(Generator, model_kwargs=model, seed=2, torch_threads=1, n=2)
+    assert (await gens[0].digest.call_one())["digest"] != (await trainer.digest.call_one())[
+        "digest"
+    ]  # different seeds: the first sync really moves the weights
+    for step in range(3):
+        ref = await trainer.publish.call_one()
+        reports = await gens.sync_weights.call(ref)
+        assert all(r["loaded"] and r["version"] == step for r in reports)
+        want = await trainer.digest.call_one()
+        for got in await gens.digest.call():
+            assert (got["digest"], got["version"]) == (want["digest"], step)
+        requests = step_requests(tc, step)
+        half = len(requests) // 2
+        done = await asyncio.gather(
+            gens[0].generate.call_one(requests[:half]), gens[1].generate.call_one(requests[half:])
+        )
+        completions = [c for part in done for c in part]
+        assert {c.version for c in completions} == {step}
+        # on-policy: the trainer's log-probs of the generators' tokens are the recorded ones
+        mine = await trainer.completion_logprobs.call_one(completions)
+        gap = max(
+            float((torch.tensor(m) - torch.tensor(c.logprobs)).abs().max())
+            for m, c in zip(mine, completions, strict=True)
+        )
+        assert gap < 1e-4
+        rewards = [reverse_task.reward(c.prompt[1:-1], c.tokens) for c in completions]
+        await trainer.train_step.call_one(list(zip(completions, rewards, strict=True)), 8)
+    # a ref of an older version is refused and changes nothing
+    old = ref
+    await gens.sync_weights.call(await trainer.publish.call_one())
+    with pytest.raises(oc.ActorError, match="older than version 3") as info:
+        await gens[0].sync_weights.call_one(old)
+    assert info.value.remote_type == "StaleWeightsError"
+    with pytest.raises(oc.ActorError, match="takes a WeightsRef"):
+        await gens[0].sync_weights.call_one({"version": 9})
+
+
+def test_length_ranker_learns_lengths_and_balances_the_pools() -> None:
+    ranker = LengthRanker()
+    short = Request("s", [1, 2, 3], max_new_tokens=8)
+    assert ranker.predict(short.prompt, short.max_new_tokens) == 8.0  # the prior: the cap
+    ranker.observe([1, 2, 3], 2)
+    ranker.observe([4, 5, 6], 4)
+    assert ranker.predict(short.prompt, 8) == 3.0
+    requests = [Request(str(n), [0] * n, max_new_tokens=n) for n in (2, 16, 3, 12, 2, 2)]
+    long = ranker.split(requests, 0.5)
+    assert long == [False, True, False, False, False, False]  # 16 alone is half the work
+    assert ranker.split(requests[:1], 0.1) == [True]  # at least one when there is any
+
+
+def test_bad_job_configs_are_refused() -> None:
+    with pytest.raises(oc.ConfigError, match="mode must be one of"):
+        GRPOConfig(mode="async")  # type: ignore[arg-type]
+    with pytest.raises(oc.ConfigError, match="long_generators"):
+        GRPOConfig(mode="stream+skew", generators=1)
+    with pytest.raises(oc.ConfigError, match="split evenly"):
+        GRPOConfig(train=dataclasses.replace(SMALL_CONFIG, prompts_per_step=5), trainers=2)
+    with pytest.raises(oc.ConfigError, match="eta"):
+        GRPOConfig(eta=-1)
