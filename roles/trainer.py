@@ -44,12 +44,9 @@ def _sample_row(
         reward = s.get("reward")
     else:
         reward = getattr(s, "reward", None)
-    if isinstance(s, dict):
-        get = s.get
-    else:
 
-        def get(key: str) -> Any:
-            return getattr(s, key, None)
+    def get(key: str) -> Any:
+        return s.get(key) if isinstance(s, dict) else getattr(s, key, None)
 
     prompt, tokens, logprobs, version = (
         get("prompt"),
