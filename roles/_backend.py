@@ -219,17 +219,24 @@ def backend_report() -> list[dict[str, Any]]:
     return rows
 
 
-def choose_backend(spec: BackendSpec | str | None = None) -> Backend:
+def choose_backend(spec: BackendSpec | Mapping[str, Any] | str | None = None) -> Backend:
     """The backend ``spec`` names, built for this process's node.
 
     ``None`` (or a spec without a name) picks ``cuda`` when a GPU is visible, else ``cpu``; a
-    string is a name (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a plug-in's). Does not block.
+    string is a name (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a plug-in's); a mapping holds a
+    spec's fields. Does not block.
     Raises :class:`BackendError` for an unknown name or dtype and
     :class:`BackendUnavailableError` for a backend that cannot run here, each saying what
     would. Idempotent: equal specs give equal backends.
     """
     if spec is None or isinstance(spec, str):
         spec = BackendSpec(name=spec)
+    elif isinstance(spec, Mapping):
+        fields = dict(spec)
+        try:
+            spec = BackendSpec(**fields)
+        except TypeError as exc:
+            raise BackendError(f"bad backend spec {fields!r}: {exc}") from None
     name = spec.name
     if name is None:
         name = "cuda" if _kinds["cuda"].probe() is None else "cpu"

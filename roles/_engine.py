@@ -156,7 +156,9 @@ class _Live:
 class Engine:
     """Continuous batching over ``model`` (see the module docstring). Not thread-safe: one
     caller at a time. ``vocab_size`` and ``max_seq_len`` default to the model's attributes of
-    those names; without ``vocab_size`` one forward pass over a single token measures it."""
+    those names; without ``vocab_size`` one forward pass over a single token measures it.
+    ``runner`` (default ``model``) is what decode steps call: the same weights prepared by a
+    backend (moved, cast or compiled); weight loads always go to ``model``."""
 
     def __init__(
         self,
@@ -170,10 +172,12 @@ class Engine:
         vocab_size: int | None = None,
         max_seq_len: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        runner: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.model = model.eval()
+        self._run = runner if runner is not None else model
         self._device = next(iter(model.parameters()), torch.empty(0)).device
         self._max_batch = max_batch
         self._version = version
@@ -337,7 +341,7 @@ class Engine:
         width = max(lengths)
         rows = [x.seq + [self._pad] * (width - len(x.seq)) for x in batch]
         with torch.inference_mode():
-            logits = self.model(torch.tensor(rows, dtype=torch.long, device=self._device))
+            logits = self._run(torch.tensor(rows, dtype=torch.long, device=self._device))
             got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits)
             if not (isinstance(got, tuple) and len(got) == 3 and got[:2] == (len(batch), width)):
                 raise TypeError(

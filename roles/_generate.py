@@ -63,8 +63,18 @@ class Generation:
     @property
     def mask(self) -> torch.Tensor:
         """``[N, L]`` bool: which completion columns were generated."""
-        cols = torch.arange(self.logprobs.shape[1])
+        cols = torch.arange(self.logprobs.shape[1], device=self.lengths.device)
         return cols[None, :] < self.lengths[:, None]
+
+    def to(self, device: torch.device | str) -> Generation:
+        """The same batch with its tensors on ``device``."""
+        return dataclasses.replace(
+            self,
+            tokens=self.tokens.to(device),
+            prompt_lengths=self.prompt_lengths.to(device),
+            lengths=self.lengths.to(device),
+            logprobs=self.logprobs.to(device),
+        )
 
     def completion(self, i: int) -> list[int]:
         """Row ``i``'s generated tokens, ``EOS`` included when it was said."""
@@ -98,12 +108,14 @@ def generate(
         raise ValueError("every prompt needs at least one token to condition on")
     width = max((len(p) for p in prompts), default=0)
     limit = max(max_new_tokens, default=0)
+    device = next(iter(model.parameters()), torch.empty(0)).device
     tokens = torch.full((n, width + limit), PAD, dtype=torch.long)
     for i, p in enumerate(prompts):
         tokens[i, width - len(p) : width] = torch.tensor(list(p), dtype=torch.long)
-    caps = torch.tensor(list(max_new_tokens), dtype=torch.long)
-    lengths = torch.zeros(n, dtype=torch.long)
-    logprobs = torch.zeros(n, limit)
+    tokens = tokens.to(device)
+    caps = torch.tensor(list(max_new_tokens), dtype=torch.long, device=device)
+    lengths = torch.zeros(n, dtype=torch.long, device=device)
+    logprobs = torch.zeros(n, limit, device=device)
     noise: torch.Tensor | None = None
     done = caps <= 0
     for k in range(limit):
@@ -117,6 +129,7 @@ def generate(
         else:
             if noise is None:  # the vocabulary size is known from the first forward
                 noise = _gumbel_noise(keys, list(max_new_tokens), limit, logits.shape[-1])
+                noise = noise.to(device)
             logp = torch.log_softmax(logits / temperature, dim=-1)
             tok = (logp + noise[active, k]).argmax(-1)
         tokens[active, width + k] = tok
@@ -124,11 +137,11 @@ def generate(
         lengths[active] += 1
         done[active] = (tok == EOS) | (lengths[active] >= caps[active])
     return Generation(
-        tokens=tokens,
+        tokens=tokens.cpu(),
         prompt_width=width,
         prompt_lengths=torch.tensor([len(p) for p in prompts], dtype=torch.long),
-        lengths=lengths,
-        logprobs=logprobs,
+        lengths=lengths.cpu(),
+        logprobs=logprobs.cpu(),
     )
 
 
@@ -217,8 +230,8 @@ def completion_logprobs(
     """
     n, limit = gen.logprobs.shape
     width = gen.prompt_width
-    logps = torch.zeros(n, limit)
-    entropies = torch.zeros(n, limit)
+    logps = torch.zeros(n, limit, device=gen.tokens.device)
+    entropies = torch.zeros(n, limit, device=gen.tokens.device)
     for plen in torch.unique(gen.prompt_lengths).tolist():
         rows = (gen.prompt_lengths == plen).nonzero().squeeze(1)
         span = int(gen.lengths[rows].max())

@@ -43,6 +43,7 @@ def grpo_loss(
     clip_eps: float,
     total_tokens: float | None = None,
     logp_proximal: torch.Tensor | None = None,
+    behaviour_weight_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped-ratio policy loss, averaged over every completion token in the batch.
 
@@ -60,6 +61,9 @@ def grpo_loss(
     weights before this batch's first update) and each token is weighted by the detached
     ``exp(logp_proximal - logp_behaviour)``, so a stale behaviour policy corrects the estimate
     without using up the trust region. With on-policy samples the two coincide.
+    ``behaviour_weight_cap`` truncates that weight: a token the policy has come to like far
+    more than when it was sampled counts at most that many times (less variance from very
+    stale samples).
 
     ``total_tokens`` (default: this batch's) is the divisor of every mean. A data-parallel
     shard passes the whole batch's count, so summing the shards' losses, gradients and stats
@@ -83,7 +87,11 @@ def grpo_loss(
         raise ValueError(
             f"total_tokens ({total_tokens}) is less than this batch's ({float(local)})"
         )
-    tokens = local if total_tokens is None else torch.tensor(float(total_tokens), dtype=m.dtype)
+    tokens = (
+        local
+        if total_tokens is None
+        else torch.tensor(float(total_tokens), dtype=m.dtype, device=m.device)
+    )
     behaviour = logp_behaviour.detach()
     if logp_proximal is None:
         anchor, weight = behaviour, None
@@ -94,6 +102,8 @@ def grpo_loss(
             )
         anchor = logp_proximal.detach()
         weight = torch.exp((anchor - behaviour) * m)  # 1 where masked out
+        if behaviour_weight_cap is not None:
+            weight = weight.clamp(max=behaviour_weight_cap)
     ratio = torch.exp(logp_new - anchor)
     adv = advantages.detach().to(logp_new.dtype)[:, None]
     clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)

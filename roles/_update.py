@@ -38,12 +38,16 @@ class UpdateConfig:
     #: Clip against the weights before the batch's first update and weight each token by
     #: their ratio to the behaviour policy (AReaL's decoupled objective; :func:`~._grpo.grpo_loss`).
     decoupled: bool = True
+    #: The most a token's behaviour weight (proximal / behaviour probability) may be.
+    behaviour_weight_cap: float | None = 2.0
 
     def __post_init__(self) -> None:
         if self.updates < 1:
             raise ValueError(f"updates must be >= 1, got {self.updates}")
         if not (self.clip_eps > 0 and self.max_grad_norm > 0 and self.temperature > 0):
             raise ValueError("clip_eps, max_grad_norm and temperature must be positive")
+        if self.behaviour_weight_cap is not None and not self.behaviour_weight_cap >= 1:
+            raise ValueError(f"behaviour_weight_cap must be >= 1, got {self.behaviour_weight_cap}")
         if self.entropy_coef < 0:
             raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
 
@@ -71,6 +75,9 @@ def grpo_update(
     with its shard (collectives inside). Raises ``ValueError`` when no member has a token.
     """
     world = _world()
+    device = next(iter(model.parameters()), torch.empty(0)).device
+    gen = gen.to(device)
+    advantages = advantages.to(device)
     mask = gen.mask
     total = mask.sum().to(torch.float64)
     if world > 1:
@@ -96,6 +103,7 @@ def grpo_update(
             config.clip_eps,
             total_tokens=float(total),
             logp_proximal=proximal,
+            behaviour_weight_cap=config.behaviour_weight_cap,
         )
         mean_entropy = entropy.sum() / float(total)
         if config.entropy_coef:
@@ -110,7 +118,7 @@ def grpo_update(
     stats["grad_norm"] = float(grad_norm)
     stats["tokens"] = float(total)
     if world > 1:
-        _sum_stats(stats)
+        _sum_stats(stats, mask.device)
     return stats
 
 
@@ -129,9 +137,9 @@ def _sum_gradients(params: list[nn.Parameter]) -> None:
         offset += n
 
 
-def _sum_stats(stats: dict[str, float]) -> None:
+def _sum_stats(stats: dict[str, float], device: torch.device) -> None:
     from torch import distributed as dist
 
-    vec = torch.tensor([stats[k] for k in _STAT_KEYS], dtype=torch.float64)
+    vec = torch.tensor([stats[k] for k in _STAT_KEYS], dtype=torch.float64, device=device)
     dist.all_reduce(vec)
     stats.update(zip(_STAT_KEYS, vec.tolist(), strict=True))

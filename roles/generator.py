@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,6 +27,7 @@ import torch
 import orchestr as oc
 from orchestr.fabric import Buffer
 
+from ._backend import BackendSpec, choose_backend
 from ._engine import Completion, Engine, Request
 from ._factory import DEFAULT_MODEL, build_model
 from ._model import TinyLM
@@ -51,7 +53,10 @@ class Generator(oc.Actor):
     ``model_kwargs`` after ``torch.manual_seed(seed)``; default :class:`~._model.TinyLM`) and
     serves requests with continuous batching of up to ``max_batch``. ``version`` is the
     initial weights' policy version; the other keywords go to :class:`Engine` (a TinyLM's
-    ``pad_id`` and ``vocab_size`` are its own unless given)."""
+    ``pad_id`` and ``vocab_size`` are its own unless given). ``nice`` raises the worker
+    process's niceness by that much (``os.nice``), to yield shared cores to other roles.
+    ``backend`` (a :class:`~._backend.BackendSpec` or a name, default the best this node
+    has) says where and how the model runs."""
 
     def __init__(
         self,
@@ -66,15 +71,23 @@ class Generator(oc.Actor):
         max_seq_len: int | None = None,
         vocab_size: int | None = None,
         torch_threads: int | None = None,
+        nice: int = 0,
+        backend: BackendSpec | dict[str, Any] | str | None = None,
     ) -> None:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
+        if nice:
+            os.nice(nice)
+        self._backend = choose_backend(backend)
         model = build_model(model_factory, model_kwargs, seed)
+        runner = self._backend.prepare(model)
         if isinstance(model, TinyLM):  # its own sizes and padding unless told otherwise
             vocab_size = vocab_size or model.cfg.vocab_size
             pad_id = model.cfg.pad_id if pad_id is None else pad_id
+        self._model = model  # the named weights; the engine runs ``runner`` (the same ones)
         self._engine = Engine(
             model,
+            runner=runner,
             max_batch=max_batch,
             version=version,
             seed=seed,
@@ -198,7 +211,7 @@ class Generator(oc.Actor):
         asked = time.perf_counter()
         async with self._lock:
             t0 = time.perf_counter()
-            loaded = await self._loader.load(self._engine.model, ref)
+            loaded = await self._loader.load(self._model, ref)
             self._engine.set_version(ref.version)
         seconds = time.perf_counter() - t0
         log.info("weights synced", version=ref.version, loaded=loaded, seconds=seconds)
@@ -216,8 +229,9 @@ class Generator(oc.Actor):
         """The weights' digest (equal to the trainer's when bitwise equal) and version."""
         async with self._lock:
             return {
-                "digest": weights_digest(self._engine.model),
+                "digest": weights_digest(self._model),
                 "version": self._engine.version,
+                "backend": self._backend.describe(),
             }
 
     @oc.endpoint(concurrent=True)

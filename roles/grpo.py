@@ -42,6 +42,7 @@ import orchestr as oc
 from . import _task
 from ._engine import Completion, Request
 from ._reference import DEMO_CONFIG, TrainConfig, request_digits, step_requests
+from ._weights import WeightsRef
 from .generator import Generator
 from .reward import Reward
 from .trainer import Trainer
@@ -57,7 +58,10 @@ class GRPOConfig:
     """The job: ``train`` (what the single-process reference runs too) plus how the roles are
     laid out and scheduled. ``eta`` and ``lookahead`` apply to the stream modes;
     ``long_generators`` to ``stream+skew``. ``torch_threads`` is each role's thread count;
-    ``cpu`` the share of a node's CPUs each actor reserves."""
+    ``cpu`` the share of a node's CPUs each actor reserves. ``generator_nice`` lowers the
+    generators' OS scheduling priority: where roles share cores, the trainer (the critical
+    path) runs at full speed and generation takes the cycles it leaves; on a machine of
+    their own it changes nothing."""
 
     train: TrainConfig = DEMO_CONFIG
     mode: Mode = "sync"
@@ -70,6 +74,7 @@ class GRPOConfig:
     max_batch: int = 512
     torch_threads: int = 1
     cpu: float = 0.25
+    generator_nice: int = 10
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -282,6 +287,7 @@ class _Job:
             max_batch=cfg.max_batch,
             model_kwargs=model,
             torch_threads=cfg.torch_threads,
+            nice=cfg.generator_nice,
             n=cfg.generators,
             resources=res,
         )
@@ -308,9 +314,16 @@ class _Job:
 
     # -- shared pieces -----------------------------------------------------------------------
     async def sync_weights(self) -> int:
+        """Publish the trainer's weights and load them into every generator."""
+        return await self.load(await self.publish())
+
+    async def publish(self) -> WeightsRef:
         self.phase = "sync"
+        ref: WeightsRef = await self.trainers[0].publish.call_one()
+        return ref
+
+    async def load(self, ref: WeightsRef) -> int:
         async with self.ctx.phase("weight_sync"):
-            ref = await self.trainers[0].publish.call_one()
             reports = await self.gens.sync_weights.call(ref)
         if ref.version > 0:  # the first load also allocates the loaders' buffers
             self.sync_times.extend(r["seconds"] for r in reports)
@@ -467,6 +480,13 @@ class _Job:
                     *(self.gens[i].submit.call_one(rs) for i, rs in routes.items())
                 )
 
+        async def load_then_release(ref: WeightsRef, groups: int) -> None:
+            nonlocal outstanding
+            await self.load(ref)
+            async with room:  # new prompts start under the new weights
+                outstanding -= groups
+                room.notify_all()
+
         async def collect(i: int) -> None:
             while True:
                 done = await self.gens[i].next_completed.call_one(4096, 1.0)
@@ -485,6 +505,7 @@ class _Job:
 
         tasks = [asyncio.create_task(feed())]
         tasks += [asyncio.create_task(collect(i)) for i in range(cfg.generators)]
+        loading: asyncio.Task[None] | None = None
         try:
             version = 0
             for step in range(tc.steps):
@@ -492,14 +513,22 @@ class _Job:
                 take = channel.take(per_step, version - cfg.eta, drop)
                 groups = await _first(take, tasks)
                 stats = await self.train(groups)
-                version = await self.sync_weights()
-                async with room:  # new prompts start under the new weights
-                    outstanding -= len(groups)
-                    room.notify_all()
+                if loading is not None:
+                    await loading
+                # the generators load while the trainer goes on: the weight sync is off the
+                # trainer's critical path (the publisher keeps two versions; the next
+                # publish waits for this load)
+                ref = await self.publish()
+                version = ref.version
+                loading = asyncio.create_task(load_then_release(ref, len(groups)))
                 record = self.record(step, stats, groups)
                 await self.finish_step(dataclasses.replace(record, dropped=channel.dropped))
+            if loading is not None:
+                await loading
             self.dropped = channel.dropped
         finally:
+            if loading is not None:
+                tasks.append(loading)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

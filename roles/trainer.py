@@ -23,6 +23,7 @@ import torch
 
 import orchestr as oc
 
+from ._backend import BackendSpec, choose_backend
 from ._factory import DEFAULT_MODEL, build_model
 from ._generate import completion_logprobs, generate, pack, token_logprobs
 from ._grpo import group_advantages
@@ -78,7 +79,8 @@ class Trainer(oc.Actor):
     """A replica of the policy and its optimizer (AdamW with ``betas`` and ``weight_decay``);
     ``update`` (:class:`~._update.UpdateConfig` or a dict of its fields) says how each batch
     is trained on. ``max_staleness`` (η), when set, refuses a batch holding a sample older
-    than ``version - η``."""
+    than ``version - η``. ``backend`` (a :class:`~._backend.BackendSpec` or a name, default
+    the best this node has) says where and how the model runs."""
 
     def __init__(
         self,
@@ -93,6 +95,7 @@ class Trainer(oc.Actor):
         max_staleness: int | None = None,
         torch_threads: int | None = None,
         bucket_bytes: int = 64 << 20,
+        backend: BackendSpec | dict[str, Any] | str | None = None,
     ) -> None:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
@@ -105,7 +108,11 @@ class Trainer(oc.Actor):
                 update if isinstance(update, UpdateConfig) else UpdateConfig(**(update or {}))
             )
             self.optimizer_args = {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}
+            self.backend = choose_backend(backend)
             self.model = build_model(model_factory, model_kwargs, seed)
+            # runs the forward passes: the same parameters, on the backend's device, dtype and
+            # (when compiled) under torch.compile; self.model keeps the names weights go by
+            self.runner = self.backend.prepare(self.model)
             self.optimizer = torch.optim.AdamW(self.model.parameters(), **self.optimizer_args)  # type: ignore[arg-type]
         except (TypeError, ValueError) as exc:
             raise oc.ConfigError(f"bad trainer settings: {exc}") from exc
@@ -143,7 +150,7 @@ class Trainer(oc.Actor):
         rewards = torch.tensor([r[4] for r in rows], dtype=torch.float32)
         advantages = group_advantages(rewards, int(group_size), scale=float(advantage_scale))
         gen = pack([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
-        stats = grpo_update(self.model, self.optimizer, gen, advantages, self.update)
+        stats = grpo_update(self.runner, self.optimizer, gen, advantages, self.update)
         stats.update(
             reward_mean=float(rewards.mean()),
             oldest_version=oldest,
@@ -158,18 +165,18 @@ class Trainer(oc.Actor):
     def logprobs(self, tokens: Any, start: int) -> list[list[float]]:
         """The current policy's log-probs of ``tokens[:, start:]`` (no gradient), to compare
         with what a generator recorded."""
-        self.model.eval()
+        self.runner.eval()
         with torch.no_grad():
-            t = torch.as_tensor(tokens, dtype=torch.long)
-            out: list[list[float]] = token_logprobs(self.model, t, int(start)).tolist()
+            t = torch.as_tensor(tokens, dtype=torch.long, device=self.backend.device)
+            out: list[list[float]] = token_logprobs(self.runner, t, int(start)).tolist()
             return out
 
     @oc.endpoint
     def greedy(self, prompts: list[list[int]], max_new_tokens: list[int]) -> list[list[int]]:
         """Greedy completions of encoded ``prompts`` under the current weights (the
         held-out evaluation, with the weights being trained and no generator's time)."""
-        self.model.eval()
-        gen = generate(self.model, prompts, max_new_tokens)
+        self.runner.eval()
+        gen = generate(self.runner, prompts, max_new_tokens)
         return [gen.completion(i) for i in range(len(prompts))]
 
     @oc.endpoint
@@ -178,9 +185,9 @@ class Trainer(oc.Actor):
         dict of its fields; no reward needed), to compare with what a generator recorded."""
         rows = [_sample_row(s, need_reward=False) for s in samples]
         gen = pack([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
-        self.model.eval()
+        self.runner.eval()
         with torch.no_grad():
-            logp, _ = completion_logprobs(self.model, gen)
+            logp, _ = completion_logprobs(self.runner, gen.to(self.backend.device))
         return [logp[i, : len(r[1])].tolist() for i, r in enumerate(rows)]
 
     @oc.endpoint
@@ -191,13 +198,15 @@ class Trainer(oc.Actor):
 
     @oc.endpoint
     def digest(self) -> dict[str, Any]:
-        """The weights' digest (equal digests: bitwise-equal weights), version and rank."""
+        """The weights' digest (equal digests: bitwise-equal weights), version, rank and
+        backend."""
         rank, world = _distributed()
         return {
             "digest": weights_digest(self.model),
             "version": self.version,
             "rank": rank,
             "world_size": world,
+            "backend": self.backend.describe(),
         }
 
     @oc.endpoint

@@ -42,6 +42,21 @@ async def test_sync_mode_learns_through_the_roles(ctx: oc.JobContext) -> None:
 
 
 @pytest.mark.timeout(180)
+async def test_controls_through_the_roles(ctx: oc.JobContext) -> None:
+    def config(scale: float) -> GRPOConfig:
+        tc = dataclasses.replace(SMALL_CONFIG, steps=30, advantage_scale=scale, eval_every=30)
+        return GRPOConfig(train=tc, mode="sync")
+
+    zero = await run_grpo(ctx, config(0.0))  # zeroed advantages: nothing to learn from
+    start = sum(r.reward for r in zero.steps[:10]) / 10
+    assert all(abs(r.reward - start) <= 0.05 for r in zero.steps)
+    negated = await run_grpo(ctx, config(-1.0))  # negated: it unlearns
+    first = sum(r.reward for r in negated.steps[:10]) / 10
+    assert negated.mean_reward(last=10) < first - 0.02
+    assert negated.mean_reward(last=10) < negated.steps[0].reward - 0.03
+
+
+@pytest.mark.timeout(180)
 async def test_stream_with_eta_4_learns_within_the_staleness_bound(ctx: oc.JobContext) -> None:
     # four batches generated ahead: nearly every sample is 4 versions old. A smaller step
     # and more of them than the on-policy run (1.0 accuracy in 4 runs out of 4, about 30 s)
@@ -146,3 +161,34 @@ def test_bad_job_configs_are_refused() -> None:
         GRPOConfig(train=dataclasses.replace(SMALL_CONFIG, prompts_per_step=5), trainers=2)
     with pytest.raises(oc.ConfigError, match="eta"):
         GRPOConfig(eta=-1)
+
+
+async def test_roles_run_on_the_backend_they_are_given(ctx: oc.JobContext) -> None:
+    tc = dataclasses.replace(SMALL_CONFIG, prompts_per_step=4)
+    model = dataclasses.asdict(tc.model)
+    wide = {"name": "cpu", "dtype": "float64"}
+    trainer = await ctx.spawn(Trainer, model_kwargs=model, backend=wide, torch_threads=1)
+    gen = await ctx.spawn(Generator, model_kwargs=model, backend=wide, torch_threads=1)
+    await gen.sync_weights.call_one(await trainer.publish.call_one())
+    mine, theirs = await trainer.digest.call_one(), await gen.digest.call_one()
+    assert (
+        mine["backend"]
+        == theirs["backend"]
+        == {
+            "name": "cpu",
+            "device": "cpu",
+            "dtype": "float64",
+            "compiled": False,
+        }
+    )
+    assert mine["digest"] == theirs["digest"]
+    completions = await gen.generate.call_one(step_requests(tc, 0))
+    logp = await trainer.completion_logprobs.call_one(completions)
+    for m, c in zip(logp, completions, strict=True):
+        assert torch.allclose(torch.tensor(m), torch.tensor(c.logprobs), atol=1e-4)
+    rewards = [reverse_task.reward(c.prompt[1:-1], c.tokens) for c in completions]
+    stats = await trainer.train_step.call_one(list(zip(completions, rewards, strict=True)), 8)
+    assert stats["version"] == 1
+    with pytest.raises(oc.SpawnError, match="cannot run on this node") as info:
+        await ctx.spawn(Generator, model_kwargs=model, backend="cuda")
+    assert "no GPU" in str(info.value) or "CUDA" in str(info.value)

@@ -276,6 +276,34 @@ def test_grpo_loss_on_policy_is_the_policy_gradient() -> None:
     torch.testing.assert_close(logp.grad, torch.tensor([[-2 / 3, -2 / 3], [1 / 3, 0.0]]))
 
 
+def test_decoupled_loss_clips_against_the_proximal_policy_and_weighs_by_behaviour() -> None:
+    # Two one-token samples, advantage +1. Behaviour log-probs log 0.25 and log 0.5; the
+    # proximal policy (the weights before the batch) log 0.5 and log 2 (as ratios to 1): the
+    # behaviour weights are 2 and 4 (capped to 3). The current policy equals the proximal
+    # one, so the ratios are 1 and nothing is clipped even though the samples are stale.
+    prox = torch.tensor([[math.log(0.5)], [math.log(2.0)]])
+    behaviour = torch.tensor([[math.log(0.25)], [math.log(0.5)]])
+    logp = prox.clone().requires_grad_(True)
+    adv = torch.tensor([1.0, 1.0])
+    mask = torch.ones(2, 1, dtype=torch.bool)
+    loss, stats = grpo_loss(
+        logp, behaviour, adv, mask, 0.2, logp_proximal=prox, behaviour_weight_cap=3.0
+    )
+    assert float(loss.detach()) == pytest.approx(-(2.0 + 3.0) / 2)
+    assert stats["clip_frac"] == 0.0 and stats["behaviour_weight"] == pytest.approx(2.5)
+    loss.backward()  # type: ignore[no-untyped-call]
+    assert logp.grad is not None
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1.0], [-1.5]]))
+    # against the behaviour policy (not decoupled) the same tokens are far outside the clip
+    _, plain = grpo_loss(logp, behaviour, adv, mask, 0.2)
+    assert plain["clip_frac"] == 1.0
+    # a data-parallel shard divides by the whole batch's tokens
+    half, _ = grpo_loss(logp[:1], behaviour[:1], adv[:1], mask[:1], 0.2, total_tokens=2.0)
+    assert float(half.detach()) == pytest.approx(-1.2 / 2)  # min(2 * 1, 1.2 * 1) / 2 tokens
+    with pytest.raises(ValueError, match="less than"):
+        grpo_loss(logp, behaviour, adv, mask, 0.2, total_tokens=1.0)
+
+
 def test_grpo_loss_errors() -> None:
     z = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="one shape"):
