@@ -43,7 +43,7 @@ reported ``seconds`` is the figure; median of 20 for the demo model, 5 for the l
 reads each bucket over the data plane, checksums it (CRC-32) and copies it into the model, so
 ``of_limit`` = limit_seconds / seconds says how close it comes to moving the bytes once.
 ``weight_sync.standalone_seconds`` is the demo model's standalone figure, and ``transports``
-what its reads used (``GRPOResult.weight_sync`` does not carry them).
+what the job's reads used.
 
 **Ray** (``--peers ray``, the default; ``bench/peers/ray_weightsync.py``, ``ray==2.60.0`` and
 numpy in the venv ``bench/.venvs/ray-transfer``): Ray's way to sync weights, with numpy arrays
@@ -470,7 +470,7 @@ def build_report(
         seconds = None if math.isnan(ws["seconds"]) else ws["seconds"]
         in_job_entry = limits({"seconds": seconds, "bytes": int(ws["bytes"]), "from_mode": in_job})
         in_job_entry.update(
-            transports=demo.get("transports"),
+            transports=ws.get("transports") or demo.get("transports"),
             standalone_seconds=demo.get("seconds"),
             standalone_publish_seconds=demo.get("publish_seconds"),
             standalone_round_trip_seconds=demo.get("round_trip_seconds"),
