@@ -91,6 +91,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
+from _procs import session_members  # noqa: E402
 from _venvs import RAY_TRANSFER_REQUIREMENTS, ensure_venv  # noqa: E402
 
 import orchestr as oc  # noqa: E402
@@ -342,21 +343,6 @@ def model_tensors(model: dict[str, Any]) -> list[tuple[str, str, list[int]]]:
     return [(k, str(v.dtype).removeprefix("torch."), list(v.shape)) for k, v in state.items()]
 
 
-def _session_members(sid: int) -> list[int]:
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
-            members.append(int(entry))
-    return members
-
-
 def run_peer(cmd: list[str], env: dict[str, str]) -> Any:
     """Run ``cmd`` in a session of its own; return the JSON object on the last line of its
     stdout. Whatever it leaves running in its session (Ray's daemons, if its shutdown failed)
@@ -376,7 +362,7 @@ def run_peer(cmd: list[str], env: dict[str, str]) -> Any:
     finally:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        for pid in _session_members(proc.pid):
+        for pid in session_members(proc.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()

@@ -72,6 +72,7 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 import uvloop  # noqa: E402
+from _procs import session_members  # noqa: E402
 from _venvs import RAY_TRANSFER_REQUIREMENTS, ensure_venv  # noqa: E402
 
 import orchestr as oc  # noqa: E402
@@ -260,22 +261,6 @@ async def orchestr_cross_driver(
 
 
 # -- processes and namespaces this script starts ----------------------------------------
-
-
-def session_members(sid: int) -> list[int]:
-    """The processes of session ``sid`` (one this script started with its own session)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
-            members.append(int(entry))
-    return members
 
 
 class Processes:

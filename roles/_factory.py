@@ -14,9 +14,26 @@ import torch
 
 import orchestr as oc
 
-__all__ = ["DEFAULT_MODEL", "build_model"]
+__all__ = ["DEFAULT_MODEL", "build_model", "import_object"]
 
 DEFAULT_MODEL = "orchestr.roles._model:TinyLM"
+
+
+def import_object(path: str, what: str) -> Any:
+    """The callable named ``"package.module:name"`` (``name`` may be dotted). Raises
+    :class:`orchestr.ConfigError` that names ``what`` was asked for and what failed."""
+    module_name, sep, name = path.partition(":")
+    if not (sep and module_name and name):
+        raise oc.ConfigError(f"a {what} is named 'package.module:callable', got {path!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise oc.ConfigError(f"cannot import {what} {path!r}: {type(exc).__name__}: {exc}") from exc
+    if not callable(obj):
+        raise oc.ConfigError(f"{what} {path!r} is not callable")
+    return obj
 
 
 def build_model(factory: str, kwargs: dict[str, Any] | None, seed: int) -> torch.nn.Module:
@@ -24,17 +41,7 @@ def build_model(factory: str, kwargs: dict[str, Any] | None, seed: int) -> torch
 
     Raises :class:`orchestr.ConfigError` when the name does not import, the call fails on its
     arguments, or the result is not a ``torch.nn.Module``."""
-    module_name, sep, name = factory.partition(":")
-    if not (sep and module_name and name):
-        raise oc.ConfigError(f"a model factory is named 'package.module:callable', got {factory!r}")
-    try:
-        fn: Any = importlib.import_module(module_name)
-        for part in name.split("."):
-            fn = getattr(fn, part)
-    except (ImportError, AttributeError) as exc:
-        raise oc.ConfigError(f"cannot import model factory {factory!r}: {exc}") from exc
-    if not callable(fn):
-        raise oc.ConfigError(f"model factory {factory!r} is not callable")
+    fn = import_object(factory, "model factory")
     from ._model import TinyLM, TinyLMConfig
 
     torch.manual_seed(seed)

@@ -9,12 +9,13 @@ mesh is scaled by its size and called with ``choose`` or from a graph stage.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import orchestr as oc
+
+from ._factory import import_object
 
 __all__ = ["DEFAULT_SCORER", "Reward", "load_scorer"]
 
@@ -25,18 +26,7 @@ Scorer = Callable[[Any, Any], float]
 
 def load_scorer(path: str) -> Scorer:
     """Import ``module:function``; raises :class:`orchestr.ConfigError` saying what is wrong."""
-    module_name, sep, name = path.partition(":")
-    if not sep or not module_name or not name:
-        raise oc.ConfigError(f"a scorer is named 'package.module:function', got {path!r}")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise oc.ConfigError(f"cannot import scorer {path!r}: {type(exc).__name__}: {exc}") from exc
-    if not callable(obj):
-        raise oc.ConfigError(f"scorer {path!r} is not callable")
-    scorer: Scorer = obj
+    scorer: Scorer = import_object(path, "scorer")
     return scorer
 
 

@@ -35,7 +35,7 @@ async def test_a_user_scorer_by_path_and_bad_input(ctx: oc.JobContext) -> None:
 
 
 def test_load_scorer_errors() -> None:
-    with pytest.raises(oc.ConfigError, match="package.module:function"):
+    with pytest.raises(oc.ConfigError, match="package.module:callable"):
         load_scorer("no-colon")
     with pytest.raises(oc.ConfigError, match="is not callable"):
         load_scorer("tests.roles.scorers:NOT_CALLABLE")
