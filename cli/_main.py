@@ -14,6 +14,8 @@ from types import ModuleType
 import orchestr
 from orchestr._log import configure_logging
 
+from . import _daemons
+
 
 def load_job(path: str) -> ModuleType:
     """Import a job file as a module named after it, with its folder on the import path, so
@@ -36,6 +38,20 @@ def load_job(path: str) -> ModuleType:
     return module
 
 
+def _cluster_of(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The running cluster ``orchestr run`` uses: ``--address``, ``$ORCHESTR_ADDRESS`` or the
+    state directory's head, with its token; ``(None, None)`` for the embedded mode."""
+    from orchestr import _cluster
+
+    from ._daemons import head_address
+
+    state_dir = _cluster.resolve_state_dir(args.state_dir)
+    address = head_address(args, state_dir)
+    if address is None:
+        return None, None
+    return address, _cluster.cluster_token(state_dir)
+
+
 def _run(args: argparse.Namespace) -> int:
     sys.argv = [args.job, *args.job_args]  # the job reads its own flags, as under python
     try:
@@ -48,7 +64,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"orchestr run: {args.job} must define `async def main(ctx)`", file=sys.stderr)
         return 2
     try:
-        orchestr.run(main)
+        address, token = _cluster_of(args)
+        orchestr.run(main, address=address, token=token)
     except orchestr.OrchestrError as exc:
         print(f"orchestr run: the job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -120,6 +137,12 @@ def _transports(args: argparse.Namespace) -> int:
     return 0
 
 
+STATE_DIR_HELP = (
+    "where the daemons keep their token, addresses and logs (default: $ORCHESTR_STATE_DIR, "
+    "else ~/.orchestr)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestr", description="Run orchestr jobs and clusters.")
     parser.add_argument("--version", action="version", version=f"orchestr {orchestr.__version__}")
@@ -131,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a job file on an embedded local cluster")
+    run.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help="run on the cluster whose head serves there (default: $ORCHESTR_ADDRESS, else the "
+        "state directory's running head, else an embedded cluster)",
+    )
+    run.add_argument("--state-dir", help=STATE_DIR_HELP)
     run.add_argument("job", help="path to a Python file defining `async def main(ctx)`")
     run.add_argument(
         "job_args",
@@ -149,6 +179,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     graph.add_argument("--json", action="store_true", help="print one JSON object")
     graph.set_defaults(func=_graph)
+    start = sub.add_parser("start", help="start the head daemon, or a node daemon that joins one")
+    start.add_argument("--head", action="store_true", help="start the head daemon")
+    start.add_argument("--address", metavar="HOST:PORT", help="join the head serving there")
+    start.add_argument("--host", default="127.0.0.1", help="the head's bind address")
+    start.add_argument("--port", type=int, default=0, help="the head's port (0: any free one)")
+    start.add_argument("--labels", default="", metavar="K=V,...", help="the node's labels")
+    start.add_argument("--state-dir", help=STATE_DIR_HELP)
+    start.set_defaults(func=_daemons.start)
+    stop = sub.add_parser("stop", help="stop this host's daemons (nodes first, then the head)")
+    stop.add_argument("--state-dir", help=STATE_DIR_HELP)
+    stop.set_defaults(func=_daemons.stop)
+    status = sub.add_parser("status", help="the cluster's nodes and actors")
+    status.add_argument("--address", metavar="HOST:PORT", help="the head (default: as for run)")
+    status.add_argument("--state-dir", help=STATE_DIR_HELP)
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.set_defaults(func=_daemons.status)
     transports = sub.add_parser(
         "transports", help="list the data-plane transports this host can use, and why not"
     )

@@ -96,7 +96,7 @@ class WorkerExit(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., last_output: _Optional[str] = ...) -> None: ...
 
 class SpawnMeshRequest(_message.Message):
-    __slots__ = ("class_path", "init_args", "size", "resources", "labels", "name", "restart", "per_process")
+    __slots__ = ("class_path", "init_args", "size", "resources", "labels", "name", "restart", "per_process", "python_path")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class SpawnMeshRequest(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     RESTART_FIELD_NUMBER: _ClassVar[int]
     PER_PROCESS_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_PATH_FIELD_NUMBER: _ClassVar[int]
     class_path: str
     init_args: bytes
     size: int
@@ -120,7 +121,8 @@ class SpawnMeshRequest(_message.Message):
     name: str
     restart: RestartPolicy
     per_process: int
-    def __init__(self, class_path: _Optional[str] = ..., init_args: _Optional[bytes] = ..., size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., per_process: _Optional[int] = ...) -> None: ...
+    python_path: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, class_path: _Optional[str] = ..., init_args: _Optional[bytes] = ..., size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., per_process: _Optional[int] = ..., python_path: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RestartPolicy(_message.Message):
     __slots__ = ("max_restarts", "backoff_s", "backoff_max_s", "retry")
@@ -241,10 +243,12 @@ class ActorList(_message.Message):
     def __init__(self, actors: _Optional[_Iterable[_Union[ActorInfo, _Mapping]]] = ...) -> None: ...
 
 class StartWorkerRequest(_message.Message):
-    __slots__ = ("worker_id",)
+    __slots__ = ("worker_id", "python_path")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_PATH_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
-    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+    python_path: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., python_path: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("worker_id", "pid", "control_address", "call_address")

@@ -17,7 +17,7 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
 from ._callpath import ActorLookup, ActorView
 from ._grpc import ControlChannel, abort_with, make_server
-from ._headstate import ActorRecord, HeadState
+from ._headstate import ActorRecord, HeadState, validate_python_path
 from ._metrics import MetricsServer
 from .config import Config
 from .errors import ActorDiedError, OrchestrError, SpawnError
@@ -232,6 +232,7 @@ class HeadService(pb_grpc.HeadServicer):
         mesh_id = f"m-{secrets.token_hex(4)}"
         name = request.name or request.class_path.rpartition(":")[2]
         try:
+            python_path = validate_python_path(request.python_path)
             records = self.state.place(
                 mesh_id,
                 name,
@@ -246,6 +247,7 @@ class HeadService(pb_grpc.HeadServicer):
         for record in records:
             record.max_restarts = max(0, request.restart.max_restarts)
             record.init_args = request.init_args
+            record.python_path = list(python_path)
         results = await asyncio.gather(
             *(
                 self._start_group(g, request.init_args)
@@ -291,7 +293,7 @@ class HeadService(pb_grpc.HeadServicer):
         node_ch = self._channel(node.address)
         winfo = await node_ch.rpc(
             node_ch.stub(pb_grpc.NodeStub).StartWorker,
-            pb.StartWorkerRequest(worker_id=worker_id),
+            pb.StartWorkerRequest(worker_id=worker_id, python_path=first.python_path),
             # No deadline here: the node may queue the start behind others (it starts a few
             # processes at a time) and bounds each start itself (worker_start_timeout).
             timeout=None,

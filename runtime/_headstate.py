@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .errors import ConfigError, PlacementError
 
-__all__ = ["ActorRecord", "HeadState", "NodeRecord", "validate_resources"]
+__all__ = ["ActorRecord", "HeadState", "NodeRecord", "validate_python_path", "validate_resources"]
+
+#: The most folders a spawn's ``python_path`` may hold, and the longest one (characters).
+MAX_PYTHON_PATH_ENTRIES = 64
+MAX_PYTHON_PATH_CHARS = 4096
 
 
 def validate_resources(resources: Mapping[str, float]) -> dict[str, float]:
@@ -20,6 +24,33 @@ def validate_resources(resources: Mapping[str, float]) -> dict[str, float]:
         if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount >= 0:
             raise ConfigError(f"resource {name!r} must be a non-negative number, got {amount!r}")
         out[name] = float(amount)
+    return out
+
+
+def validate_python_path(entries: Sequence[str]) -> list[str]:
+    """Check a spawn's ``python_path`` (folders its workers put first on ``sys.path``): at most
+    :data:`MAX_PYTHON_PATH_ENTRIES` entries, each a non-empty string of at most
+    :data:`MAX_PYTHON_PATH_CHARS` characters without NUL bytes. Raises :class:`ConfigError`
+    naming the first bad entry."""
+    if len(entries) > MAX_PYTHON_PATH_ENTRIES:
+        raise ConfigError(
+            f"python_path has {len(entries)} entries; at most {MAX_PYTHON_PATH_ENTRIES} are allowed"
+        )
+    out: list[str] = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, str):
+            raise ConfigError(f"python_path entry {index} is not a string: {entry!r}")
+        if not entry:
+            problem = "is empty"
+        elif "\x00" in entry:
+            problem = "contains a NUL byte"
+        elif len(entry) > MAX_PYTHON_PATH_CHARS:
+            problem = f"is longer than {MAX_PYTHON_PATH_CHARS} characters ({len(entry)})"
+        else:
+            out.append(entry)
+            continue
+        shown = repr(entry) if len(entry) <= 200 else f"{entry[:200]!r}..."
+        raise ConfigError(f"python_path entry {index} {shown} {problem}")
     return out
 
 
@@ -62,6 +93,9 @@ class ActorRecord:
     init_args: bytes = b""
     #: The node labels it was placed by; a restart honours them too.
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Folders its workers put first on ``sys.path`` (the spawning job's import path); a
+    #: restart uses them too.
+    python_path: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def label(self) -> str:

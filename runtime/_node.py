@@ -16,6 +16,7 @@ import os
 import secrets
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -30,7 +31,7 @@ from ._log import configure_logging
 from .config import Config, config_environ, load_config
 from .errors import ConfigError, OrchestrError, SpawnError
 
-__all__ = ["NodeService", "detect_resources"]
+__all__ = ["NodeService", "detect_resources", "merge_pythonpath"]
 
 log = structlog.get_logger("orchestr.node")
 
@@ -45,6 +46,16 @@ def detect_resources() -> dict[str, float]:
     with contextlib.suppress(OSError):
         gpus = float(len(os.listdir("/proc/driver/nvidia/gpus")))
     return {"cpu": cpus, "memory": memory, "gpu": gpus}
+
+
+def merge_pythonpath(job_path: Sequence[str], own: str) -> tuple[str, list[str]]:
+    """A worker's ``PYTHONPATH``: the folders of the spawning job's import path first, then
+    ``own`` (the node's ``PYTHONPATH``), each once, in order; and the job's folders this node
+    does not have, which are left out (the job may run on another host)."""
+    found = [folder for folder in job_path if os.path.isdir(folder)]
+    missing = [folder for folder in job_path if folder not in found]
+    entries = [*found, *(own.split(os.pathsep) if own else ())]
+    return os.pathsep.join(dict.fromkeys(entries)), missing
 
 
 class _Worker:
@@ -86,6 +97,7 @@ class NodeService(pb_grpc.NodeServicer):
         self.workers: dict[str, _Worker] = {}
         self._starting = asyncio.Semaphore(config.max_starting_workers)
         self._heartbeat: asyncio.Task[None] | None = None
+        self._missing_folders: set[str] = set()  # job folders not here, warned about once
 
     async def __aenter__(self) -> NodeService:
         await self.server.start()
@@ -141,6 +153,18 @@ class NodeService(pb_grpc.NodeServicer):
         env = dict(os.environ)
         env.update(config_environ(self.config))  # workers run under the node's settings
         env.update(self.worker_env)
+        pythonpath, missing = merge_pythonpath(request.python_path, env.get("PYTHONPATH", ""))
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath
+        for folder in missing:
+            if folder not in self._missing_folders:  # once per folder, not per worker
+                self._missing_folders.add(folder)
+                log.warning(
+                    "a folder of the job's import path is not on this node; its workers "
+                    "start without it",
+                    node=self.node_id,
+                    folder=folder,
+                )
         env.update(
             ORCHESTR_WORKER_ID=worker_id,
             ORCHESTR_NODE_ID=self.node_id,

@@ -1,0 +1,210 @@
+"""Cluster mode on one host's state directory: the head daemon, where daemons leave their
+address and pid, the cluster token, and jobs attaching to a running cluster.
+
+A state directory (``--state-dir``, else ``ORCHESTR_STATE_DIR``, else ``~/.orchestr``) holds:
+
+- ``token``: the cluster's shared secret, created once with mode 0600 (a token file others can
+  read is refused, not used);
+- ``head.json``: the running head's address and pid, written atomically once it serves and
+  removed when it stops;
+- ``nodes/<pid>.json``: each node daemon started from here;
+- ``logs/``: the daemons' output.
+
+``python -m orchestr._cluster head --state-dir DIR [--host H] [--port P]`` is the head daemon
+``orchestr start --head`` launches; it serves until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import stat
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from ._driver import JobContext, job_session
+from ._head import HeadService
+from ._log import configure_logging
+from .config import Config, load_config
+from .errors import ConfigError, OrchestrError
+
+__all__ = [
+    "HEAD_FILE",
+    "TOKEN_FILE",
+    "attach_cluster",
+    "ensure_token",
+    "read_head",
+    "read_token",
+    "resolve_state_dir",
+]
+
+STATE_DIR_ENV = "ORCHESTR_STATE_DIR"
+TOKEN_FILE = "token"
+HEAD_FILE = "head.json"
+NODES_DIR = "nodes"
+LOGS_DIR = "logs"
+
+
+def resolve_state_dir(path: str | os.PathLike[str] | None = None) -> Path:
+    """``path``, else ``$ORCHESTR_STATE_DIR``, else ``~/.orchestr``."""
+    chosen = path or os.environ.get(STATE_DIR_ENV) or Path.home() / ".orchestr"
+    return Path(chosen).expanduser()
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def ensure_token(state_dir: Path) -> str:
+    """The cluster token under ``state_dir``, created (mode 0600) when there is none.
+    Raises :class:`ConfigError` for a token file that others can read or that is empty."""
+    _private_dir(state_dir)
+    path = state_dir / TOKEN_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return read_token(state_dir)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return read_token(state_dir)
+
+
+def read_token(state_dir: Path) -> str:
+    """The token in ``state_dir/token``. Raises :class:`ConfigError` when it is missing,
+    empty, or readable by anyone but its owner."""
+    path = state_dir / TOKEN_FILE
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ConfigError(
+            f"no cluster token at {path}: start a head there (orchestr start --head) or set "
+            "ORCHESTR_TOKEN"
+        ) from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(
+            f"the token file {path} is open to other users (mode {stat.filemode(mode)}); "
+            f"run chmod 600 {path}"
+        )
+    token = path.read_text().strip()
+    if not token:
+        raise ConfigError(f"the token file {path} is empty")
+    return token
+
+
+def cluster_token(state_dir: Path) -> str:
+    """``$ORCHESTR_TOKEN`` when set, else the state directory's token."""
+    return os.environ.get("ORCHESTR_TOKEN") or read_token(state_dir)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_head(state_dir: Path) -> dict[str, Any] | None:
+    """What the running head of ``state_dir`` wrote (``address``, ``pid``, ...), or ``None``
+    when none runs (no file, or its process is gone)."""
+    path = state_dir / HEAD_FILE
+    try:
+        info = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    if not isinstance(info, dict) or not isinstance(info.get("address"), str):
+        raise ConfigError(f"{path} does not describe a head: {info!r}")
+    pid = info.get("pid")
+    if not isinstance(pid, int) or not pid_alive(pid):
+        return None
+    return info
+
+
+def write_json(path: Path, value: dict[str, Any]) -> None:
+    """Write ``value`` to ``path`` atomically (a temporary file, then a rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+async def serve_head(state_dir: Path, host: str, port: int) -> None:
+    """Run the head daemon until SIGTERM or SIGINT; ``head.json`` says where it is meanwhile."""
+    token = ensure_token(state_dir)
+    config = load_config(bind_host=host)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    head_file = state_dir / HEAD_FILE
+    try:
+        async with HeadService(token, config, port=port) as head:
+            write_json(
+                head_file,
+                {
+                    "address": head.address,
+                    "pid": os.getpid(),
+                    "started_unix": time.time(),
+                    "metrics_address": head.metrics_address,
+                },
+            )
+            print(f"head serving at {head.address}", flush=True)
+            await stop.wait()
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            info = json.loads(head_file.read_text())
+            if info.get("pid") == os.getpid():
+                head_file.unlink()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+@contextlib.asynccontextmanager
+async def attach_cluster(
+    address: str, token: str, config: Config | None = None
+) -> AsyncIterator[JobContext]:
+    """A :class:`JobContext` on the running cluster whose head is at ``address``: the job's
+    controller runs here, its actors on the cluster's nodes. Stops the job's meshes on exit."""
+    async with job_session(address, token, config or load_config()) as ctx:
+        yield ctx
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestr._cluster")
+    sub = parser.add_subparsers(dest="role", required=True)
+    head = sub.add_parser("head", help="serve the head daemon until SIGTERM")
+    head.add_argument("--state-dir", required=True)
+    head.add_argument("--host", default="127.0.0.1")
+    head.add_argument("--port", type=int, default=0)
+    head.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    configure_logging(json=True, level=args.log_level)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in 0..65535, got {args.port}")
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    try:
+        runner(serve_head(resolve_state_dir(args.state_dir), args.host, args.port))
+    except OrchestrError as exc:
+        print(f"orchestr head: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
