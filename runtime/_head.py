@@ -165,10 +165,22 @@ class HeadService(pb_grpc.HeadServicer):
         return ch
 
     async def _watch_heartbeats(self) -> None:
+        timeout = self.config.heartbeat_timeout
         while True:
             await asyncio.sleep(self.config.heartbeat_interval)
-            for node_id in self.state.expire_nodes(self.state.now(), self.config.heartbeat_timeout):
+            for node_id in self.state.expire_nodes(self.state.now(), timeout):
                 log.warning("node missed its heartbeats; marked dead", node=node_id)
+                reason = f"node {node_id} was lost: no heartbeat for over {timeout:g} s"
+                for record in self.state.node_lost(node_id, reason):
+                    log.warning(
+                        "actor lost with its node",
+                        actor=record.label,
+                        actor_id=record.actor_id,
+                        node=node_id,
+                        restarting=record.state == "restarting",
+                    )
+                    self._notify(record.actor_id)
+                    self._publish("died", record)
 
     def _notify(self, actor_id: str) -> None:
         """Wake whoever waits for a change of ``actor_id``'s state."""

@@ -254,6 +254,20 @@ class HeadState:
                 ended.append(a)
         return ended
 
+    def node_lost(self, node_id: str, reason: str) -> list[ActorRecord]:
+        """A node went silent (marked dead): every worker it hosted is taken as exited, so each
+        of its actors is ``restarting`` or ``dead`` as :meth:`worker_exited` says. Returns
+        those records."""
+        workers = {
+            a.worker_id
+            for a in self.actors.values()
+            if a.node_id == node_id and a.worker_id and a.state in ("starting", "alive")
+        }
+        ended: list[ActorRecord] = []
+        for worker_id in sorted(workers):
+            ended += self.worker_exited(worker_id, -1, 0, reason)
+        return ended
+
     def restart(self, actor_id: str) -> ActorRecord:
         """Reserve a node for a ``restarting`` actor again: its old node when it is alive and
         has room, else the one with most free CPU that fits. Raises :class:`PlacementError`

@@ -1,0 +1,78 @@
+"""A node that dies with its workers: the head marks it dead once its heartbeats stop, tells
+the owners of its actors, and their restart policies place replacements on a surviving node."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import orchestr as oc
+
+
+class Where(oc.Actor):
+    @oc.endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+async def test_a_lost_nodes_actors_restart_on_a_surviving_node(tmp_path: Path) -> None:
+    config = oc.load_config(heartbeat_interval=0.2, heartbeat_timeout=1.5)
+    failures: list[oc.Failure] = []
+
+    def hook(failure: oc.Failure) -> str:
+        failures.append(failure)
+        return "restart"
+
+    # this node has one CPU; the far one, below, all of the machine's: placement prefers it
+    async with oc.open_local_cluster(config, resources={"cpu": 1}) as ctx:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTR_")}
+        env.update(
+            ORCHESTR_TOKEN=ctx.token,
+            ORCHESTR_HEARTBEAT_INTERVAL="0.2",
+            PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+        )
+        with (tmp_path / "far.log").open("wb") as log:
+            far = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "orchestr._node", "--head", ctx.head_address,
+                env=env, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+            try:
+                async with asyncio.timeout(30):
+                    while True:
+                        if len(await ctx.nodes()) == 2:
+                            break
+                        await asyncio.sleep(0.05)
+                near_id = next(n.node_id for n in await ctx.nodes() if n.total.amounts["cpu"] == 1)
+                mesh = await ctx.spawn(
+                    Where,
+                    resources={"cpu": 0.5},
+                    restart=oc.RestartPolicy(max_restarts=1, backoff_s=0.1),
+                    supervise=hook,
+                )
+                (before,) = [a for a in await ctx.actors() if a.mesh_id == mesh.mesh_id]
+                assert before.node_id != near_id  # it runs on the far node
+                worker = await mesh.pid.call_one()
+                # the far node and its worker die at once, without a word to the head
+                os.killpg(far.pid, signal.SIGKILL)
+                os.kill(worker, signal.SIGKILL)
+                await far.wait()
+                async with asyncio.timeout(30):
+                    while True:
+                        (now,) = [a for a in await ctx.actors() if a.mesh_id == mesh.mesh_id]
+                        if now.state == "alive" and now.restarts == 1:
+                            break
+                        await asyncio.sleep(0.05)
+                assert now.node_id == near_id  # replaced on the surviving node
+                assert await mesh.pid.call_one() != worker
+                lost = [n for n in await ctx.nodes() if n.node_id == before.node_id]
+                assert [n.alive for n in lost] == [False]
+                (failure,) = failures  # the owner was told, with the reason
+                assert "was lost: no heartbeat" in str(failure.error)
+            finally:
+                if far.returncode is None:
+                    os.killpg(far.pid, signal.SIGKILL)
+                    await far.wait()
