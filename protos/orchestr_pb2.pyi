@@ -96,7 +96,7 @@ class WorkerExit(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., last_output: _Optional[str] = ...) -> None: ...
 
 class SpawnMeshRequest(_message.Message):
-    __slots__ = ("class_path", "init_args", "size", "resources", "labels", "name", "restart", "per_process", "python_path")
+    __slots__ = ("class_path", "init_args", "size", "resources", "labels", "name", "restart", "per_process", "python_path", "strategy")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class SpawnMeshRequest(_message.Message):
     RESTART_FIELD_NUMBER: _ClassVar[int]
     PER_PROCESS_FIELD_NUMBER: _ClassVar[int]
     PYTHON_PATH_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
     class_path: str
     init_args: bytes
     size: int
@@ -122,7 +123,8 @@ class SpawnMeshRequest(_message.Message):
     restart: RestartPolicy
     per_process: int
     python_path: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, class_path: _Optional[str] = ..., init_args: _Optional[bytes] = ..., size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., per_process: _Optional[int] = ..., python_path: _Optional[_Iterable[str]] = ...) -> None: ...
+    strategy: str
+    def __init__(self, class_path: _Optional[str] = ..., init_args: _Optional[bytes] = ..., size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., per_process: _Optional[int] = ..., python_path: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ...) -> None: ...
 
 class RestartPolicy(_message.Message):
     __slots__ = ("max_restarts", "backoff_s", "backoff_max_s", "retry")

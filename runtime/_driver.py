@@ -26,7 +26,7 @@ from ._distributed import init_distributed
 from ._events import EventLog, export_trace
 from ._grpc import ControlChannel
 from ._head import HeadService, actor_lookup
-from ._headstate import validate_resources
+from ._headstate import STRATEGIES, validate_resources
 from ._mesh import Member, Mesh
 from ._node import NodeService
 from ._phases import FabricHints, Phase, RecordingHints, make_phase
@@ -125,6 +125,7 @@ class JobContext:
         restart: RestartPolicy | None = None,
         supervise: SuperviseHook = None,
         per_process: int = 1,
+        strategy: str = "SPREAD",
         **kwargs: Any,
     ) -> Mesh:
         """Create ``n`` actors of class ``actor`` (a class or ``"module:Class"``), each built with
@@ -137,7 +138,10 @@ class JobContext:
         with no restart left fails the job with :class:`SupervisionError`. ``per_process``
         members of a node share one worker process (light actors: fewer processes, and a call
         to all of them wakes each process once); a process that dies takes all of its members
-        with it, and each is restarted in a process of its own.
+        with it, and each is restarted in a process of its own. ``strategy`` places the
+        members over nodes: ``"SPREAD"`` (each member where most CPU is free),
+        ``"PACK"`` (as few nodes as fit), ``"STRICT_PACK"`` (one node or none),
+        ``"STRICT_SPREAD"`` (a node each or none).
 
         Raises :class:`PlacementError`, or :class:`SpawnError` with the remote traceback when
         an import or ``__init__`` fails. Not idempotent.
@@ -148,6 +152,10 @@ class JobContext:
             raise ConfigError(f"n must be a positive integer, got {n!r}")
         if name is not None and not isinstance(name, str):
             raise ConfigError(f"name must be a string, got {name!r}")
+        if strategy not in STRATEGIES:
+            raise ConfigError(
+                f"unknown placement strategy {strategy!r}; say one of {', '.join(STRATEGIES)}"
+            )
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in (labels or {}).items()):
             raise ConfigError(f"labels map strings to strings, got {labels!r}")
         init_args, buffers = _serde.encode([list(args), kwargs])
@@ -168,6 +176,7 @@ class JobContext:
             # The job's import path travels with the spawn: a node started elsewhere (without
             # the job's environment) puts it first on its workers' PYTHONPATH.
             python_path=_import_path(),
+            strategy=strategy,
         )
         info = await self.head.rpc(self._stub.SpawnMesh, request, timeout=None)
         mesh = Mesh(

@@ -253,6 +253,7 @@ class HeadService(pb_grpc.HeadServicer):
                 dict(request.resources.amounts),
                 dict(request.labels),
                 {r: f"a-{secrets.token_hex(6)}" for r in range(request.size)},
+                request.strategy or "SPREAD",
             )
         except OrchestrError as exc:
             await abort_with(context, exc)

@@ -9,7 +9,17 @@ from collections.abc import Mapping, Sequence
 
 from .errors import ConfigError, PlacementError
 
-__all__ = ["ActorRecord", "HeadState", "NodeRecord", "validate_python_path", "validate_resources"]
+__all__ = [
+    "STRATEGIES",
+    "ActorRecord",
+    "HeadState",
+    "NodeRecord",
+    "validate_python_path",
+    "validate_resources",
+]
+
+#: How a mesh's members are placed over nodes (see :meth:`HeadState.place`).
+STRATEGIES = ("SPREAD", "PACK", "STRICT_PACK", "STRICT_SPREAD")
 
 #: The most folders a spawn's ``python_path`` may hold, and the longest one (characters).
 MAX_PYTHON_PATH_ENTRIES = 64
@@ -156,32 +166,75 @@ class HeadState:
         resources: Mapping[str, float],
         labels: Mapping[str, str],
         new_id: Mapping[int, str],
+        strategy: str = "SPREAD",
     ) -> list[ActorRecord]:
-        """Reserve a node for each of ``size`` members, spreading by most free CPU.
+        """Reserve a node for each of ``size`` members by ``strategy`` (:data:`STRATEGIES`):
+
+        - ``SPREAD``: each member on the node with most free CPU at that point (best effort:
+          load spreads over the nodes);
+        - ``PACK``: each member on the node holding most of the mesh so far, then the one
+          with least free CPU that fits (best effort: as few nodes as fit);
+        - ``STRICT_PACK``: every member on one node, or none;
+        - ``STRICT_SPREAD``: every member on a node of its own, or none.
 
         All or nothing: raises :class:`PlacementError` naming what was asked and what each node
-        has free, with nothing reserved.
+        has free, with nothing reserved; :class:`ConfigError` for an unknown strategy.
         """
         if size < 1:
             raise ConfigError(f"a mesh needs at least one member, got n={size}")
+        if strategy not in STRATEGIES:
+            raise ConfigError(
+                f"unknown placement strategy {strategy!r}; say one of {', '.join(STRATEGIES)}"
+            )
         request = validate_resources(resources)
         placed: list[ActorRecord] = []
-        for rank in range(size):
-            candidates = [
-                n
-                for n in self.nodes.values()
-                if n.alive
+        members: dict[str, int] = {}  # node id -> members of this mesh placed there
+
+        def fits(n: NodeRecord, count: int = 1) -> bool:
+            return (
+                n.alive
                 and all(n.labels.get(k) == v for k, v in labels.items())
-                and all(n.free.get(k, 0.0) + 1e-9 >= v for k, v in request.items())
-            ]
+                and all(n.free.get(k, 0.0) + 1e-9 >= v * count for k, v in request.items())
+            )
+
+        def undo() -> None:
+            for record in placed:
+                self._release(record)
+                del self.actors[record.actor_id]
+
+        only: NodeRecord | None = None
+        if strategy == "STRICT_PACK":
+            whole = [n for n in self.nodes.values() if fits(n, size)]
+            if not whole:
+                raise PlacementError(
+                    "STRICT_PACK: no single node fits all "
+                    + self._explain(
+                        name, 0, size, {k: v * size for k, v in request.items()}, labels
+                    )
+                )
+            only = max(whole, key=lambda n: (n.free.get("cpu", 0.0), n.node_id))
+        for rank in range(size):
+            candidates = [n for n in self.nodes.values() if fits(n)]
+            if only is not None:
+                candidates = [only]
+            elif strategy == "STRICT_SPREAD":
+                candidates = [n for n in candidates if n.node_id not in members]
             if not candidates:
-                for record in placed:
-                    self._release(record)
-                    del self.actors[record.actor_id]
-                raise PlacementError(self._explain(name, rank, size, request, labels))
-            node = max(candidates, key=lambda n: (n.free.get("cpu", 0.0), n.node_id))
+                undo()  # first, so the message shows what the nodes have without this mesh
+                why = self._explain(name, rank, size, request, labels)
+                if strategy == "STRICT_SPREAD":
+                    why = f"STRICT_SPREAD: every member needs a node of its own; {why}"
+                raise PlacementError(why)
+            if strategy == "PACK":
+                node = max(
+                    candidates,
+                    key=lambda n: (members.get(n.node_id, 0), -n.free.get("cpu", 0.0), n.node_id),
+                )
+            else:
+                node = max(candidates, key=lambda n: (n.free.get("cpu", 0.0), n.node_id))
             for k, v in request.items():
                 node.free[k] = node.free.get(k, 0.0) - v
+            members[node.node_id] = members.get(node.node_id, 0) + 1
             record = ActorRecord(
                 new_id[rank], mesh_id, name, rank, class_path, node.node_id, request
             )

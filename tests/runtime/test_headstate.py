@@ -431,3 +431,31 @@ def test_a_restart_honours_the_labels_it_was_placed_by() -> None:
     with pytest.raises(PlacementError, match="labels {'zone': 'x'}"):
         state.restart(record.actor_id)
     assert record.state == "restarting" and state.nodes["b"].free == {"cpu": 1.0}
+
+
+def place_by(state: HeadState, n: int, strategy: str, cpu: float = 1.0) -> list[str]:
+    records = state.place(
+        f"m-{strategy}", "w", "pkg.mod:Cls", n, {"cpu": cpu}, {}, ids(strategy, n), strategy
+    )
+    return [r.node_id for r in records]
+
+
+def test_spread_and_pack_strategies() -> None:
+    nodes = {"a": {"cpu": 4.0}, "b": {"cpu": 4.0}, "c": {"cpu": 2.0}}
+    assert place_by(state_with(nodes), 3, "SPREAD") == ["b", "a", "b"]  # most free CPU each
+    assert place_by(state_with(nodes), 3, "PACK") == ["c", "c", "b"]  # fullest that fits first
+    assert place_by(state_with(nodes), 4, "STRICT_PACK") == ["b"] * 4  # one node holds all
+    assert sorted(place_by(state_with(nodes), 3, "STRICT_SPREAD")) == ["a", "b", "c"]
+
+
+def test_strict_strategies_fail_whole_and_say_why() -> None:
+    nodes = {"a": {"cpu": 4.0}, "b": {"cpu": 4.0}}
+    state = state_with(nodes)
+    before = free(state)
+    with pytest.raises(PlacementError, match="STRICT_PACK: no single node fits all"):
+        place_by(state, 5, "STRICT_PACK")
+    with pytest.raises(PlacementError, match="STRICT_SPREAD: every member needs a node of its own"):
+        place_by(state, 3, "STRICT_SPREAD")
+    assert free(state) == before and not state.actors  # no half-created mesh
+    with pytest.raises(ConfigError, match="unknown placement strategy 'BEST'"):
+        place_by(state, 1, "BEST")
