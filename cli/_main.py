@@ -14,7 +14,7 @@ from types import ModuleType
 import orchestr
 from orchestr._log import configure_logging
 
-from . import _daemons
+from . import _daemons, _jobs
 
 
 def load_job(path: str) -> ModuleType:
@@ -195,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--state-dir", help=STATE_DIR_HELP)
     status.add_argument("--json", action="store_true", help="print one JSON object")
     status.set_defaults(func=_daemons.status)
+    _jobs.add_parsers(sub, STATE_DIR_HELP)
     transports = sub.add_parser(
         "transports", help="list the data-plane transports this host can use, and why not"
     )

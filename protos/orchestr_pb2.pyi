@@ -244,6 +244,68 @@ class ActorList(_message.Message):
     actors: _containers.RepeatedCompositeFieldContainer[ActorInfo]
     def __init__(self, actors: _Optional[_Iterable[_Union[ActorInfo, _Mapping]]] = ...) -> None: ...
 
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("package", "entrypoint", "args")
+    PACKAGE_FIELD_NUMBER: _ClassVar[int]
+    ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    package: bytes
+    entrypoint: str
+    args: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, package: _Optional[bytes] = ..., entrypoint: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class JobInfo(_message.Message):
+    __slots__ = ("job_id", "entrypoint", "state", "exit_code", "submitted_unix", "ended_unix", "pid", "args")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    ENDED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    entrypoint: str
+    state: str
+    exit_code: int
+    submitted_unix: float
+    ended_unix: float
+    pid: int
+    args: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., entrypoint: _Optional[str] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., submitted_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., pid: _Optional[int] = ..., args: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class JobList(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
+
+class JobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class JobLogsRequest(_message.Message):
+    __slots__ = ("job_id", "offset", "max_bytes")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    offset: int
+    max_bytes: int
+    def __init__(self, job_id: _Optional[str] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class JobLogs(_message.Message):
+    __slots__ = ("data", "offset", "job")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    offset: int
+    job: JobInfo
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ...) -> None: ...
+
 class StartWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "python_path")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]

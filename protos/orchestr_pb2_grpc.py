@@ -89,6 +89,26 @@ class HeadStub:
                 request_serializer=orchestr__pb2.AbandonActorRequest.SerializeToString,
                 response_deserializer=orchestr__pb2.Ack.FromString,
                 _registered_method=True)
+        self.SubmitJob = channel.unary_unary(
+                '/orchestr.v1.Head/SubmitJob',
+                request_serializer=orchestr__pb2.SubmitJobRequest.SerializeToString,
+                response_deserializer=orchestr__pb2.JobInfo.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/orchestr.v1.Head/ListJobs',
+                request_serializer=orchestr__pb2.Empty.SerializeToString,
+                response_deserializer=orchestr__pb2.JobList.FromString,
+                _registered_method=True)
+        self.GetJobLogs = channel.unary_unary(
+                '/orchestr.v1.Head/GetJobLogs',
+                request_serializer=orchestr__pb2.JobLogsRequest.SerializeToString,
+                response_deserializer=orchestr__pb2.JobLogs.FromString,
+                _registered_method=True)
+        self.StopJob = channel.unary_unary(
+                '/orchestr.v1.Head/StopJob',
+                request_serializer=orchestr__pb2.JobRequest.SerializeToString,
+                response_deserializer=orchestr__pb2.JobInfo.FromString,
+                _registered_method=True)
 
 
 class HeadServicer:
@@ -161,6 +181,30 @@ class HeadServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJobLogs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HeadServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -218,6 +262,26 @@ def add_HeadServicer_to_server(servicer, server):
                     servicer.AbandonActor,
                     request_deserializer=orchestr__pb2.AbandonActorRequest.FromString,
                     response_serializer=orchestr__pb2.Ack.SerializeToString,
+            ),
+            'SubmitJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitJob,
+                    request_deserializer=orchestr__pb2.SubmitJobRequest.FromString,
+                    response_serializer=orchestr__pb2.JobInfo.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=orchestr__pb2.Empty.FromString,
+                    response_serializer=orchestr__pb2.JobList.SerializeToString,
+            ),
+            'GetJobLogs': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobLogs,
+                    request_deserializer=orchestr__pb2.JobLogsRequest.FromString,
+                    response_serializer=orchestr__pb2.JobLogs.SerializeToString,
+            ),
+            'StopJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopJob,
+                    request_deserializer=orchestr__pb2.JobRequest.FromString,
+                    response_serializer=orchestr__pb2.JobInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -517,6 +581,114 @@ class Head:
             '/orchestr.v1.Head/AbandonActor',
             orchestr__pb2.AbandonActorRequest.SerializeToString,
             orchestr__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchestr.v1.Head/SubmitJob',
+            orchestr__pb2.SubmitJobRequest.SerializeToString,
+            orchestr__pb2.JobInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchestr.v1.Head/ListJobs',
+            orchestr__pb2.Empty.SerializeToString,
+            orchestr__pb2.JobList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchestr.v1.Head/GetJobLogs',
+            orchestr__pb2.JobLogsRequest.SerializeToString,
+            orchestr__pb2.JobLogs.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchestr.v1.Head/StopJob',
+            orchestr__pb2.JobRequest.SerializeToString,
+            orchestr__pb2.JobInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -32,6 +32,7 @@ from typing import Any
 
 from ._driver import JobContext, job_session
 from ._head import HeadService
+from ._jobs import JobManager
 from ._log import configure_logging
 from .config import Config, load_config
 from .errors import ConfigError, OrchestrError
@@ -150,6 +151,7 @@ async def serve_head(state_dir: Path, host: str, port: int) -> None:
     head_file = state_dir / HEAD_FILE
     try:
         async with HeadService(token, config, port=port) as head:
+            head.jobs = JobManager(state_dir, head.address, token)
             write_json(
                 head_file,
                 {

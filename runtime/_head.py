@@ -18,9 +18,10 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 from ._callpath import ActorLookup, ActorView
 from ._grpc import ControlChannel, abort_with, make_server
 from ._headstate import ActorRecord, HeadState, validate_python_path
+from ._jobs import JobManager, JobRecord, job_info
 from ._metrics import MetricsServer
 from .config import Config
-from .errors import ActorDiedError, OrchestrError, SpawnError
+from .errors import ActorDiedError, ConfigError, OrchestrError, SpawnError
 
 __all__ = [
     "HeadService",
@@ -130,6 +131,8 @@ class HeadService(pb_grpc.HeadServicer):
         self._watchers: set[asyncio.Queue[pb.ActorEvent | None]] = set()
         self._monitor: asyncio.Task[None] | None = None
         self.metrics = MetricsServer(self.state, token, config)
+        #: Submitted jobs; only a head daemon (with a state directory) takes them.
+        self.jobs: JobManager | None = None
 
     @property
     def metrics_address(self) -> str | None:
@@ -147,6 +150,8 @@ class HeadService(pb_grpc.HeadServicer):
         await self.aclose()
 
     async def aclose(self) -> None:
+        if self.jobs is not None:
+            await self.jobs.aclose()
         await self.metrics.aclose()
         if self._monitor is not None:
             self._monitor.cancel()
@@ -396,6 +401,48 @@ class HeadService(pb_grpc.HeadServicer):
         return actor_info(record)
 
     # -- supervision ---------------------------------------------------------------------
+    # -- jobs ------------------------------------------------------------------------------
+    async def _job_manager(self, context: Any) -> JobManager:
+        if self.jobs is None:
+            await abort_with(
+                context,
+                ConfigError(
+                    "this head takes no submitted jobs (it is an embedded cluster's); start a "
+                    "head daemon with orchestr start --head"
+                ),
+            )
+        assert self.jobs is not None
+        return self.jobs
+
+    async def SubmitJob(self, request: Any, context: Any) -> pb.JobInfo:
+        jobs = await self._job_manager(context)
+        try:
+            record = await jobs.submit(request.package, request.entrypoint, list(request.args))
+        except OrchestrError as exc:
+            await abort_with(context, exc)
+        return _job_proto(record)
+
+    async def ListJobs(self, request: Any, context: Any) -> pb.JobList:
+        jobs = await self._job_manager(context)
+        return pb.JobList(jobs=[_job_proto(r) for r in jobs.jobs.values()])
+
+    async def GetJobLogs(self, request: Any, context: Any) -> pb.JobLogs:
+        jobs = await self._job_manager(context)
+        try:
+            record = jobs.get(request.job_id)
+            data, offset = jobs.read_output(request.job_id, request.offset, request.max_bytes)
+        except OrchestrError as exc:
+            await abort_with(context, exc)
+        return pb.JobLogs(data=data, offset=offset, job=_job_proto(record))
+
+    async def StopJob(self, request: Any, context: Any) -> pb.JobInfo:
+        jobs = await self._job_manager(context)
+        try:
+            record = await jobs.stop(request.job_id)
+        except OrchestrError as exc:
+            await abort_with(context, exc)
+        return _job_proto(record)
+
     async def WatchActors(self, request: Any, context: Any) -> AsyncIterator[pb.ActorEvent]:
         queue: asyncio.Queue[pb.ActorEvent | None] = asyncio.Queue(maxsize=10_000)
         self._watchers.add(queue)
@@ -457,6 +504,10 @@ class HeadService(pb_grpc.HeadServicer):
 
     async def ListActors(self, request: Any, context: Any) -> pb.ActorList:
         return pb.ActorList(actors=[actor_info(a) for a in self.state.actors.values()])
+
+
+def _job_proto(record: JobRecord) -> pb.JobInfo:
+    return pb.JobInfo(**job_info(record))
 
 
 def _groups(records: list[ActorRecord], per_process: int) -> list[list[ActorRecord]]:

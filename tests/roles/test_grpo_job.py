@@ -58,14 +58,16 @@ async def test_controls_through_the_roles(ctx: oc.JobContext) -> None:
 
 @pytest.mark.timeout(180)
 async def test_stream_with_eta_4_learns_within_the_staleness_bound(ctx: oc.JobContext) -> None:
-    # four batches generated ahead: nearly every sample is 4 versions old. A smaller step
-    # and more of them than the on-policy run (1.0 accuracy in 4 runs out of 4, about 30 s)
+    # three batches generated ahead: samples are 3 versions old, 4 when generation runs late,
+    # and older ones are dropped and drawn again. A smaller step and more of them than the
+    # on-policy run (lr 1e-3, 140 batches: accuracy >= 0.99 in 5 runs of 5, about 30 s)
     tc = dataclasses.replace(SMALL_CONFIG, steps=140, lr=1e-3)
-    result = await run_grpo(ctx, GRPOConfig(train=tc, mode="stream", eta=4, lookahead=4))
+    result = await run_grpo(ctx, GRPOConfig(train=tc, mode="stream", eta=4, lookahead=3))
     _check_learned(result)
     # every trained sample: version >= trainer version - eta (the trainer refuses otherwise)
-    assert max(r.max_lag for r in result.steps) == 4  # it really ran that far off-policy
-    assert sum(r.version_lag for r in result.steps) / len(result.steps) > 3
+    lags = [r.max_lag for r in result.steps]
+    assert max(lags) <= 4
+    assert sum(lag >= 3 for lag in lags) > len(lags) / 2  # it really ran that far off-policy
 
 
 @pytest.mark.timeout(180)

@@ -1,0 +1,221 @@
+"""``orchestr submit``, ``jobs``, ``logs`` and ``job stop``: jobs run by the cluster's head."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import sys
+import time
+import zipfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from orchestr import _cluster
+from orchestr._jobs import MAX_PACKAGE_BYTES
+from orchestr.errors import ConfigError, OrchestrError
+
+from ._daemons import head_address
+
+T = TypeVar("T")
+
+#: Folders a working directory's package leaves out.
+SKIPPED = {".git", "__pycache__", ".venv", "venv", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
+FOLLOW_POLL_S = 0.2
+
+
+def package(folder: Path) -> bytes:
+    """``folder`` as a zip, without :data:`SKIPPED` folders or links. Raises
+    :class:`ConfigError` once it grows past the head's limit."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
+        for root, dirs, files in os.walk(folder):
+            dirs[:] = sorted(d for d in dirs if d not in SKIPPED)
+            for name in sorted(files):
+                path = Path(root) / name
+                if path.is_symlink() or not path.is_file():
+                    continue
+                archive.write(path, path.relative_to(folder).as_posix())
+                if buf.tell() > MAX_PACKAGE_BYTES:
+                    raise ConfigError(
+                        f"the working directory {folder} packs to more than "
+                        f"{MAX_PACKAGE_BYTES >> 20} MiB (the limit); leave data out of it or "
+                        "point --working-dir at less"
+                    )
+    return buf.getvalue()
+
+
+def _connect(args: argparse.Namespace) -> tuple[str, str]:
+    state_dir = _cluster.resolve_state_dir(args.state_dir)
+    address = head_address(args, state_dir)
+    if address is None:
+        raise ConfigError(
+            f"no cluster: no head runs from {state_dir}; start one (orchestr start --head) or "
+            "pass --address"
+        )
+    return address, _cluster.cluster_token(state_dir)
+
+
+def _call(args: argparse.Namespace, fn: Callable[[Any, Any], Awaitable[T]]) -> T:
+    """Run ``fn(channel, stub)`` against the head ``args`` name."""
+    from orchestr._grpc import ControlChannel
+    from orchestr.config import load_config
+    from orchestr.protos import orchestr_pb2_grpc as pb_grpc
+
+    address, token = _connect(args)
+
+    async def go() -> T:
+        channel = ControlChannel(address, token, load_config())
+        try:
+            return await fn(channel, channel.stub(pb_grpc.HeadStub))
+        finally:
+            await channel.aclose()
+
+    return asyncio.run(go())
+
+
+def _info(job: Any) -> dict[str, Any]:
+    return {
+        "job_id": job.job_id,
+        "entrypoint": job.entrypoint,
+        "args": list(job.args),
+        "state": job.state,
+        "exit_code": job.exit_code,
+        "submitted_unix": job.submitted_unix,
+        "ended_unix": job.ended_unix,
+        "pid": job.pid,
+    }
+
+
+async def _follow(channel: Any, stub: Any, job_id: str, follow: bool) -> Any:
+    """Copy the job's output to stdout from the start; with ``follow``, until it ends.
+    Returns the job's last state."""
+    from orchestr.protos import orchestr_pb2 as pb
+
+    offset = 0
+    while True:
+        got = await channel.rpc(stub.GetJobLogs, pb.JobLogsRequest(job_id=job_id, offset=offset))
+        if got.data:
+            sys.stdout.buffer.write(got.data)
+            sys.stdout.flush()
+            offset = got.offset
+            continue
+        if not follow or got.job.state != "running":
+            return got.job
+        await asyncio.sleep(FOLLOW_POLL_S)
+
+
+def submit(args: argparse.Namespace) -> int:
+    from orchestr.protos import orchestr_pb2 as pb
+
+    job = Path(args.job)
+    folder = Path(args.working_dir) if args.working_dir else job.parent
+    try:
+        if not job.is_file() or job.suffix != ".py":
+            raise ConfigError(f"no job file {job} (a .py file)")
+        try:
+            entry = job.resolve().relative_to(folder.resolve())
+        except ValueError:
+            raise ConfigError(
+                f"the job {job} is not inside the working directory {folder}"
+            ) from None
+        data = package(folder)
+
+        async def go(channel: Any, stub: Any) -> int:
+            request = pb.SubmitJobRequest(
+                package=data, entrypoint=entry.as_posix(), args=list(args.job_args)
+            )
+            info = await channel.rpc(stub.SubmitJob, request)
+            print(f"submitted {info.job_id} ({len(data)} bytes from {folder})", file=sys.stderr)
+            if args.no_wait:
+                print(info.job_id)
+                return 0
+            last = await _follow(channel, stub, info.job_id, follow=True)
+            print(f"{info.job_id} {last.state} (exit code {last.exit_code})", file=sys.stderr)
+            code: int = last.exit_code if last.state != "stopped" else 1
+            return code
+
+        return _call(args, go)
+    except OrchestrError as exc:
+        print(f"orchestr submit: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def jobs(args: argparse.Namespace) -> int:
+    from orchestr.protos import orchestr_pb2 as pb
+
+    async def go(channel: Any, stub: Any) -> list[dict[str, Any]]:
+        return [_info(j) for j in (await channel.rpc(stub.ListJobs, pb.Empty())).jobs]
+
+    try:
+        listed = _call(args, go)
+    except OrchestrError as exc:
+        print(f"orchestr jobs: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(listed))
+        return 0
+    for j in sorted(listed, key=lambda j: j["submitted_unix"]):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["submitted_unix"]))
+        print(
+            f"{j['job_id']}  {j['state']:9s}  exit {j['exit_code']:3d}  {when}  {j['entrypoint']}"
+        )
+    if not listed:
+        print("no jobs")
+    return 0
+
+
+def logs(args: argparse.Namespace) -> int:
+    try:
+        _call(args, lambda channel, stub: _follow(channel, stub, args.job_id, args.follow))
+    except OrchestrError as exc:
+        print(f"orchestr logs: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def job_stop(args: argparse.Namespace) -> int:
+    from orchestr.protos import orchestr_pb2 as pb
+
+    async def go(channel: Any, stub: Any) -> Any:
+        return await channel.rpc(stub.StopJob, pb.JobRequest(job_id=args.job_id), timeout=60)
+
+    try:
+        info = _call(args, go)
+    except OrchestrError as exc:
+        print(f"orchestr job stop: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{info.job_id} {info.state} (exit code {info.exit_code})")
+    return 0
+
+
+def add_parsers(sub: Any, state_dir_help: str) -> None:
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--address", metavar="HOST:PORT", help="the head (default: as for run)")
+        p.add_argument("--state-dir", help=state_dir_help)
+
+    p = sub.add_parser("submit", help="run a job on the cluster; streams its output")
+    common(p)
+    p.add_argument("--working-dir", help="folder shipped with the job (default: the job's)")
+    p.add_argument("--no-wait", action="store_true", help="print the job id and return")
+    p.add_argument("job", help="the job file, inside the working directory")
+    p.add_argument("job_args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
+    p.set_defaults(func=submit)
+    p = sub.add_parser("jobs", help="the cluster's submitted jobs")
+    common(p)
+    p.add_argument("--json", action="store_true", help="print one JSON list")
+    p.set_defaults(func=jobs)
+    p = sub.add_parser("logs", help="a submitted job's output")
+    common(p)
+    p.add_argument("--follow", "-f", action="store_true", help="until the job ends")
+    p.add_argument("job_id")
+    p.set_defaults(func=logs)
+    p = sub.add_parser("job", help="act on a submitted job")
+    job_sub = p.add_subparsers(dest="job_command", required=True)
+    s = job_sub.add_parser("stop", help="stop a running job (SIGTERM, then SIGKILL)")
+    common(s)
+    s.add_argument("job_id")
+    s.set_defaults(func=job_stop)

@@ -1,0 +1,234 @@
+"""Submitted jobs, on the head daemon's host: unpack a working directory, run the job's
+controller against the cluster, keep its output, report and stop it.
+
+A job lives in ``<state dir>/jobs/<job id>/``: ``package.zip`` as it arrived, ``wd/`` the
+unpacked working directory, ``output.log`` what the controller printed, ``job.json`` its
+record. The controller is ``python -m orchestr.cli run --address HEAD ENTRYPOINT ARGS...`` in
+``wd/``, in a session of its own, with the cluster token in its environment. Only an
+authenticated client reaches :meth:`JobManager.submit` (every head RPC checks the token);
+nothing from the package is deserialised: it is unzipped, with every member's path checked to
+stay inside ``wd/``, and run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import secrets
+import signal
+import stat
+import sys
+import time
+import zipfile
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
+
+import structlog
+
+from .errors import ConfigError
+
+__all__ = ["JobManager", "JobRecord", "check_package"]
+
+log = structlog.get_logger("orchestr.jobs")
+
+#: Largest package (zip bytes) and largest unpacked size a job may bring.
+MAX_PACKAGE_BYTES = 32 << 20
+MAX_UNPACKED_BYTES = 256 << 20
+STOP_GRACE_S = 10.0
+DEFAULT_LOG_CHUNK = 1 << 20
+
+
+@dataclasses.dataclass
+class JobRecord:
+    job_id: str
+    entrypoint: str
+    args: list[str]
+    state: str = "running"  # running, succeeded, failed, stopped
+    exit_code: int = 0
+    submitted_unix: float = dataclasses.field(default_factory=time.time)
+    ended_unix: float = 0.0
+    pid: int = 0
+
+
+def check_package(package: bytes, entrypoint: str) -> zipfile.ZipFile:
+    """Open ``package`` as a zip and check it: within the size limits, every member's path
+    relative and inside the root, no links, and ``entrypoint`` a ``.py`` file in it. Raises
+    :class:`ConfigError` saying what is wrong."""
+    if len(package) > MAX_PACKAGE_BYTES:
+        raise ConfigError(
+            f"the job's package is {len(package)} bytes; at most {MAX_PACKAGE_BYTES} are taken "
+            "(leave data out of the working directory, or point --working-dir at less)"
+        )
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(package))
+    except zipfile.BadZipFile as exc:
+        raise ConfigError(f"the job's package is not a zip file: {exc}") from None
+    total = 0
+    names = set()
+    for info in archive.infolist():
+        path = PurePosixPath(info.filename)
+        if path.is_absolute() or ".." in path.parts or "\\" in info.filename:
+            raise ConfigError(f"the package member {info.filename!r} points outside the job")
+        if stat.S_ISLNK(info.external_attr >> 16):
+            raise ConfigError(f"the package member {info.filename!r} is a link; links are refused")
+        total += info.file_size
+        names.add(str(path))
+    if total > MAX_UNPACKED_BYTES:
+        raise ConfigError(
+            f"the job's package unpacks to {total} bytes; at most {MAX_UNPACKED_BYTES} are taken"
+        )
+    entry = PurePosixPath(entrypoint)
+    if (
+        entry.is_absolute()
+        or ".." in entry.parts
+        or entry.suffix != ".py"
+        or str(entry) not in names
+    ):
+        raise ConfigError(
+            f"the entrypoint {entrypoint!r} is not a .py file of the package (it holds "
+            f"{len(names)} files)"
+        )
+    return archive
+
+
+class JobManager:
+    """The head's submitted jobs. Not thread-safe; one event loop."""
+
+    def __init__(self, state_dir: Path, head_address: str, token: str) -> None:
+        self.root = state_dir / "jobs"
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.head_address = head_address
+        self.token = token
+        self.jobs: dict[str, JobRecord] = {}
+        self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._load()
+
+    def _load(self) -> None:
+        """Records of earlier jobs; one that was running when the head went away is failed."""
+        for path in sorted(self.root.glob("*/job.json")):
+            try:
+                record = JobRecord(**json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError) as exc:
+                log.warning("skipping an unreadable job record", path=str(path), error=str(exc))
+                continue
+            if record.state == "running":
+                record.state, record.ended_unix = "failed", time.time()
+                record.exit_code = -1
+                self._save(record)
+            self.jobs[record.job_id] = record
+
+    def _save(self, record: JobRecord) -> None:
+        folder = self.root / record.job_id
+        tmp = folder / ".job.json.tmp"
+        tmp.write_text(json.dumps(dataclasses.asdict(record)))
+        os.replace(tmp, folder / "job.json")
+
+    def output_path(self, job_id: str) -> Path:
+        return self.root / job_id / "output.log"
+
+    def _open_output(self, job_id: str) -> BinaryIO:
+        return open(self.output_path(job_id), "wb")
+
+    def get(self, job_id: str) -> JobRecord:
+        try:
+            return self.jobs[job_id]
+        except KeyError:
+            raise ConfigError(
+                f"no job {job_id!r} on this cluster; orchestr jobs lists them"
+            ) from None
+
+    async def submit(self, package: bytes, entrypoint: str, args: list[str]) -> JobRecord:
+        archive = check_package(package, entrypoint)
+        if not all(isinstance(a, str) and "\x00" not in a for a in args):
+            raise ConfigError("job arguments must be strings without NUL bytes")
+        job_id = f"job-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        folder = self.root / job_id
+        folder.mkdir(mode=0o700)
+        (folder / "package.zip").write_bytes(package)
+        wd = folder / "wd"
+        archive.extractall(wd)
+        record = JobRecord(job_id, entrypoint, list(args))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTR_")}
+        env.update(ORCHESTR_TOKEN=self.token, ORCHESTR_ADDRESS=self.head_address)
+        cmd = [sys.executable, "-m", "orchestr.cli", "run", "--address", self.head_address]
+        out = self._open_output(job_id)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                entrypoint,
+                *args,
+                cwd=wd,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            out.close()  # the child has its own copy
+        record.pid = proc.pid
+        self.jobs[job_id] = record
+        self._procs[job_id] = proc
+        self._save(record)
+        watcher = asyncio.ensure_future(self._watch(record, proc))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+        log.info("job submitted", job=job_id, entrypoint=entrypoint, pid=proc.pid)
+        return record
+
+    async def _watch(self, record: JobRecord, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        self._procs.pop(record.job_id, None)
+        if record.state == "running":
+            record.state = "succeeded" if code == 0 else "failed"
+        record.exit_code = code
+        record.ended_unix = time.time()
+        self._save(record)
+        log.info("job ended", job=record.job_id, state=record.state, exit_code=code)
+
+    def read_output(self, job_id: str, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        self.get(job_id)
+        if offset < 0:
+            raise ConfigError(f"a log offset is >= 0, got {offset}")
+        size = max_bytes if max_bytes > 0 else DEFAULT_LOG_CHUNK
+        try:
+            with open(self.output_path(job_id), "rb") as f:
+                f.seek(offset)
+                data = f.read(min(size, DEFAULT_LOG_CHUNK))
+        except FileNotFoundError:
+            data = b""
+        return data, offset + len(data)
+
+    async def stop(self, job_id: str) -> JobRecord:
+        """SIGTERM the job's controller (and its session), SIGKILL after STOP_GRACE_S; waits
+        for it to end. A job that already ended is returned as it is."""
+        record = self.get(job_id)
+        proc = self._procs.get(job_id)
+        if proc is None or record.state != "running":
+            return record
+        record.state = "stopped"
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            async with asyncio.timeout(STOP_GRACE_S):
+                await proc.wait()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        return record
+
+    async def aclose(self) -> None:
+        """Stop every running job (the head is going away)."""
+        for job_id in list(self._procs):
+            await self.stop(job_id)
+
+
+def job_info(record: JobRecord) -> dict[str, Any]:
+    return dataclasses.asdict(record)
