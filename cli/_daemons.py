@@ -98,8 +98,11 @@ def _start_node(args: argparse.Namespace, state_dir: Path) -> int:
     token = _cluster.cluster_token(state_dir)
     nodes = state_dir / _cluster.NODES_DIR
     nodes.mkdir(mode=0o700, parents=True, exist_ok=True)
-    log = state_dir / _cluster.LOGS_DIR / f"node-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    stem = f"node-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    log = state_dir / _cluster.LOGS_DIR / f"{stem}.log"
+    events = state_dir / _cluster.LOGS_DIR / f"{stem}.jsonl"
     cmd = [sys.executable, "-m", "orchestr._node", "--head", args.address, "--log-level", "INFO"]
+    cmd += ["--log-file", str(events)]
     if args.labels:
         cmd += ["--labels", args.labels]
     proc = _launch(cmd, log, {**os.environ, "ORCHESTR_TOKEN": token})

@@ -168,8 +168,30 @@ def jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _daemon_log(channel: Any, stub: Any, name: str | None) -> None:
+    """The head's host's daemon logs: their names, or one of them from the start."""
+    from orchestr.protos import orchestr_pb2 as pb
+
+    if not name:
+        got = await channel.rpc(stub.GetDaemonLog, pb.DaemonLogRequest())
+        print("\n".join(got.names) if got.names else "no daemon logs")
+        return
+    offset = 0
+    while True:
+        got = await channel.rpc(stub.GetDaemonLog, pb.DaemonLogRequest(name=name, offset=offset))
+        if not got.data:
+            return
+        sys.stdout.buffer.write(got.data)
+        offset = got.offset
+
+
 def logs(args: argparse.Namespace) -> int:
     try:
+        if args.daemon is not None or args.job_id is None:
+            name = args.daemon or None
+            _call(args, lambda channel, stub: _daemon_log(channel, stub, name))
+            sys.stdout.flush()
+            return 0
         _call(args, lambda channel, stub: _follow(channel, stub, args.job_id, args.follow))
     except OrchestrError as exc:
         print(f"orchestr logs: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -208,10 +230,18 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
     common(p)
     p.add_argument("--json", action="store_true", help="print one JSON list")
     p.set_defaults(func=jobs)
-    p = sub.add_parser("logs", help="a submitted job's output")
+    p = sub.add_parser("logs", help="a submitted job's output, or the daemons' logs")
     common(p)
     p.add_argument("--follow", "-f", action="store_true", help="until the job ends")
-    p.add_argument("job_id")
+    p.add_argument(
+        "--daemon",
+        nargs="?",
+        const="",
+        metavar="NAME",
+        help="a daemon's JSON-lines log through the head (head.jsonl, node-...jsonl); "
+        "without NAME, list them",
+    )
+    p.add_argument("job_id", nargs="?")
     p.set_defaults(func=logs)
     p = sub.add_parser("job", help="act on a submitted job")
     job_sub = p.add_subparsers(dest="job_command", required=True)

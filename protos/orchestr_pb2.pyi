@@ -306,6 +306,26 @@ class JobLogs(_message.Message):
     job: JobInfo
     def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ...) -> None: ...
 
+class DaemonLogRequest(_message.Message):
+    __slots__ = ("name", "offset", "max_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    offset: int
+    max_bytes: int
+    def __init__(self, name: _Optional[str] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class DaemonLog(_message.Message):
+    __slots__ = ("data", "offset", "names")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    offset: int
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., names: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class StartWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "python_path")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]

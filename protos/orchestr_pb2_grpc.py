@@ -109,6 +109,11 @@ class HeadStub:
                 request_serializer=orchestr__pb2.JobRequest.SerializeToString,
                 response_deserializer=orchestr__pb2.JobInfo.FromString,
                 _registered_method=True)
+        self.GetDaemonLog = channel.unary_unary(
+                '/orchestr.v1.Head/GetDaemonLog',
+                request_serializer=orchestr__pb2.DaemonLogRequest.SerializeToString,
+                response_deserializer=orchestr__pb2.DaemonLog.FromString,
+                _registered_method=True)
 
 
 class HeadServicer:
@@ -205,6 +210,12 @@ class HeadServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetDaemonLog(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HeadServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -282,6 +293,11 @@ def add_HeadServicer_to_server(servicer, server):
                     servicer.StopJob,
                     request_deserializer=orchestr__pb2.JobRequest.FromString,
                     response_serializer=orchestr__pb2.JobInfo.SerializeToString,
+            ),
+            'GetDaemonLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDaemonLog,
+                    request_deserializer=orchestr__pb2.DaemonLogRequest.FromString,
+                    response_serializer=orchestr__pb2.DaemonLog.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -689,6 +705,33 @@ class Head:
             '/orchestr.v1.Head/StopJob',
             orchestr__pb2.JobRequest.SerializeToString,
             orchestr__pb2.JobInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDaemonLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchestr.v1.Head/GetDaemonLog',
+            orchestr__pb2.DaemonLogRequest.SerializeToString,
+            orchestr__pb2.DaemonLog.FromString,
             options,
             channel_credentials,
             insecure,

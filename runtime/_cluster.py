@@ -33,7 +33,7 @@ from typing import Any
 from ._driver import JobContext, job_session
 from ._head import HeadService
 from ._jobs import JobManager
-from ._log import configure_logging
+from ._log import RotatingFile, configure_logging
 from .config import Config, load_config
 from .errors import ConfigError, OrchestrError
 
@@ -152,6 +152,7 @@ async def serve_head(state_dir: Path, host: str, port: int) -> None:
     try:
         async with HeadService(token, config, port=port) as head:
             head.jobs = JobManager(state_dir, head.address, token)
+            head.log_dir = state_dir / LOGS_DIR
             write_json(
                 head_file,
                 {
@@ -191,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     head.add_argument("--port", type=int, default=0)
     head.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    configure_logging(json=True, level=args.log_level)
+    state_dir = resolve_state_dir(args.state_dir)
+    (state_dir / LOGS_DIR).mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_file = RotatingFile(str(state_dir / LOGS_DIR / "head.jsonl"))
+    configure_logging(json=True, stream=log_file, level=args.log_level)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")
     try:
@@ -201,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         runner = asyncio.run
     try:
-        runner(serve_head(resolve_state_dir(args.state_dir), args.host, args.port))
+        runner(serve_head(state_dir, args.host, args.port))
     except OrchestrError as exc:
         print(f"orchestr head: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -7,6 +7,7 @@ import contextlib
 import secrets
 import signal as _signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -133,6 +134,8 @@ class HeadService(pb_grpc.HeadServicer):
         self.metrics = MetricsServer(self.state, token, config)
         #: Submitted jobs; only a head daemon (with a state directory) takes them.
         self.jobs: JobManager | None = None
+        #: Where the daemons of the head's host write their JSON-lines logs, if anywhere.
+        self.log_dir: Path | None = None
 
     @property
     def metrics_address(self) -> str | None:
@@ -443,6 +446,24 @@ class HeadService(pb_grpc.HeadServicer):
             await abort_with(context, exc)
         return _job_proto(record)
 
+    async def GetDaemonLog(self, request: Any, context: Any) -> pb.DaemonLog:
+        if self.log_dir is None:
+            await abort_with(context, ConfigError("this head keeps no daemon logs (embedded)"))
+        assert self.log_dir is not None
+        names = sorted(p.name for p in self.log_dir.glob("*.jsonl*") if p.is_file())
+        if not request.name:
+            return pb.DaemonLog(names=names)
+        if request.name not in names:  # only a listed file: no path reaches outside the folder
+            await abort_with(
+                context,
+                ConfigError(f"no daemon log {request.name!r}; there are {', '.join(names)}"),
+            )
+        if request.offset < 0:
+            await abort_with(context, ConfigError(f"a log offset is >= 0, got {request.offset}"))
+        size = request.max_bytes if 0 < request.max_bytes <= 1 << 20 else 1 << 20
+        data = _read_from(self.log_dir / request.name, request.offset, size)
+        return pb.DaemonLog(data=data, offset=request.offset + len(data), names=names)
+
     async def WatchActors(self, request: Any, context: Any) -> AsyncIterator[pb.ActorEvent]:
         queue: asyncio.Queue[pb.ActorEvent | None] = asyncio.Queue(maxsize=10_000)
         self._watchers.add(queue)
@@ -504,6 +525,12 @@ class HeadService(pb_grpc.HeadServicer):
 
     async def ListActors(self, request: Any, context: Any) -> pb.ActorList:
         return pb.ActorList(actors=[actor_info(a) for a in self.state.actors.values()])
+
+
+def _read_from(path: Path, offset: int, size: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
 
 
 def _job_proto(record: JobRecord) -> pb.JobInfo:

@@ -27,7 +27,7 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
 from ._grpc import ControlChannel, make_server
 from ._head import describe_exit
-from ._log import configure_logging
+from ._log import RotatingFile, configure_logging
 from .config import Config, config_environ, load_config
 from .errors import ConfigError, OrchestrError, SpawnError
 
@@ -310,8 +310,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head", required=True, metavar="HOST:PORT", help="the head's address")
     parser.add_argument("--labels", default="", metavar="K=V,...", help="this node's labels")
     parser.add_argument("--log-level", default="WARNING", help="default: WARNING")
+    parser.add_argument(
+        "--log-file", help="write JSON lines here, rotated (default: console text on stderr)"
+    )
     args = parser.parse_args(argv)
-    configure_logging(json=False, level=args.log_level)
+    if args.log_file:
+        configure_logging(json=True, stream=RotatingFile(args.log_file), level=args.log_level)
+    else:
+        configure_logging(json=False, level=args.log_level)
     token = os.environ.get("ORCHESTR_TOKEN", "")
     if not token:
         parser.error("set ORCHESTR_TOKEN to the cluster token")

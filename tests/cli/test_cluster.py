@@ -99,6 +99,15 @@ def test_start_status_run_stop(state_dir: pathlib.Path, tmp_path: pathlib.Path) 
     assert f"parents [{node_pid}]" in ran.stdout
     assert alive(node_pid)  # the job ended, the cluster did not
 
+    # the daemons' JSON-lines logs, read through the head
+    names = cli("logs", "--daemon", "--state-dir", str(state_dir)).stdout.split()
+    assert "head.jsonl" in names and any(n.startswith("node-") for n in names)
+    head_log = cli("logs", "--daemon", "head.jsonl", "--state-dir", str(state_dir)).stdout
+    events = [json.loads(line) for line in head_log.splitlines()]
+    assert any(e["event"] == "head started" for e in events)
+    sneaky = cli("logs", "--daemon", "../token", "--state-dir", str(state_dir))
+    assert sneaky.returncode == 1 and "no daemon log '../token'" in sneaky.stderr
+
     head_pid = json.loads((state_dir / "head.json").read_text())["pid"]
     stopped = cli("stop", "--state-dir", str(state_dir))
     assert stopped.returncode == 0, stopped.stderr
@@ -131,3 +140,18 @@ def test_refusals(state_dir: pathlib.Path) -> None:
     assert loose.returncode == 1 and "chmod 600" in loose.stderr
     (state_dir / "token").chmod(0o600)
     assert cli("status", "--state-dir", str(state_dir)).returncode == 0
+
+
+def test_daemon_logs_rotate(tmp_path: pathlib.Path) -> None:
+    from orchestr._log import RotatingFile
+
+    log = RotatingFile(str(tmp_path / "d.jsonl"), max_bytes=100, backups=2)
+    for i in range(12):
+        log.write(f'{{"n": {i:2d}, "pad": "{"x" * 20}"}}\n')  # 41 bytes: 2 lines a file
+    log.close()
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["d.jsonl", "d.jsonl.1", "d.jsonl.2"]  # the oldest dropped
+    assert all(p.stat().st_size <= 100 for p in tmp_path.iterdir())
+    lines = [json.loads(x)["n"] for f in ("d.jsonl.2", "d.jsonl.1", "d.jsonl")
+             for x in (tmp_path / f).read_text().splitlines()]  # fmt: skip
+    assert lines == list(range(6, 12))  # in order; only what rotated out of .2 is gone
