@@ -37,6 +37,7 @@ __all__ = [
     "TrainConfig",
     "completions_batch",
     "evaluate",
+    "group_requests",
     "request_digits",
     "step_requests",
     "train",
@@ -231,21 +232,22 @@ def step_requests(config: TrainConfig, step: int) -> list[Request]:
     """Step ``step``'s requests: ``prompts_per_step`` prompts keyed by ``(seed, step, i)``,
     each ``group_size`` times with sample keys ``(seed, step, i, j)``, ids ``"step/i/j"``,
     grouped by prompt. Any generator given them draws the same completions."""
-    n, g = config.prompts_per_step, config.group_size
-    out = []
-    for i in range(n):
-        p = _task.sample_prompt(config.seed, step, i, config.lengths)
-        for j in range(g):
-            out.append(
-                Request(
-                    id=f"{step}/{i}/{j}",
-                    prompt=_task.encode_prompt(p),
-                    max_new_tokens=_task.max_new_tokens(p),
-                    temperature=config.temperature,
-                    seed=sample_key(config.seed, step, i, j),
-                )
-            )
-    return out
+    return [r for i in range(config.prompts_per_step) for r in group_requests(config, step, i)]
+
+
+def group_requests(config: TrainConfig, step: int, index: int) -> list[Request]:
+    """The ``group_size`` requests of prompt ``index`` of step ``step``."""
+    p = _task.sample_prompt(config.seed, step, index, config.lengths)
+    return [
+        Request(
+            id=f"{step}/{index}/{j}",
+            prompt=_task.encode_prompt(p),
+            max_new_tokens=_task.max_new_tokens(p),
+            temperature=config.temperature,
+            seed=sample_key(config.seed, step, index, j),
+        )
+        for j in range(config.group_size)
+    ]
 
 
 def request_digits(request: Request | Completion) -> _task.Prompt:

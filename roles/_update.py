@@ -18,7 +18,7 @@ from torch import nn
 from ._generate import Generation, completion_logprobs
 from ._grpo import grpo_loss
 
-__all__ = ["UpdateConfig", "grpo_update"]
+__all__ = ["UpdateConfig", "grpo_update", "rank_and_world"]
 
 _STAT_KEYS = ("loss", "ratio_mean", "clip_frac", "approx_kl", "entropy", "behaviour_weight")
 
@@ -52,12 +52,14 @@ class UpdateConfig:
             raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
 
 
-def _world() -> int:
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the size of its ``torch.distributed`` group; ``(0, 1)``
+    without one."""
     from torch import distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def grpo_update(
@@ -74,7 +76,7 @@ def grpo_update(
     With an initialised ``torch.distributed`` group every member must call this together
     with its shard (collectives inside). Raises ``ValueError`` when no member has a token.
     """
-    world = _world()
+    _, world = rank_and_world()
     device = next(iter(model.parameters()), torch.empty(0)).device
     gen = gen.to(device)
     advantages = advantages.to(device)

@@ -41,7 +41,8 @@ import orchestr as oc
 
 from . import _task
 from ._engine import Completion, Request
-from ._reference import DEMO_CONFIG, TrainConfig, request_digits, step_requests
+from ._reference import DEMO_CONFIG, TrainConfig, group_requests, request_digits, step_requests
+from ._streaming import LengthRanker, SampleChannel
 from ._weights import WeightsRef
 from .generator import Generator
 from .reward import Reward
@@ -164,80 +165,6 @@ class GRPOResult:
         }
 
 
-class LengthRanker:
-    """Predicts a prompt's output length from what was seen of prompts of its length (the
-    mean of their completions' lengths), before any seen from its ``max_new_tokens``; sans-IO.
-
-    :meth:`split` orders prompts by predicted cost and gives the most expensive to the long
-    pool until it holds its share of the total, so the pools finish together."""
-
-    def __init__(self) -> None:
-        self._sum: dict[int, float] = collections.defaultdict(float)
-        self._count: dict[int, int] = collections.defaultdict(int)
-
-    def predict(self, prompt: Sequence[int], max_new_tokens: int) -> float:
-        n = self._count.get(len(prompt), 0)
-        return self._sum[len(prompt)] / n if n else float(max_new_tokens)
-
-    def observe(self, prompt: Sequence[int], generated: int) -> None:
-        self._sum[len(prompt)] += generated
-        self._count[len(prompt)] += 1
-
-    def split(self, requests: Sequence[Request], long_share: float) -> list[bool]:
-        """Which requests go to the long pool. The cost of a request is its predicted length
-        times the width it decodes at (prompt plus half its output), the work of a
-        full-recompute step; the long pool takes the costliest up to ``long_share`` of the
-        total (at least one when there is any)."""
-        costs = []
-        for r in requests:
-            out = self.predict(r.prompt, r.max_new_tokens)
-            costs.append(out * (len(r.prompt) + out / 2))
-        total = sum(costs)
-        order = sorted(range(len(requests)), key=lambda i: -costs[i])
-        long = [False] * len(requests)
-        taken = 0.0
-        for i in order:
-            if taken >= long_share * total and any(long):
-                break
-            long[i] = True
-            taken += costs[i]
-        return long
-
-
-class _Channel:
-    """Complete, scored groups waiting for the trainer, oldest first, under the staleness
-    bound: :meth:`take` drops every group older than ``min_version`` as it meets it."""
-
-    def __init__(self) -> None:
-        self._groups: collections.deque[tuple[int, list[tuple[Completion, float]]]] = (
-            collections.deque()
-        )
-        self._ready = asyncio.Condition()
-        self.dropped = 0
-
-    async def put(self, group: list[tuple[Completion, float]]) -> None:
-        async with self._ready:
-            self._groups.append((min(c.version for c, _ in group), group))
-            self._ready.notify_all()
-
-    async def take(
-        self, n: int, min_version: int, on_drop: Callable[[list[tuple[Completion, float]]], None]
-    ) -> list[list[tuple[Completion, float]]]:
-        out: list[list[tuple[Completion, float]]] = []
-        async with self._ready:
-            while len(out) < n:
-                while self._groups and len(out) < n:
-                    version, group = self._groups.popleft()
-                    if version < min_version:
-                        self.dropped += 1
-                        on_drop(group)
-                    else:
-                        out.append(group)
-                if len(out) < n:
-                    await self._ready.wait()
-        return out
-
-
 def _groups(samples: Sequence[Any], size: int) -> list[list[Any]]:
     return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
 
@@ -265,6 +192,8 @@ class _Job:
         self.held_out = _task.eval_prompts(self.tc.eval_size, self.tc.lengths)
         self.start = 0.0
         self.trained_samples = 0
+        self.dropped = 0  # stream modes: groups past the staleness bound
+        self.routed_long = 0  # stream+skew: groups sent to the long pool
 
     @property
     def phase(self) -> str:
@@ -419,13 +348,12 @@ class _Job:
     async def run_stream(self, skew: bool) -> None:
         cfg, tc = self.cfg, self.tc
         size, per_step = tc.group_size, tc.prompts_per_step
-        channel = _Channel()
+        channel = SampleChannel()
         ranker = LengthRanker()
         requeue: collections.deque[list[Request]] = collections.deque()
         room = asyncio.Condition()
         outstanding = 0  # groups submitted and neither trained on nor dropped
         budget = per_step * (1 + cfg.lookahead)
-        self.routed_long = 0
         pending: dict[str, list[tuple[Completion, float]]] = {}
         long_ids = list(range(cfg.long_generators)) if skew else []
         short_ids = [i for i in range(cfg.generators) if i not in long_ids]
@@ -438,7 +366,7 @@ class _Job:
             # the prompt is drawn again under newer weights, same keys
             c0 = group[0][0]
             step, index, _ = (int(x) for x in c0.id.split("/"))
-            requeue.append(step_requests_for(tc, step, index))
+            requeue.append(group_requests(tc, step, index))
             wake = asyncio.ensure_future(notify())
             wakers.add(wake)
             wake.add_done_callback(wakers.discard)
@@ -534,12 +462,6 @@ class _Job:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def step_requests_for(config: TrainConfig, step: int, index: int) -> list[Request]:
-    """The requests of one group: prompt ``index`` of step ``step``."""
-    g = config.group_size
-    return step_requests(config, step)[index * g : (index + 1) * g]
-
-
 async def _first(awaitable: Any, tasks: list[asyncio.Task[None]]) -> Any:
     """Await ``awaitable``, raising at once if a background task failed meanwhile."""
     main = asyncio.ensure_future(awaitable)
@@ -595,8 +517,8 @@ async def run_grpo(
             "bytes": job.sync_bytes,
             "transports": sorted(job.sync_transports),
         },
-        dropped_groups=getattr(job, "dropped", 0),
-        routed_long=getattr(job, "routed_long", 0),
+        dropped_groups=job.dropped,
+        routed_long=job.routed_long,
         final_digest=digests[0],
         trainer_digests_equal=len(set(digests)) == 1,
     )

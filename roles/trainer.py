@@ -27,7 +27,7 @@ from ._backend import BackendSpec, choose_backend
 from ._factory import DEFAULT_MODEL, build_model
 from ._generate import completion_logprobs, generate, pack, token_logprobs
 from ._grpo import group_advantages
-from ._update import UpdateConfig, grpo_update
+from ._update import UpdateConfig, grpo_update, rank_and_world
 from ._weightplan import StaleWeightsError, weights_digest
 from ._weights import WeightPublisher, WeightsRef
 
@@ -65,14 +65,6 @@ def _sample_row(
     elif not isinstance(reward, int | float) or isinstance(reward, bool):
         raise ValueError(f"a sample needs a numeric reward, got {reward!r}")
     return list(prompt), list(tokens), [float(x) for x in logprobs], int(version), float(reward)
-
-
-def _distributed() -> tuple[int, int]:
-    from torch import distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 class Trainer(oc.Actor):
@@ -200,7 +192,7 @@ class Trainer(oc.Actor):
     def digest(self) -> dict[str, Any]:
         """The weights' digest (equal digests: bitwise-equal weights), version, rank and
         backend."""
-        rank, world = _distributed()
+        rank, world = rank_and_world()
         return {
             "digest": weights_digest(self.model),
             "version": self.version,
