@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestr import _cluster
-from orchestr.errors import OrchestrError
+from orchestr.errors import ConfigError, OrchestrError
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -62,6 +62,23 @@ def start(args: argparse.Namespace) -> int:
         return 1
 
 
+def daemon_environ(args: argparse.Namespace) -> dict[str, str]:
+    """This process's environment with ``--tls-cert/--tls-key/--tls-ca`` as ``ORCHESTR_TLS_*``
+    (absolute paths, as the daemon's workers and submitted jobs run in other folders): a
+    daemon, and every process it starts, reads its settings from there. Raises
+    :class:`ConfigError` for a partial TLS set or a file that cannot be read."""
+    from orchestr.config import load_config
+
+    env = dict(os.environ)
+    for name in ("cert", "key", "ca"):
+        var = f"ORCHESTR_TLS_{name.upper()}"
+        path = getattr(args, f"tls_{name}", None) or env.get(var)
+        if path:
+            env[var] = os.path.abspath(path)
+    load_config(env)
+    return env
+
+
 def _start_head(args: argparse.Namespace, state_dir: Path) -> int:
     running = _cluster.read_head(state_dir)
     if running is not None:
@@ -78,7 +95,8 @@ def _start_head(args: argparse.Namespace, state_dir: Path) -> int:
     log = state_dir / _cluster.LOGS_DIR / "head.log"
     cmd = [sys.executable, "-m", "orchestr._cluster", "head", "--state-dir", str(state_dir)]
     cmd += ["--host", args.host, "--port", str(args.port)]
-    proc = _launch(cmd, log, dict(os.environ))
+    env = daemon_environ(args)
+    proc = _launch(cmd, log, env)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         info = _cluster.read_head(state_dir)
@@ -87,6 +105,11 @@ def _start_head(args: argparse.Namespace, state_dir: Path) -> int:
             print(f"token: {state_dir / _cluster.TOKEN_FILE} (mode 0600)")
             print(f"logs: {log}")
             print(f"join a node: orchestr start --address {info['address']}")
+            if env.get("ORCHESTR_TLS_CA"):
+                print(
+                    "mutual TLS: nodes and clients need --tls-* or ORCHESTR_TLS_CERT/KEY/CA, "
+                    f"with certificates signed by {env['ORCHESTR_TLS_CA']}"
+                )
             return 0
         if proc.poll() is not None:
             return _fail(proc, log, f"the head exited with code {proc.returncode}")
@@ -105,7 +128,7 @@ def _start_node(args: argparse.Namespace, state_dir: Path) -> int:
     cmd += ["--log-file", str(events)]
     if args.labels:
         cmd += ["--labels", args.labels]
-    proc = _launch(cmd, log, {**os.environ, "ORCHESTR_TOKEN": token})
+    proc = _launch(cmd, log, {**daemon_environ(args), "ORCHESTR_TOKEN": token})
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         for line in _tail(log, 50).splitlines():
@@ -134,20 +157,12 @@ def _terminate(pid: int) -> bool:
         return False
     deadline = time.monotonic() + STOP_TIMEOUT_S
     while time.monotonic() < deadline:
-        if not _cluster.pid_alive(pid) or _zombie(pid):
+        if not _cluster.pid_alive(pid):
             return True
         time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     return True
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] == "Z"
-    except OSError:
-        return False
 
 
 def stop(args: argparse.Namespace) -> int:
@@ -201,8 +216,19 @@ async def _status(address: str, token: str) -> dict[str, Any]:
         stub = channel.stub(pb_grpc.HeadStub)
         nodes = (await channel.rpc(stub.ListNodes, pb.Empty())).nodes
         actors = (await channel.rpc(stub.ListActors, pb.Empty())).actors
+        try:
+            jobs: list[Any] | None = list((await channel.rpc(stub.ListJobs, pb.Empty())).jobs)
+        except ConfigError:  # an embedded cluster's head takes no submitted jobs
+            jobs = None
     finally:
         await channel.aclose()
+    meshes: dict[str, dict[str, Any]] = {}
+    for a in actors:
+        mesh = meshes.setdefault(
+            a.mesh_id, {"mesh_id": a.mesh_id, "name": a.name, "members": 0, "states": {}}
+        )
+        mesh["members"] += 1
+        mesh["states"][a.state] = mesh["states"].get(a.state, 0) + 1
     return {
         "head": address,
         "nodes": [
@@ -214,19 +240,38 @@ async def _status(address: str, token: str) -> dict[str, Any]:
                 "free": dict(n.free.amounts),
                 "labels": dict(n.labels),
                 "last_heartbeat_unix": n.last_heartbeat_unix,
+                "transports": list(n.transports),
+                "devices": list(n.devices),
+                "workers": n.workers,
             }
             for n in nodes
         ],
+        "meshes": list(meshes.values()),
         "actors": [
             {
                 "actor_id": a.actor_id,
                 "mesh": a.name,
                 "rank": a.rank,
                 "node_id": a.node_id,
+                "mesh_id": a.mesh_id,
                 "state": a.state,
                 "pid": a.pid,
+                "restarts": a.restarts,
+                "max_restarts": a.max_restarts,
             }
             for a in actors
+        ],
+        "jobs": None
+        if jobs is None
+        else [
+            {
+                "job_id": j.job_id,
+                "entrypoint": j.entrypoint,
+                "state": j.state,
+                "exit_code": j.exit_code,
+                "reason": j.reason,
+            }
+            for j in jobs
         ],
     }
 
@@ -256,8 +301,26 @@ def status(args: argparse.Namespace) -> int:
         cpu = f"cpu {n['free'].get('cpu', 0):g}/{n['total'].get('cpu', 0):g}"
         seen = now - n["last_heartbeat_unix"]
         state = "alive" if n["alive"] else "dead"
-        print(f"  {n['node_id']}  {n['address']}  {state}  {cpu}  heartbeat {seen:.1f} s ago")
-    print(f"{len(report['actors'])} actor(s)")
-    for a in report["actors"]:
-        print(f"  {a['actor_id']}  {a['mesh']}[{a['rank']}]  {a['state']}  on {a['node_id']}")
+        print(
+            f"  {n['node_id']}  {n['address']}  {state}  {cpu}  workers {n['workers']}  "
+            f"heartbeat {seen:.1f} s ago"
+        )
+        offers = ", ".join(n["transports"]) or "none"
+        print(f"      transports {offers}; devices {', '.join(n['devices']) or 'none'}")
+    live = [m for m in report["meshes"] if set(m["states"]) & {"starting", "alive", "restarting"}]
+    print(f"{len(live)} live mesh(es) of {len(report['meshes'])}")
+    for m in live:
+        states = ", ".join(f"{k} {v}" for k, v in sorted(m["states"].items()))
+        print(f"  {m['mesh_id']}  {m['name']}  {m['members']} member(s): {states}")
+    current = [a for a in report["actors"] if a["state"] in ("starting", "alive", "restarting")]
+    print(f"{len(current)} live actor(s) of {len(report['actors'])}")
+    for a in current:
+        print(
+            f"  {a['actor_id']}  {a['mesh']}[{a['rank']}]  {a['state']}  on {a['node_id']}  "
+            f"pid {a['pid']}  restarts {a['restarts']}/{a['max_restarts']}"
+        )
+    if report["jobs"] is not None:
+        print(f"{len(report['jobs'])} job(s)")
+        for j in report["jobs"]:
+            print(f"  {j['job_id']}  {j['state']}  exit {j['exit_code']}  {j['entrypoint']}")
     return 0

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from orchestr import _cluster
 from orchestr._jobs import MAX_PACKAGE_BYTES
-from orchestr.errors import ConfigError, OrchestrError
+from orchestr.errors import ConfigError, ControlPlaneError, OrchestrError
 
 from ._daemons import head_address
 
@@ -25,6 +25,8 @@ T = TypeVar("T")
 #: Folders a working directory's package leaves out.
 SKIPPED = {".git", "__pycache__", ".venv", "venv", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
 FOLLOW_POLL_S = 0.2
+#: How long ``submit`` and ``logs --follow`` wait for a head that went away (it may restart).
+FOLLOW_RECONNECT_S = 60.0
 
 
 def package(folder: Path) -> bytes:
@@ -87,6 +89,7 @@ def _info(job: Any) -> dict[str, Any]:
         "submitted_unix": job.submitted_unix,
         "ended_unix": job.ended_unix,
         "pid": job.pid,
+        "reason": job.reason,
     }
 
 
@@ -96,8 +99,26 @@ async def _follow(channel: Any, stub: Any, job_id: str, follow: bool) -> Any:
     from orchestr.protos import orchestr_pb2 as pb
 
     offset = 0
+    lost_at: float | None = None
     while True:
-        got = await channel.rpc(stub.GetJobLogs, pb.JobLogsRequest(job_id=job_id, offset=offset))
+        try:
+            got = await channel.rpc(
+                stub.GetJobLogs, pb.JobLogsRequest(job_id=job_id, offset=offset)
+            )
+        except ControlPlaneError as exc:
+            # The head went away. A head daemon that restarts keeps the job (it runs on),
+            # so keep asking for a while before giving up.
+            now = time.monotonic()
+            if not follow or (lost_at is not None and now - lost_at > FOLLOW_RECONNECT_S):
+                raise
+            if lost_at is None:
+                lost_at = now
+                print(f"orchestr: lost the head ({exc}); waiting for it", file=sys.stderr)
+            await asyncio.sleep(FOLLOW_POLL_S)
+            continue
+        if lost_at is not None:
+            print("orchestr: the head is back", file=sys.stderr)
+            lost_at = None
         if got.data:
             sys.stdout.buffer.write(got.data)
             sys.stdout.flush()
@@ -134,7 +155,8 @@ def submit(args: argparse.Namespace) -> int:
                 print(info.job_id)
                 return 0
             last = await _follow(channel, stub, info.job_id, follow=True)
-            print(f"{info.job_id} {last.state} (exit code {last.exit_code})", file=sys.stderr)
+            why = f": {last.reason}" if last.reason else ""
+            print(f"{info.job_id} {last.state} (exit code {last.exit_code}){why}", file=sys.stderr)
             code: int = last.exit_code if last.state != "stopped" else 1
             return code
 
@@ -168,17 +190,20 @@ def jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _daemon_log(channel: Any, stub: Any, name: str | None) -> None:
-    """The head's host's daemon logs: their names, or one of them from the start."""
+async def _daemon_log(channel: Any, stub: Any, name: str | None, node: str) -> None:
+    """The daemon logs of the head's host, or of ``node``'s host: their names, or one of them
+    from the start."""
     from orchestr.protos import orchestr_pb2 as pb
 
     if not name:
-        got = await channel.rpc(stub.GetDaemonLog, pb.DaemonLogRequest())
+        got = await channel.rpc(stub.GetDaemonLog, pb.DaemonLogRequest(node_id=node))
         print("\n".join(got.names) if got.names else "no daemon logs")
         return
     offset = 0
     while True:
-        got = await channel.rpc(stub.GetDaemonLog, pb.DaemonLogRequest(name=name, offset=offset))
+        got = await channel.rpc(
+            stub.GetDaemonLog, pb.DaemonLogRequest(name=name, offset=offset, node_id=node)
+        )
         if not got.data:
             return
         sys.stdout.buffer.write(got.data)
@@ -189,7 +214,7 @@ def logs(args: argparse.Namespace) -> int:
     try:
         if args.daemon is not None or args.job_id is None:
             name = args.daemon or None
-            _call(args, lambda channel, stub: _daemon_log(channel, stub, name))
+            _call(args, lambda channel, stub: _daemon_log(channel, stub, name, args.node or ""))
             sys.stdout.flush()
             return 0
         _call(args, lambda channel, stub: _follow(channel, stub, args.job_id, args.follow))
@@ -240,6 +265,12 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
         metavar="NAME",
         help="a daemon's JSON-lines log through the head (head.jsonl, node-...jsonl); "
         "without NAME, list them",
+    )
+    p.add_argument(
+        "--node",
+        metavar="NODE_ID",
+        help="with --daemon: the logs on that node's host (orchestr status lists node ids); "
+        "default: the head's host",
     )
     p.add_argument("job_id", nargs="?")
     p.set_defaults(func=logs)

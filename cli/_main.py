@@ -186,6 +186,20 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--port", type=int, default=0, help="the head's port (0: any free one)")
     start.add_argument("--labels", default="", metavar="K=V,...", help="the node's labels")
     start.add_argument("--state-dir", help=STATE_DIR_HELP)
+    start.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        help="mutual TLS: this host's certificate, naming its IP addresses in subjectAltName "
+        "(default: $ORCHESTR_TLS_CERT; give all three --tls-* or none)",
+    )
+    start.add_argument(
+        "--tls-key", metavar="PEM", help="mutual TLS: the certificate's key ($ORCHESTR_TLS_KEY)"
+    )
+    start.add_argument(
+        "--tls-ca",
+        metavar="PEM",
+        help="mutual TLS: the CA that signed every host's certificate ($ORCHESTR_TLS_CA)",
+    )
     start.set_defaults(func=_daemons.start)
     stop = sub.add_parser("stop", help="stop this host's daemons (nodes first, then the head)")
     stop.add_argument("--state-dir", help=STATE_DIR_HELP)

@@ -28,7 +28,7 @@ class Resources(_message.Message):
     def __init__(self, amounts: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "address", "total", "free", "labels", "last_heartbeat_unix", "alive")
+    __slots__ = ("node_id", "address", "total", "free", "labels", "last_heartbeat_unix", "alive", "transports", "devices", "workers")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,9 @@ class NodeInfo(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_UNIX_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     total: Resources
@@ -50,10 +53,13 @@ class NodeInfo(_message.Message):
     labels: _containers.ScalarMap[str, str]
     last_heartbeat_unix: float
     alive: bool
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., total: _Optional[_Union[Resources, _Mapping]] = ..., free: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., last_heartbeat_unix: _Optional[float] = ..., alive: _Optional[bool] = ...) -> None: ...
+    transports: _containers.RepeatedScalarFieldContainer[str]
+    devices: _containers.RepeatedScalarFieldContainer[str]
+    workers: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., total: _Optional[_Union[Resources, _Mapping]] = ..., free: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., last_heartbeat_unix: _Optional[float] = ..., alive: _Optional[bool] = ..., transports: _Optional[_Iterable[str]] = ..., devices: _Optional[_Iterable[str]] = ..., workers: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "address", "total", "labels")
+    __slots__ = ("node_id", "address", "total", "labels", "transports", "devices", "workers", "rejoin")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -65,11 +71,27 @@ class RegisterNodeRequest(_message.Message):
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    REJOIN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     total: Resources
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., total: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    transports: _containers.RepeatedScalarFieldContainer[str]
+    devices: _containers.RepeatedScalarFieldContainer[str]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
+    rejoin: bool
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., total: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., transports: _Optional[_Iterable[str]] = ..., devices: _Optional[_Iterable[str]] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., rejoin: _Optional[bool] = ...) -> None: ...
+
+class RegisterNodeReply(_message.Message):
+    __slots__ = ("epoch", "stop_workers")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STOP_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    epoch: str
+    stop_workers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, epoch: _Optional[str] = ..., stop_workers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "workers")
@@ -78,6 +100,14 @@ class HeartbeatRequest(_message.Message):
     node_id: str
     workers: int
     def __init__(self, node_id: _Optional[str] = ..., workers: _Optional[int] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("epoch", "register_again")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_AGAIN_FIELD_NUMBER: _ClassVar[int]
+    epoch: str
+    register_again: bool
+    def __init__(self, epoch: _Optional[str] = ..., register_again: _Optional[bool] = ...) -> None: ...
 
 class WorkerExit(_message.Message):
     __slots__ = ("node_id", "worker_id", "pid", "exit_code", "signal", "last_output")
@@ -255,7 +285,7 @@ class SubmitJobRequest(_message.Message):
     def __init__(self, package: _Optional[bytes] = ..., entrypoint: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job_id", "entrypoint", "state", "exit_code", "submitted_unix", "ended_unix", "pid", "args")
+    __slots__ = ("job_id", "entrypoint", "state", "exit_code", "submitted_unix", "ended_unix", "pid", "args", "reason")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +294,7 @@ class JobInfo(_message.Message):
     ENDED_UNIX_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     entrypoint: str
     state: str
@@ -272,7 +303,8 @@ class JobInfo(_message.Message):
     ended_unix: float
     pid: int
     args: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job_id: _Optional[str] = ..., entrypoint: _Optional[str] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., submitted_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., pid: _Optional[int] = ..., args: _Optional[_Iterable[str]] = ...) -> None: ...
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., entrypoint: _Optional[str] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., submitted_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., pid: _Optional[int] = ..., args: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class JobList(_message.Message):
     __slots__ = ("jobs",)
@@ -307,14 +339,16 @@ class JobLogs(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ...) -> None: ...
 
 class DaemonLogRequest(_message.Message):
-    __slots__ = ("name", "offset", "max_bytes")
+    __slots__ = ("name", "offset", "max_bytes", "node_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     offset: int
     max_bytes: int
-    def __init__(self, name: _Optional[str] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+    node_id: str
+    def __init__(self, name: _Optional[str] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class DaemonLog(_message.Message):
     __slots__ = ("data", "offset", "names")

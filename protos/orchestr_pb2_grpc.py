@@ -37,12 +37,12 @@ class HeadStub:
         self.RegisterNode = channel.unary_unary(
                 '/orchestr.v1.Head/RegisterNode',
                 request_serializer=orchestr__pb2.RegisterNodeRequest.SerializeToString,
-                response_deserializer=orchestr__pb2.Ack.FromString,
+                response_deserializer=orchestr__pb2.RegisterNodeReply.FromString,
                 _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/orchestr.v1.Head/Heartbeat',
                 request_serializer=orchestr__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=orchestr__pb2.Ack.FromString,
+                response_deserializer=orchestr__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
         self.ReportWorkerExit = channel.unary_unary(
                 '/orchestr.v1.Head/ReportWorkerExit',
@@ -222,12 +222,12 @@ def add_HeadServicer_to_server(servicer, server):
             'RegisterNode': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterNode,
                     request_deserializer=orchestr__pb2.RegisterNodeRequest.FromString,
-                    response_serializer=orchestr__pb2.Ack.SerializeToString,
+                    response_serializer=orchestr__pb2.RegisterNodeReply.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
                     request_deserializer=orchestr__pb2.HeartbeatRequest.FromString,
-                    response_serializer=orchestr__pb2.Ack.SerializeToString,
+                    response_serializer=orchestr__pb2.HeartbeatReply.SerializeToString,
             ),
             'ReportWorkerExit': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportWorkerExit,
@@ -326,7 +326,7 @@ class Head:
             target,
             '/orchestr.v1.Head/RegisterNode',
             orchestr__pb2.RegisterNodeRequest.SerializeToString,
-            orchestr__pb2.Ack.FromString,
+            orchestr__pb2.RegisterNodeReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -353,7 +353,7 @@ class Head:
             target,
             '/orchestr.v1.Head/Heartbeat',
             orchestr__pb2.HeartbeatRequest.SerializeToString,
-            orchestr__pb2.Ack.FromString,
+            orchestr__pb2.HeartbeatReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -767,6 +767,11 @@ class NodeStub:
                 request_serializer=orchestr__pb2.WorkerInfo.SerializeToString,
                 response_deserializer=orchestr__pb2.Ack.FromString,
                 _registered_method=True)
+        self.GetDaemonLog = channel.unary_unary(
+                '/orchestr.v1.Node/GetDaemonLog',
+                request_serializer=orchestr__pb2.DaemonLogRequest.SerializeToString,
+                response_deserializer=orchestr__pb2.DaemonLog.FromString,
+                _registered_method=True)
 
 
 class NodeServicer:
@@ -790,6 +795,13 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetDaemonLog(self, request, context):
+        """The node daemon's own log files (the head relays GetDaemonLog for a node here).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -807,6 +819,11 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.RegisterWorker,
                     request_deserializer=orchestr__pb2.WorkerInfo.FromString,
                     response_serializer=orchestr__pb2.Ack.SerializeToString,
+            ),
+            'GetDaemonLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDaemonLog,
+                    request_deserializer=orchestr__pb2.DaemonLogRequest.FromString,
+                    response_serializer=orchestr__pb2.DaemonLog.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -890,6 +907,33 @@ class Node:
             '/orchestr.v1.Node/RegisterWorker',
             orchestr__pb2.WorkerInfo.SerializeToString,
             orchestr__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDaemonLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchestr.v1.Node/GetDaemonLog',
+            orchestr__pb2.DaemonLogRequest.SerializeToString,
+            orchestr__pb2.DaemonLog.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,7 +8,11 @@ A state directory (``--state-dir``, else ``ORCHESTR_STATE_DIR``, else ``~/.orche
 - ``head.json``: the running head's address and pid, written atomically once it serves and
   removed when it stops;
 - ``nodes/<pid>.json``: each node daemon started from here;
-- ``logs/``: the daemons' output.
+- ``logs/``: the daemons' output;
+- ``head.sqlite``: the head's state (nodes, meshes, actors, jobs and their packages), in WAL
+  mode, so a head that restarts (even after SIGKILL) carries on where it was; see
+  :mod:`._headstore`;
+- ``jobs/``: submitted jobs' working directories and output.
 
 ``python -m orchestr._cluster head --state-dir DIR [--host H] [--port P]`` is the head daemon
 ``orchestr start --head`` launches; it serves until SIGTERM or SIGINT.
@@ -32,6 +36,7 @@ from typing import Any
 
 from ._driver import JobContext, job_session
 from ._head import HeadService
+from ._headstore import STORE_FILE, HeadStore
 from ._jobs import JobManager
 from ._log import RotatingFile, configure_logging
 from .config import Config, load_config
@@ -106,13 +111,22 @@ def cluster_token(state_dir: Path) -> str:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return not is_zombie(pid)
+
+
+def is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def read_head(state_dir: Path) -> dict[str, Any] | None:
@@ -140,8 +154,28 @@ def write_json(path: Path, value: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _open_head(token: str, config: Config, host: str, port: int, store: HeadStore) -> HeadService:
+    """The head service on ``port``; with port 0, on the port the previous head of this state
+    directory had on ``host`` (its nodes and jobs look for it there), if it is free."""
+    previous = store.get_meta("address") or ""
+    prev_host, _, prev_port = previous.rpartition(":")
+    if port == 0 and prev_host == host and prev_port.isdigit():
+        try:
+            return HeadService(token, config, port=int(prev_port), store=store)
+        except RuntimeError as exc:  # grpc cannot bind it
+            print(
+                f"the previous head's address {previous} is taken ({exc}); serving on a new "
+                "port: nodes and jobs of the previous head must be started again",
+                file=sys.stderr,
+                flush=True,
+            )
+    return HeadService(token, config, port=port, store=store)
+
+
 async def serve_head(state_dir: Path, host: str, port: int) -> None:
-    """Run the head daemon until SIGTERM or SIGINT; ``head.json`` says where it is meanwhile."""
+    """Run the head daemon until SIGTERM or SIGINT; ``head.json`` says where it is meanwhile.
+    Its state lives in ``head.sqlite``: a head started again on the same state directory takes
+    up the nodes, actors and jobs of the one before."""
     token = ensure_token(state_dir)
     config = load_config(bind_host=host)
     loop = asyncio.get_running_loop()
@@ -149,9 +183,11 @@ async def serve_head(state_dir: Path, host: str, port: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     head_file = state_dir / HEAD_FILE
+    store = HeadStore(state_dir / STORE_FILE)
     try:
-        async with HeadService(token, config, port=port) as head:
-            head.jobs = JobManager(state_dir, head.address, token)
+        async with _open_head(token, config, host, port, store) as head:
+            store.set_meta("address", head.address)
+            head.jobs = JobManager(state_dir, head.address, token, store)
             head.log_dir = state_dir / LOGS_DIR
             write_json(
                 head_file,
@@ -165,6 +201,7 @@ async def serve_head(state_dir: Path, host: str, port: int) -> None:
             print(f"head serving at {head.address}", flush=True)
             await stop.wait()
     finally:
+        store.close()
         with contextlib.suppress(FileNotFoundError):
             info = json.loads(head_file.read_text())
             if info.get("pid") == os.getpid():

@@ -31,6 +31,7 @@ from ._mesh import Member, Mesh
 from ._node import NodeService
 from ._phases import FabricHints, Phase, RecordingHints, make_phase
 from ._supervise import RestartPolicy, SuperviseHook, Supervisor, check_spawn_options
+from ._tls import install_stream_tls
 from .config import Config, load_config
 from .errors import ConfigError, OrchestrError, SupervisionError
 
@@ -66,7 +67,9 @@ class JobContext:
         self.hints: FabricHints = RecordingHints()
         self._phases: list[Phase] = []
         #: Hears of deaths of this job's actors and restarts, accepts or escalates them.
-        self.supervisor = Supervisor(head, client, self.events, self._escalate)
+        self.supervisor = Supervisor(
+            head, client, self.events, self._escalate, reconnect_s=config.head_reconnect_timeout
+        )
         self._host: asyncio.Task[Any] | None = None
 
     def _escalate(self, error: SupervisionError) -> None:
@@ -328,6 +331,7 @@ async def job_session(
     if job_id is None or session_dir is None:
         job_id, session_dir = _new_session()
         structlog.contextvars.bind_contextvars(job=job_id)
+    install_stream_tls(config)
     head_channel = ControlChannel(head_address, token, config)
     try:
         client = CallClient(token, config, actor_lookup(head_channel, config))

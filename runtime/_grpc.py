@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 import grpc
 import structlog
 
-from . import errors
+from . import _tls, errors
 from .config import Config
 from .errors import (
     AuthenticationError,
@@ -19,7 +19,7 @@ from .errors import (
     OrchestrError,
 )
 
-__all__ = ["ControlChannel", "abort_with", "make_server"]
+__all__ = ["ControlChannel", "abort_with", "add_port", "make_server"]
 
 log = structlog.get_logger("orchestr.grpc")
 
@@ -30,6 +30,10 @@ def _options(config: Config) -> list[tuple[str, Any]]:
     return [
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
+        # A peer that went away (a head restarting) is tried again at least every second,
+        # not after gRPC's default backoff of up to two minutes.
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 1000),
     ]
 
 
@@ -64,6 +68,18 @@ def make_server(token: str, config: Config) -> grpc.aio.Server:
     return grpc.aio.server(interceptors=[_TokenInterceptor(token)], options=_options(config))
 
 
+def add_port(server: grpc.aio.Server, address: str, config: Config) -> int:
+    """Listen on ``address`` (``host:port``, port 0 for any); returns the bound port. With
+    ``config.tls`` only clients presenting a certificate the cluster CA signed get through.
+
+    gRPC core refuses failed handshakes without calling Python; it logs each one
+    (``Handshake failed with error ...``) to this process's stderr, which the daemons keep
+    in their log files."""
+    if config.tls:
+        return int(server.add_secure_port(address, _tls.server_credentials(config)))
+    return int(server.add_insecure_port(address))
+
+
 _CODES: dict[type[OrchestrError], grpc.StatusCode] = {
     errors.PlacementError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.SpawnError: grpc.StatusCode.FAILED_PRECONDITION,
@@ -80,7 +96,9 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: OrchestrError) -> N
     raise AssertionError("unreachable")  # abort raises
 
 
-def _translate(exc: grpc.aio.AioRpcError, target: str, method: str) -> OrchestrError:
+def _translate(
+    exc: grpc.aio.AioRpcError, target: str, method: str, tls: bool = False
+) -> OrchestrError:
     code = exc.code()
     details = exc.details() or ""
     name = dict(exc.trailing_metadata() or ()).get(_ERROR_KEY)
@@ -94,6 +112,9 @@ def _translate(exc: grpc.aio.AioRpcError, target: str, method: str) -> OrchestrE
             f"{method} to {target}: {details}; the limit is set by ORCHESTR_MAX_MESSAGE_BYTES"
         )
     if code == grpc.StatusCode.UNAVAILABLE:
+        why = _tls.refusal(details, target.rpartition(":")[0], tls)
+        if why is not None:
+            return AuthenticationError(f"{method} to {target}: {why}")
         return ControlPlaneError(f"cannot reach {target} for {method}: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return ControlPlaneError(f"{method} to {target} timed out")
@@ -101,12 +122,18 @@ def _translate(exc: grpc.aio.AioRpcError, target: str, method: str) -> OrchestrE
 
 
 class ControlChannel:
-    """A channel to one control-plane service that sends the token with every request."""
+    """A channel to one control-plane service that sends the token with every request, over
+    mutual TLS when the config sets ``tls_*``."""
 
     def __init__(self, address: str, token: str, config: Config) -> None:
         self.address = address
         self._metadata = (("authorization", f"Bearer {token}"),)
-        self._channel = grpc.aio.insecure_channel(address, options=_options(config))
+        self._tls = config.tls
+        if config.tls:
+            credentials = _tls.channel_credentials(config)
+            self._channel = grpc.aio.secure_channel(address, credentials, options=_options(config))
+        else:
+            self._channel = grpc.aio.insecure_channel(address, options=_options(config))
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -122,9 +149,13 @@ class ControlChannel:
         try:
             return await method(request, metadata=self._metadata, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
-            raise _translate(
-                exc, self.address, name.decode() if isinstance(name, bytes) else str(name)
-            ) from exc
+            method_name = name.decode() if isinstance(name, bytes) else str(name)
+            raise self.translate(exc, method_name) from exc
+
+    def translate(self, exc: grpc.aio.AioRpcError, method: str) -> OrchestrError:
+        """The orchestr error for a failed call on this channel, for callers of streaming
+        methods (``rpc`` does this itself); raise it ``from exc``."""
+        return _translate(exc, self.address, method, self._tls)
 
     async def aclose(self) -> None:
         await self._channel.close()

@@ -17,9 +17,11 @@ from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
 from ._callpath import ActorLookup, ActorView
-from ._grpc import ControlChannel, abort_with, make_server
+from ._grpc import ControlChannel, abort_with, add_port, make_server
 from ._headstate import ActorRecord, HeadState, validate_python_path
+from ._headstore import HeadStore, MeshRecord
 from ._jobs import JobManager, JobRecord, job_info
+from ._log import read_daemon_log
 from ._metrics import MetricsServer
 from .config import Config
 from .errors import ActorDiedError, ConfigError, OrchestrError, SpawnError
@@ -119,18 +121,38 @@ def actor_info(a: ActorRecord) -> pb.ActorInfo:
 class HeadService(pb_grpc.HeadServicer):
     """Serves the ``Head`` gRPC service. ``async with`` starts and stops it."""
 
-    def __init__(self, token: str, config: Config, *, port: int = 0) -> None:
+    def __init__(
+        self, token: str, config: Config, *, port: int = 0, store: HeadStore | None = None
+    ) -> None:
         self.token = token
         self.config = config
         self.state = HeadState()
+        #: This head's incarnation; a node whose heartbeat another one answers registers again.
+        self.epoch = secrets.token_hex(8)
+        #: Where the state is kept across restarts (a head daemon's); ``None``: in memory only.
+        self.store = store
+        self.meshes: dict[str, MeshRecord] = {}
+        self._dirty_meshes: set[str] = set()
+        if store is not None:
+            nodes, actors, meshes = store.load()
+            self.state.restore(nodes, actors, self.state.now())
+            self.meshes = {m.mesh_id: m for m in meshes}
+            if nodes or actors:
+                log.info(
+                    "head state restored",
+                    nodes=len(nodes),
+                    actors=sum(a.state in ("starting", "alive") for a in actors),
+                    meshes=sum(not m.stopped for m in meshes),
+                )
         self.server = make_server(token, config)
         pb_grpc.add_HeadServicer_to_server(self, self.server)  # type: ignore[no-untyped-call]
-        self.port = self.server.add_insecure_port(f"{config.bind_host}:{port}")
+        self.port = add_port(self.server, f"{config.bind_host}:{port}", config)
         self.address = f"{config.bind_host}:{self.port}"
         self._channels: dict[str, ControlChannel] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._watchers: set[asyncio.Queue[pb.ActorEvent | None]] = set()
         self._monitor: asyncio.Task[None] | None = None
+        self._saver: asyncio.Task[None] | None = None
         self.metrics = MetricsServer(self.state, token, config)
         #: Submitted jobs; only a head daemon (with a state directory) takes them.
         self.jobs: JobManager | None = None
@@ -146,7 +168,9 @@ class HeadService(pb_grpc.HeadServicer):
         await self.metrics.start()
         await self.server.start()
         self._monitor = asyncio.ensure_future(self._watch_heartbeats())
-        log.info("head started", address=self.address)
+        if self.store is not None:
+            self._saver = asyncio.ensure_future(self._save_every(0.1))
+        log.info("head started", address=self.address, epoch=self.epoch)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -156,15 +180,33 @@ class HeadService(pb_grpc.HeadServicer):
         if self.jobs is not None:
             await self.jobs.aclose()
         await self.metrics.aclose()
-        if self._monitor is not None:
-            self._monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor
-            self._monitor = None
+        for task in (self._monitor, self._saver):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._monitor = self._saver = None
         await self.server.stop(grace=0.5)
+        self.save()
         for ch in self._channels.values():
             await ch.aclose()
         self._channels.clear()
+
+    def save(self) -> None:
+        """Write what changed since the last save to the store (one transaction)."""
+        if self.store is None:
+            return
+        nodes, actors = self.state.take_dirty()
+        meshes = [self.meshes[m] for m in self._dirty_meshes if m in self.meshes]
+        self._dirty_meshes.clear()
+        self.store.save(nodes, actors, meshes)
+
+    async def _save_every(self, period: float) -> None:
+        """Changes made outside an RPC's own save (a worker's creation finishing) reach the
+        store within ``period`` s."""
+        while True:
+            await asyncio.sleep(period)
+            self.save()
 
     def _channel(self, address: str) -> ControlChannel:
         ch = self._channels.get(address)
@@ -189,6 +231,7 @@ class HeadService(pb_grpc.HeadServicer):
                     )
                     self._notify(record.actor_id)
                     self._publish("died", record)
+            self.save()
 
     def _notify(self, actor_id: str) -> None:
         """Wake whoever waits for a change of ``actor_id``'s state."""
@@ -213,23 +256,49 @@ class HeadService(pb_grpc.HeadServicer):
                 queue.put_nowait(None)
 
     # -- node-facing RPCs ----------------------------------------------------------------
-    async def RegisterNode(self, request: Any, context: Any) -> pb.Ack:
+    async def RegisterNode(self, request: Any, context: Any) -> pb.RegisterNodeReply:
+        stray: list[str] = []
+        if request.node_id in self.state.nodes:
+            # It was known: this head restarted, or had marked it dead. Adopt the actors of
+            # the workers it still runs; the others ended while the head could not see them.
+            was_alive = self.state.nodes[request.node_id].alive
+            reason = f"its worker was gone when node {request.node_id} registered again" + (
+                "" if was_alive else " (the node had been marked dead)"
+            )
+            live = [w.worker_id for w in request.workers]
+            ended, stray = self.state.rejoin(request.node_id, live, reason)
+            for record in ended:
+                self._notify(record.actor_id)
+                self._publish("died", record)
+            adopted = sum(
+                a.node_id == request.node_id and a.state == "alive"
+                for a in self.state.actors.values()
+            )
+            log.info(
+                "node registered again",
+                node=request.node_id,
+                address=request.address,
+                adopted=adopted,
+                ended=len(ended),
+                stopping=len(stray),
+            )
         self.state.register_node(
             request.node_id,
             request.address,
             dict(request.total.amounts),
             dict(request.labels),
             self.state.now(),
+            transports=list(request.transports),
+            devices=list(request.devices),
         )
-        log.info("node registered", node=request.node_id, address=request.address)
-        return pb.Ack()
+        self.save()
+        if not request.rejoin:
+            log.info("node registered", node=request.node_id, address=request.address)
+        return pb.RegisterNodeReply(epoch=self.epoch, stop_workers=stray)
 
-    async def Heartbeat(self, request: Any, context: Any) -> pb.Ack:
-        if not self.state.heartbeat(request.node_id, self.state.now()):
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"unknown node {request.node_id!r}; register first"
-            )
-        return pb.Ack()
+    async def Heartbeat(self, request: Any, context: Any) -> pb.HeartbeatReply:
+        known = self.state.heartbeat(request.node_id, self.state.now(), request.workers)
+        return pb.HeartbeatReply(epoch=self.epoch, register_again=not known)
 
     async def ReportWorkerExit(self, request: Any, context: Any) -> pb.Ack:
         for record in self.state.worker_exited(
@@ -245,6 +314,7 @@ class HeadService(pb_grpc.HeadServicer):
             )
             self._notify(record.actor_id)
             self._publish("died", record)
+        self.save()
         return pb.Ack()
 
     # -- driver-facing RPCs --------------------------------------------------------------
@@ -269,6 +339,11 @@ class HeadService(pb_grpc.HeadServicer):
             record.max_restarts = max(0, request.restart.max_restarts)
             record.init_args = request.init_args
             record.python_path = list(python_path)
+        self.meshes[mesh_id] = MeshRecord(
+            mesh_id, name, request.class_path, request.size, request.strategy or "SPREAD"
+        )
+        self._dirty_meshes.add(mesh_id)
+        self.save()
         results = await asyncio.gather(
             *(
                 self._start_group(g, request.init_args)
@@ -279,10 +354,13 @@ class HeadService(pb_grpc.HeadServicer):
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             await self._stop_members(records)
+            self.meshes[mesh_id].stopped = True
+            self.save()
             first = failures[0]
             if not isinstance(first, OrchestrError):
                 first = SpawnError(f"spawning {name} failed: {first!r}")
             await abort_with(context, first)
+        self.save()
         log.info("mesh spawned", mesh=mesh_id, name=name, size=len(records))
         return pb.MeshInfo(
             mesh_id=mesh_id,
@@ -380,6 +458,11 @@ class HeadService(pb_grpc.HeadServicer):
 
     async def StopMesh(self, request: Any, context: Any) -> pb.Ack:
         await self._stop_members(self.state.mesh_members(request.mesh_id))
+        mesh = self.meshes.get(request.mesh_id)
+        if mesh is not None:
+            mesh.stopped = True
+            self._dirty_meshes.add(mesh.mesh_id)
+        self.save()
         return pb.Ack()
 
     async def GetActor(self, request: Any, context: Any) -> pb.ActorInfo:
@@ -447,22 +530,32 @@ class HeadService(pb_grpc.HeadServicer):
         return _job_proto(record)
 
     async def GetDaemonLog(self, request: Any, context: Any) -> pb.DaemonLog:
+        if request.node_id:  # a node's own host: the node serves its files
+            node = self.state.nodes.get(request.node_id)
+            if node is None:
+                known = ", ".join(self.state.nodes) or "none"
+                await abort_with(
+                    context, ConfigError(f"no node {request.node_id!r}; the nodes are {known}")
+                )
+            assert node is not None
+            ch = self._channel(node.address)
+            try:
+                reply: pb.DaemonLog = await ch.rpc(
+                    ch.stub(pb_grpc.NodeStub).GetDaemonLog, request, timeout=10
+                )
+            except OrchestrError as exc:
+                await abort_with(context, exc)
+            return reply
         if self.log_dir is None:
             await abort_with(context, ConfigError("this head keeps no daemon logs (embedded)"))
         assert self.log_dir is not None
-        names = sorted(p.name for p in self.log_dir.glob("*.jsonl*") if p.is_file())
-        if not request.name:
-            return pb.DaemonLog(names=names)
-        if request.name not in names:  # only a listed file: no path reaches outside the folder
-            await abort_with(
-                context,
-                ConfigError(f"no daemon log {request.name!r}; there are {', '.join(names)}"),
+        try:
+            names, data, offset = read_daemon_log(
+                self.log_dir, request.name, request.offset, request.max_bytes
             )
-        if request.offset < 0:
-            await abort_with(context, ConfigError(f"a log offset is >= 0, got {request.offset}"))
-        size = request.max_bytes if 0 < request.max_bytes <= 1 << 20 else 1 << 20
-        data = _read_from(self.log_dir / request.name, request.offset, size)
-        return pb.DaemonLog(data=data, offset=request.offset + len(data), names=names)
+        except OrchestrError as exc:
+            await abort_with(context, exc)
+        return pb.DaemonLog(data=data, offset=offset, names=names)
 
     async def WatchActors(self, request: Any, context: Any) -> AsyncIterator[pb.ActorEvent]:
         queue: asyncio.Queue[pb.ActorEvent | None] = asyncio.Queue(maxsize=10_000)
@@ -497,7 +590,9 @@ class HeadService(pb_grpc.HeadServicer):
                 raise
             error = exc if isinstance(exc, OrchestrError) else SpawnError(repr(exc))
             log.warning("restart failed", actor=record.label, error=str(error))
+            self.save()
             await abort_with(context, error)
+        self.save()
         log.info("actor restarted", actor=record.label, restarts=record.restarts)
         return actor_info(record)
 
@@ -505,6 +600,7 @@ class HeadService(pb_grpc.HeadServicer):
         record = self.state.abandon(request.actor_id)
         if record is not None:
             self._notify(record.actor_id)
+            self.save()
         return pb.Ack()
 
     async def ListNodes(self, request: Any, context: Any) -> pb.NodeList:
@@ -518,6 +614,9 @@ class HeadService(pb_grpc.HeadServicer):
                     labels=n.labels,
                     last_heartbeat_unix=n.last_heartbeat,
                     alive=n.alive,
+                    transports=n.transports,
+                    devices=n.devices,
+                    workers=n.workers,
                 )
                 for n in self.state.nodes.values()
             ]
@@ -525,12 +624,6 @@ class HeadService(pb_grpc.HeadServicer):
 
     async def ListActors(self, request: Any, context: Any) -> pb.ActorList:
         return pb.ActorList(actors=[actor_info(a) for a in self.state.actors.values()])
-
-
-def _read_from(path: Path, offset: int, size: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(size)
 
 
 def _job_proto(record: JobRecord) -> pb.JobInfo:

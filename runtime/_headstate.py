@@ -73,6 +73,11 @@ class NodeRecord:
     labels: dict[str, str]
     last_heartbeat: float
     alive: bool = True
+    #: Data-plane transports and devices the node reported when it registered.
+    transports: list[str] = dataclasses.field(default_factory=list)
+    devices: list[str] = dataclasses.field(default_factory=list)
+    #: Worker processes it runs, as of its last heartbeat.
+    workers: int = 0
 
 
 @dataclasses.dataclass
@@ -117,6 +122,39 @@ class HeadState:
         self.nodes: dict[str, NodeRecord] = {}
         self.actors: dict[str, ActorRecord] = {}
         self.by_worker: dict[str, set[str]] = {}  # worker id -> the actors it hosts
+        #: Nodes that registered with this head (not merely loaded from its store).
+        self.joined: set[str] = set()
+        #: Records changed since the store last saved them (see :meth:`take_dirty`).
+        self.dirty_actors: set[str] = set()
+        self.dirty_nodes: set[str] = set()
+
+    def take_dirty(self) -> tuple[list[NodeRecord], list[ActorRecord]]:
+        """The records changed since the last call, to save; clears the marks."""
+        nodes = [self.nodes[i] for i in self.dirty_nodes if i in self.nodes]
+        actors = [self.actors[i] for i in self.dirty_actors if i in self.actors]
+        self.dirty_nodes.clear()
+        self.dirty_actors.clear()
+        return nodes, actors
+
+    def _touch(self, record: ActorRecord) -> ActorRecord:
+        self.dirty_actors.add(record.actor_id)
+        return record
+
+    def restore(
+        self, nodes: Sequence[NodeRecord], actors: Sequence[ActorRecord], now: float
+    ) -> None:
+        """Take the records a previous head saved. Its nodes count as alive for one heartbeat
+        timeout from ``now``, the time they have to register again (see :meth:`rejoin`); each
+        node's free resources are recomputed from the actors it holds."""
+        for a in actors:
+            self.actors[a.actor_id] = a
+            if a.worker_id and a.state in ("starting", "alive"):
+                self.by_worker.setdefault(a.worker_id, set()).add(a.actor_id)
+        for n in nodes:
+            n.last_heartbeat = now
+            used = self._used_on(n.node_id)
+            n.free = {k: v - used.get(k, 0.0) for k, v in n.total.items()}
+            self.nodes[n.node_id] = n
 
     # -- nodes ---------------------------------------------------------------------------
     def register_node(
@@ -126,17 +164,68 @@ class HeadState:
         total: Mapping[str, float],
         labels: Mapping[str, str],
         now: float,
+        *,
+        transports: Sequence[str] = (),
+        devices: Sequence[str] = (),
     ) -> None:
         used = self._used_on(node_id)
         free = {k: v - used.get(k, 0.0) for k, v in total.items()}
-        self.nodes[node_id] = NodeRecord(node_id, address, dict(total), free, dict(labels), now)
+        self.nodes[node_id] = NodeRecord(
+            node_id,
+            address,
+            dict(total),
+            free,
+            dict(labels),
+            now,
+            transports=list(transports),
+            devices=list(devices),
+        )
+        self.joined.add(node_id)
+        self.dirty_nodes.add(node_id)
 
-    def heartbeat(self, node_id: str, now: float) -> bool:
+    def rejoin(
+        self, node_id: str, live_workers: Sequence[str], reason: str
+    ) -> tuple[list[ActorRecord], list[str]]:
+        """A node registers again (this head restarted, or had marked it dead) and lists the
+        workers it still runs. Call before :meth:`register_node`.
+
+        Its actors whose worker is among them are adopted as they are. The others, and those
+        whose creation was in flight (``starting``), ended with the worker: each is
+        ``restarting`` or ``dead`` as :meth:`worker_exited` says, with ``reason``. Returns
+        those records, and the listed workers that host no live actor any more (the node
+        stops them)."""
+        live = set(live_workers)
+        ended: list[ActorRecord] = []
+        lost_workers = set()
+        for a in self.actors.values():
+            if a.node_id != node_id or a.state not in ("starting", "alive"):
+                continue
+            if a.state == "starting" or a.worker_id not in live:
+                lost_workers.add(a.worker_id)
+        for worker_id in sorted(lost_workers):
+            if worker_id:
+                ended += self.worker_exited(worker_id, -1, 0, reason)
+        for a in self.actors.values():  # starting members not yet given a worker id
+            if a.node_id == node_id and a.state == "starting":
+                self.actor_ended(a.actor_id, stopped=False, exit_code=-1)
+                a.last_output = reason
+                if a.restarts < a.max_restarts:
+                    a.state = "restarting"
+                ended.append(a)
+        hosting = {
+            a.worker_id for a in self.actors.values() if a.node_id == node_id and a.state == "alive"
+        }
+        return ended, sorted(live - hosting)
+
+    def heartbeat(self, node_id: str, now: float, workers: int = 0) -> bool:
+        """Note a node's heartbeat. ``False`` when this head does not know it as a live node
+        that registered with it (unknown, marked dead, or only loaded from the store): it must
+        register again, and is not counted as alive until it does."""
         node = self.nodes.get(node_id)
-        if node is None:
+        if node is None or not node.alive or node_id not in self.joined:
             return False
         node.last_heartbeat = now
-        node.alive = True
+        node.workers = workers
         return True
 
     def expire_nodes(self, now: float, timeout: float) -> list[str]:
@@ -145,6 +234,8 @@ class HeadState:
         for node in self.nodes.values():
             if node.alive and now - node.last_heartbeat > timeout:
                 node.alive = False
+                self.joined.discard(node.node_id)
+                self.dirty_nodes.add(node.node_id)
                 dead.append(node.node_id)
         return dead
 
@@ -201,6 +292,7 @@ class HeadState:
             for record in placed:
                 self._release(record)
                 del self.actors[record.actor_id]
+                self.dirty_actors.discard(record.actor_id)
 
         only: NodeRecord | None = None
         if strategy == "STRICT_PACK":
@@ -240,6 +332,7 @@ class HeadState:
             )
             record.labels = dict(labels)
             self.actors[record.actor_id] = record
+            self._touch(record)
             placed.append(record)
         return placed
 
@@ -277,6 +370,7 @@ class HeadState:
         a.worker_id, a.call_address, a.pid, a.endpoints = worker_id, call_address, pid, endpoints
         a.state = "alive"
         self.by_worker.setdefault(worker_id, set()).add(actor_id)
+        self._touch(a)
 
     def actor_ended(
         self, actor_id: str, *, stopped: bool, exit_code: int = 0, signal: int = 0
@@ -289,7 +383,7 @@ class HeadState:
             self._release(a)
         a.state = "stopped" if stopped else "dead"
         a.exit_code, a.signal = exit_code, signal
-        return a
+        return self._touch(a)
 
     def worker_exited(
         self, worker_id: str, exit_code: int, signal: int, last_output: str = ""
@@ -347,7 +441,7 @@ class HeadState:
         a.restarts += 1
         a.worker_id = a.call_address = ""
         a.pid = a.exit_code = a.signal = 0
-        return a
+        return self._touch(a)
 
     def restart_failed(self, actor_id: str) -> None:
         """Creating the new incarnation failed: back to ``restarting`` (the owner may try
@@ -358,6 +452,7 @@ class HeadState:
             if a.worker_id:
                 self.by_worker.get(a.worker_id, set()).discard(actor_id)
             a.state = "restarting" if a.restarts < a.max_restarts else "dead"
+            self._touch(a)
 
     def abandon(self, actor_id: str) -> ActorRecord | None:
         """The owner gives up on a ``restarting`` actor: it is ``dead`` for good."""
@@ -365,7 +460,7 @@ class HeadState:
         if a is None or a.state != "restarting":
             return None
         a.state = "dead"
-        return a
+        return self._touch(a)
 
     def mesh_members(self, mesh_id: str) -> list[ActorRecord]:
         return sorted(

@@ -1,10 +1,13 @@
 """Submitted jobs, on the head daemon's host: unpack a working directory, run the job's
 controller against the cluster, keep its output, report and stop it.
 
-A job lives in ``<state dir>/jobs/<job id>/``: ``package.zip`` as it arrived, ``wd/`` the
-unpacked working directory, ``output.log`` what the controller printed, ``job.json`` its
-record. The controller is ``python -m orchestr.cli run --address HEAD ENTRYPOINT ARGS...`` in
-``wd/``, in a session of its own, with the cluster token in its environment. Only an
+A job's record and its package (the zip as it arrived) live in the head's database
+(:class:`~._headstore.HeadStore`); its files in ``<state dir>/jobs/<job id>/``: ``wd/`` the
+unpacked working directory, ``output.log`` what the controller printed, ``exit_code`` how it
+ended. The controller is ``python -m orchestr.cli run --address HEAD ENTRYPOINT ARGS...`` in
+``wd/``, in a session of its own, with the cluster token in its environment; a small shell
+around it writes ``exit_code``, so a head that restarts while the job runs can adopt it (it is
+not the controller's parent any more) and still learn how it ended. Only an
 authenticated client reaches :meth:`JobManager.submit` (every head RPC checks the token);
 nothing from the package is deserialised: it is unzipped, with every member's path checked to
 stay inside ``wd/``, and run.
@@ -16,7 +19,6 @@ import asyncio
 import contextlib
 import dataclasses
 import io
-import json
 import os
 import secrets
 import signal
@@ -29,6 +31,7 @@ from typing import Any, BinaryIO
 
 import structlog
 
+from ._headstore import HeadStore
 from .errors import ConfigError
 
 __all__ = ["JobManager", "JobRecord", "check_package"]
@@ -40,6 +43,8 @@ MAX_PACKAGE_BYTES = 32 << 20
 MAX_UNPACKED_BYTES = 256 << 20
 STOP_GRACE_S = 10.0
 DEFAULT_LOG_CHUNK = 1 << 20
+#: Runs the controller (``"$@"``) and writes its exit status to the file named by ``$0``.
+_RECORD_EXIT = 'rc=0; "$@" || rc=$?; echo $rc > "$0.tmp" && mv "$0.tmp" "$0"; exit $rc'
 
 
 @dataclasses.dataclass
@@ -52,6 +57,22 @@ class JobRecord:
     submitted_unix: float = dataclasses.field(default_factory=time.time)
     ended_unix: float = 0.0
     pid: int = 0
+    #: The controller's start time (clock ticks since boot), telling it from a later process
+    #: that reuses its pid.
+    pid_start: int = 0
+    #: Why it ended, when its exit code alone does not say (e.g. it ended while no head ran).
+    reason: str = ""
+
+
+def process_start(pid: int) -> int:
+    """When process ``pid`` started (clock ticks since boot, from ``/proc``), 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat_line = f.read()
+    except OSError:
+        return 0
+    fields = stat_line.rpartition(b")")[2].split()  # the command name may hold spaces
+    return int(fields[19]) if len(fields) > 19 else 0
 
 
 def check_package(package: bytes, entrypoint: str) -> zipfile.ZipFile:
@@ -95,38 +116,95 @@ def check_package(package: bytes, entrypoint: str) -> zipfile.ZipFile:
     return archive
 
 
+async def wait_exit(pid: int, start: int) -> None:
+    """Return once process ``pid``, started at ``start`` (see :func:`process_start`), has
+    ended; it need not be a child of this one (a pidfd tells)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if process_start(pid) != start:  # gone, and the pid taken by another process
+            return
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        loop.add_reader(fd, readable)
+        try:
+            await ended
+        finally:
+            loop.remove_reader(fd)
+    finally:
+        os.close(fd)
+
+
 class JobManager:
     """The head's submitted jobs. Not thread-safe; one event loop."""
 
-    def __init__(self, state_dir: Path, head_address: str, token: str) -> None:
+    def __init__(self, state_dir: Path, head_address: str, token: str, store: HeadStore) -> None:
         self.root = state_dir / "jobs"
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.head_address = head_address
         self.token = token
+        self.store = store
         self.jobs: dict[str, JobRecord] = {}
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+        #: Jobs a previous head started whose controllers still run: job id -> pid.
+        self._adopted: dict[str, int] = {}
         self._watchers: set[asyncio.Task[None]] = set()
         self._load()
 
     def _load(self) -> None:
-        """Records of earlier jobs; one that was running when the head went away is failed."""
-        for path in sorted(self.root.glob("*/job.json")):
+        """Records of earlier jobs. One that was running when the head went away is adopted
+        when its controller still runs (same pid, same start time), else ended with the
+        status it left, or failed with the reason."""
+        for fields in self.store.load_jobs():
             try:
-                record = JobRecord(**json.loads(path.read_text()))
-            except (OSError, ValueError, TypeError) as exc:
-                log.warning("skipping an unreadable job record", path=str(path), error=str(exc))
+                record = JobRecord(**fields)
+            except TypeError as exc:
+                log.warning("skipping an unreadable job record", record=fields, error=str(exc))
                 continue
-            if record.state == "running":
-                record.state, record.ended_unix = "failed", time.time()
-                record.exit_code = -1
-                self._save(record)
             self.jobs[record.job_id] = record
+            if record.state != "running":
+                continue
+            if record.pid and record.pid_start and process_start(record.pid) == record.pid_start:
+                self._adopted[record.job_id] = record.pid
+                self._spawn(self._watch_adopted(record))
+                log.info("job adopted", job=record.job_id, pid=record.pid)
+            else:
+                self._ended(record, "its controller ended while the head was down")
 
-    def _save(self, record: JobRecord) -> None:
-        folder = self.root / record.job_id
-        tmp = folder / ".job.json.tmp"
-        tmp.write_text(json.dumps(dataclasses.asdict(record)))
-        os.replace(tmp, folder / "job.json")
+    def _spawn(self, coro: Any) -> None:
+        watcher = asyncio.ensure_future(coro)
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+
+    def _save(self, record: JobRecord, package: bytes | None = None) -> None:
+        self.store.save_job(record.job_id, dataclasses.asdict(record), package)
+
+    def _ended(self, record: JobRecord, reason: str = "") -> None:
+        """Record the end of ``record``'s controller from the status file it left."""
+        try:
+            code = int((self.root / record.job_id / "exit_code").read_text())
+        except (OSError, ValueError):
+            code, reason = -1, reason or "its controller left no exit status"
+            if record.state == "running":
+                record.reason = f"{reason} (it was killed, or the host went down)"
+        if record.state == "running":
+            record.state = "succeeded" if code == 0 else "failed"
+        record.exit_code = code
+        record.ended_unix = time.time()
+        self._save(record)
+        log.info("job ended", job=record.job_id, state=record.state, exit_code=code)
+
+    async def _watch_adopted(self, record: JobRecord) -> None:
+        await wait_exit(record.pid, record.pid_start)
+        self._adopted.pop(record.job_id, None)
+        self._ended(record)
 
     def output_path(self, job_id: str) -> Path:
         return self.root / job_id / "output.log"
@@ -149,13 +227,15 @@ class JobManager:
         job_id = f"job-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         folder = self.root / job_id
         folder.mkdir(mode=0o700)
-        (folder / "package.zip").write_bytes(package)
         wd = folder / "wd"
         archive.extractall(wd)
         record = JobRecord(job_id, entrypoint, list(args))
+        # The job's own settings, not the head's; but it reaches the cluster as the head does.
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTR_")}
+        env.update({k: v for k, v in os.environ.items() if k.startswith("ORCHESTR_TLS_")})
         env.update(ORCHESTR_TOKEN=self.token, ORCHESTR_ADDRESS=self.head_address)
-        cmd = [sys.executable, "-m", "orchestr.cli", "run", "--address", self.head_address]
+        cmd = ["/bin/sh", "-c", _RECORD_EXIT, str(folder / "exit_code"), sys.executable]
+        cmd += ["-m", "orchestr.cli", "run", "--address", self.head_address]
         out = self._open_output(job_id)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -172,12 +252,11 @@ class JobManager:
         finally:
             out.close()  # the child has its own copy
         record.pid = proc.pid
+        record.pid_start = process_start(proc.pid)
         self.jobs[job_id] = record
         self._procs[job_id] = proc
-        self._save(record)
-        watcher = asyncio.ensure_future(self._watch(record, proc))
-        self._watchers.add(watcher)
-        watcher.add_done_callback(self._watchers.discard)
+        self._save(record, package)
+        self._spawn(self._watch(record, proc))
         log.info("job submitted", job=job_id, entrypoint=entrypoint, pid=proc.pid)
         return record
 
@@ -209,26 +288,37 @@ class JobManager:
         for it to end. A job that already ended is returned as it is."""
         record = self.get(job_id)
         proc = self._procs.get(job_id)
-        if proc is None or record.state != "running":
+        if (proc is None and job_id not in self._adopted) or record.state != "running":
             return record
         record.state = "stopped"
+        self._save(record)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(record.pid, signal.SIGTERM)
         try:
             async with asyncio.timeout(STOP_GRACE_S):
-                await proc.wait()
+                await self._gone(record, proc)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+                os.killpg(record.pid, signal.SIGKILL)
+            await self._gone(record, proc)
         await asyncio.gather(*self._watchers, return_exceptions=True)
         return record
 
+    @staticmethod
+    async def _gone(record: JobRecord, proc: asyncio.subprocess.Process | None) -> None:
+        if proc is not None:
+            await proc.wait()
+        else:
+            await wait_exit(record.pid, record.pid_start)
+
     async def aclose(self) -> None:
         """Stop every running job (the head is going away)."""
-        for job_id in list(self._procs):
+        for job_id in [*self._procs, *self._adopted]:
             await self.stop(job_id)
 
 
 def job_info(record: JobRecord) -> dict[str, Any]:
-    return dataclasses.asdict(record)
+    """``record``'s fields as ``JobInfo`` has them."""
+    fields = dataclasses.asdict(record)
+    del fields["pid_start"]
+    return fields

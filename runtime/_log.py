@@ -6,15 +6,43 @@ import logging
 import os
 import sys
 import threading
+from pathlib import Path
 from typing import Any, TextIO
 
 import structlog
 
-__all__ = ["RotatingFile", "configure_logging"]
+from .errors import ConfigError
+
+__all__ = ["RotatingFile", "configure_logging", "read_daemon_log"]
 
 #: A daemon's log file is rotated past this size, keeping this many older ones.
 LOG_MAX_BYTES = 16 << 20
 LOG_BACKUPS = 3
+
+
+#: The most bytes one read of a daemon log returns.
+LOG_CHUNK = 1 << 20
+
+
+def read_daemon_log(
+    log_dir: Path, name: str, offset: int, max_bytes: int
+) -> tuple[list[str], bytes, int]:
+    """The JSON-lines logs in ``log_dir`` (names), and when ``name`` is one of them, up to
+    ``max_bytes`` of it from ``offset`` with the offset after them. Only a listed name is read,
+    so no path reaches outside the folder. Raises :class:`ConfigError` for another name or a
+    negative offset."""
+    names = sorted(p.name for p in log_dir.glob("*.jsonl*") if p.is_file())
+    if not name:
+        return names, b"", 0
+    if name not in names:
+        raise ConfigError(f"no daemon log {name!r}; there are {', '.join(names) or 'none'}")
+    if offset < 0:
+        raise ConfigError(f"a log offset is >= 0, got {offset}")
+    size = max_bytes if 0 < max_bytes <= LOG_CHUNK else LOG_CHUNK
+    with open(log_dir / name, "rb") as f:
+        f.seek(offset)
+        data = f.read(size)
+    return names, data, offset + len(data)
 
 
 class RotatingFile:

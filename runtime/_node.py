@@ -17,6 +17,7 @@ import secrets
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,13 +26,13 @@ import structlog
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
-from ._grpc import ControlChannel, make_server
+from ._grpc import ControlChannel, abort_with, add_port, make_server
 from ._head import describe_exit
-from ._log import RotatingFile, configure_logging
+from ._log import RotatingFile, configure_logging, read_daemon_log
 from .config import Config, config_environ, load_config
 from .errors import ConfigError, OrchestrError, SpawnError
 
-__all__ = ["NodeService", "detect_resources", "merge_pythonpath"]
+__all__ = ["NodeService", "detect_fabric", "detect_resources", "merge_pythonpath"]
 
 log = structlog.get_logger("orchestr.node")
 
@@ -46,6 +47,24 @@ def detect_resources() -> dict[str, float]:
     with contextlib.suppress(OSError):
         gpus = float(len(os.listdir("/proc/driver/nvidia/gpus")))
     return {"cpu": cpus, "memory": memory, "gpu": gpus}
+
+
+def detect_fabric() -> tuple[list[str], list[str]]:
+    """The data-plane transports this host's workers can use (stream and buffer transports
+    that load here; ``inproc`` left out, it never crosses a process) and its devices
+    (``cuda:N`` per NVIDIA GPU, ``rdma:NAME`` per RDMA device), for ``orchestr status``."""
+    from orchestr.fabric._registry import usable_buffer_transports
+    from orchestr.fabric._streams import stream_transports
+
+    usable = {t.scheme for t in usable_buffer_transports()}
+    transports = sorted(({*stream_transports()} | usable) - {"inproc"})
+    devices: list[str] = []
+    with contextlib.suppress(OSError):
+        gpus = sorted(os.listdir("/proc/driver/nvidia/gpus"))
+        devices += [f"cuda:{i}" for i in range(len(gpus))]
+    with contextlib.suppress(OSError):
+        devices += [f"rdma:{name}" for name in sorted(os.listdir("/sys/class/infiniband"))]
+    return transports, devices
 
 
 def merge_pythonpath(job_path: Sequence[str], own: str) -> tuple[str, list[str]]:
@@ -80,6 +99,7 @@ class NodeService(pb_grpc.NodeServicer):
         labels: dict[str, str] | None = None,
         worker_env: dict[str, str] | None = None,
         output: Any = None,
+        log_dir: Path | None = None,
     ) -> None:
         self.node_id = f"n-{secrets.token_hex(4)}"
         self.head_address = head_address
@@ -89,9 +109,14 @@ class NodeService(pb_grpc.NodeServicer):
         self.labels = labels or {}
         self.worker_env = worker_env or {}
         self.output = output if output is not None else sys.stdout
+        #: Where this node daemon's JSON-lines log is (served through the head), if anywhere.
+        self.log_dir = log_dir
+        self.transports, self.devices = detect_fabric()
+        #: The incarnation of the head this node registered with (see ``_beat``).
+        self.head_epoch = ""
         self.server = make_server(token, config)
         pb_grpc.add_NodeServicer_to_server(self, self.server)  # type: ignore[no-untyped-call]
-        self.port = self.server.add_insecure_port(f"{config.bind_host}:0")
+        self.port = add_port(self.server, f"{config.bind_host}:0", config)
         self.address = f"{config.bind_host}:{self.port}"
         self.head = ControlChannel(head_address, token, config)
         self.workers: dict[str, _Worker] = {}
@@ -101,15 +126,7 @@ class NodeService(pb_grpc.NodeServicer):
 
     async def __aenter__(self) -> NodeService:
         await self.server.start()
-        await self.head.rpc(
-            self.head.stub(pb_grpc.HeadStub).RegisterNode,
-            pb.RegisterNodeRequest(
-                node_id=self.node_id,
-                address=self.address,
-                total=pb.Resources(amounts=self.resources),
-                labels=self.labels,
-            ),
-        )
+        await self._register(rejoin=False)
         self._heartbeat = asyncio.ensure_future(self._beat())
         log.info("node started", node=self.node_id, address=self.address, resources=self.resources)
         return self
@@ -130,18 +147,72 @@ class NodeService(pb_grpc.NodeServicer):
         await self.server.stop(grace=0.5)
         await self.head.aclose()
 
+    async def _register(self, *, rejoin: bool) -> None:
+        """Register with the head; on a rejoin, list the workers still running so the head
+        adopts their actors, and stop those it has given up."""
+        workers = [
+            w.registered.result()
+            for w in self.workers.values()
+            if w.registered.done() and not w.registered.exception()
+        ]
+        reply = await self.head.rpc(
+            self.head.stub(pb_grpc.HeadStub).RegisterNode,
+            pb.RegisterNodeRequest(
+                node_id=self.node_id,
+                address=self.address,
+                total=pb.Resources(amounts=self.resources),
+                labels=self.labels,
+                transports=self.transports,
+                devices=self.devices,
+                workers=workers,
+                rejoin=rejoin,
+            ),
+            timeout=10,
+        )
+        self.head_epoch = reply.epoch
+        stray = [self.workers[w] for w in reply.stop_workers if w in self.workers]
+        if rejoin:
+            log.info(
+                "registered with the head again",
+                node=self.node_id,
+                kept=len(workers) - len(stray),
+                stopping=len(stray),
+            )
+        await asyncio.gather(*(self._stop(w, self.config.worker_stop_grace) for w in stray))
+
     async def _beat(self) -> None:
+        """Heartbeat the head every ``heartbeat_interval``. When the head does not know this
+        node as alive (it restarted, or marked the node dead while it was cut off), or another
+        incarnation of the head answers, register again. Failures are logged and retried:
+        the node outlives its head's restarts."""
         stub = self.head.stub(pb_grpc.HeadStub)
         while True:
             await asyncio.sleep(self.config.heartbeat_interval)
             try:
-                await self.head.rpc(
+                reply = await self.head.rpc(
                     stub.Heartbeat,
                     pb.HeartbeatRequest(node_id=self.node_id, workers=len(self.workers)),
                     timeout=5,
                 )
+                if reply.register_again or reply.epoch != self.head_epoch:
+                    await self._register(rejoin=True)
             except OrchestrError as exc:
                 log.warning("heartbeat failed", error=str(exc))
+
+    async def GetDaemonLog(self, request: Any, context: Any) -> pb.DaemonLog:
+        if self.log_dir is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"node {self.node_id} keeps no log files (it logs to its console)",
+            )
+        assert self.log_dir is not None
+        try:
+            names, data, offset = read_daemon_log(
+                self.log_dir, request.name, request.offset, request.max_bytes
+            )
+        except ConfigError as exc:
+            await abort_with(context, exc)
+        return pb.DaemonLog(data=data, offset=offset, names=names)
 
     # -- workers -------------------------------------------------------------------------
     async def StartWorker(self, request: Any, context: Any) -> pb.WorkerInfo:
@@ -285,15 +356,21 @@ def parse_labels(text: str) -> dict[str, str]:
     return labels
 
 
-async def serve_node(head_address: str, token: str, config: Config, labels: dict[str, str]) -> None:
+async def serve_node(
+    head_address: str,
+    token: str,
+    config: Config,
+    labels: dict[str, str],
+    log_dir: Path | None = None,
+) -> None:
     """Join the cluster at ``head_address`` and serve until SIGTERM or SIGINT; then stop every
-    worker this node started."""
+    worker this node started. ``log_dir`` holds its log files, which it serves to the head."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with NodeService(head_address, token, config, labels=labels) as node:
+        async with NodeService(head_address, token, config, labels=labels, log_dir=log_dir) as node:
             print(f"node {node.node_id} serving at {node.address}", flush=True)
             await stop.wait()
     finally:
@@ -333,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         runner = uvloop.run
     try:
-        runner(serve_node(args.head, token, config, labels))
+        log_dir = Path(args.log_file).resolve().parent if args.log_file else None
+        runner(serve_node(args.head, token, config, labels, log_dir))
     except OrchestrError as exc:
         print(f"orchestr node: {exc}", file=sys.stderr, flush=True)
         return 1

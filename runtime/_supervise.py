@@ -22,6 +22,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, cast
 
+import grpc
 import structlog
 
 from orchestr.protos import orchestr_pb2 as pb
@@ -150,8 +151,13 @@ class Supervisor:
         client: CallClient,
         events: EventLog,
         on_escalate: Callable[[SupervisionError], None],
+        *,
+        reconnect_s: float = 60.0,
     ) -> None:
         self.head = head
+        #: How long a lost supervision stream is tried again (the head restarting) before the
+        #: job fails.
+        self.reconnect_s = reconnect_s
         self.client = client
         self.events = events
         self.on_escalate = on_escalate
@@ -159,7 +165,11 @@ class Supervisor:
         self._owned: dict[str, _Owned] = {}  # mesh id -> what we know of it
         self._saved: dict[str, bytes] = {}  # actor id -> its last saved state, encoded
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: Deaths taken up, as (actor id, restarts): one heard twice (the stream, then the
+        #: reconciliation after a reconnect) is handled once.
+        self._handled: set[tuple[str, int]] = set()
         self._watching = asyncio.Event()
+        self._start_error: OrchestrError | None = None
         self._watch: asyncio.Task[None] | None = None
         self.escalated: SupervisionError | None = None
         self.closing = False
@@ -168,6 +178,9 @@ class Supervisor:
         self._watch = asyncio.ensure_future(self._serve_watch())
         async with asyncio.timeout(10):  # the head answers at once, or something is wrong
             await self._watching.wait()
+        if self._start_error is not None:
+            await self.aclose()
+            raise self._start_error
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -236,26 +249,70 @@ class Supervisor:
 
     # -- deaths --------------------------------------------------------------------------
     async def _serve_watch(self) -> None:
-        call = self._stub.WatchActors(pb.WatchActorsRequest(), metadata=self.head.metadata)
-        try:
-            await call.wait_for_connection()
-            self._watching.set()
-            async for event in call:
-                if event.kind == "died" and not self.closing:
-                    self._spawn(self._on_death(event.actor))
-        except asyncio.CancelledError:
+        """Hear of deaths from the head. When the stream breaks (the head went away), watch
+        again for up to ``reconnect_s`` s: a head daemon that restarts keeps its state, and
+        the deaths it recorded meanwhile are taken from its actor list. Past that the job
+        fails."""
+        lost_at: float | None = None
+        error: Exception | None = None
+        loop = asyncio.get_running_loop()
+        while not self.closing:
+            call = self._stub.WatchActors(pb.WatchActorsRequest(), metadata=self.head.metadata)
+            try:
+                await call.wait_for_connection()
+                if lost_at is not None:
+                    await self._reconcile()
+                    log.warning(
+                        "the head's supervision stream is back",
+                        after_s=round(loop.time() - lost_at, 2),
+                    )
+                    self.events.record("head_reconnected", after_s=loop.time() - lost_at)
+                    lost_at = None
+                self._watching.set()
+                async for event in call:
+                    if event.kind == "died" and not self.closing:
+                        self._spawn(self._on_death(event.actor))
+                error = None
+            except asyncio.CancelledError:
+                call.cancel()
+                raise
+            except grpc.aio.AioRpcError as exc:
+                error = self.head.translate(exc, "WatchActors")
+            except Exception as exc:
+                error = exc
             call.cancel()
-            raise
-        except Exception as exc:
-            self._watching.set()  # the head went away: a job cannot be supervised without it
-            if not self.closing:
+            if not self._watching.is_set():  # never connected: the job does not start
+                self._start_error = (
+                    error
+                    if isinstance(error, OrchestrError)
+                    else SupervisionError(f"cannot watch the head's actors ({error})", actor="")
+                )
+                self._watching.set()
+                return
+            if self.closing:
+                return
+            if lost_at is None:
+                lost_at = loop.time()
+                log.warning("lost the head's supervision stream; watching again", error=str(error))
+                self.events.record("head_lost", error=str(error))
+            if loop.time() - lost_at > self.reconnect_s:
                 self._escalate(
                     SupervisionError(
-                        f"lost the head's supervision stream ({exc}); the job cannot go on "
-                        "without its head",
+                        f"lost the head's supervision stream ({error}) and it did not come back "
+                        f"within {self.reconnect_s:g} s (ORCHESTR_HEAD_RECONNECT_TIMEOUT); the "
+                        "job cannot go on without its head",
                         actor="",
                     )
                 )
+                return
+            await asyncio.sleep(0.5)
+
+    async def _reconcile(self) -> None:
+        """Take up the deaths of owned actors the head recorded while the stream was down."""
+        actors = await self.head.rpc(self._stub.ListActors, pb.Empty())
+        for info in actors.actors:
+            if info.mesh_id in self._owned and info.state in ("restarting", "dead"):
+                self._spawn(self._on_death(info))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -273,9 +330,14 @@ class Supervisor:
         self._escalate(root)
 
     async def _on_death(self, info: Any) -> None:
+        # Calls in flight to the dead worker are settled now: one on a host cut off by a
+        # partition gets no reset, and would wait for its deadline.
+        self.client.worker_gone(info.call_address, f"{info.name}[{info.rank}] is {info.state}")
         owned = self._owned.get(info.mesh_id)
-        if owned is None:
+        key = (info.actor_id, info.restarts)
+        if owned is None or key in self._handled:
             return
+        self._handled.add(key)
         error = death_error(info)
         can_restart = info.state == "restarting"
         failure = Failure(owned.mesh, info.rank, error, info.restarts, can_restart)

@@ -27,9 +27,10 @@ from ._actor import load_actor_class
 from ._actorhost import ActorHost
 from ._callpath import CallClient, set_current_client
 from ._callserver import CallServer
-from ._grpc import ControlChannel, abort_with, make_server
+from ._grpc import ControlChannel, abort_with, add_port, make_server
 from ._head import actor_lookup
 from ._log import configure_logging
+from ._tls import install_stream_tls
 from .config import Config, load_config
 from .errors import OrchestrError, SpawnError
 
@@ -44,7 +45,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         self.calls = calls
         self.server = make_server(token, config)
         pb_grpc.add_WorkerServicer_to_server(self, self.server)  # type: ignore[no-untyped-call]
-        self.port = self.server.add_insecure_port(f"{config.bind_host}:0")
+        self.port = add_port(self.server, f"{config.bind_host}:0", config)
 
     async def CreateActor(self, request: Any, context: Any) -> pb.CreateActorReply:
         label = f"{request.name}[{request.rank}]"
@@ -99,6 +100,7 @@ async def serve_worker() -> None:
     env = os.environ
     worker_id, token = env["ORCHESTR_WORKER_ID"], env["ORCHESTR_TOKEN"]
     config = load_config()
+    install_stream_tls(config)
     head = ControlChannel(env["ORCHESTR_HEAD_ADDRESS"], token, config)
     node = ControlChannel(env["ORCHESTR_NODE_ADDRESS"], token, config)
     parent = os.getppid()

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from .errors import ConfigError
 
-__all__ = ["Config", "config_environ", "load_config"]
+__all__ = ["Config", "check_tls_files", "config_environ", "load_config"]
 
 
 _CHOICES = {"transport_fallback": ("allow", "error"), "local_call_transport": ("shm", "tcp")}
@@ -17,6 +17,8 @@ _RANGES = {
     "metrics_port": (-1, 65535, "0 picks a free port, -1 serves no metrics"),
     "call_spans_per_s": (0, 10**9, "0 records none"),
 }
+#: Paths of PEM files: empty (no TLS) or all three set.
+TLS_FIELDS = ("tls_cert", "tls_key", "tls_ca")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +39,9 @@ class Config:
     heartbeat_interval: float = 1.0
     #: A node silent for this long is marked dead.
     heartbeat_timeout: float = 5.0
+    #: Seconds a job's controller waits for its head to come back (a restart) before the job
+    #: fails; meanwhile its actors keep running and its calls to them go on.
+    head_reconnect_timeout: float = 60.0
     #: Seconds a new worker process has to register before the spawn fails.
     worker_start_timeout: float = 60.0
     #: Worker processes a node starts at once; more wait their turn (hundreds of interpreters
@@ -71,11 +76,22 @@ class Config:
     #: Most calls a second the job's controller records as spans in its event log and trace
     #: (0: none); calls past it in a second are not timed, so the log stays bounded.
     call_spans_per_s: int = 1000
+    #: Mutual TLS: this process's certificate (PEM), which must name in its subjectAltName the
+    #: IP addresses its services are reached at (``bind_host``). Empty: no TLS (the cluster
+    #: token still guards every service). Set all three ``tls_*`` settings or none.
+    tls_cert: str = ""
+    #: Mutual TLS: the private key of ``tls_cert`` (PEM).
+    tls_key: str = ""
+    #: Mutual TLS: the CA certificate(s) (PEM) that signed every node's certificate; peers whose
+    #: certificate it did not sign are refused, on the control plane and on tcp call connections.
+    tls_ca: str = ""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if field.type == "str":
+                if field.name in TLS_FIELDS and isinstance(value, str):
+                    continue
                 if not isinstance(value, str) or not value:
                     raise ConfigError(f"{field.name} must be a non-empty string, got {value!r}")
                 choices = _CHOICES.get(field.name)
@@ -98,12 +114,29 @@ class Config:
                     )
             elif not value > 0:
                 raise ConfigError(f"{field.name} must be positive, got {value!r}")
+        given = [name for name in TLS_FIELDS if getattr(self, name)]
+        if given and len(given) < len(TLS_FIELDS):
+            missing = [
+                f"ORCHESTR_{name.upper()} (--{name.replace('_', '-')})"
+                for name in TLS_FIELDS
+                if name not in given
+            ]
+            raise ConfigError(
+                "mutual TLS needs a certificate, its key and the CA that signed the cluster's "
+                f"certificates; missing: {', '.join(missing)}"
+            )
+
+    @property
+    def tls(self) -> bool:
+        """Whether mutual TLS is on (all three ``tls_*`` files given)."""
+        return bool(self.tls_cert)
 
 
 def load_config(environ: Mapping[str, str] | None = None, **overrides: object) -> Config:
     """Build a :class:`Config` from ``ORCHESTR_*`` variables, then ``overrides``.
 
-    Raises :class:`ConfigError` naming the variable when a value does not parse.
+    Raises :class:`ConfigError` naming the variable when a value does not parse, and naming
+    the file when a ``tls_*`` file cannot be read. TLS paths come out absolute.
     """
     env = os.environ if environ is None else environ
     values: dict[str, object] = {}
@@ -121,7 +154,27 @@ def load_config(environ: Mapping[str, str] | None = None, **overrides: object) -
     unknown = set(values) - {f.name for f in dataclasses.fields(Config)}
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
-    return Config(**values)  # type: ignore[arg-type]
+    for name in TLS_FIELDS:  # absolute: workers may run in another folder
+        if isinstance(values.get(name), str) and values[name]:
+            values[name] = os.path.abspath(str(values[name]))
+    config = Config(**values)  # type: ignore[arg-type]
+    check_tls_files(config)
+    return config
+
+
+def check_tls_files(config: Config) -> None:
+    """Raise :class:`ConfigError` naming the setting and the file when a ``tls_*`` file is
+    missing, unreadable or empty."""
+    for name in TLS_FIELDS if config.tls else ():
+        path = getattr(config, name)
+        var = f"ORCHESTR_{name.upper()}"
+        try:
+            with open(path, "rb") as f:
+                empty = not f.read(1)
+        except OSError as exc:
+            raise ConfigError(f"{var}: cannot read {path}: {exc.strerror or exc}") from None
+        if empty:
+            raise ConfigError(f"{var}: {path} is empty; it should hold PEM data")
 
 
 def config_environ(config: Config) -> dict[str, str]:

@@ -7,7 +7,7 @@
     ├── SerializationError           a value cannot be sent (unsupported type, bad registration)
     ├── MessageTooLargeError         a message is over ``Config.max_message_bytes``
     ├── ProtocolError                a peer sent a malformed frame
-    ├── AuthenticationError          a missing or wrong cluster token
+    ├── AuthenticationError          a missing or wrong cluster token, or a refused TLS peer
     ├── ClosedResourceError          we closed the connection/cluster and then used it
     ├── BrokenResourceError          the peer went away (connection reset, EOF)
     ├── TransportError               a data-plane connection or transfer failed
@@ -94,7 +94,8 @@ class ProtocolError(OrchestrError):
 
 
 class AuthenticationError(OrchestrError):
-    """A request carried no cluster token or a wrong one."""
+    """A request carried no cluster token or a wrong one, or mutual TLS refused one side's
+    certificate (or its lack of one)."""
 
 
 class ClosedResourceError(OrchestrError):

@@ -244,12 +244,74 @@ def test_dead_nodes_are_not_used_for_placement() -> None:
         place(state, 1, {"cpu": 1}, mesh="m2")
 
 
-def test_heartbeat_revives_a_dead_node() -> None:
+def test_a_dead_node_must_register_again_before_it_counts() -> None:
     state = state_with({"a": {"cpu": 4}})
     state.expire_nodes(T0 + 100, timeout=5)
-    assert state.heartbeat("a", T0 + 101)
-    assert state.nodes["a"].alive
+    assert state.heartbeat("a", T0 + 101) is False  # register again, listing your workers
+    assert not state.nodes["a"].alive
+    assert state.rejoin("a", [], "gone") == ([], [])
+    state.register_node("a", "a:1", {"cpu": 4}, {}, now=T0 + 102)
+    assert state.heartbeat("a", T0 + 103)
     assert place(state, 1, {"cpu": 1})[0].node_id == "a"
+
+
+def _started(state: HeadState, records: list[ActorRecord], worker: str) -> None:
+    for r in records:
+        state.actor_started(r.actor_id, worker, f"tcp://{worker}", 7, ["f"])
+
+
+def test_rejoin_adopts_live_workers_and_ends_the_rest() -> None:
+    state = state_with({"b": {"cpu": 4}})
+    kept, lost = place(state, 1, {"cpu": 1}, mesh="m1"), place(state, 1, {"cpu": 1}, mesh="m2")
+    _started(state, kept, "w-kept")
+    _started(state, lost, "w-lost")
+    lost[0].max_restarts = 1
+    ended, stray = state.rejoin("b", ["w-kept", "w-stray"], "its worker was gone")
+    assert [r.actor_id for r in ended] == [lost[0].actor_id]
+    assert lost[0].state == "restarting" and lost[0].last_output == "its worker was gone"
+    assert kept[0].state == "alive"
+    assert stray == ["w-stray"]  # hosts nothing the head knows: the node stops it
+    state.register_node("b", "b:1", {"cpu": 4}, {}, now=T0 + 1)
+    assert free(state) == {"b": {"cpu": 3.0}}  # the adopted actor still holds its CPU
+
+
+def test_rejoin_ends_actors_whose_creation_was_in_flight() -> None:
+    state = state_with({"a": {"cpu": 4}})
+    both = place(state, 2, {"cpu": 1})
+    _started(state, both[:1], "w-1")
+    both[1].worker_id = "w-1"  # the head died while creating the second member in w-1
+    ended, stray = state.rejoin("a", ["w-1"], "gone")
+    assert {r.state for r in both} == {"dead"}
+    assert len(ended) == 2 and stray == ["w-1"]
+
+
+def test_restore_recomputes_free_resources_and_waits_for_registration() -> None:
+    state = state_with({"a": {"cpu": 4}})
+    _started(state, place(state, 2, {"cpu": 1}), "w-1")
+    saved_nodes, saved_actors = copy.deepcopy(
+        (list(state.nodes.values()), list(state.actors.values()))
+    )
+    again = HeadState()
+    again.restore(saved_nodes, saved_actors, now=T0 + 50)
+    assert free(again) == {"a": {"cpu": 2.0}}
+    assert again.by_worker == {"w-1": {r.actor_id for r in saved_actors}}
+    assert again.heartbeat("a", T0 + 51) is False  # loaded, not registered: register again
+    assert again.expire_nodes(T0 + 54, timeout=5) == []  # a heartbeat timeout to come back
+    assert again.expire_nodes(T0 + 56, timeout=5) == ["a"]
+
+
+def test_changes_are_marked_for_the_store() -> None:
+    state = state_with({"a": {"cpu": 4}})
+    assert state.take_dirty()[0][0].node_id == "a"
+    records = place(state, 2, {"cpu": 1})
+    nodes, actors = state.take_dirty()
+    assert nodes == [] and {a.actor_id for a in actors} == {r.actor_id for r in records}
+    assert state.take_dirty() == ([], [])
+    state.actor_ended(records[0].actor_id, stopped=True)
+    assert [a.actor_id for a in state.take_dirty()[1]] == [records[0].actor_id]
+    with pytest.raises(PlacementError):
+        place(state, 9, {"cpu": 1}, mesh="m9")
+    assert state.take_dirty() == ([], [])  # a failed placement leaves nothing to save
 
 
 def test_heartbeat_of_unknown_node_returns_false() -> None:
