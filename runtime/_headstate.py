@@ -283,7 +283,7 @@ class HeadState:
 
         def fits(n: NodeRecord, count: int = 1) -> bool:
             return (
-                n.alive
+                self.usable(n)
                 and all(n.labels.get(k) == v for k, v in labels.items())
                 and all(n.free.get(k, 0.0) + 1e-9 >= v * count for k, v in request.items())
             )
@@ -346,7 +346,7 @@ class HeadState:
     ) -> str:
         nodes = (
             "; ".join(
-                f"{n.node_id} ({'alive' if n.alive else 'dead'}) free {n.free} labels {n.labels}"
+                f"{n.node_id} ({self._condition(n)}) free {n.free} labels {n.labels}"
                 for n in self.nodes.values()
             )
             or "no nodes registered"
@@ -355,6 +355,16 @@ class HeadState:
             f"cannot place member {rank} of {size} of mesh {name!r}: it needs resources "
             f"{dict(request)} on a node with labels {dict(labels)}; {nodes}"
         )
+
+    def usable(self, node: NodeRecord) -> bool:
+        """Whether members may be placed on ``node``: alive, and registered with this head
+        (a node known only from the store is not, until it registers again)."""
+        return node.alive and node.node_id in self.joined
+
+    def _condition(self, node: NodeRecord) -> str:
+        if not node.alive:
+            return "dead"
+        return "alive" if node.node_id in self.joined else "not registered again yet"
 
     def _release(self, record: ActorRecord) -> None:
         node = self.nodes.get(record.node_id)
@@ -427,7 +437,7 @@ class HeadState:
         fits = [
             n
             for n in self.nodes.values()
-            if n.alive
+            if self.usable(n)
             and all(n.labels.get(k) == v for k, v in a.labels.items())
             and all(n.free.get(k, 0.0) + 1e-9 >= v for k, v in a.resources.items())
         ]

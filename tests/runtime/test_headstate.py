@@ -521,3 +521,13 @@ def test_strict_strategies_fail_whole_and_say_why() -> None:
     assert free(state) == before and not state.actors  # no half-created mesh
     with pytest.raises(ConfigError, match="unknown placement strategy 'BEST'"):
         place_by(state, 1, "BEST")
+
+
+def test_nothing_is_placed_on_a_node_until_it_registers_again() -> None:
+    old = state_with({"a": {"cpu": 4}})
+    again = HeadState()
+    again.restore(list(old.nodes.values()), [], now=T0)
+    with pytest.raises(PlacementError, match=r"a \(not registered again yet\)"):
+        place(again, 1, {"cpu": 1})
+    again.register_node("a", "a:1", {"cpu": 4}, {}, now=T0 + 1)
+    assert place(again, 1, {"cpu": 1})[0].node_id == "a"
