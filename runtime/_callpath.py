@@ -79,6 +79,9 @@ class CallClient:
         self._connections: dict[str, Connection] = {}
         #: actor id -> the address of its current incarnation, once it was restarted.
         self.moved: dict[str, str] = {}
+        #: Addresses of workers the head reported gone, and why: no connection is opened to
+        #: them again (a worker cut off by a partition may still run there, given up).
+        self._gone: dict[str, BrokenResourceError] = {}
         # Call spans for the job's event log: (start, end, actor, endpoint, ok), at most
         # ``_span_rate`` a second, handed to ``_span_sink`` once a second.
         self._spans: list[tuple[float, float, str, str, bool]] = []
@@ -203,9 +206,28 @@ class CallClient:
         conn = self._connections.get(address)
         if conn is None:
             conn = Connection(self, address)
+            gone = self._gone.get(address)
+            if gone is not None:  # broken from the start: its calls never leave
+                conn.abort(gone)
+                return conn
             self._connections[address] = conn
             self._spawn(self._open(conn))
         return conn
+
+    def worker_gone(self, address: str, why: str) -> None:
+        """The head reports that the worker serving calls at ``address`` is gone (it exited,
+        or its node was lost): calls in flight to it are settled now, as for a broken
+        connection (sent again to a restarted actor when that is safe, else failed with
+        :class:`ActorDiedError`), and later calls to that address never leave. Without this a
+        call to a host whose link went silently down (no reset ever comes) would wait for its
+        deadline. Never blocks; idempotent."""
+        if not address or self._closed:
+            return
+        gone = BrokenResourceError(f"the head reported the worker at {address} gone: {why}")
+        self._gone.setdefault(address, gone)
+        conn = self._connections.get(address)
+        if conn is not None:
+            conn.abort(gone)
 
     async def _open(self, conn: Connection) -> None:
         target = conn.address
@@ -276,6 +298,7 @@ class CallClient:
         self, pending: list[Pending], exc: BaseException, sent: bool, address: str
     ) -> None:
         views: dict[str, ActorView | None] = {}
+        reported_gone = self._gone.get(address) is exc  # worker_gone broke it, or refused it
         for p in pending:
             if p.future.done():
                 continue
@@ -286,8 +309,13 @@ class CallClient:
             if p.future.done():
                 continue
             moved = view is not None and view.state == "alive" and view.address != address
-            if moved and view is not None:
-                self.moved[p.actor_id] = view.address
+            # Alive where it was reported gone: a new worker took the address; use it again.
+            revived = reported_gone and view is not None and view.state == "alive" and not moved
+            if (moved or revived) and view is not None:
+                if moved:
+                    self.moved[p.actor_id] = view.address
+                else:
+                    self._gone.pop(address, None)
                 if resend and not self._closed:
                     if self.loop.time() >= p.deadline:
                         p.future.set_exception(CallTimeoutError(p.label, p.endpoint, p.timeout))
