@@ -262,7 +262,8 @@ class HeadState:
         """Reserve a node for each of ``size`` members by ``strategy`` (:data:`STRATEGIES`):
 
         - ``SPREAD``: each member on the node with most free CPU at that point (best effort:
-          load spreads over the nodes);
+          load spreads over the nodes); members that ask for no CPU go to the node holding
+          fewest of the mesh so far, then most free CPU;
         - ``PACK``: each member on the node holding most of the mesh so far, then the one
           with least free CPU that fits (best effort: as few nodes as fit);
         - ``STRICT_PACK``: every member on one node, or none;
@@ -321,6 +322,11 @@ class HeadState:
                 node = max(
                     candidates,
                     key=lambda n: (members.get(n.node_id, 0), -n.free.get("cpu", 0.0), n.node_id),
+                )
+            elif not request.get("cpu"):  # SPREAD of members that take no CPU: free CPU
+                node = max(  # does not move as they land, so spread them by count
+                    candidates,
+                    key=lambda n: (-members.get(n.node_id, 0), n.free.get("cpu", 0.0), n.node_id),
                 )
             else:
                 node = max(candidates, key=lambda n: (n.free.get("cpu", 0.0), n.node_id))

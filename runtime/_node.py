@@ -120,7 +120,9 @@ class NodeService(pb_grpc.NodeServicer):
         self.address = f"{config.bind_host}:{self.port}"
         self.head = ControlChannel(head_address, token, config)
         self.workers: dict[str, _Worker] = {}
-        self._starting = asyncio.Semaphore(config.max_starting_workers)
+        self._starting = asyncio.Semaphore(
+            config.max_starting_workers or int(detect_resources()["cpu"])
+        )
         self._heartbeat: asyncio.Task[None] | None = None
         self._missing_folders: set[str] = set()  # job folders not here, warned about once
 

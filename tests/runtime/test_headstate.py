@@ -531,3 +531,11 @@ def test_nothing_is_placed_on_a_node_until_it_registers_again() -> None:
         place(again, 1, {"cpu": 1})
     again.register_node("a", "a:1", {"cpu": 4}, {}, now=T0 + 1)
     assert place(again, 1, {"cpu": 1})[0].node_id == "a"
+
+
+def test_spread_of_members_that_take_no_cpu_spreads_them_by_count() -> None:
+    nodes = {"a": {"cpu": 4.0, "gpu": 2.0}, "b": {"cpu": 2.0, "gpu": 2.0}}
+    state = state_with(nodes)
+    placed = state.place("m", "w", "pkg:Cls", 4, {"gpu": 0.5}, {}, ids("m", 4), "SPREAD")
+    assert [r.node_id for r in placed] == ["a", "b", "a", "b"]
+    assert place_by(state_with(nodes), 3, "SPREAD", cpu=0.0) == ["a", "b", "a"]
