@@ -126,7 +126,7 @@ class WorkerExit(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., last_output: _Optional[str] = ...) -> None: ...
 
 class SpawnMeshRequest(_message.Message):
-    __slots__ = ("class_path", "init_args", "size", "resources", "labels", "name", "restart", "per_process", "python_path", "strategy")
+    __slots__ = ("class_path", "init_args", "size", "resources", "labels", "name", "restart", "per_process", "python_path", "strategy", "reservation_id")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +144,7 @@ class SpawnMeshRequest(_message.Message):
     PER_PROCESS_FIELD_NUMBER: _ClassVar[int]
     PYTHON_PATH_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
     class_path: str
     init_args: bytes
     size: int
@@ -154,7 +155,47 @@ class SpawnMeshRequest(_message.Message):
     per_process: int
     python_path: _containers.RepeatedScalarFieldContainer[str]
     strategy: str
-    def __init__(self, class_path: _Optional[str] = ..., init_args: _Optional[bytes] = ..., size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., per_process: _Optional[int] = ..., python_path: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ...) -> None: ...
+    reservation_id: str
+    def __init__(self, class_path: _Optional[str] = ..., init_args: _Optional[bytes] = ..., size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., per_process: _Optional[int] = ..., python_path: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ..., reservation_id: _Optional[str] = ...) -> None: ...
+
+class ReserveRequest(_message.Message):
+    __slots__ = ("bundles", "resources", "labels", "strategy", "name")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    BUNDLES_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    bundles: int
+    resources: Resources
+    labels: _containers.ScalarMap[str, str]
+    strategy: str
+    name: str
+    def __init__(self, bundles: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., strategy: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class ReservationInfo(_message.Message):
+    __slots__ = ("reservation_id", "name", "resources", "node_ids")
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    reservation_id: str
+    name: str
+    resources: Resources
+    node_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, reservation_id: _Optional[str] = ..., name: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("reservation_id",)
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    reservation_id: str
+    def __init__(self, reservation_id: _Optional[str] = ...) -> None: ...
 
 class RestartPolicy(_message.Message):
     __slots__ = ("max_restarts", "backoff_s", "backoff_max_s", "retry")

@@ -59,6 +59,16 @@ class HeadStub:
                 request_serializer=orchestr__pb2.StopMeshRequest.SerializeToString,
                 response_deserializer=orchestr__pb2.Ack.FromString,
                 _registered_method=True)
+        self.Reserve = channel.unary_unary(
+                '/orchestr.v1.Head/Reserve',
+                request_serializer=orchestr__pb2.ReserveRequest.SerializeToString,
+                response_deserializer=orchestr__pb2.ReservationInfo.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/orchestr.v1.Head/Release',
+                request_serializer=orchestr__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=orchestr__pb2.Ack.FromString,
+                _registered_method=True)
         self.GetActor = channel.unary_unary(
                 '/orchestr.v1.Head/GetActor',
                 request_serializer=orchestr__pb2.GetActorRequest.SerializeToString,
@@ -145,6 +155,19 @@ class HeadServicer:
 
     def StopMesh(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reserve(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
+        """Stops the actors spawned in the reservation and frees its resources. Idempotent.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -242,6 +265,16 @@ def add_HeadServicer_to_server(servicer, server):
             'StopMesh': grpc.unary_unary_rpc_method_handler(
                     servicer.StopMesh,
                     request_deserializer=orchestr__pb2.StopMeshRequest.FromString,
+                    response_serializer=orchestr__pb2.Ack.SerializeToString,
+            ),
+            'Reserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reserve,
+                    request_deserializer=orchestr__pb2.ReserveRequest.FromString,
+                    response_serializer=orchestr__pb2.ReservationInfo.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=orchestr__pb2.ReleaseRequest.FromString,
                     response_serializer=orchestr__pb2.Ack.SerializeToString,
             ),
             'GetActor': grpc.unary_unary_rpc_method_handler(
@@ -434,6 +467,60 @@ class Head:
             target,
             '/orchestr.v1.Head/StopMesh',
             orchestr__pb2.StopMeshRequest.SerializeToString,
+            orchestr__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchestr.v1.Head/Reserve',
+            orchestr__pb2.ReserveRequest.SerializeToString,
+            orchestr__pb2.ReservationInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchestr.v1.Head/Release',
+            orchestr__pb2.ReleaseRequest.SerializeToString,
             orchestr__pb2.Ack.FromString,
             options,
             channel_credentials,

@@ -30,6 +30,7 @@ from ._headstate import STRATEGIES, validate_resources
 from ._mesh import Member, Mesh
 from ._node import NodeService
 from ._phases import FabricHints, Phase, RecordingHints, make_phase
+from ._reservation import Reservation
 from ._supervise import RestartPolicy, SuperviseHook, Supervisor, check_spawn_options
 from ._tls import install_stream_tls
 from .config import Config, load_config
@@ -61,6 +62,8 @@ class JobContext:
         self.job_id = job_id
         self._stub = head.stub(pb_grpc.HeadStub)
         self._meshes: list[Mesh] = []
+        self._reservations: list[Reservation] = []
+        self._reserved_in: dict[str, str] = {}  # mesh id -> the reservation it was spawned in
         #: The job's event log (JSON lines); exported as ``trace.json`` when the job ends.
         self.events = EventLog(os.path.join(session_dir, "events.jsonl"))
         #: Where phase hints go: the fabric manager, or (by default) a recorder.
@@ -129,6 +132,7 @@ class JobContext:
         supervise: SuperviseHook = None,
         per_process: int = 1,
         strategy: str = "SPREAD",
+        reservation: Reservation | None = None,
         **kwargs: Any,
     ) -> Mesh:
         """Create ``n`` actors of class ``actor`` (a class or ``"module:Class"``), each built with
@@ -144,7 +148,9 @@ class JobContext:
         with it, and each is restarted in a process of its own. ``strategy`` places the
         members over nodes: ``"SPREAD"`` (each member where most CPU is free),
         ``"PACK"`` (as few nodes as fit), ``"STRICT_PACK"`` (one node or none),
-        ``"STRICT_SPREAD"`` (a node each or none).
+        ``"STRICT_SPREAD"`` (a node each or none). ``reservation`` (from :meth:`reserve`)
+        places the members in its free bundles instead, one each; ``resources`` then default
+        to a bundle's and may not exceed it.
 
         Raises :class:`PlacementError`, or :class:`SpawnError` with the remote traceback when
         an import or ``__init__`` fails. Not idempotent.
@@ -161,6 +167,8 @@ class JobContext:
             )
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in (labels or {}).items()):
             raise ConfigError(f"labels map strings to strings, got {labels!r}")
+        if reservation is not None and not isinstance(reservation, Reservation):
+            raise ConfigError(f"reservation must come from ctx.reserve, got {reservation!r}")
         init_args, buffers = _serde.encode([list(args), kwargs])
         if buffers:
             raise ConfigError(
@@ -180,6 +188,7 @@ class JobContext:
             # the job's environment) puts it first on its workers' PYTHONPATH.
             python_path=_import_path(),
             strategy=strategy,
+            reservation_id=reservation.reservation_id if reservation is not None else "",
         )
         info = await self.head.rpc(self._stub.SpawnMesh, request, timeout=None)
         mesh = Mesh(
@@ -193,9 +202,61 @@ class JobContext:
         saves = not isinstance(actor, str) and saves_state(actor)
         self.supervisor.adopt(mesh, policy, supervise, saves)
         self._meshes.append(mesh)
+        if reservation is not None:
+            self._reserved_in[mesh.mesh_id] = reservation.reservation_id
         self.events.record("spawn", mesh=mesh.name, size=n, class_path=mesh.class_path)
         log.info("spawned", mesh=mesh.name, size=n)
         return mesh
+
+    async def reserve(
+        self,
+        n: int = 1,
+        *,
+        resources: Mapping[str, float] | None = None,
+        labels: Mapping[str, str] | None = None,
+        strategy: str = "SPREAD",
+        name: str | None = None,
+    ) -> Reservation:
+        """Hold ``n`` bundles of ``resources`` on nodes carrying ``labels``, placed at once by
+        ``strategy`` (as :meth:`spawn` places members), or none: a gang reserved ahead of
+        spawning, like a Ray placement group. Spawn into it with ``spawn(...,
+        reservation=r)``; ``await r.release()`` (or the job's end) frees it. Raises
+        :class:`PlacementError` saying what was missing."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"n must be a positive integer, got {n!r}")
+        if strategy not in STRATEGIES:
+            raise ConfigError(
+                f"unknown placement strategy {strategy!r}; say one of {', '.join(STRATEGIES)}"
+            )
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in (labels or {}).items()):
+            raise ConfigError(f"labels map strings to strings, got {labels!r}")
+        info = await self.head.rpc(
+            self._stub.Reserve,
+            pb.ReserveRequest(
+                bundles=n,
+                resources=pb.Resources(amounts=validate_resources(resources or {})),
+                labels=dict(labels or {}),
+                strategy=strategy,
+                name=name or "",
+            ),
+        )
+        r = Reservation(
+            info.reservation_id, info.name, dict(info.resources.amounts), list(info.node_ids), self
+        )
+        self._reservations.append(r)
+        self.events.record("reserve", reservation=r.name, bundles=n)
+        return r
+
+    async def release(self, reservation: Reservation) -> None:
+        """Free ``reservation`` and stop the actors spawned in it. Idempotent."""
+        for mesh in self._meshes:  # their members end with it: not a failure
+            if self._reserved_in.get(mesh.mesh_id) == reservation.reservation_id:
+                self.supervisor.forget(mesh)
+        await self.head.rpc(
+            self._stub.Release, pb.ReleaseRequest(reservation_id=reservation.reservation_id)
+        )
+        if reservation in self._reservations:
+            self._reservations.remove(reservation)
 
     def write_trace(self, folder: str | os.PathLike[str]) -> str:
         """Copy the job's event log so far to ``folder/events.jsonl`` and write its
@@ -355,6 +416,7 @@ async def job_session(
         finally:
             with contextlib.suppress(OrchestrError):
                 await asyncio.gather(*(ctx.stop(m) for m in ctx._meshes))
+                await asyncio.gather(*(ctx.release(r) for r in list(ctx._reservations)))
             set_current_client(None)
             await client.aclose()
             fabric.shutdown()

@@ -134,8 +134,8 @@ class HeadService(pb_grpc.HeadServicer):
         self.meshes: dict[str, MeshRecord] = {}
         self._dirty_meshes: set[str] = set()
         if store is not None:
-            nodes, actors, meshes = store.load()
-            self.state.restore(nodes, actors, self.state.now())
+            nodes, actors, meshes, reservations = store.load()
+            self.state.restore(nodes, actors, self.state.now(), reservations)
             self.meshes = {m.mesh_id: m for m in meshes}
             if nodes or actors:
                 log.info(
@@ -196,10 +196,10 @@ class HeadService(pb_grpc.HeadServicer):
         """Write what changed since the last save to the store (one transaction)."""
         if self.store is None:
             return
-        nodes, actors = self.state.take_dirty()
+        nodes, actors, reservations = self.state.take_dirty()
         meshes = [self.meshes[m] for m in self._dirty_meshes if m in self.meshes]
         self._dirty_meshes.clear()
-        self.store.save(nodes, actors, meshes)
+        self.store.save(nodes, actors, meshes, reservations)
 
     async def _save_every(self, period: float) -> None:
         """Changes made outside an RPC's own save (a worker's creation finishing) reach the
@@ -332,6 +332,7 @@ class HeadService(pb_grpc.HeadServicer):
                 dict(request.labels),
                 {r: f"a-{secrets.token_hex(6)}" for r in range(request.size)},
                 request.strategy or "SPREAD",
+                request.reservation_id,
             )
         except OrchestrError as exc:
             await abort_with(context, exc)
@@ -462,6 +463,34 @@ class HeadService(pb_grpc.HeadServicer):
         if mesh is not None:
             mesh.stopped = True
             self._dirty_meshes.add(mesh.mesh_id)
+        self.save()
+        return pb.Ack()
+
+    async def Reserve(self, request: Any, context: Any) -> pb.ReservationInfo:
+        name = request.name or "reservation"
+        try:
+            r = self.state.reserve(
+                f"r-{secrets.token_hex(6)}",
+                name,
+                request.bundles,
+                dict(request.resources.amounts),
+                dict(request.labels),
+                request.strategy or "SPREAD",
+            )
+        except OrchestrError as exc:
+            await abort_with(context, exc)
+        self.save()
+        log.info("reserved", reservation=r.reservation_id, name=name, bundles=len(r.node_ids))
+        return pb.ReservationInfo(
+            reservation_id=r.reservation_id,
+            name=r.name,
+            resources=pb.Resources(amounts=r.resources),
+            node_ids=r.node_ids,
+        )
+
+    async def Release(self, request: Any, context: Any) -> pb.Ack:
+        live = self.state.release(request.reservation_id)
+        await self._stop_members(live)
         self.save()
         return pb.Ack()
 

@@ -14,6 +14,7 @@ __all__ = [
     "ActorRecord",
     "HeadState",
     "NodeRecord",
+    "Reservation",
     "validate_python_path",
     "validate_resources",
 ]
@@ -111,10 +112,27 @@ class ActorRecord:
     #: Folders its workers put first on ``sys.path`` (the spawning job's import path); a
     #: restart uses them too.
     python_path: list[str] = dataclasses.field(default_factory=list)
+    #: The reservation whose bundle it occupies (the bundle holds its resources), if any.
+    reservation_id: str = ""
+    bundle: int = -1
 
     @property
     def label(self) -> str:
         return f"{self.name}[{self.rank}]"
+
+
+@dataclasses.dataclass
+class Reservation:
+    """Resources held on nodes ahead of spawning (a placement group): one bundle of
+    ``resources`` on ``node_ids[i]`` for each ``i``; meshes spawned into it take free bundles."""
+
+    reservation_id: str
+    name: str
+    resources: dict[str, float]
+    node_ids: list[str]
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    strategy: str = "SPREAD"
+    released: bool = False
 
 
 class HeadState:
@@ -122,30 +140,39 @@ class HeadState:
         self.nodes: dict[str, NodeRecord] = {}
         self.actors: dict[str, ActorRecord] = {}
         self.by_worker: dict[str, set[str]] = {}  # worker id -> the actors it hosts
+        self.reservations: dict[str, Reservation] = {}
         #: Nodes that registered with this head (not merely loaded from its store).
         self.joined: set[str] = set()
         #: Records changed since the store last saved them (see :meth:`take_dirty`).
         self.dirty_actors: set[str] = set()
         self.dirty_nodes: set[str] = set()
+        self.dirty_reservations: set[str] = set()
 
-    def take_dirty(self) -> tuple[list[NodeRecord], list[ActorRecord]]:
+    def take_dirty(self) -> tuple[list[NodeRecord], list[ActorRecord], list[Reservation]]:
         """The records changed since the last call, to save; clears the marks."""
         nodes = [self.nodes[i] for i in self.dirty_nodes if i in self.nodes]
         actors = [self.actors[i] for i in self.dirty_actors if i in self.actors]
+        held = [self.reservations[i] for i in self.dirty_reservations if i in self.reservations]
         self.dirty_nodes.clear()
         self.dirty_actors.clear()
-        return nodes, actors
+        self.dirty_reservations.clear()
+        return nodes, actors, held
 
     def _touch(self, record: ActorRecord) -> ActorRecord:
         self.dirty_actors.add(record.actor_id)
         return record
 
     def restore(
-        self, nodes: Sequence[NodeRecord], actors: Sequence[ActorRecord], now: float
+        self,
+        nodes: Sequence[NodeRecord],
+        actors: Sequence[ActorRecord],
+        now: float,
+        reservations: Sequence[Reservation] = (),
     ) -> None:
         """Take the records a previous head saved. Its nodes count as alive for one heartbeat
         timeout from ``now``, the time they have to register again (see :meth:`rejoin`); each
         node's free resources are recomputed from the actors it holds."""
+        self.reservations.update((r.reservation_id, r) for r in reservations)
         for a in actors:
             self.actors[a.actor_id] = a
             if a.worker_id and a.state in ("starting", "alive"):
@@ -240,11 +267,22 @@ class HeadState:
         return dead
 
     def _used_on(self, node_id: str) -> dict[str, float]:
-        used: dict[str, float] = {}
+        """What a node's actors and reservations hold (an actor in a reservation's bundle
+        holds nothing of its own)."""
+        held = [
+            r.resources
+            for r in self.reservations.values()
+            if not r.released
+            for bundle_node in r.node_ids
+            if bundle_node == node_id
+        ]
         for a in self.actors.values():
-            if a.node_id == node_id and a.state in ("starting", "alive"):
-                for k, v in a.resources.items():
-                    used[k] = used.get(k, 0.0) + v
+            if a.node_id == node_id and a.state in ("starting", "alive") and not a.reservation_id:
+                held.append(a.resources)
+        used: dict[str, float] = {}
+        for resources in held:
+            for k, v in resources.items():
+                used[k] = used.get(k, 0.0) + v
         return used
 
     # -- placement -----------------------------------------------------------------------
@@ -258,6 +296,7 @@ class HeadState:
         labels: Mapping[str, str],
         new_id: Mapping[int, str],
         strategy: str = "SPREAD",
+        reservation_id: str = "",
     ) -> list[ActorRecord]:
         """Reserve a node for each of ``size`` members by ``strategy`` (:data:`STRATEGIES`):
 
@@ -269,17 +308,45 @@ class HeadState:
         - ``STRICT_PACK``: every member on one node, or none;
         - ``STRICT_SPREAD``: every member on a node of its own, or none.
 
+        With ``reservation_id``, the members take that reservation's free bundles instead
+        (see :meth:`reserve`).
+
         All or nothing: raises :class:`PlacementError` naming what was asked and what each node
         has free, with nothing reserved; :class:`ConfigError` for an unknown strategy.
         """
         if size < 1:
             raise ConfigError(f"a mesh needs at least one member, got n={size}")
+        request = validate_resources(resources)
+        if reservation_id:
+            return self._place_reserved(
+                mesh_id, name, class_path, size, request, new_id, reservation_id
+            )
+        nodes = self._choose(name, size, request, labels, strategy)
+        placed = []
+        for rank, node in enumerate(nodes):
+            record = ActorRecord(
+                new_id[rank], mesh_id, name, rank, class_path, node.node_id, request
+            )
+            record.labels = dict(labels)
+            self.actors[record.actor_id] = record
+            placed.append(self._touch(record))
+        return placed
+
+    def _choose(
+        self,
+        name: str,
+        size: int,
+        request: Mapping[str, float],
+        labels: Mapping[str, str],
+        strategy: str,
+    ) -> list[NodeRecord]:
+        """A node for each of ``size`` members (see :meth:`place`), each node's free resources
+        taken as it is chosen; all or nothing."""
         if strategy not in STRATEGIES:
             raise ConfigError(
                 f"unknown placement strategy {strategy!r}; say one of {', '.join(STRATEGIES)}"
             )
-        request = validate_resources(resources)
-        placed: list[ActorRecord] = []
+        chosen: list[NodeRecord] = []
         members: dict[str, int] = {}  # node id -> members of this mesh placed there
 
         def fits(n: NodeRecord, count: int = 1) -> bool:
@@ -288,12 +355,6 @@ class HeadState:
                 and all(n.labels.get(k) == v for k, v in labels.items())
                 and all(n.free.get(k, 0.0) + 1e-9 >= v * count for k, v in request.items())
             )
-
-        def undo() -> None:
-            for record in placed:
-                self._release(record)
-                del self.actors[record.actor_id]
-                self.dirty_actors.discard(record.actor_id)
 
         only: NodeRecord | None = None
         if strategy == "STRICT_PACK":
@@ -313,7 +374,9 @@ class HeadState:
             elif strategy == "STRICT_SPREAD":
                 candidates = [n for n in candidates if n.node_id not in members]
             if not candidates:
-                undo()  # first, so the message shows what the nodes have without this mesh
+                for node in chosen:  # first, so the message shows the nodes without this mesh
+                    for k, v in request.items():
+                        node.free[k] = node.free.get(k, 0.0) + v
                 why = self._explain(name, rank, size, request, labels)
                 if strategy == "STRICT_SPREAD":
                     why = f"STRICT_SPREAD: every member needs a node of its own; {why}"
@@ -333,14 +396,107 @@ class HeadState:
             for k, v in request.items():
                 node.free[k] = node.free.get(k, 0.0) - v
             members[node.node_id] = members.get(node.node_id, 0) + 1
-            record = ActorRecord(
-                new_id[rank], mesh_id, name, rank, class_path, node.node_id, request
+            chosen.append(node)
+        return chosen
+
+    # -- reservations --------------------------------------------------------------------
+    def reserve(
+        self,
+        reservation_id: str,
+        name: str,
+        bundles: int,
+        resources: Mapping[str, float],
+        labels: Mapping[str, str],
+        strategy: str = "SPREAD",
+    ) -> Reservation:
+        """Take ``bundles`` bundles of ``resources`` on nodes chosen by ``strategy`` (as
+        :meth:`place` chooses them), all at once or none, for meshes spawned into it later.
+        Raises :class:`PlacementError` or :class:`ConfigError`."""
+        if bundles < 1:
+            raise ConfigError(f"a reservation needs at least one bundle, got {bundles}")
+        request = validate_resources(resources)
+        nodes = self._choose(name, bundles, request, labels, strategy)
+        r = Reservation(
+            reservation_id, name, request, [n.node_id for n in nodes], dict(labels), strategy
+        )
+        self.reservations[reservation_id] = r
+        self.dirty_reservations.add(reservation_id)
+        return r
+
+    def _place_reserved(
+        self,
+        mesh_id: str,
+        name: str,
+        class_path: str,
+        size: int,
+        request: dict[str, float],
+        new_id: Mapping[int, str],
+        reservation_id: str,
+    ) -> list[ActorRecord]:
+        r = self.reservations.get(reservation_id)
+        if r is None or r.released:
+            state = "released" if r is not None else "unknown"
+            raise ConfigError(f"reservation {reservation_id!r} is {state}")
+        request = request or dict(r.resources)
+        over = {k: v for k, v in request.items() if v > r.resources.get(k, 0.0) + 1e-9}
+        if over:
+            raise PlacementError(
+                f"mesh {name!r} asks for {over} a member, more than a bundle of reservation "
+                f"{r.name!r} holds ({r.resources})"
             )
-            record.labels = dict(labels)
+        held = {
+            a.bundle
+            for a in self.actors.values()
+            if a.reservation_id == reservation_id and a.state in ("starting", "alive", "restarting")
+        }
+        free = [i for i in range(len(r.node_ids)) if i not in held]
+        if len(free) < size:
+            raise PlacementError(
+                f"reservation {r.name!r} has {len(free)} free bundle(s) of {len(r.node_ids)}; "
+                f"mesh {name!r} needs {size}"
+            )
+        for bundle in free[:size]:
+            node = self.nodes.get(r.node_ids[bundle])
+            if node is None or not self.usable(node):
+                raise PlacementError(
+                    f"bundle {bundle} of reservation {r.name!r} is on node {r.node_ids[bundle]}, "
+                    f"which is {'unknown' if node is None else self._condition(node)}"
+                )
+        placed = []
+        for rank, bundle in enumerate(free[:size]):
+            record = ActorRecord(
+                new_id[rank], mesh_id, name, rank, class_path, r.node_ids[bundle], request
+            )
+            record.labels = dict(r.labels)
+            record.reservation_id, record.bundle = reservation_id, bundle
             self.actors[record.actor_id] = record
-            self._touch(record)
-            placed.append(record)
+            placed.append(self._touch(record))
         return placed
+
+    def release(self, reservation_id: str) -> list[ActorRecord]:
+        """Give a reservation's resources back to its nodes. Returns the actors still placed
+        in it (``starting`` or ``alive``: the caller stops them); those waiting for a restart
+        are dead. Unknown or released already: nothing."""
+        r = self.reservations.get(reservation_id)
+        if r is None or r.released:
+            return []
+        r.released = True
+        self.dirty_reservations.add(reservation_id)
+        for node_id in r.node_ids:
+            node = self.nodes.get(node_id)
+            if node is not None:
+                for k, v in r.resources.items():
+                    node.free[k] = node.free.get(k, 0.0) + v
+        live = []
+        for a in self.actors.values():
+            if a.reservation_id != reservation_id:
+                continue
+            if a.state == "restarting":
+                a.state = "dead"
+                self._touch(a)
+            elif a.state in ("starting", "alive"):
+                live.append(a)
+        return live
 
     def _explain(
         self,
@@ -374,7 +530,7 @@ class HeadState:
 
     def _release(self, record: ActorRecord) -> None:
         node = self.nodes.get(record.node_id)
-        if node is not None:
+        if node is not None and not record.reservation_id:  # else its bundle keeps them
             for k, v in record.resources.items():
                 node.free[k] = node.free.get(k, 0.0) + v
 
@@ -440,18 +596,35 @@ class HeadState:
             state = "unknown" if a is None else a.state
             raise ConfigError(f"actor {actor_id!r} is {state}, not waiting for a restart")
         old = self.nodes.get(a.node_id)
-        fits = [
-            n
-            for n in self.nodes.values()
-            if self.usable(n)
-            and all(n.labels.get(k) == v for k, v in a.labels.items())
-            and all(n.free.get(k, 0.0) + 1e-9 >= v for k, v in a.resources.items())
-        ]
-        if not fits:
-            raise PlacementError(self._explain(a.name, a.rank, 1, a.resources, a.labels))
-        node = old if old in fits else max(fits, key=lambda n: (n.free.get("cpu", 0.0), n.node_id))
-        for k, v in a.resources.items():
-            node.free[k] = node.free.get(k, 0.0) - v
+        if a.reservation_id:  # back into its bundle, which kept its resources
+            r = self.reservations.get(a.reservation_id)
+            if r is None or r.released or old is None or not self.usable(old):
+                where = (
+                    "released"
+                    if r is None or r.released
+                    else f"on node {a.node_id}, "
+                    + ("unknown" if old is None else self._condition(old))
+                )
+                raise PlacementError(
+                    f"{a.label} cannot restart in its bundle of reservation "
+                    f"{a.reservation_id!r}: it is {where}"
+                )
+            node = old
+        else:
+            fits = [
+                n
+                for n in self.nodes.values()
+                if self.usable(n)
+                and all(n.labels.get(k) == v for k, v in a.labels.items())
+                and all(n.free.get(k, 0.0) + 1e-9 >= v for k, v in a.resources.items())
+            ]
+            if not fits:
+                raise PlacementError(self._explain(a.name, a.rank, 1, a.resources, a.labels))
+            node = (
+                old if old in fits else max(fits, key=lambda n: (n.free.get("cpu", 0.0), n.node_id))
+            )
+            for k, v in a.resources.items():
+                node.free[k] = node.free.get(k, 0.0) - v
         a.node_id = node.node_id
         a.state = "starting"
         a.restarts += 1

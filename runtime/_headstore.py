@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ._headstate import ActorRecord, NodeRecord
+from ._headstate import ActorRecord, NodeRecord, Reservation
 from .errors import ConfigError
 
 __all__ = ["STORE_FILE", "HeadStore", "MeshRecord"]
@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS actors (
     record TEXT NOT NULL,
     init_args BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS reservations (reservation_id TEXT PRIMARY KEY, record TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (job_id TEXT PRIMARY KEY, record TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS packages (
     job_id TEXT PRIMARY KEY,
@@ -103,20 +104,25 @@ class HeadStore:
         nodes: Iterable[NodeRecord] = (),
         actors: Iterable[ActorRecord] = (),
         meshes: Iterable[MeshRecord] = (),
+        reservations: Iterable[Reservation] = (),
     ) -> None:
         """Write these records (inserted or replaced) in one transaction."""
         node_rows = [(n.node_id, json.dumps(dataclasses.asdict(n))) for n in nodes]
         actor_rows = [(a.actor_id, a.mesh_id, _actor_json(a), a.init_args) for a in actors]
         mesh_rows = [(m.mesh_id, json.dumps(dataclasses.asdict(m))) for m in meshes]
-        if not (node_rows or actor_rows or mesh_rows):
+        held_rows = [(r.reservation_id, json.dumps(dataclasses.asdict(r))) for r in reservations]
+        if not (node_rows or actor_rows or mesh_rows or held_rows):
             return
         with self._transaction():
             self._db.executemany("INSERT OR REPLACE INTO nodes VALUES (?, ?)", node_rows)
             self._db.executemany("INSERT OR REPLACE INTO actors VALUES (?, ?, ?, ?)", actor_rows)
             self._db.executemany("INSERT OR REPLACE INTO meshes VALUES (?, ?)", mesh_rows)
+            self._db.executemany("INSERT OR REPLACE INTO reservations VALUES (?, ?)", held_rows)
 
-    def load(self) -> tuple[list[NodeRecord], list[ActorRecord], list[MeshRecord]]:
-        """Every node, actor and mesh saved, as records."""
+    def load(
+        self,
+    ) -> tuple[list[NodeRecord], list[ActorRecord], list[MeshRecord], list[Reservation]]:
+        """Every node, actor, mesh and reservation saved, as records."""
         nodes = [
             NodeRecord(**json.loads(r[0])) for r in self._db.execute("SELECT record FROM nodes")
         ]
@@ -128,7 +134,11 @@ class HeadStore:
         meshes = [
             MeshRecord(**json.loads(r[0])) for r in self._db.execute("SELECT record FROM meshes")
         ]
-        return nodes, actors, meshes
+        held = [
+            Reservation(**json.loads(r[0]))
+            for r in self._db.execute("SELECT record FROM reservations")
+        ]
+        return nodes, actors, meshes, held
 
     # -- jobs ----------------------------------------------------------------------------
     def save_job(self, job_id: str, record: dict[str, Any], package: bytes | None = None) -> None:

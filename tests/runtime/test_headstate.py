@@ -304,14 +304,14 @@ def test_changes_are_marked_for_the_store() -> None:
     state = state_with({"a": {"cpu": 4}})
     assert state.take_dirty()[0][0].node_id == "a"
     records = place(state, 2, {"cpu": 1})
-    nodes, actors = state.take_dirty()
+    nodes, actors, _ = state.take_dirty()
     assert nodes == [] and {a.actor_id for a in actors} == {r.actor_id for r in records}
-    assert state.take_dirty() == ([], [])
+    assert state.take_dirty() == ([], [], [])
     state.actor_ended(records[0].actor_id, stopped=True)
     assert [a.actor_id for a in state.take_dirty()[1]] == [records[0].actor_id]
     with pytest.raises(PlacementError):
         place(state, 9, {"cpu": 1}, mesh="m9")
-    assert state.take_dirty() == ([], [])  # a failed placement leaves nothing to save
+    assert state.take_dirty() == ([], [], [])  # a failed placement leaves nothing to save
 
 
 def test_heartbeat_of_unknown_node_returns_false() -> None:
@@ -539,3 +539,61 @@ def test_spread_of_members_that_take_no_cpu_spreads_them_by_count() -> None:
     placed = state.place("m", "w", "pkg:Cls", 4, {"gpu": 0.5}, {}, ids("m", 4), "SPREAD")
     assert [r.node_id for r in placed] == ["a", "b", "a", "b"]
     assert place_by(state_with(nodes), 3, "SPREAD", cpu=0.0) == ["a", "b", "a"]
+
+
+# -- reservations ----------------------------------------------------------------------------
+def test_a_reservation_holds_bundles_until_released() -> None:
+    state = state_with({"a": {"cpu": 4}, "b": {"cpu": 4}})
+    r = state.reserve("r1", "gang", 2, {"cpu": 3}, {}, "STRICT_SPREAD")
+    assert sorted(r.node_ids) == ["a", "b"]
+    assert free(state) == {"a": {"cpu": 1.0}, "b": {"cpu": 1.0}}
+    with pytest.raises(PlacementError, match="cannot place member 0"):
+        place(state, 1, {"cpu": 2}, mesh="outside")  # the bundles hold the CPUs
+    inside = state.place("m", "w", "pkg:Cls", 2, {}, {}, ids("m", 2), reservation_id="r1")
+    assert [x.node_id for x in inside] == r.node_ids and [x.bundle for x in inside] == [0, 1]
+    assert [x.resources for x in inside] == [{"cpu": 3.0}] * 2  # a bundle's, by default
+    assert free(state) == {"a": {"cpu": 1.0}, "b": {"cpu": 1.0}}  # taken from the bundles
+    with pytest.raises(PlacementError, match="0 free bundle"):
+        state.place("m2", "w", "pkg:Cls", 1, {}, {}, ids("m2", 1), reservation_id="r1")
+    state.actor_ended(inside[0].actor_id, stopped=True)  # its bundle is free again ...
+    assert free(state) == {"a": {"cpu": 1.0}, "b": {"cpu": 1.0}}  # ... and keeps the CPUs
+    again = state.place("m3", "w", "pkg:Cls", 1, {"cpu": 1}, {}, ids("m3", 1), reservation_id="r1")
+    assert again[0].bundle == 0
+    live = state.release("r1")
+    assert [x.actor_id for x in live] == [inside[1].actor_id, again[0].actor_id]
+    assert free(state) == {"a": {"cpu": 4.0}, "b": {"cpu": 4.0}}
+    assert state.release("r1") == []  # idempotent
+    with pytest.raises(ConfigError, match="'r1' is released"):
+        state.place("m4", "w", "pkg:Cls", 1, {}, {}, ids("m4", 1), reservation_id="r1")
+
+
+def test_reservations_are_all_or_nothing_and_checked() -> None:
+    state = state_with({"a": {"cpu": 4}})
+    with pytest.raises(PlacementError, match="STRICT_SPREAD"):
+        state.reserve("r1", "gang", 2, {"cpu": 1}, {}, "STRICT_SPREAD")
+    assert free(state) == {"a": {"cpu": 4.0}} and state.reservations == {}
+    state.reserve("r2", "small", 1, {"cpu": 1}, {}, "PACK")
+    with pytest.raises(PlacementError, match=r"asks for \{'cpu': 2.0\} a member, more than"):
+        state.place("m", "w", "pkg:Cls", 1, {"cpu": 2}, {}, ids("m", 1), reservation_id="r2")
+    with pytest.raises(ConfigError, match="'nope' is unknown"):
+        state.place("m", "w", "pkg:Cls", 1, {}, {}, ids("m", 1), reservation_id="nope")
+
+
+def test_a_reserved_actor_restarts_in_its_bundle_and_restore_counts_bundles() -> None:
+    state = state_with({"a": {"cpu": 4}, "b": {"cpu": 4}})
+    state.reserve("r1", "gang", 1, {"cpu": 2}, {}, "PACK")
+    (member,) = state.place("m", "w", "pkg:Cls", 1, {}, {}, ids("m", 1), reservation_id="r1")
+    member.max_restarts = 1
+    _started(state, [member], "w-1")
+    state.worker_exited("w-1", 1, 0)
+    restarted = state.restart(member.actor_id)
+    assert restarted.node_id == state.reservations["r1"].node_ids[0]
+    before = free(state)
+    again = HeadState()
+    again.restore(
+        copy.deepcopy(list(state.nodes.values())),
+        copy.deepcopy(list(state.actors.values())),
+        now=T0,
+        reservations=copy.deepcopy(list(state.reservations.values())),
+    )
+    assert free(again) == before  # the bundle counted once, not with its actor again

@@ -20,13 +20,15 @@ def test_state_round_trips_through_the_store(tmp_path: Path) -> None:
     record.python_path = ["/job"]
     state.actor_started("a-1", "w-1", "tcp://10.0.0.2:6000", 42, ["step"])
     store = HeadStore(tmp_path / "head.sqlite")
-    nodes, actors = state.take_dirty()
-    store.save(nodes, actors, [MeshRecord("m1", "w", "pkg:Cls", 1, "PACK")])
+    state.reserve("r-1", "gang", 1, {"cpu": 2}, {"zone": "x"}, "STRICT_SPREAD")
+    nodes, actors, held = state.take_dirty()
+    store.save(nodes, actors, [MeshRecord("m1", "w", "pkg:Cls", 1, "PACK")], held)
     store.close()
 
     again = HeadStore(tmp_path / "head.sqlite")
-    (node,), (actor,), (mesh,) = again.load()
+    (node,), (actor,), (mesh,), (reservation,) = again.load()
     assert node == state.nodes["n1"]
+    assert reservation == state.reservations["r-1"] and reservation.node_ids == ["n1"]
     assert actor == record and actor.init_args == b"\x00\x01 arguments"
     assert mesh.strategy == "PACK" and not mesh.stopped
     mode = sqlite3.connect(tmp_path / "head.sqlite").execute("PRAGMA journal_mode").fetchone()
