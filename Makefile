@@ -54,6 +54,7 @@ bench: setup
 	$(PY) bench/transfer.py
 	$(PY) bench/dataflow.py
 	$(PY) bench/rl_throughput.py
+	$(PY) bench/cluster.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
