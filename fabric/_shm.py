@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import errno
 import mmap
 import os
@@ -40,7 +39,9 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+# The process's own symbols, libc's among them: ``ctypes.util.find_library("c")`` runs
+# ``ldconfig -p`` in a child process, a cost every worker paid at start-up.
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.process_vm_readv.restype = ctypes.c_ssize_t
 _libc.process_vm_writev.restype = ctypes.c_ssize_t
 _PR_SET_PTRACER = 0x59616D61

@@ -27,15 +27,8 @@ import os as _os
 # print warnings here.
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-from ._actor import Actor, endpoint
-from ._channelstate import Staleness
-from ._driver import JobContext, open_local_cluster, run
-from ._graph import Graph, GraphNode, Versioned
-from ._graphrun import GraphRun
-from ._mesh import Endpoint, Mesh
-from ._phases import Collective
-from ._serde import register
-from ._supervise import Failure, RestartPolicy
+from typing import TYPE_CHECKING
+
 from .config import Config, load_config
 from .errors import (
     ActorDiedError,
@@ -61,7 +54,21 @@ from .errors import (
     TransportError,
     TransportUnavailableError,
 )
-from .fabric import Buffer
+
+if TYPE_CHECKING:
+    from . import fabric as fabric
+    from . import protos as protos
+    from ._actor import Actor, endpoint
+    from ._channelstate import Staleness
+    from ._driver import JobContext, open_local_cluster, run
+    from ._graph import Graph, GraphNode, Versioned
+    from ._graphrun import GraphRun
+    from ._mesh import Endpoint, Mesh
+    from ._phases import Collective
+    from ._reservation import Reservation
+    from ._serde import register
+    from ._supervise import Failure, RestartPolicy
+    from .fabric import Buffer
 
 __version__ = "0.1.0"
 
@@ -93,6 +100,7 @@ __all__ = [
     "OrchestrError",
     "PlacementError",
     "ProtocolError",
+    "Reservation",
     "RestartPolicy",
     "SerializationError",
     "SpawnError",
@@ -109,3 +117,49 @@ __all__ = [
     "register",
     "run",
 ]
+
+# The rest of the API loads on first use (PEP 562): a worker process imports ``orchestr`` on
+# its way to ``orchestr._worker`` and should not pay for the driver, the head and the graph
+# modules it never runs. Which module defines each name:
+_LAZY = {
+    "Actor": "._actor",
+    "endpoint": "._actor",
+    "Staleness": "._channelstate",
+    "JobContext": "._driver",
+    "open_local_cluster": "._driver",
+    "run": "._driver",
+    "Graph": "._graph",
+    "GraphNode": "._graph",
+    "Versioned": "._graph",
+    "GraphRun": "._graphrun",
+    "Endpoint": "._mesh",
+    "Mesh": "._mesh",
+    "Collective": "._phases",
+    "Reservation": "._reservation",
+    "register": "._serde",
+    "Failure": "._supervise",
+    "RestartPolicy": "._supervise",
+    "Buffer": ".fabric",
+}
+#: Subpackages ``import orchestr`` used to load as a side effect; ``orchestr.fabric`` keeps
+#: working without its own import.
+_SUBPACKAGES = ("fabric", "protos")
+
+
+if not TYPE_CHECKING:  # mypy reads the imports above, and still flags a misspelt name
+
+    def __getattr__(name: str) -> object:
+        import importlib
+
+        if name in _SUBPACKAGES:
+            return importlib.import_module(f".{name}", __name__)
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_SUBPACKAGES})

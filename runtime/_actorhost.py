@@ -15,13 +15,15 @@ import asyncio
 import collections
 import inspect
 import traceback
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from ._actor import Actor, EndpointSpec, saves_state
 from ._distributed import JOIN_ENDPOINT, STORE_ENDPOINT, join, open_store
-from ._stats import ActorStats, EndpointStats
+
+if TYPE_CHECKING:
+    from ._stats import ActorStats
 
 __all__ = ["ActorHost", "Counts", "Item", "Replies"]
 
@@ -187,6 +189,8 @@ class ActorHost:
     def stats(self) -> ActorStats:
         """Its counters now, by endpoint (the actor's own, never-called ones included). Calls
         in flight: the one the mailbox runs, and concurrent ones."""
+        from ._stats import ActorStats, EndpointStats  # for the metrics scrape, not every start
+
         zero = Counts()
         endpoints = []
         for name in sorted(self.instance._orchestr_endpoints):

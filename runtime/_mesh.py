@@ -19,7 +19,7 @@ from .errors import MeshError
 
 __all__ = ["EXT_MESH", "Endpoint", "Member", "Mesh"]
 
-EXT_MESH = 16
+EXT_MESH = _serde.EXT_MESH
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,11 +40,20 @@ EXT_BYTES = 4
 EXT_BUFFER = 5  # an orchestr.fabric.Buffer handle
 EXT_SHM_TENSOR = 6  # a tensor in a shared-memory segment of the sender (see _bulk)
 EXT_SHM_NDARRAY = 7
+EXT_MESH = 16  # an orchestr.Mesh handle (registered by _mesh)
 
 #: ``bytes`` at least this long in call arguments and results travel out of band.
 OUT_OF_BAND_BYTES = 16 * 1024
 
 T = TypeVar("T")
+
+#: Extension types that another module registers when it is imported, by code: decoding one
+#: imports that module first, so a process that has not needed it yet can still receive the
+#: value (a worker imports only what it serves; ``import orchestr`` loads its submodules
+#: lazily).
+_REGISTERED_BY = {EXT_BUFFER: "orchestr._bulk", EXT_MESH: "orchestr._mesh"}
+#: The same for sending, by the module that defines the type (a ``Mesh`` registers itself).
+_REGISTERED_FOR = {"orchestr.fabric._handle": "orchestr._bulk"}
 
 _dataclasses_by_type: dict[type, str] = {}
 _dataclasses_by_name: dict[str, type] = {}
@@ -201,10 +210,13 @@ def _default(obj: Any) -> Any:
         )
         return msgpack.ExtType(EXT_DATACLASS, payload)
     ext = _ext_encoders.get(t)
+    module = t.__module__
+    if ext is None and module in _REGISTERED_FOR:
+        importlib.import_module(_REGISTERED_FOR[module])
+        ext = _ext_encoders.get(t)
     if ext is not None:
         code, to_wire = ext
         return msgpack.ExtType(code, msgpack.packb(to_wire(obj), use_bin_type=True))
-    module = t.__module__
     if module.startswith("torch") and "torch" in sys.modules:  # tensors and nn.Parameter
         import torch
 
@@ -301,6 +313,9 @@ class _Decoding:
             name, fields = _fields(data, 2, self.ext_hook)
             return _dataclass_from_wire(name, fields)
         from_wire = _ext_decoders.get(code)
+        if from_wire is None and code in _REGISTERED_BY:
+            importlib.import_module(_REGISTERED_BY[code])
+            from_wire = _ext_decoders.get(code)
         if from_wire is None:
             raise ProtocolError(f"unknown extension type {code}")
         return from_wire(msgpack.unpackb(data, raw=False))

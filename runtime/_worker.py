@@ -22,13 +22,12 @@ from orchestr import fabric
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
-from . import _serde, _stats
+from . import _serde
 from ._actor import load_actor_class
 from ._actorhost import ActorHost
-from ._callpath import CallClient, set_current_client
+from ._callpath import ActorLookup, ActorView, CallClient, set_current_client
 from ._callserver import CallServer
 from ._grpc import ControlChannel, abort_with, add_port, make_server
-from ._head import actor_lookup
 from ._log import configure_logging
 from ._tls import install_stream_tls
 from .config import Config, load_config
@@ -84,8 +83,23 @@ class WorkerService(pb_grpc.WorkerServicer):
         return pb.CreateActorReply(endpoints=sorted(instance._orchestr_endpoints))
 
     async def Stats(self, request: Any, context: Any) -> pb.WorkerStats:
+        from . import _stats  # only the head's metrics scrape asks: not loaded at every start
+
         actors = [host.stats() for host in self.calls.actors.values()]
         return _stats.to_pb(_stats.worker_stats(self.worker_id, actors))
+
+
+def _actor_lookup(head: ControlChannel, config: Config) -> ActorLookup:
+    """The head's :func:`~orchestr._head.actor_lookup`, whose module is imported when a call
+    first breaks: the head's state, store, jobs and metrics come with it, which a worker that
+    never sees a peer die would load at every start for nothing."""
+
+    async def lookup(actor_id: str, address: str, restart_wait: float) -> ActorView:
+        from ._head import actor_lookup
+
+        return await actor_lookup(head, config)(actor_id, address, restart_wait)
+
+    return lookup
 
 
 def _die_with_parent() -> None:
@@ -105,7 +119,7 @@ async def serve_worker() -> None:
     node = ControlChannel(env["ORCHESTR_NODE_ADDRESS"], token, config)
     parent = os.getppid()
 
-    client = CallClient(token, config, actor_lookup(head, config))
+    client = CallClient(token, config, _actor_lookup(head, config))
     set_current_client(client)
     calls = CallServer(token, config)
     await calls.start(f"tcp://{config.bind_host}:0")

@@ -18,6 +18,7 @@ EXPECTED = {
     "open_local_cluster", "register", "run",
     "Graph", "GraphNode", "GraphRun", "Staleness", "Versioned",
     "Failure", "RestartPolicy", "SupervisionError",
+    "Reservation",
 }  # fmt: skip
 
 FABRIC = {
