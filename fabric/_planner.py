@@ -6,7 +6,7 @@ Inputs are abstract, no topology format: switch names, OCS ports per switch (``b
 which pairs one OCS can join (``allowed``), the rate of one circuit, the electrical share each
 pair gets without circuits, the phase's byte matrix, and the circuits in place with the time
 each was set up. A circuit set is a b-matching: a multigraph where switch u holds at most
-``budgets[u]`` circuits.
+``budgets[u]`` circuits (the circuit types live in :mod:`._circuits`).
 
 The seam is :class:`Planner`: a :class:`PlanRequest` in, a :class:`Plan` out. Every planner
 hands its target circuits to :func:`decide`, which owns the shared rules: the plan as a diff
@@ -20,7 +20,7 @@ import dataclasses
 import heapq
 import math
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from operator import itemgetter
 from typing import Protocol
 
@@ -29,6 +29,7 @@ import numpy.typing as npt
 
 from orchestr.errors import ConfigError
 
+from ._circuits import Circuit, CircuitSet, Installed
 from ._costmodel import ReconfigCost
 
 __all__ = [
@@ -44,93 +45,6 @@ __all__ = [
 ]
 
 _GBPS = 1e9 / 8  # bytes/s in one Gbit/s
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class Circuit:
-    """A circuit joining switches ``a`` and ``b``; unordered, so stored with ``a < b``."""
-
-    a: str
-    b: str
-
-    def __post_init__(self) -> None:
-        if self.a == self.b:
-            raise ConfigError(f"a circuit joins two different switches, got {self.a!r} twice")
-        if self.b < self.a:
-            a, b = self.b, self.a
-            object.__setattr__(self, "a", a)
-            object.__setattr__(self, "b", b)
-
-
-class CircuitSet:
-    """An immutable multiset of circuits: a pair may hold several."""
-
-    __slots__ = ("_counts",)
-
-    def __init__(self, circuits: Iterable[Circuit | tuple[str, str]] = ()) -> None:
-        counts: Counter[Circuit] = Counter()
-        for c in circuits:
-            counts[c if isinstance(c, Circuit) else Circuit(*c)] += 1
-        self._counts = counts
-
-    @classmethod
-    def from_counts(cls, counts: Mapping[Circuit, int]) -> CircuitSet:
-        out = cls()
-        out._counts = Counter({c: k for c, k in counts.items() if k > 0})
-        return out
-
-    def count(self, u: str, v: str) -> int:
-        """How many circuits join ``u`` and ``v``."""
-        return self._counts.get(Circuit(u, v), 0)
-
-    def counts(self) -> dict[Circuit, int]:
-        return dict(self._counts)
-
-    def ports(self) -> dict[str, int]:
-        """OCS ports in use per switch."""
-        used: Counter[str] = Counter()
-        for c, k in self._counts.items():
-            used[c.a] += k
-            used[c.b] += k
-        return dict(used)
-
-    def __len__(self) -> int:
-        return sum(self._counts.values())
-
-    def __iter__(self) -> Iterator[Circuit]:
-        for c in sorted(self._counts):
-            for _ in range(self._counts[c]):
-                yield c
-
-    def __contains__(self, item: object) -> bool:
-        return item in self._counts
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, CircuitSet) and self._counts == other._counts
-
-    def __hash__(self) -> int:
-        return hash(frozenset(self._counts.items()))
-
-    def __add__(self, other: CircuitSet) -> CircuitSet:
-        return CircuitSet.from_counts(self._counts + other._counts)
-
-    def __sub__(self, other: CircuitSet) -> CircuitSet:
-        return CircuitSet.from_counts(self._counts - other._counts)
-
-    def __and__(self, other: CircuitSet) -> CircuitSet:
-        return CircuitSet.from_counts(self._counts & other._counts)
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{c.a}-{c.b}: {k}" for c, k in sorted(self._counts.items()))
-        return f"CircuitSet({{{inner}}})"
-
-
-@dataclasses.dataclass(frozen=True)
-class Installed:
-    """A circuit in place and when it was set up, on the clock of :attr:`PlanRequest.now`."""
-
-    circuit: Circuit
-    since: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -466,7 +380,8 @@ class GreedyPlanner:
             t = float(p.bytes[q]) / (float(p.elec[q]) + k[pid] * rate)
             heapq.heappush(heap, (-t, int(pid not in unclaimed), q))
         at, hit = p.positions(unclaimed.keys())
-        load = dict(zip(unclaimed, np.where(hit, p.bytes[at], 0.0).tolist(), strict=True))
+        found = p.bytes[at] if p.bytes.size else np.zeros(len(at))  # no traffic at all
+        load = dict(zip(unclaimed, np.where(hit, found, 0.0).tolist(), strict=True))
         for pid in sorted(unclaimed, key=lambda q: (-load[q], q)):
             i, j = divmod(pid, n)
             keep = min(unclaimed[pid], free[i] - used[i], free[j] - used[j])

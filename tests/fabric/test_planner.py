@@ -133,6 +133,13 @@ def test_circuits_in_place_stay_when_their_ports_are_not_needed() -> None:
     assert moved.port_changes == 3
 
 
+def test_circuits_in_place_with_no_traffic_between_switches() -> None:
+    # only traffic inside one switch: nothing to plan, the circuits in place stay
+    plan = planner.plan(request({("a", "a"): GB}, dict.fromkeys("ab", 1), current=old(("a", "b"))))
+    assert plan.keep == CircuitSet([("a", "b")]) and not plan.add and not plan.remove
+    assert not plan.commit
+
+
 def test_commit_needs_saving_above_cost_with_hysteresis() -> None:
     # static 10 GB / 12.5 GB/s = 0.8 s; with one 400G circuit 10 / 62.5 = 0.16 s: saves 0.64 s
     demand, budgets = {("a", "b"): 10 * GB}, {"a": 1, "b": 1}

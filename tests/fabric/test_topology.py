@@ -16,20 +16,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestr.errors import ConfigError
+from orchestr.fabric._fattree import OcsLayer, fat_tree
+from orchestr.fabric._planfile import dump_topology, load_topology, topology_from_dict
 from orchestr.fabric._topology import (
     CircuitCandidate,
     Host,
     Nic,
-    OcsLayer,
     PortRef,
     ReconfigLatency,
     Switch,
     Topology,
     TopologyError,
-    dump_topology,
-    fat_tree,
-    load_topology,
-    topology_from_dict,
 )
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "fabric" / "small.toml"
