@@ -1,0 +1,89 @@
+"""The fabric manager over a simulated OCS: hints become plans, worthwhile plans are applied
+through the transaction, everything lands in the history."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestr.errors import ConfigError
+from orchestr.fabric._circuits import CircuitSet
+from orchestr.fabric._costmodel import ReconfigCost
+from orchestr.fabric._manager import FabricManager, Hint, RecordingRouter, hint_demand
+from orchestr.fabric._ocs_sim import SimOcs
+from orchestr.fabric._planfile import load_topology
+from orchestr.fabric._planner import CommitPolicy
+
+PLAN = Path(__file__).resolve().parents[2] / "examples" / "fabric" / "small.toml"
+GB = 1e9
+
+
+def manager(sim: SimOcs, router: RecordingRouter, **kw: object) -> FabricManager:
+    args: dict[str, object] = {
+        "policy": CommitPolicy(hysteresis=0.5, min_dwell_s=0.0),
+        "reconfig_cost": ReconfigCost(fixed_s=0.01, per_change_s=0.0),
+    }
+    args.update(kw)
+    return FabricManager(load_topology(PLAN), {"ocs0": sim}, router, **args)  # type: ignore[arg-type]
+
+
+def test_hint_demand_from_meshes_and_collectives() -> None:
+    members: dict[str, list[str | None]] = {
+        "trainer": ["tor0", "tor0"],
+        "gen": ["tor1", None],  # the second generator is off the managed fabric
+    }
+    assert hint_demand({("trainer", "gen"): 8 * GB}, members) == {("tor0", "tor1"): 8 * GB}
+    ring = hint_demand(("all_reduce", "both", GB), {"both": ["tor0", "tor1"]})
+    assert ring == {("tor0", "tor1"): GB, ("tor1", "tor0"): GB}  # 2(n-1)/n * S each way
+    assert hint_demand(None, members) == {}
+    with pytest.raises(ConfigError, match="mesh 'critic', which this job has not spawned"):
+        hint_demand({("trainer", "critic"): GB}, members)
+
+
+async def test_a_worthwhile_hint_is_applied_and_a_repeat_changes_nothing() -> None:
+    sim, router = SimOcs(8, latency=1e-5, rng=1), RecordingRouter()
+    fm = manager(sim, router)
+    record = await fm.hint(Hint("job-1", "weight_sync", {("tor0", "tor1"): 50 * GB}))
+    assert record.commit and record.status == "applied", record.reason
+    assert record.add == (("tor0", "tor1", 1),)  # tor1 has one OCS uplink
+    assert record.predicted_s_with < record.predicted_s_static
+    assert set(record.timings) >= {"reserve", "program", "verify", "undrain"}
+    assert fm.circuits() == CircuitSet([("tor0", "tor1")])
+    generation, live = await sim.circuits()
+    assert generation == record.generation and len(live) == 1
+    assert router.calls[-1] == ("undrain", frozenset({("tor0", "tor1")}))
+    again = await fm.hint(Hint("job-1", "weight_sync", {("tor0", "tor1"): 50 * GB}))
+    assert (again.commit, again.status, again.add, again.remove) == (False, "skipped", (), ())
+    assert [r.seq for r in fm.history] == [1, 2]
+    shown = fm.show()
+    assert shown["generation"] == record.generation
+    assert shown["ocs"][0]["circuits"] == [[0, 2, "tor0", "tor1"]]
+
+
+async def test_a_small_saving_is_not_worth_a_reconfiguration() -> None:
+    sim = SimOcs(8, latency=1e-5, rng=1)
+    fm = manager(sim, RecordingRouter(), reconfig_cost=ReconfigCost(fixed_s=5.0))
+    record = await fm.hint(Hint("job-1", "generation", {("tor0", "tor1"): GB}))
+    assert not record.commit and record.status == "skipped"
+    assert "saving" in record.reason
+    assert (await sim.circuits())[1] == frozenset()  # the switch was never touched
+
+
+async def test_a_failed_program_rolls_back_and_is_recorded() -> None:
+    sim = SimOcs(8, latency=1e-5, rng=1)
+    fm = manager(sim, RecordingRouter())
+    sim.fail_next_program()
+    record = await fm.hint(Hint("job-1", "weight_sync", {("tor0", "tor1"): 50 * GB}))
+    assert record.commit and record.status == "rolled_back"
+    assert fm.circuits() == CircuitSet()
+    assert any(e.startswith("rollback") for e in record.events)
+
+
+async def test_bad_hints_and_missing_drivers_are_refused() -> None:
+    fm = manager(SimOcs(8, latency=1e-5), RecordingRouter())
+    with pytest.raises(ConfigError, match="switches an OCS reaches"):
+        await fm.hint(Hint("job-1", "x", {("tor0", "core9"): GB}))
+    with pytest.raises(ConfigError, match="no driver for OCS ocs0"):
+        FabricManager(load_topology(PLAN), {}, RecordingRouter())
+    assert fm.host_endpoint("h2") == "tor1"
