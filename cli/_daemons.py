@@ -95,6 +95,11 @@ def _start_head(args: argparse.Namespace, state_dir: Path) -> int:
     log = state_dir / _cluster.LOGS_DIR / "head.log"
     cmd = [sys.executable, "-m", "orchestr._cluster", "head", "--state-dir", str(state_dir)]
     cmd += ["--host", args.host, "--port", str(args.port)]
+    if args.fabric:
+        from orchestr.fabric._planfile import load_topology
+
+        load_topology(Path(args.fabric))  # a bad plan is refused here, with what is wrong
+        cmd += ["--fabric", str(Path(args.fabric).resolve())]
     env = daemon_environ(args)
     proc = _launch(cmd, log, env)
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -14,7 +14,7 @@ from types import ModuleType
 import orchestr
 from orchestr._log import configure_logging
 
-from . import _daemons, _jobs
+from . import _daemons, _fabric, _jobs
 
 
 def load_job(path: str) -> ModuleType:
@@ -185,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--host", default="127.0.0.1", help="the head's bind address")
     start.add_argument("--port", type=int, default=0, help="the head's port (0: any free one)")
     start.add_argument("--labels", default="", metavar="K=V,...", help="the node's labels")
+    start.add_argument(
+        "--fabric",
+        metavar="PLAN",
+        help="the head runs the fabric manager for this cabling plan (TOML or YAML); nodes "
+        "say which of its hosts they are with --labels fabric_host=NAME",
+    )
     start.add_argument("--state-dir", help=STATE_DIR_HELP)
     start.add_argument(
         "--tls-cert",
@@ -210,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print one JSON object")
     status.set_defaults(func=_daemons.status)
     _jobs.add_parsers(sub, STATE_DIR_HELP)
+    _fabric.add_parsers(sub, STATE_DIR_HELP)
     transports = sub.add_parser(
         "transports", help="list the data-plane transports this host can use, and why not"
     )

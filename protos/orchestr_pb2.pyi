@@ -197,6 +197,62 @@ class ReleaseRequest(_message.Message):
     reservation_id: str
     def __init__(self, reservation_id: _Optional[str] = ...) -> None: ...
 
+class MeshTraffic(_message.Message):
+    __slots__ = ("src_mesh_id", "dst_mesh_id", "nbytes")
+    SRC_MESH_ID_FIELD_NUMBER: _ClassVar[int]
+    DST_MESH_ID_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    src_mesh_id: str
+    dst_mesh_id: str
+    nbytes: float
+    def __init__(self, src_mesh_id: _Optional[str] = ..., dst_mesh_id: _Optional[str] = ..., nbytes: _Optional[float] = ...) -> None: ...
+
+class SwitchTraffic(_message.Message):
+    __slots__ = ("src", "dst", "nbytes")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    src: str
+    dst: str
+    nbytes: float
+    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., nbytes: _Optional[float] = ...) -> None: ...
+
+class FabricHintRequest(_message.Message):
+    __slots__ = ("job_id", "phase", "traffic", "collective", "collective_mesh_id", "collective_bytes", "expected_s", "repeats", "dry_run", "demand")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    TRAFFIC_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_MESH_ID_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_S_FIELD_NUMBER: _ClassVar[int]
+    REPEATS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    phase: str
+    traffic: _containers.RepeatedCompositeFieldContainer[MeshTraffic]
+    collective: str
+    collective_mesh_id: str
+    collective_bytes: float
+    expected_s: float
+    repeats: float
+    dry_run: bool
+    demand: _containers.RepeatedCompositeFieldContainer[SwitchTraffic]
+    def __init__(self, job_id: _Optional[str] = ..., phase: _Optional[str] = ..., traffic: _Optional[_Iterable[_Union[MeshTraffic, _Mapping]]] = ..., collective: _Optional[str] = ..., collective_mesh_id: _Optional[str] = ..., collective_bytes: _Optional[float] = ..., expected_s: _Optional[float] = ..., repeats: _Optional[float] = ..., dry_run: _Optional[bool] = ..., demand: _Optional[_Iterable[_Union[SwitchTraffic, _Mapping]]] = ...) -> None: ...
+
+class FabricHistoryRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class FabricReply(_message.Message):
+    __slots__ = ("json",)
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    def __init__(self, json: _Optional[str] = ...) -> None: ...
+
 class RestartPolicy(_message.Message):
     __slots__ = ("max_restarts", "backoff_s", "backoff_max_s", "retry")
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]

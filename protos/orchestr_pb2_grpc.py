@@ -69,6 +69,21 @@ class HeadStub:
                 request_serializer=orchestr__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=orchestr__pb2.Ack.FromString,
                 _registered_method=True)
+        self.FabricHint = channel.unary_unary(
+                '/orchestr.v1.Head/FabricHint',
+                request_serializer=orchestr__pb2.FabricHintRequest.SerializeToString,
+                response_deserializer=orchestr__pb2.FabricReply.FromString,
+                _registered_method=True)
+        self.FabricShow = channel.unary_unary(
+                '/orchestr.v1.Head/FabricShow',
+                request_serializer=orchestr__pb2.Empty.SerializeToString,
+                response_deserializer=orchestr__pb2.FabricReply.FromString,
+                _registered_method=True)
+        self.FabricHistory = channel.unary_unary(
+                '/orchestr.v1.Head/FabricHistory',
+                request_serializer=orchestr__pb2.FabricHistoryRequest.SerializeToString,
+                response_deserializer=orchestr__pb2.FabricReply.FromString,
+                _registered_method=True)
         self.GetActor = channel.unary_unary(
                 '/orchestr.v1.Head/GetActor',
                 request_serializer=orchestr__pb2.GetActorRequest.SerializeToString,
@@ -168,6 +183,24 @@ class HeadServicer:
     def Release(self, request, context):
         """Stops the actors spawned in the reservation and frees its resources. Idempotent.
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FabricHint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FabricShow(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FabricHistory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -276,6 +309,21 @@ def add_HeadServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=orchestr__pb2.ReleaseRequest.FromString,
                     response_serializer=orchestr__pb2.Ack.SerializeToString,
+            ),
+            'FabricHint': grpc.unary_unary_rpc_method_handler(
+                    servicer.FabricHint,
+                    request_deserializer=orchestr__pb2.FabricHintRequest.FromString,
+                    response_serializer=orchestr__pb2.FabricReply.SerializeToString,
+            ),
+            'FabricShow': grpc.unary_unary_rpc_method_handler(
+                    servicer.FabricShow,
+                    request_deserializer=orchestr__pb2.Empty.FromString,
+                    response_serializer=orchestr__pb2.FabricReply.SerializeToString,
+            ),
+            'FabricHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.FabricHistory,
+                    request_deserializer=orchestr__pb2.FabricHistoryRequest.FromString,
+                    response_serializer=orchestr__pb2.FabricReply.SerializeToString,
             ),
             'GetActor': grpc.unary_unary_rpc_method_handler(
                     servicer.GetActor,
@@ -522,6 +570,87 @@ class Head:
             '/orchestr.v1.Head/Release',
             orchestr__pb2.ReleaseRequest.SerializeToString,
             orchestr__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FabricHint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchestr.v1.Head/FabricHint',
+            orchestr__pb2.FabricHintRequest.SerializeToString,
+            orchestr__pb2.FabricReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FabricShow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchestr.v1.Head/FabricShow',
+            orchestr__pb2.Empty.SerializeToString,
+            orchestr__pb2.FabricReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FabricHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchestr.v1.Head/FabricHistory',
+            orchestr__pb2.FabricHistoryRequest.SerializeToString,
+            orchestr__pb2.FabricReply.FromString,
             options,
             channel_credentials,
             insecure,

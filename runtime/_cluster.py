@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ._driver import JobContext, job_session
+from ._fabric import open_fabric
 from ._head import HeadService
 from ._headstore import STORE_FILE, HeadStore
 from ._jobs import JobManager
@@ -172,7 +173,9 @@ def _open_head(token: str, config: Config, host: str, port: int, store: HeadStor
     return HeadService(token, config, port=port, store=store)
 
 
-async def serve_head(state_dir: Path, host: str, port: int) -> None:
+async def serve_head(
+    state_dir: Path, host: str, port: int, fabric_plan: Path | None = None
+) -> None:
     """Run the head daemon until SIGTERM or SIGINT; ``head.json`` says where it is meanwhile.
     Its state lives in ``head.sqlite``: a head started again on the same state directory takes
     up the nodes, actors and jobs of the one before."""
@@ -183,12 +186,14 @@ async def serve_head(state_dir: Path, host: str, port: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     head_file = state_dir / HEAD_FILE
+    fabric = open_fabric(fabric_plan) if fabric_plan is not None else None
     store = HeadStore(state_dir / STORE_FILE)
     try:
         async with _open_head(token, config, host, port, store) as head:
             store.set_meta("address", head.address)
             head.jobs = JobManager(state_dir, head.address, token, store)
             head.log_dir = state_dir / LOGS_DIR
+            head.fabric = fabric
             write_json(
                 head_file,
                 {
@@ -228,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     head.add_argument("--host", default="127.0.0.1")
     head.add_argument("--port", type=int, default=0)
     head.add_argument("--log-level", default="INFO")
+    head.add_argument("--fabric", help="run the fabric manager for this cabling plan")
     args = parser.parse_args(argv)
     state_dir = resolve_state_dir(args.state_dir)
     (state_dir / LOGS_DIR).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -242,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         runner = asyncio.run
     try:
-        runner(serve_head(state_dir, args.host, args.port))
+        fabric = Path(args.fabric) if args.fabric else None
+        runner(serve_head(state_dir, args.host, args.port, fabric))
     except OrchestrError as exc:
         print(f"orchestr head: {exc}", file=sys.stderr, flush=True)
         return 1

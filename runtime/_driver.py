@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import os
 import secrets
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -29,7 +31,7 @@ from ._head import HeadService, actor_lookup
 from ._headstate import STRATEGIES, validate_resources
 from ._mesh import Member, Mesh
 from ._node import NodeService
-from ._phases import FabricHints, Phase, RecordingHints, make_phase
+from ._phases import Collective, FabricHints, Phase, RecordingHints, make_phase
 from ._reservation import Reservation
 from ._supervise import RestartPolicy, SuperviseHook, Supervisor, check_spawn_options
 from ._tls import install_stream_tls
@@ -69,6 +71,8 @@ class JobContext:
         #: Where phase hints go: the fabric manager, or (by default) a recorder.
         self.hints: FabricHints = RecordingHints()
         self._phases: list[Phase] = []
+        #: The head runs no fabric manager: phase hints stay in the event log.
+        self._fabric_off = False
         #: Hears of deaths of this job's actors and restarts, accepts or escalates them.
         self.supervisor = Supervisor(
             head, client, self.events, self._escalate, reconnect_s=config.head_reconnect_timeout
@@ -95,6 +99,7 @@ class JobContext:
         ``{("trainer", "generator"): n}`` or an :class:`orchestr.Collective`. The fabric hints
         hear of it before the block starts; the event log and trace get a span."""
         phase = make_phase(name, traffic, expected_s)
+        await self._tell_fabric(phase)
         self.hints.upcoming(phase)
         self._phases.append(phase)
         try:
@@ -103,6 +108,62 @@ class JobContext:
         finally:
             self._phases.remove(phase)
             self.hints.ended(phase)
+
+    async def _tell_fabric(self, phase: Phase) -> None:
+        """Send ``phase``'s traffic to the cluster's fabric manager (``Config.fabric`` is
+        ``managed`` and the head runs one) and wait for the circuits it plans; the plan, its
+        decision and the reconfiguration's steps go to the event log on the ``fabric`` track.
+        A head without a fabric manager is asked once."""
+        if self.config.fabric != "managed" or self._fabric_off or phase.traffic is None:
+            return
+        request = pb.FabricHintRequest(
+            job_id=self.job_id, phase=phase.name, expected_s=phase.expected_s or 0.0
+        )
+        if isinstance(phase.traffic, Collective):
+            request.collective = phase.traffic.kind
+            request.collective_mesh_id = self._mesh_id(phase.traffic.mesh)
+            request.collective_bytes = phase.traffic.nbytes
+        else:
+            for (src, dst), nbytes in phase.traffic.items():
+                request.traffic.append(
+                    pb.MeshTraffic(
+                        src_mesh_id=self._mesh_id(src),
+                        dst_mesh_id=self._mesh_id(dst),
+                        nbytes=nbytes,
+                    )
+                )
+        start = time.time()
+        began = time.perf_counter()
+        try:
+            reply = await self.head.rpc(self._stub.FabricHint, request, timeout=None)
+        except ConfigError as exc:
+            if "runs no fabric manager" not in str(exc):
+                raise
+            self._fabric_off = True
+            return
+        record = json.loads(reply.json)
+        self.events.record_span(
+            f"circuits for {phase.name}",
+            start,
+            time.perf_counter() - began,
+            track="fabric",
+            kind="fabric_plan",
+            phase=phase.name,
+            status=record["status"],
+            commit=record["commit"],
+            reason=record["reason"],
+            generation=record["generation"],
+            add=record["add"],
+            remove=record["remove"],
+            timings=record["timings"],
+        )
+
+    def _mesh_id(self, name: str) -> str:
+        """The id of this job's live mesh called ``name`` (the newest, if several)."""
+        for mesh in reversed(self._meshes):
+            if mesh.name == name:
+                return mesh.mesh_id
+        raise ConfigError(f"the phase names mesh {name!r}, which this job has not spawned")
 
     #: ``host:port`` of the head's Prometheus endpoint (``GET /metrics``); ``None`` when the
     #: head serves none (``ORCHESTR_METRICS_PORT=-1``) or is not this job's own.

@@ -36,6 +36,20 @@ class EventLog:
         or fields that are not JSON."""
         self._write(time.time(), kind, fields)
 
+    def record_span(
+        self,
+        name: str,
+        start: float,
+        dur: float,
+        *,
+        track: str = "job",
+        kind: str = "span",
+        **fields: Any,
+    ) -> None:
+        """Write a span that began at ``start`` (unix seconds) and lasted ``dur`` seconds."""
+        fields.update(name=name, track=track, dur=dur)
+        self._write(start, kind, fields)
+
     @contextlib.contextmanager
     def span(
         self, name: str, *, track: str = "job", kind: str = "span", **fields: Any

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import signal as _signal
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
@@ -17,6 +18,7 @@ from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
 from ._callpath import ActorLookup, ActorView
+from ._fabric import fabric_hint
 from ._grpc import ControlChannel, abort_with, add_port, make_server
 from ._headstate import ActorRecord, HeadState, validate_python_path
 from ._headstore import HeadStore, MeshRecord
@@ -25,6 +27,9 @@ from ._log import read_daemon_log
 from ._metrics import MetricsServer
 from .config import Config
 from .errors import ActorDiedError, ConfigError, OrchestrError, SpawnError
+
+if TYPE_CHECKING:
+    from orchestr.fabric._manager import FabricManager
 
 __all__ = [
     "HeadService",
@@ -158,6 +163,8 @@ class HeadService(pb_grpc.HeadServicer):
         self.jobs: JobManager | None = None
         #: Where the daemons of the head's host write their JSON-lines logs, if anywhere.
         self.log_dir: Path | None = None
+        #: The fabric manager, when the head daemon was given a cabling plan (``--fabric``).
+        self.fabric: FabricManager | None = None
 
     @property
     def metrics_address(self) -> str | None:
@@ -493,6 +500,38 @@ class HeadService(pb_grpc.HeadServicer):
         await self._stop_members(live)
         self.save()
         return pb.Ack()
+
+    # -- the fabric manager -----------------------------------------------------------------
+    async def _fabric(self, context: Any) -> FabricManager:
+        if self.fabric is None:
+            await abort_with(
+                context,
+                ConfigError(
+                    "this cluster's head runs no fabric manager; start the head with "
+                    "--fabric PLAN.toml (a cabling plan)"
+                ),
+            )
+        assert self.fabric is not None
+        return self.fabric
+
+    async def FabricHint(self, request: Any, context: Any) -> pb.FabricReply:
+        fabric = await self._fabric(context)
+        try:
+            reply = await fabric_hint(fabric, self.state, request)
+        except OrchestrError as exc:
+            await abort_with(context, exc)
+        return pb.FabricReply(json=json.dumps(reply))
+
+    async def FabricShow(self, request: Any, context: Any) -> pb.FabricReply:
+        fabric = await self._fabric(context)
+        return pb.FabricReply(json=json.dumps(fabric.show()))
+
+    async def FabricHistory(self, request: Any, context: Any) -> pb.FabricReply:
+        fabric = await self._fabric(context)
+        records = [r.to_json() for r in fabric.history]
+        if request.limit > 0:
+            records = records[-request.limit :]
+        return pb.FabricReply(json=json.dumps(records))
 
     async def GetActor(self, request: Any, context: Any) -> pb.ActorInfo:
         record = self.state.actors.get(request.actor_id)

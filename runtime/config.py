@@ -11,7 +11,11 @@ from .errors import ConfigError
 __all__ = ["Config", "check_tls_files", "config_environ", "load_config"]
 
 
-_CHOICES = {"transport_fallback": ("allow", "error"), "local_call_transport": ("shm", "tcp")}
+_CHOICES = {
+    "transport_fallback": ("allow", "error"),
+    "local_call_transport": ("shm", "tcp"),
+    "fabric": ("managed", "static"),
+}
 #: Integer fields that are not simply positive: lowest and highest allowed, and what they mean.
 _RANGES = {
     "metrics_port": (-1, 65535, "0 picks a free port, -1 serves no metrics"),
@@ -40,6 +44,10 @@ class Config:
     heartbeat_interval: float = 1.0
     #: A node silent for this long is marked dead.
     heartbeat_timeout: float = 5.0
+    #: ``managed``: a job's phase hints go to the cluster's fabric manager (when its head runs
+    #: one), which may reconfigure circuits for each phase; ``static``: they stay in the job's
+    #: event log and the fabric is left as it is (for comparison).
+    fabric: str = "managed"
     #: Seconds a job's controller waits for its head to come back (a restart) before the job
     #: fails; meanwhile its actors keep running and its calls to them go on.
     head_reconnect_timeout: float = 60.0
