@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from orchestr.errors import ConfigError
+from orchestr.errors import ConfigError, OrchestrError
 
 from ._circuits import Circuit, CircuitSet, Installed
 from ._costmodel import ReconfigCost, collective_demand
@@ -155,6 +155,7 @@ class FabricManager:
         if missing:
             raise ConfigError(f"no driver for OCS {', '.join(missing)} of the fabric's plan")
         self.topology = topology
+        self._drivers = dict(drivers)
         self._planner = planner or GreedyPlanner()
         self._policy = policy or CommitPolicy()
         self._cost = reconfig_cost or _latency_cost(topology)
@@ -265,6 +266,7 @@ class FabricManager:
     async def hint(self, hint: Hint) -> PlanRecord:
         """Plan for ``hint`` and, when the plan is worth it, apply it. One hint at a time."""
         async with self._lock:
+            await self._sync()
             plan = self.plan(hint)
             status, generation = "skipped", self._reconfigurator.generation
             timings: dict[str, float] = {}
@@ -277,7 +279,9 @@ class FabricManager:
                 events = tuple(f"{e.step}: {e.what}" for e in outcome.events)
                 reason = outcome.reason or reason
                 now = self._clock()
+                # the switches the plan touched, as read back; the others as they were
                 live = [(o, c) for o, cs in outcome.live.items() for c in cs]
+                live += [k for k in self._since if k[0] not in outcome.live]
                 self._since = {k: self._since.get(k, now) for k in live}
             record = self._record(hint, plan, status, generation, reason, timings, events)
         log.info(
@@ -289,6 +293,23 @@ class FabricManager:
             reason=reason,
         )
         return record
+
+    async def _sync(self) -> None:
+        """Take the switches' own word for their circuits: a circuit lost to a fault since the
+        last plan is forgotten, one set up by someone else (an earlier manager) is adopted."""
+        now = self._clock()
+        for name, driver in self._drivers.items():
+            try:
+                _, live = await driver.circuits()
+            except OrchestrError as exc:
+                log.warning("cannot read an OCS back", ocs=name, error=str(exc))
+                continue
+            keys = {(name, (c[0], c[1])) for c in live}
+            for key in [k for k in self._since if k[0] == name and k not in keys]:
+                log.warning("a circuit was lost", ocs=name, circuit=key[1], pair=self._pair(*key))
+                del self._since[key]
+            for key in keys:
+                self._since.setdefault(key, now)
 
     def _changes(self, plan: Plan) -> Changes:
         """The plan as OCS programs: circuits removed from the ports serving their pair, new
