@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import contextlib
 import json
 import os
 import platform
@@ -83,7 +82,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _cluster_report import report  # noqa: E402
-from _procs import session_members  # noqa: E402
+from _procs import Processes, exit_on_signal, kill_by_marker  # noqa: E402
 from _venvs import RAY_REQUIREMENTS, ensure_venv  # noqa: E402
 
 import orchestr as oc  # noqa: E402
@@ -109,88 +108,9 @@ def available() -> int:
 # -- processes and namespaces this script starts ----------------------------------------------
 
 
-class Processes:
-    """Process groups this script started (each in its own session), so that whatever happens
-    they and everything they started are ended: at :meth:`stop`, else at exit."""
-
-    def __init__(self) -> None:
-        self.running: dict[int, subprocess.Popen[Any]] = {}
-        #: Extra clean-ups (namespaces, Ray's leftovers), run last-in first-out at exit.
-        self.cleanups: list[Callable[[], None]] = []
-
-    def start(self, cmd: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
-        proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
-        self.running[proc.pid] = proc
-        return proc
-
-    def stop(self, proc: subprocess.Popen[Any], grace: float = 5.0) -> None:
-        """SIGTERM its group, SIGKILL what is left after ``grace`` (its whole session)."""
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=grace)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        for pid in session_members(proc.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        proc.wait()
-        self.running.pop(proc.pid, None)
-
-    def stop_all(self) -> None:
-        for proc in list(self.running.values()):
-            self.stop(proc, grace=2.0)
-        while self.cleanups:
-            with contextlib.suppress(Exception):
-                self.cleanups.pop()()
-
-
-PROCS = Processes()
+PROCS = Processes(progress=("[cluster]",))
 atexit.register(PROCS.stop_all)
-
-
-def _exit_on_signal(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
-def run_json(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 900) -> Any:
-    """Run ``cmd`` in a session of its own; return the JSON object on the last line of its
-    stdout. Its progress lines are passed on. Raises RuntimeError with its stderr's tail."""
-    proc = PROCS.start(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:  # short waits, so that a signal's handler runs soon
-            out, err = proc.communicate(timeout=0.5)
-            break
-        except subprocess.TimeoutExpired:
-            if time.monotonic() > deadline:
-                PROCS.stop(proc)
-                raise RuntimeError(f"{' '.join(cmd[:6])} ... ran past {timeout:.0f} s") from None
-    PROCS.stop(proc)
-    for line in err.splitlines():
-        if line.startswith("[cluster]"):
-            print(line, file=sys.stderr, flush=True)
-    lines = out.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{' '.join(cmd[:6])} ... exited {proc.returncode}:\n{err[-3000:]}")
-    return json.loads(lines[-1])
-
-
-def kill_by_marker(marker: str) -> None:
-    """SIGKILL the processes whose command line names ``marker`` (a folder this script made:
-    Ray's daemons carry their temp dir in their arguments)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if marker.encode() in cmdline:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry), signal.SIGKILL)
+run_json = PROCS.run_json
 
 
 class Hosts:
@@ -435,8 +355,8 @@ def main() -> None:
     ks = [int(k) for k in args.per_process.split(",") if k]
     if not ks or any(k < 1 for k in ks):
         parser.error("--per-process takes positive integers")
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    signal.signal(signal.SIGHUP, _exit_on_signal)
+    signal.signal(signal.SIGTERM, exit_on_signal)
+    signal.signal(signal.SIGHUP, exit_on_signal)
 
     quick = args.quick
     reps = args.reps or (2 if quick else 5)

@@ -63,7 +63,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +71,7 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 import uvloop  # noqa: E402
-from _procs import session_members  # noqa: E402
+from _procs import Processes, exit_on_signal, kill_by_marker  # noqa: E402
 from _venvs import RAY_TRANSFER_REQUIREMENTS, ensure_venv  # noqa: E402
 
 import orchestr as oc  # noqa: E402
@@ -263,91 +262,12 @@ async def orchestr_cross_driver(
 # -- processes and namespaces this script starts ----------------------------------------
 
 
-class Processes:
-    """Process groups this script started (each in its own session), so that whatever happens
-    they and everything they started are ended: at :meth:`stop`, else at exit."""
-
-    def __init__(self) -> None:
-        self.running: dict[int, subprocess.Popen[Any]] = {}
-        #: Extra clean-ups (namespaces, Ray's leftovers), run last-in first-out at exit.
-        self.cleanups: list[Callable[[], None]] = []
-
-    def start(self, cmd: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
-        proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
-        self.running[proc.pid] = proc
-        return proc
-
-    def stop(self, proc: subprocess.Popen[Any], grace: float = 5.0) -> None:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the leader and anything left in its group
-        for pid in session_members(proc.pid):  # and in other groups of its session (Ray's workers)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        proc.wait()
-        self.running.pop(proc.pid, None)
-
-    def stop_all(self) -> None:
-        for proc in list(self.running.values()):
-            self.stop(proc, grace=2.0)
-        while self.cleanups:
-            with contextlib.suppress(Exception):
-                self.cleanups.pop()()
-
-
-PROCS = Processes()
+PROCS = Processes(progress=("[transfer]", "ray: "))
 atexit.register(PROCS.stop_all)
 
 
-def _exit_on_signal(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def run_json(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 600) -> Any:
-    """Run ``cmd`` in its own process group; return the JSON object on the last line of its
-    stdout. Raises RuntimeError with the tail of its stderr when it fails."""
-    proc = PROCS.start(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + timeout
-    while True:
-        # Short waits: a signal that lands on another thread (gRPC's, torch's) only runs its
-        # handler once the main thread gets back to Python code.
-        try:
-            out, err = proc.communicate(timeout=0.5)
-            break
-        except subprocess.TimeoutExpired:
-            if time.monotonic() > deadline:
-                PROCS.stop(proc)
-                raise RuntimeError(f"{' '.join(cmd[:6])} ... ran past {timeout:.0f} s") from None
-    PROCS.stop(proc)
-    for line in err.splitlines():  # pass on the progress lines of a child driver
-        if line.startswith(("[transfer]", "ray: ")):
-            print(line, file=sys.stderr, flush=True)
-    lines = out.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{' '.join(cmd[:6])} ... exited {proc.returncode}:\n{err[-3000:]}")
-    return json.loads(lines[-1])
-
-
-def kill_by_marker(marker: str) -> None:
-    """SIGKILL the processes whose command line names ``marker`` (a directory this script made:
-    Ray's daemons carry their temp dir in their arguments)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if marker.encode() in cmdline:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry), signal.SIGKILL)
+    return PROCS.run_json(cmd, env=env, timeout=timeout)
 
 
 class HostPair:
@@ -680,8 +600,8 @@ def main() -> None:
     parser.add_argument("--node-log", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     configure_logging(json=False, level="WARNING")
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    signal.signal(signal.SIGHUP, _exit_on_signal)
+    signal.signal(signal.SIGTERM, exit_on_signal)
+    signal.signal(signal.SIGHUP, exit_on_signal)
 
     if args.cross_driver is not None:
         result = uvloop.run(
