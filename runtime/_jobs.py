@@ -194,6 +194,10 @@ class JobManager:
             code, reason = -1, reason or "its controller left no exit status"
             if record.state == "running":
                 record.reason = f"{reason} (it was killed, or the host went down)"
+        self._close(record, code)
+
+    def _close(self, record: JobRecord, code: int) -> None:
+        """The job ended with ``code``: succeeded or failed, unless it was stopped."""
         if record.state == "running":
             record.state = "succeeded" if code == 0 else "failed"
         record.exit_code = code
@@ -263,12 +267,7 @@ class JobManager:
     async def _watch(self, record: JobRecord, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
         self._procs.pop(record.job_id, None)
-        if record.state == "running":
-            record.state = "succeeded" if code == 0 else "failed"
-        record.exit_code = code
-        record.ended_unix = time.time()
-        self._save(record)
-        log.info("job ended", job=record.job_id, state=record.state, exit_code=code)
+        self._close(record, code)
 
     def read_output(self, job_id: str, offset: int, max_bytes: int) -> tuple[bytes, int]:
         self.get(job_id)
