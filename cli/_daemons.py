@@ -95,11 +95,16 @@ def _start_head(args: argparse.Namespace, state_dir: Path) -> int:
     log = state_dir / _cluster.LOGS_DIR / "head.log"
     cmd = [sys.executable, "-m", "orchestr._cluster", "head", "--state-dir", str(state_dir)]
     cmd += ["--host", args.host, "--port", str(args.port)]
+    if args.ocs_driver and not args.fabric:
+        print("orchestr start: --ocs-driver drives the OCS of a --fabric PLAN", file=sys.stderr)
+        return 2
     if args.fabric:
-        from orchestr.fabric._planfile import load_topology
+        from orchestr._fabric import open_fabric
 
-        load_topology(Path(args.fabric))  # a bad plan is refused here, with what is wrong
+        # a bad plan or driver is refused here, with what is wrong
+        open_fabric(Path(args.fabric), args.ocs_driver or "sim")
         cmd += ["--fabric", str(Path(args.fabric).resolve())]
+        cmd += ["--ocs-driver", args.ocs_driver or "sim"]
     env = daemon_environ(args)
     proc = _launch(cmd, log, env)
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -191,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the head runs the fabric manager for this cabling plan (TOML or YAML); nodes "
         "say which of its hosts they are with --labels fabric_host=NAME",
     )
+    start.add_argument(
+        "--ocs-driver",
+        metavar="sim|netns:TAG",
+        help="what drives the plan's OCS: sim (simulated, the default) or netns:TAG (the "
+        "emulated fabric of network namespaces ocf-TAG-*, its hosts named after the ToRs)",
+    )
     start.add_argument("--state-dir", help=STATE_DIR_HELP)
     start.add_argument(
         "--tls-cert",

@@ -21,7 +21,10 @@ after the other is accepted. Deleting a circuit takes its routes along (the /24 
 applies again).
 
 The switch's generation (for :class:`~orchestr.fabric._ocs_netns.NetnsOcs`) is kept in the
-kernel too, as the bridge's alias, so it is read back from the "switch" like the circuits.
+kernel too, as the bridge's alias, so it is read back from the "switch" like the circuits. So are
+the fabric's own settings (the switch namespace's ``lo`` alias), each host's name (its bridge
+port's alias) and a circuit's label (its veth ends' alias): another process, a head daemon say,
+takes the fabric up by its tag with :meth:`NetnsFabric.attach`.
 
 Every method blocks on ``ip``/``tc`` (a few milliseconds each) and is thread-safe; from async
 code run them in a thread. Needs root and iproute2 (:func:`netns_missing` says why not).
@@ -57,6 +60,10 @@ PREFIX = "ocf-"
 _HOST_DEV, _BRIDGE, _CIRCUIT = "eth0", "br0", "ckt"
 _CIRCUIT_NAME = re.compile(rf"{_CIRCUIT}(\d+)")
 _GENERATION = re.compile(r"orchestr-ocs generation=(\d+)")
+_SETTINGS = "orchestr-fabric"
+_HOST_ALIAS = "orchestr-host="
+_WORD = re.compile(r"[A-Za-z0-9_.:=,+-]{1,64}")  # a host name or label: one word of an alias
+_TAG = re.compile(r"[0-9a-f]{6}")
 _SLOTS = 64  # /30 circuit subnets in the circuit /24
 _CMD_TIMEOUT_S = 30.0
 _KILL_WAIT_S = 10.0
@@ -172,6 +179,8 @@ class NetnsFabric:
     ) -> None:
         if len(hosts) < 2 or len(set(hosts)) != len(hosts) or len(hosts) > 250:
             raise ValueError(f"a fabric needs 2 to 250 distinct host names, got {list(hosts)!r}")
+        if not all(isinstance(h, str) and _WORD.fullmatch(h) for h in hosts):
+            raise ValueError(f"host names are words of letters, digits and _.:=,+-; got {hosts!r}")
         if not (electrical_mbit > 0 and circuit_mbit > 0):
             raise ValueError("bandwidths must be positive Mbit/s")
         self.hosts = list(hosts)
@@ -215,11 +224,21 @@ class NetnsFabric:
             _run("ip", "-n", self.switch, "link", "add", _BRIDGE, "type", "bridge")
             _run("ip", "-n", self.switch, "link", "set", _BRIDGE, "up")
             self.set_switch_generation(0)
+            settings = (
+                f"{_SETTINGS} subnet={self.subnet} circuit_subnet={self.circuit_subnet} "
+                f"electrical_mbit={self.electrical_mbit!r} circuit_mbit={self.circuit_mbit!r}"
+            )
+            _run("ip", "-n", self.switch, "link", "set", "lo", "alias", settings)
             for i, ns in enumerate(self._ns):
                 self._add_namespace(ns)
                 _run("ip", "link", "add", "name", _HOST_DEV, "netns", ns, "type", "veth",
                      "peer", "name", f"p{i}", "netns", self.switch)  # fmt: skip
-                self._batch(self.switch, f"link set p{i} master {_BRIDGE}", f"link set p{i} up")
+                self._batch(
+                    self.switch,
+                    f"link set p{i} master {_BRIDGE}",
+                    f"link set p{i} alias {_HOST_ALIAS}{self.hosts[i]}",
+                    f"link set p{i} up",
+                )
                 self._batch(
                     ns,
                     f"addr add {self.address(self.hosts[i])}/24 dev {_HOST_DEV}",
@@ -229,10 +248,56 @@ class NetnsFabric:
                 self._shape(ns, _HOST_DEV, self.electrical_mbit)
         return self
 
+    @classmethod
+    def attach(cls, tag: str) -> NetnsFabric:
+        """The fabric another process opened with namespaces ``ocf-<tag>-…``, read back from
+        the kernel: hosts, addresses, rates and live circuits. It changes circuits and routes
+        as its maker would (one process at a time: they share the kernel's state, not the
+        lock), and :meth:`close` leaves the namespaces to their maker. Raises ``ValueError``
+        for a malformed tag and :class:`NetnsError` when no such fabric runs."""
+        if not isinstance(tag, str) or not _TAG.fullmatch(tag):
+            raise ValueError(f"a fabric's tag is 6 hex digits (ocf-TAG-sw), got {tag!r}")
+        switch = f"{PREFIX}{tag}-sw"
+        listed = _run("ip", "netns", "list").split("\n")
+        if switch not in {line.split()[0] for line in listed if line.strip()}:
+            raise NetnsError(f"no emulated fabric {tag}: there is no namespace {switch}")
+        settings: dict[str, str] = {}
+        names: dict[int, str] = {}
+        for link in _ip_json("-n", switch, "link", "show"):
+            alias, name = str(link.get("ifalias", "")), str(link.get("ifname", ""))
+            if name == "lo" and alias.startswith(f"{_SETTINGS} "):
+                settings = dict(word.split("=", 1) for word in alias.split()[1:])
+            elif re.fullmatch(r"p\d+", name) and alias.startswith(_HOST_ALIAS):
+                names[int(name[1:])] = alias[len(_HOST_ALIAS) :]
+        try:
+            fabric = cls(
+                [names[i] for i in range(len(names))],
+                electrical_mbit=float(settings["electrical_mbit"]),
+                circuit_mbit=float(settings["circuit_mbit"]),
+            )
+            fabric.subnet = ipaddress.IPv4Network(settings["subnet"])
+            fabric.circuit_subnet = ipaddress.IPv4Network(settings["circuit_subnet"])
+        except (KeyError, ValueError) as exc:
+            raise NetnsError(
+                f"{switch} does not describe its fabric (settings {settings}, hosts {names}): "
+                f"was it made by NetnsFabric.open? ({exc!r})"
+            ) from None
+        fabric.tag, fabric.switch = tag, switch
+        fabric._ns = [f"{PREFIX}{tag}-{i}" for i in range(len(fabric.hosts))]
+        base = int(fabric.circuit_subnet.network_address)
+        for i, ns in enumerate(fabric._ns):  # the circuit subnets in use, from their addresses
+            for link in _ip_json("-n", ns, "-4", "addr", "show"):
+                m = _CIRCUIT_NAME.fullmatch(str(link.get("ifname", "")))
+                j = int(m.group(1)) if m is not None else i
+                for a in link.get("addr_info", []) if j != i else []:
+                    key = (min(i, j), max(i, j))
+                    fabric._slots[key] = (int(ipaddress.IPv4Address(a["local"])) - base) // 4
+        return fabric
+
     def close(self) -> None:
         """Kill (SIGKILL) every process left in the namespaces and delete them; links, routes
-        and the bridge go with them. Idempotent; raises :class:`NetnsError` when a namespace
-        could not be deleted."""
+        and the bridge go with them (nothing for an attached fabric: its maker does it).
+        Idempotent; raises :class:`NetnsError` when a namespace could not be deleted."""
         with self.lock:
             for pid in self.pids():
                 if pid != os.getpid():
@@ -287,10 +352,15 @@ class NetnsFabric:
 
     # -- circuits ------------------------------------------------------------------------------
 
-    def connect(self, a: str, b: str) -> None:
-        """Create the circuit between hosts ``a`` and ``b`` (a no-op when it is live). Routes
-        stay where they are. Raises :class:`NetnsError`, after undoing what it made."""
+    def connect(self, a: str, b: str, *, label: str = "") -> None:
+        """Create the circuit between hosts ``a`` and ``b`` (a no-op when it is live), its ends
+        carrying ``label`` (a word; :meth:`circuit_labels`). Routes stay where they are. Raises
+        :class:`NetnsError`, after undoing what it made."""
         i, j = self._pair(a, b)
+        if label and not _WORD.fullmatch(label):
+            raise ValueError(
+                f"a circuit's label is one word of letters, digits and _.:=,+-; got {label!r}"
+            )
         with self.lock:
             if (self.hosts[min(i, j)], self.hosts[max(i, j)]) in self.circuits():
                 return
@@ -308,6 +378,7 @@ class NetnsFabric:
                     self._batch(
                         self._ns[me],
                         f"addr add {self._circuit_end(me, peer)}/30 dev {dev}",
+                        *([f"link set {dev} alias {label}"] if label else []),
                         f"link set {dev} up",
                     )
                     self._shape(self._ns[me], dev, self.circuit_mbit)
@@ -331,17 +402,24 @@ class NetnsFabric:
     def circuits(self) -> frozenset[tuple[str, str]]:
         """The live circuits, read from the kernel: host pairs (in host order) whose two ends
         both exist, are up and have a carrier."""
-        ends: set[tuple[int, int]] = set()
+        return frozenset(self.circuit_labels())
+
+    def circuit_labels(self) -> dict[tuple[str, str], str]:
+        """The live circuits (as :meth:`circuits`) with the label each was connected with
+        (``""`` for none), read from the kernel."""
+        ends: dict[tuple[int, int], str] = {}
         with self.lock:
             for i, ns in enumerate(self._ns):
                 for link in _ip_json("-n", ns, "link", "show", "type", "veth"):
                     m = _CIRCUIT_NAME.fullmatch(str(link.get("ifname", "")))
                     flags = link.get("flags", [])
                     if m and "UP" in flags and "LOWER_UP" in flags:
-                        ends.add((i, int(m.group(1))))
-        return frozenset(
-            (self.hosts[i], self.hosts[j]) for i, j in ends if i < j and (j, i) in ends
-        )
+                        ends[(i, int(m.group(1)))] = str(link.get("ifalias", ""))
+        return {
+            (self.hosts[i], self.hosts[j]): label
+            for (i, j), label in ends.items()
+            if i < j and (j, i) in ends
+        }
 
     # -- routes --------------------------------------------------------------------------------
 

@@ -7,6 +7,11 @@ those links; it does not touch routes (that is the router's job, between drain a
 The generation and the live circuits are read back from the kernel, so a new driver on the same
 fabric (a restarted manager) finds the switch as it was left.
 
+A host may be cabled to several ports (a ToR with several OCS uplinks). Its circuits then carry
+their two ports as the veth's label, which is how they are read back; and as two hosts share at
+most one veth link, a program that would join two hosts twice (or a host to itself) is refused
+with :class:`~orchestr.fabric._ocs.InvalidProgramError`.
+
 :class:`NetnsRouter` is the :class:`~orchestr.fabric._reconfig.Router` of such a fabric: a pair
 is two host names; ``undrain`` moves their routes onto the circuit between them, ``drain`` back
 onto the bridge.
@@ -20,21 +25,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Collection, Mapping, Sequence
 
 from orchestr.errors import ClosedResourceError
 
 from ._netns_fabric import NetnsError, NetnsFabric
-from ._ocs import Circuit, VerifyError, check_generation, check_program, circuit
+from ._ocs import (
+    Circuit,
+    InvalidProgramError,
+    VerifyError,
+    check_generation,
+    check_program,
+    circuit,
+)
 from ._reconfig_model import Pair
 
 __all__ = ["NetnsOcs", "NetnsRouter"]
+
+_PORTS = re.compile(r"ocs-ports=(\d+)-(\d+)")
 
 
 class NetnsOcs:
     """An :class:`~orchestr.fabric._ocs.OcsDriver` whose circuits are veth links between the
     namespace hosts of ``fabric``. ``port_map``: the host of each port (a sequence indexed by
-    port, or a mapping of ports ``0..n-1``); each host on at most one port."""
+    port, or a mapping of ports ``0..n-1``); a host may be on several ports (see the module)."""
 
     def __init__(
         self, fabric: NetnsFabric, port_map: Sequence[str] | Mapping[int, str] | None = None
@@ -48,14 +63,16 @@ class NetnsOcs:
         else:
             hosts = list(port_map)
         unknown = sorted(set(hosts) - set(fabric.hosts))
-        if unknown or len(set(hosts)) != len(hosts) or len(hosts) < 2:
+        if unknown or len(set(hosts)) < 2:
             raise ValueError(
-                f"port map {hosts!r}: need 2 or more distinct hosts of the fabric"
+                f"port map {hosts!r}: need hosts of the fabric, 2 or more distinct"
                 + (f"; {unknown} are not among {fabric.hosts}" if unknown else "")
             )
         self._fabric = fabric
         self._hosts = hosts
-        self._ports = {h: p for p, h in enumerate(hosts)}
+        self._ports: dict[str, list[int]] = {}
+        for p, h in enumerate(hosts):
+            self._ports.setdefault(h, []).append(p)
         self._closed = False
 
     @property
@@ -103,21 +120,53 @@ class NetnsOcs:
         with self._fabric.lock:  # the generation and the circuits of one moment
             return self._fabric.switch_generation(), self._live()
 
-    def _live(self) -> frozenset[Circuit]:
-        ports = self._ports
-        return frozenset(
-            circuit(ports[a], ports[b])
-            for a, b in self._fabric.circuits()
-            if a in ports and b in ports
-        )
+    def _live(self, labels: dict[tuple[str, str], str] | None = None) -> frozenset[Circuit]:
+        """The circuits between this switch's ports: by their label, or, for a circuit made
+        without one (or by a driver of another port map), by the one port each host has."""
+        live: set[Circuit] = set()
+        if labels is None:
+            labels = self._fabric.circuit_labels()
+        for (a, b), label in labels.items():
+            m = _PORTS.fullmatch(label)
+            p, q = (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
+            if p != q and max(p, q) < self.radix and {self._hosts[p], self._hosts[q]} == {a, b}:
+                live.add(circuit(p, q))
+            elif len(self._ports.get(a, ())) == 1 and len(self._ports.get(b, ())) == 1:
+                live.add(circuit(self._ports[a][0], self._ports[b][0]))
+        return frozenset(live)
+
+    def _check_hosts(
+        self, joined: set[frozenset[str]], cut: frozenset[Circuit], made: frozenset[Circuit]
+    ) -> None:
+        """Refuse a program leaving two hosts with two links (``joined``: the host pairs with
+        a live link, this switch's or not) or a host with a link to itself."""
+        joined = joined - {frozenset((self._hosts[a], self._hosts[b])) for a, b in cut}
+        for a, b in sorted(made):
+            hosts = frozenset((self._hosts[a], self._hosts[b]))
+            if len(hosts) == 1:
+                raise InvalidProgramError(
+                    f"connect {(a, b)}: both ports are cabled to host {self._hosts[a]}, which "
+                    "the emulation cannot join to itself"
+                )
+            if hosts in joined:
+                raise InvalidProgramError(
+                    f"connect {(a, b)}: hosts {' and '.join(sorted(hosts))} would have two "
+                    "circuits; the emulation joins two hosts by one at most"
+                )
+            joined.add(hosts)
+
+    def _connect(self, a: int, b: int) -> None:
+        self._fabric.connect(self._hosts[a], self._hosts[b], label=f"ocs-ports={a}-{b}")
 
     def _program(
         self, generation: int, connect: Sequence[Circuit], disconnect: Sequence[Circuit]
     ) -> None:
         fabric = self._fabric
         with fabric.lock:
-            made, cut = check_program(self.radix, self._live(), connect, disconnect)
+            labels = fabric.circuit_labels()
+            made, cut = check_program(self.radix, self._live(labels), connect, disconnect)
             check_generation(generation, fabric.switch_generation())
+            self._check_hosts({frozenset(pair) for pair in labels}, cut, made)
             done_cut: list[Circuit] = []
             done_made: list[Circuit] = []
             try:
@@ -125,7 +174,7 @@ class NetnsOcs:
                     fabric.disconnect(self._hosts[a], self._hosts[b])
                     done_cut.append((a, b))
                 for a, b in sorted(made):
-                    fabric.connect(self._hosts[a], self._hosts[b])
+                    self._connect(a, b)
                     done_made.append((a, b))
                 fabric.set_switch_generation(generation)
             except NetnsError as exc:
@@ -134,7 +183,7 @@ class NetnsOcs:
                         fabric.disconnect(self._hosts[a], self._hosts[b])
                 for a, b in done_cut:
                     with contextlib.suppress(NetnsError):
-                        fabric.connect(self._hosts[a], self._hosts[b])
+                        self._connect(a, b)
                 raise NetnsError(
                     f"generation {generation} failed and was undone; read circuits() before "
                     f"planning again: {exc}"

@@ -25,6 +25,12 @@
 
 Weights always travel trainer → generators over the data plane (:meth:`Trainer.publish`,
 :meth:`Generator.sync_weights`). Held-out accuracy is measured greedily by trainer 0.
+
+The phases declare their traffic to the cluster's fabric manager (``ctx.phase``): ``weight_sync``
+the published weights from the trainer mesh to every generator, ``training`` (with more than one
+trainer) an all-reduce of gradients as large as the weights over the trainer mesh;
+``generation`` moves little (prompts and completions go through the controller) and declares
+nothing.
 """
 
 from __future__ import annotations
@@ -187,6 +193,8 @@ class _Job:
         self.evals: list[tuple[int, float, float]] = []
         self.sync_times: list[float] = []
         self.sync_bytes = 0
+        #: Bytes of the published weights (the parameters'), known from the first publish.
+        self.weight_bytes = 0
         self.sync_transports: set[str] = set()
         self.trainer_busy = 0.0
         self.held_out = _task.eval_prompts(self.tc.eval_size, self.tc.lengths)
@@ -252,7 +260,10 @@ class _Job:
         return ref
 
     async def load(self, ref: WeightsRef) -> int:
-        async with self.ctx.phase("weight_sync"):
+        self.weight_bytes = ref.nbytes
+        # every generator reads the whole of the weights from the publishing trainer
+        traffic = {(self.trainers.name, self.gens.name): ref.nbytes * len(self.gens)}
+        async with self.ctx.phase("weight_sync", traffic=traffic):
             reports = await self.gens.sync_weights.call(ref)
         if ref.version > 0:  # the first load also allocates the loaders' buffers
             self.sync_times.extend(r["seconds"] for r in reports)
@@ -270,7 +281,8 @@ class _Job:
         n = self.cfg.trainers
         per = len(groups) // n
         shards = [[s for g in groups[i * per : (i + 1) * per] for s in g] for i in range(n)]
-        async with self.ctx.phase("training"):
+        grads = oc.Collective("all_reduce", self.trainers.name, self.weight_bytes)
+        async with self.ctx.phase("training", traffic=grads if n > 1 else None):
             stats = await asyncio.gather(
                 *(
                     self.trainers[i].train_step.call_one(

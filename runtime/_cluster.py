@@ -174,11 +174,16 @@ def _open_head(token: str, config: Config, host: str, port: int, store: HeadStor
 
 
 async def serve_head(
-    state_dir: Path, host: str, port: int, fabric_plan: Path | None = None
+    state_dir: Path,
+    host: str,
+    port: int,
+    fabric_plan: Path | None = None,
+    ocs_driver: str = "sim",
 ) -> None:
     """Run the head daemon until SIGTERM or SIGINT; ``head.json`` says where it is meanwhile.
     Its state lives in ``head.sqlite``: a head started again on the same state directory takes
-    up the nodes, actors and jobs of the one before."""
+    up the nodes, actors and jobs of the one before. With ``fabric_plan`` it runs the fabric
+    manager, its OCS driven by ``ocs_driver`` (see :func:`open_fabric`)."""
     token = ensure_token(state_dir)
     config = load_config(bind_host=host)
     loop = asyncio.get_running_loop()
@@ -186,7 +191,7 @@ async def serve_head(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     head_file = state_dir / HEAD_FILE
-    fabric = open_fabric(fabric_plan) if fabric_plan is not None else None
+    fabric = open_fabric(fabric_plan, ocs_driver) if fabric_plan is not None else None
     store = HeadStore(state_dir / STORE_FILE)
     try:
         async with _open_head(token, config, host, port, store) as head:
@@ -234,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     head.add_argument("--port", type=int, default=0)
     head.add_argument("--log-level", default="INFO")
     head.add_argument("--fabric", help="run the fabric manager for this cabling plan")
+    head.add_argument("--ocs-driver", default="sim", help="sim, or netns:TAG (with --fabric)")
     args = parser.parse_args(argv)
     state_dir = resolve_state_dir(args.state_dir)
     (state_dir / LOGS_DIR).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -249,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         runner = asyncio.run
     try:
         fabric = Path(args.fabric) if args.fabric else None
-        runner(serve_head(state_dir, args.host, args.port, fabric))
+        runner(serve_head(state_dir, args.host, args.port, fabric, args.ocs_driver))
     except OrchestrError as exc:
         print(f"orchestr head: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -5,6 +5,12 @@ built for a head daemon from a cabling plan.
 A node is placed on the fabric by its ``fabric_host`` label (``orchestr start --address HEAD
 --labels fabric_host=h0``): the name of a host of the plan. Members on other nodes are off the
 managed fabric and their traffic is left out of the hints.
+
+The OCS driver is chosen by name (``orchestr start --head --fabric PLAN --ocs-driver NAME``):
+``sim`` simulates the plan's switches in the head; ``netns:TAG`` drives the emulated fabric of
+network namespaces that another process opened with that tag
+(:class:`~orchestr.fabric._netns_fabric.NetnsFabric`; its hosts are named after the switches the
+plan's one OCS reaches, and the manager's switch pairs are routed as those hosts' pairs).
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from .errors import ConfigError, OrchestrError
 
 if TYPE_CHECKING:
     from orchestr.fabric._manager import FabricManager
+    from orchestr.fabric._ocs import OcsDriver
+    from orchestr.fabric._reconfig import Router
+    from orchestr.fabric._topology import Topology
 
     from ._headstate import HeadState
 
@@ -26,17 +35,59 @@ FABRIC_HOST_LABEL = "fabric_host"
 
 
 def open_fabric(plan: Path, driver: str = "sim") -> FabricManager:
-    """A fabric manager for the cabling plan in ``plan``, its OCS driven by ``driver``:
-    ``sim`` (in-process simulated switches, MEMS-like latency). Raises ConfigError."""
+    """A fabric manager for the cabling plan in ``plan``, its OCS driven by ``driver``: ``sim``
+    (in-process simulated switches, MEMS-like latency) or ``netns:TAG`` (the running emulated
+    fabric with that tag; see the module). Blocks on reading the plan (and, for ``netns``, the
+    kernel). Raises ConfigError (a TopologyError for a bad plan)."""
     from orchestr.fabric._manager import FabricManager, RecordingRouter
     from orchestr.fabric._ocs_sim import SimOcs
     from orchestr.fabric._planfile import load_topology
 
     topology = load_topology(plan)
-    if driver != "sim":
-        raise ConfigError(f"unknown OCS driver {driver!r}; this head knows 'sim'")
-    drivers = {o.name: SimOcs(o.radix) for o in topology.ocs}
-    return FabricManager(topology, drivers, RecordingRouter())
+    kind, _, tag = driver.partition(":")
+    if kind == "sim" and not tag:
+        drivers: dict[str, OcsDriver] = {o.name: SimOcs(o.radix) for o in topology.ocs}
+        return FabricManager(topology, drivers, RecordingRouter())
+    if kind == "netns" and tag:
+        drivers, router = _netns_drivers(topology, tag)
+        return FabricManager(topology, drivers, router)
+    raise ConfigError(
+        f"unknown OCS driver {driver!r}; say 'sim', or 'netns:TAG' for the emulated fabric "
+        "whose namespaces are ocf-TAG-*"
+    )
+
+
+def _netns_drivers(topology: Topology, tag: str) -> tuple[dict[str, OcsDriver], Router]:
+    from orchestr.fabric._netns_fabric import NetnsError, NetnsFabric, netns_missing
+    from orchestr.fabric._ocs_netns import NetnsOcs, NetnsRouter
+
+    if len(topology.ocs) != 1:
+        raise ConfigError(
+            f"the netns OCS driver emulates one OCS; the plan has {len(topology.ocs)}"
+        )
+    [ocs] = topology.ocs
+    wires = topology.ocs_wires(ocs.name)
+    if sorted(wires) != list(range(ocs.radix)):
+        raise ConfigError(
+            f"the netns OCS driver needs every port of {ocs.name} wired; ports "
+            f"{sorted(set(range(ocs.radix)) - set(wires))} are not"
+        )
+    port_map = [wires[p].switch_port.element for p in range(ocs.radix)]
+    why = netns_missing()
+    if why is not None:
+        raise ConfigError(f"the netns OCS driver cannot run here: {why}")
+    try:
+        fabric = NetnsFabric.attach(tag)
+    except (NetnsError, ValueError) as exc:
+        raise ConfigError(f"the netns OCS driver cannot attach to fabric {tag!r}: {exc}") from exc
+    missing = sorted(set(port_map) - set(fabric.hosts))
+    if missing:
+        raise ConfigError(
+            f"the emulated fabric {tag} has hosts {', '.join(fabric.hosts)}, but {ocs.name} "
+            f"reaches {', '.join(missing)}: name the fabric's hosts after the switches the "
+            "OCS reaches"
+        )
+    return {ocs.name: NetnsOcs(fabric, port_map)}, NetnsRouter(fabric)
 
 
 def _members_by_switch(
