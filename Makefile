@@ -55,6 +55,7 @@ bench: setup
 	$(PY) bench/dataflow.py
 	$(PY) bench/rl_throughput.py
 	$(PY) bench/cluster.py
+	$(PY) bench/fabric.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
