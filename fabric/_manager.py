@@ -52,6 +52,9 @@ class Hint:
     expected_s: float | None = None
     #: How often the phase's traffic recurs before the next hint (the saving counts each).
     repeats: float = 1.0
+    #: Seconds before the phase starts that the hint arrives: a reconfiguration runs in that
+    #: time while the job goes on, so only what does not fit in it counts as its cost.
+    lead_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +260,7 @@ class FabricManager:
                 now=now,
                 allowed=lambda a, b: any(a in r and b in r for r in self._reach.values()),
                 current=current,
-                reconfig_cost=self._cost,
+                reconfig_cost=self._visible_cost(hint.lead_s),
                 policy=self._policy,
                 repeats=hint.repeats,
             )
@@ -293,6 +296,12 @@ class FabricManager:
             reason=reason,
         )
         return record
+
+    def _visible_cost(self, lead_s: float) -> Callable[[int], float]:
+        """The reconfiguration cost a phase announced ``lead_s`` ahead still sees."""
+        if lead_s <= 0:
+            return self._cost
+        return lambda changes: max(0.0, self._cost(changes) - lead_s) if changes else 0.0
 
     async def _sync(self) -> None:
         """Take the switches' own word for their circuits: a circuit lost to a fault since the

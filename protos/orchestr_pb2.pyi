@@ -218,7 +218,7 @@ class SwitchTraffic(_message.Message):
     def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., nbytes: _Optional[float] = ...) -> None: ...
 
 class FabricHintRequest(_message.Message):
-    __slots__ = ("job_id", "phase", "traffic", "collective", "collective_mesh_id", "collective_bytes", "expected_s", "repeats", "dry_run", "demand")
+    __slots__ = ("job_id", "phase", "traffic", "collective", "collective_mesh_id", "collective_bytes", "expected_s", "repeats", "dry_run", "demand", "lead_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     TRAFFIC_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +229,7 @@ class FabricHintRequest(_message.Message):
     REPEATS_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     DEMAND_FIELD_NUMBER: _ClassVar[int]
+    LEAD_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     phase: str
     traffic: _containers.RepeatedCompositeFieldContainer[MeshTraffic]
@@ -239,7 +240,8 @@ class FabricHintRequest(_message.Message):
     repeats: float
     dry_run: bool
     demand: _containers.RepeatedCompositeFieldContainer[SwitchTraffic]
-    def __init__(self, job_id: _Optional[str] = ..., phase: _Optional[str] = ..., traffic: _Optional[_Iterable[_Union[MeshTraffic, _Mapping]]] = ..., collective: _Optional[str] = ..., collective_mesh_id: _Optional[str] = ..., collective_bytes: _Optional[float] = ..., expected_s: _Optional[float] = ..., repeats: _Optional[float] = ..., dry_run: _Optional[bool] = ..., demand: _Optional[_Iterable[_Union[SwitchTraffic, _Mapping]]] = ...) -> None: ...
+    lead_s: float
+    def __init__(self, job_id: _Optional[str] = ..., phase: _Optional[str] = ..., traffic: _Optional[_Iterable[_Union[MeshTraffic, _Mapping]]] = ..., collective: _Optional[str] = ..., collective_mesh_id: _Optional[str] = ..., collective_bytes: _Optional[float] = ..., expected_s: _Optional[float] = ..., repeats: _Optional[float] = ..., dry_run: _Optional[bool] = ..., demand: _Optional[_Iterable[_Union[SwitchTraffic, _Mapping]]] = ..., lead_s: _Optional[float] = ...) -> None: ...
 
 class FabricHistoryRequest(_message.Message):
     __slots__ = ("limit",)

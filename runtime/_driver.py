@@ -73,6 +73,8 @@ class JobContext:
         self._phases: list[Phase] = []
         #: The head runs no fabric manager: phase hints stay in the event log.
         self._fabric_off = False
+        #: Phases announced ahead (:meth:`announce`): their declaration and hint in flight.
+        self._announced: dict[str, tuple[Phase, asyncio.Task[None]]] = {}
         #: Hears of deaths of this job's actors and restarts, accepts or escalates them.
         self.supervisor = Supervisor(
             head, client, self.events, self._escalate, reconnect_s=config.head_reconnect_timeout
@@ -99,7 +101,13 @@ class JobContext:
         ``{("trainer", "generator"): n}`` or an :class:`orchestr.Collective`. The fabric hints
         hear of it before the block starts; the event log and trace get a span."""
         phase = make_phase(name, traffic, expected_s)
-        await self._tell_fabric(phase)
+        announced = self._announced.pop(name, None)
+        if announced is not None and traffic is None:
+            phase = announced[0]  # its traffic was declared ahead, with announce()
+        if announced is not None:
+            await announced[1]  # the circuits planned in its lead time (or their failure)
+        else:
+            await self._tell_fabric(phase)
         self.hints.upcoming(phase)
         self._phases.append(phase)
         try:
@@ -109,7 +117,27 @@ class JobContext:
             self._phases.remove(phase)
             self.hints.ended(phase)
 
-    async def _tell_fabric(self, phase: Phase) -> None:
+    def announce(
+        self,
+        name: str,
+        *,
+        traffic: Any = None,
+        expected_s: float | None = None,
+        lead_s: float | None = None,
+    ) -> None:
+        """Tell the fabric manager now about phase ``name`` coming in about ``lead_s`` seconds
+        (its traffic as for :meth:`phase`), so circuits can be laid while the job goes on; the
+        later ``phase(name)`` waits for them instead of asking then. Returns at once."""
+        phase = make_phase(name, traffic, expected_s)
+        if lead_s is not None and not (isinstance(lead_s, int | float) and lead_s >= 0):
+            raise ConfigError(f"lead_s is a number of seconds >= 0, got {lead_s!r}")
+        previous = self._announced.pop(name, None)
+        if previous is not None:
+            previous[1].cancel()
+        task = asyncio.ensure_future(self._tell_fabric(phase, float(lead_s or 0.0)))
+        self._announced[name] = (phase, task)
+
+    async def _tell_fabric(self, phase: Phase, lead_s: float = 0.0) -> None:
         """Send ``phase``'s traffic to the cluster's fabric manager (``Config.fabric`` is
         ``managed`` and the head runs one) and wait for the circuits it plans; the plan, its
         decision and the reconfiguration's steps go to the event log on the ``fabric`` track.
@@ -117,7 +145,10 @@ class JobContext:
         if self.config.fabric != "managed" or self._fabric_off or phase.traffic is None:
             return
         request = pb.FabricHintRequest(
-            job_id=self.job_id, phase=phase.name, expected_s=phase.expected_s or 0.0
+            job_id=self.job_id,
+            phase=phase.name,
+            expected_s=phase.expected_s or 0.0,
+            lead_s=lead_s,
         )
         if isinstance(phase.traffic, Collective):
             request.collective = phase.traffic.kind
@@ -149,6 +180,7 @@ class JobContext:
             track="fabric",
             kind="fabric_plan",
             phase=phase.name,
+            lead_s=lead_s,
             status=record["status"],
             commit=record["commit"],
             reason=record["reason"],
@@ -475,6 +507,10 @@ async def job_session(
                 if ctx.supervisor.escalated is not None:
                     raise ctx.supervisor.escalated
         finally:
+            announced = [task for _, task in ctx._announced.values()]
+            for task in announced:  # announced phases the job never entered
+                task.cancel()
+            await asyncio.gather(*announced, return_exceptions=True)
             with contextlib.suppress(OrchestrError):
                 await asyncio.gather(*(ctx.stop(m) for m in ctx._meshes))
                 await asyncio.gather(*(ctx.release(r) for r in list(ctx._reservations)))

@@ -15,6 +15,7 @@ plan's one OCS reaches, and the manager's switch pairs are routed as those hosts
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +124,8 @@ async def fabric_hint(fabric: FabricManager, state: HeadState, request: Any) -> 
             t.dst_mesh_id for t in request.traffic
         }
         traffic = {(t.src_mesh_id, t.dst_mesh_id): t.nbytes for t in request.traffic} or None
+    if not (math.isfinite(request.lead_s) and math.isfinite(request.expected_s)):
+        raise ConfigError("a hint's lead_s and expected_s are finite numbers of seconds")
     demand = hint_demand(traffic, _members_by_switch(fabric, state, mesh_ids))
     for t in request.demand:
         if t.src != t.dst:
@@ -133,6 +136,7 @@ async def fabric_hint(fabric: FabricManager, state: HeadState, request: Any) -> 
         demand,
         request.expected_s or None,
         request.repeats or 1.0,
+        max(0.0, request.lead_s),
     )
     if request.dry_run:
         plan = fabric.plan(hint)

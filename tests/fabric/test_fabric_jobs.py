@@ -92,3 +92,19 @@ async def test_without_a_fabric_manager_phases_run_as_before(ctx: oc.JobContext)
         async with ctx.phase("weight_sync", traffic=oc.Collective("broadcast", "ring", 10)):
             pass
     assert ctx._fabric_off
+
+
+async def test_an_announced_phase_gets_its_circuits_in_its_lead_time(head: HeadService) -> None:
+    async with job_session(head.address, "token", oc.load_config()) as ctx:
+        await ctx.spawn(Counter, n=2, strategy="STRICT_SPREAD", name="ring")
+        ctx.announce("weight_sync", traffic=oc.Collective("broadcast", "ring", BIG), lead_s=1.0)
+        with pytest.raises(oc.ConfigError, match="lead_s is a number of seconds"):
+            ctx.announce("x", lead_s=-1)
+        async with ctx.phase("weight_sync"):  # waits for the announced plan, asks nothing
+            assert head.fabric is not None and len(head.fabric.circuits()) == 1
+        ctx.announce("training", traffic=oc.Collective("all_reduce", "ring", BIG))  # never run
+        log = ctx.events.path
+    assert head.fabric is not None
+    assert next((r.phase, r.status) for r in head.fabric.history) == ("weight_sync", "applied")
+    plans = [e for e in read_events(log) if e["kind"] == "fabric_plan"]
+    assert plans[0]["phase"] == "weight_sync" and plans[0]["lead_s"] == 1.0

@@ -151,3 +151,15 @@ async def test_random_hints_and_faults_keep_the_fabric_consistent(
             _, live = await sim.circuits()
             mine = {c for o, c in ours if o == name}
             assert mine <= set(live), "the manager counts a circuit the switch does not have"
+
+
+async def test_lead_time_hides_the_reconfiguration_cost() -> None:
+    costly = ReconfigCost(fixed_s=5.0, per_change_s=0.0)
+    late = await manager(SimOcs(8, latency=1e-5), RecordingRouter(), reconfig_cost=costly).hint(
+        Hint("job-1", "generation", {("tor0", "tor1"): GB})
+    )
+    assert not late.commit and late.reconfig_cost_s == 5.0
+    early = await manager(SimOcs(8, latency=1e-5), RecordingRouter(), reconfig_cost=costly).hint(
+        Hint("job-1", "generation", {("tor0", "tor1"): GB}, lead_s=10.0)
+    )
+    assert early.commit and early.status == "applied" and early.reconfig_cost_s == 0.0
