@@ -27,141 +27,55 @@ port's alias) and a circuit's label (its veth ends' alias): another process, a h
 takes the fabric up by its tag with :meth:`NetnsFabric.attach`.
 
 Every method blocks on ``ip``/``tc`` (a few milliseconds each) and is thread-safe; from async
-code run them in a thread. Needs root and iproute2 (:func:`netns_missing` says why not).
+code run them in a thread. Needs root and iproute2 (:func:`netns_missing` says why not). The
+commands themselves, and the aliases' formats, live in :mod:`orchestr.fabric._netns_kernel`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import ipaddress
-import json
 import os
-import re
 import secrets
-import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from ._ocs import OcsError
+from ._netns_kernel import (
+    BRIDGE,
+    CIRCUIT,
+    HOST_DEV,
+    PREFIX,
+    SLOTS,
+    TAG,
+    WORD,
+    NetnsError,
+    add_bridge_port,
+    batch,
+    call_in,
+    free_subnets,
+    ip_json,
+    namespaces,
+    netns_missing,
+    no_rp_filter,
+    read_circuit_ends,
+    read_circuit_slots,
+    read_generation,
+    read_switch,
+    run,
+    shape,
+    write_generation,
+    write_settings,
+)
 
 __all__ = ["PREFIX", "NetnsError", "NetnsFabric", "netns_missing"]
 
 T = TypeVar("T")
 
-PREFIX = "ocf-"
-"""What every fabric's namespace names start with."""
-
-_HOST_DEV, _BRIDGE, _CIRCUIT = "eth0", "br0", "ckt"
-_CIRCUIT_NAME = re.compile(rf"{_CIRCUIT}(\d+)")
-_GENERATION = re.compile(r"orchestr-ocs generation=(\d+)")
-_SETTINGS = "orchestr-fabric"
-_HOST_ALIAS = "orchestr-host="
-_WORD = re.compile(r"[A-Za-z0-9_.:=,+-]{1,64}")  # a host name or label: one word of an alias
-_TAG = re.compile(r"[0-9a-f]{6}")
-_SLOTS = 64  # /30 circuit subnets in the circuit /24
-_CMD_TIMEOUT_S = 30.0
 _KILL_WAIT_S = 10.0
-_CLONE_NEWNET = 0x40000000
-
-
-class NetnsError(OcsError):
-    """An ``ip`` or ``tc`` command of the emulated fabric failed; the message has the command
-    and what it printed."""
-
-
-def netns_missing() -> str | None:
-    """Why this machine cannot run an emulated fabric (not root, no ``ip`` or ``tc``), or None."""
-    if os.geteuid() != 0:
-        return "an emulated fabric of network namespaces needs root"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"an emulated fabric needs iproute2's `{tool}` command"
-    return None
-
-
-def _run(*argv: str, stdin: str | None = None) -> str:
-    try:
-        proc = subprocess.run(
-            argv, input=stdin, capture_output=True, text=True, timeout=_CMD_TIMEOUT_S
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise NetnsError(f"`{' '.join(argv)}` could not run: {exc}") from exc
-    if proc.returncode != 0:
-        out = (proc.stderr or proc.stdout).strip()
-        raise NetnsError(f"`{' '.join(argv)}` failed: {out}")
-    return proc.stdout
-
-
-def _ip_json(*argv: str) -> list[dict[str, Any]]:
-    text = _run("ip", "-j", *argv).strip()
-    return list(json.loads(text)) if text else []
-
-
-def _networks_in_use() -> list[ipaddress.IPv4Network]:
-    """IPv4 networks of the addresses and routes in the root and every named namespace."""
-    names = [None, *(line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line)]
-    found: list[ipaddress.IPv4Network] = []
-    for ns in names:
-        where = ("-n", ns) if ns else ()
-        try:
-            addrs = _ip_json(*where, "-4", "addr")
-            routes = _ip_json(*where, "-4", "route", "show", "table", "all")
-        except NetnsError:
-            continue  # a namespace deleted meanwhile
-        words = [f"{a['local']}/{a['prefixlen']}" for i in addrs for a in i.get("addr_info", [])]
-        words += [str(r.get("dst", "")) for r in routes]
-        for word in words:
-            with contextlib.suppress(ValueError):
-                net = ipaddress.IPv4Network(word, strict=False)
-                if net.prefixlen > 0:
-                    found.append(net)
-    return found
-
-
-def _free_subnets(count: int) -> list[ipaddress.IPv4Network]:
-    used = _networks_in_use()
-    picked: list[ipaddress.IPv4Network] = []
-    for _ in range(400):
-        net = ipaddress.IPv4Network(
-            f"10.{secrets.randbelow(254) + 1}.{secrets.randbelow(254)}.0/24"
-        )
-        if not any(net.overlaps(u) for u in [*used, *picked]):
-            picked.append(net)
-            if len(picked) == count:
-                return picked
-    raise NetnsError("found no free private 10.X.Y.0/24 in 400 draws; is 10/8 all in use?")
-
-
-def _call_in(ns: str, fn: Callable[[], T]) -> T:
-    """Run ``fn()`` in a new thread that has moved (alone) into namespace ``ns``."""
-    out: list[T] = []
-    err: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
-            try:
-                rc: int = ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET)
-            finally:
-                os.close(fd)
-            if rc != 0:
-                raise NetnsError(f"setns into {ns} failed: {os.strerror(ctypes.get_errno())}")
-            out.append(fn())
-        except BaseException as exc:  # handed over to the caller's thread
-            err.append(exc)
-
-    thread = threading.Thread(target=target, name=f"netns-{ns}", daemon=True)
-    thread.start()
-    thread.join()
-    if err:
-        raise err[0]
-    return out[0]
 
 
 class NetnsFabric:
@@ -179,7 +93,7 @@ class NetnsFabric:
     ) -> None:
         if len(hosts) < 2 or len(set(hosts)) != len(hosts) or len(hosts) > 250:
             raise ValueError(f"a fabric needs 2 to 250 distinct host names, got {list(hosts)!r}")
-        if not all(isinstance(h, str) and _WORD.fullmatch(h) for h in hosts):
+        if not all(isinstance(h, str) and WORD.fullmatch(h) for h in hosts):
             raise ValueError(f"host names are words of letters, digits and _.:=,+-; got {hosts!r}")
         if not (electrical_mbit > 0 and circuit_mbit > 0):
             raise ValueError("bandwidths must be positive Mbit/s")
@@ -219,33 +133,30 @@ class NetnsFabric:
         """Create the namespaces, the bridge and the shaped host links. Raises
         :class:`NetnsError`; what was made so far is left for :meth:`close`."""
         with self.lock:
-            self.subnet, self.circuit_subnet = _free_subnets(2)
+            self.subnet, self.circuit_subnet = free_subnets(2)
             self._add_namespace(self.switch)
-            _run("ip", "-n", self.switch, "link", "add", _BRIDGE, "type", "bridge")
-            _run("ip", "-n", self.switch, "link", "set", _BRIDGE, "up")
+            run("ip", "-n", self.switch, "link", "add", BRIDGE, "type", "bridge")
+            run("ip", "-n", self.switch, "link", "set", BRIDGE, "up")
             self.set_switch_generation(0)
-            settings = (
-                f"{_SETTINGS} subnet={self.subnet} circuit_subnet={self.circuit_subnet} "
-                f"electrical_mbit={self.electrical_mbit!r} circuit_mbit={self.circuit_mbit!r}"
+            write_settings(
+                self.switch,
+                self.subnet,
+                self.circuit_subnet,
+                self.electrical_mbit,
+                self.circuit_mbit,
             )
-            _run("ip", "-n", self.switch, "link", "set", "lo", "alias", settings)
             for i, ns in enumerate(self._ns):
                 self._add_namespace(ns)
-                _run("ip", "link", "add", "name", _HOST_DEV, "netns", ns, "type", "veth",
-                     "peer", "name", f"p{i}", "netns", self.switch)  # fmt: skip
-                self._batch(
-                    self.switch,
-                    f"link set p{i} master {_BRIDGE}",
-                    f"link set p{i} alias {_HOST_ALIAS}{self.hosts[i]}",
-                    f"link set p{i} up",
-                )
-                self._batch(
+                run("ip", "link", "add", "name", HOST_DEV, "netns", ns, "type", "veth",
+                    "peer", "name", f"p{i}", "netns", self.switch)  # fmt: skip
+                add_bridge_port(self.switch, i, self.hosts[i])
+                batch(
                     ns,
-                    f"addr add {self.address(self.hosts[i])}/24 dev {_HOST_DEV}",
-                    f"link set {_HOST_DEV} up",
+                    f"addr add {self.address(self.hosts[i])}/24 dev {HOST_DEV}",
+                    f"link set {HOST_DEV} up",
                     "link set lo up",
                 )
-                self._shape(ns, _HOST_DEV, self.electrical_mbit)
+                shape(ns, HOST_DEV, self.electrical_mbit)
         return self
 
     @classmethod
@@ -255,20 +166,12 @@ class NetnsFabric:
         as its maker would (one process at a time: they share the kernel's state, not the
         lock), and :meth:`close` leaves the namespaces to their maker. Raises ``ValueError``
         for a malformed tag and :class:`NetnsError` when no such fabric runs."""
-        if not isinstance(tag, str) or not _TAG.fullmatch(tag):
+        if not isinstance(tag, str) or not TAG.fullmatch(tag):
             raise ValueError(f"a fabric's tag is 6 hex digits (ocf-TAG-sw), got {tag!r}")
         switch = f"{PREFIX}{tag}-sw"
-        listed = _run("ip", "netns", "list").split("\n")
-        if switch not in {line.split()[0] for line in listed if line.strip()}:
+        if switch not in namespaces():
             raise NetnsError(f"no emulated fabric {tag}: there is no namespace {switch}")
-        settings: dict[str, str] = {}
-        names: dict[int, str] = {}
-        for link in _ip_json("-n", switch, "link", "show"):
-            alias, name = str(link.get("ifalias", "")), str(link.get("ifname", ""))
-            if name == "lo" and alias.startswith(f"{_SETTINGS} "):
-                settings = dict(word.split("=", 1) for word in alias.split()[1:])
-            elif re.fullmatch(r"p\d+", name) and alias.startswith(_HOST_ALIAS):
-                names[int(name[1:])] = alias[len(_HOST_ALIAS) :]
+        settings, names = read_switch(switch)
         try:
             fabric = cls(
                 [names[i] for i in range(len(names))],
@@ -284,14 +187,7 @@ class NetnsFabric:
             ) from None
         fabric.tag, fabric.switch = tag, switch
         fabric._ns = [f"{PREFIX}{tag}-{i}" for i in range(len(fabric.hosts))]
-        base = int(fabric.circuit_subnet.network_address)
-        for i, ns in enumerate(fabric._ns):  # the circuit subnets in use, from their addresses
-            for link in _ip_json("-n", ns, "-4", "addr", "show"):
-                m = _CIRCUIT_NAME.fullmatch(str(link.get("ifname", "")))
-                j = int(m.group(1)) if m is not None else i
-                for a in link.get("addr_info", []) if j != i else []:
-                    key = (min(i, j), max(i, j))
-                    fabric._slots[key] = (int(ipaddress.IPv4Address(a["local"])) - base) // 4
+        fabric._slots = read_circuit_slots(fabric._ns, fabric.circuit_subnet)
         return fabric
 
     def close(self) -> None:
@@ -310,7 +206,7 @@ class NetnsFabric:
             while self._made:
                 ns = self._made.pop()
                 try:
-                    _run("ip", "netns", "del", ns)
+                    run("ip", "netns", "del", ns)
                 except NetnsError as exc:
                     failed.append(str(exc))
             self._slots.clear()
@@ -335,20 +231,19 @@ class NetnsFabric:
         returns (or raise what it raised). Blocks until ``fn`` returns. Sockets ``fn`` opens
         belong to ``host``, also when later used from another thread. Only that new thread
         moves, so a pooled thread (``asyncio.to_thread``) may call this safely."""
-        return _call_in(self.namespace(host), fn)
+        return call_in(self.namespace(host), fn)
 
     def pids(self) -> list[int]:
         """Processes now running in this fabric's namespaces."""
         found: list[int] = []
         for ns in list(self._made):
             with contextlib.suppress(NetnsError):
-                found += [int(p) for p in _run("ip", "netns", "pids", ns).split()]
+                found += [int(p) for p in run("ip", "netns", "pids", ns).split()]
         return found
 
     def leftovers(self) -> list[str]:
         """This fabric's namespaces that exist now (none once closed)."""
-        lines = _run("ip", "netns", "list").splitlines()
-        return [line.split()[0] for line in lines if line.startswith(f"{PREFIX}{self.tag}-")]
+        return [ns for ns in namespaces() if ns.startswith(f"{PREFIX}{self.tag}-")]
 
     # -- circuits ------------------------------------------------------------------------------
 
@@ -357,7 +252,7 @@ class NetnsFabric:
         carrying ``label`` (a word; :meth:`circuit_labels`). Routes stay where they are. Raises
         :class:`NetnsError`, after undoing what it made."""
         i, j = self._pair(a, b)
-        if label and not _WORD.fullmatch(label):
+        if label and not WORD.fullmatch(label):
             raise ValueError(
                 f"a circuit's label is one word of letters, digits and _.:=,+-; got {label!r}"
             )
@@ -366,22 +261,22 @@ class NetnsFabric:
                 return
             self._delete_circuit(i, j)  # a half-dead one (an end set down)
             key = (min(i, j), max(i, j))
-            free = sorted(set(range(_SLOTS)) - set(self._slots.values()))
+            free = sorted(set(range(SLOTS)) - set(self._slots.values()))
             if not free:
-                raise NetnsError(f"all {_SLOTS} circuit subnets are in use; disconnect some")
+                raise NetnsError(f"all {SLOTS} circuit subnets are in use; disconnect some")
             self._slots[key] = free[0]
             try:
-                _run("ip", "link", "add", "name", f"{_CIRCUIT}{j}", "netns", self._ns[i],
-                     "type", "veth", "peer", "name", f"{_CIRCUIT}{i}", "netns", self._ns[j])  # fmt: skip
+                run("ip", "link", "add", "name", f"{CIRCUIT}{j}", "netns", self._ns[i],
+                    "type", "veth", "peer", "name", f"{CIRCUIT}{i}", "netns", self._ns[j])  # fmt: skip
                 for me, peer in ((i, j), (j, i)):
-                    dev = f"{_CIRCUIT}{peer}"
-                    self._batch(
+                    dev = f"{CIRCUIT}{peer}"
+                    batch(
                         self._ns[me],
                         f"addr add {self._circuit_end(me, peer)}/30 dev {dev}",
                         *([f"link set {dev} alias {label}"] if label else []),
                         f"link set {dev} up",
                     )
-                    self._shape(self._ns[me], dev, self.circuit_mbit)
+                    shape(self._ns[me], dev, self.circuit_mbit)
             except NetnsError:
                 self._delete_circuit(i, j)
                 raise
@@ -407,14 +302,8 @@ class NetnsFabric:
     def circuit_labels(self) -> dict[tuple[str, str], str]:
         """The live circuits (as :meth:`circuits`) with the label each was connected with
         (``""`` for none), read from the kernel."""
-        ends: dict[tuple[int, int], str] = {}
         with self.lock:
-            for i, ns in enumerate(self._ns):
-                for link in _ip_json("-n", ns, "link", "show", "type", "veth"):
-                    m = _CIRCUIT_NAME.fullmatch(str(link.get("ifname", "")))
-                    flags = link.get("flags", [])
-                    if m and "UP" in flags and "LOWER_UP" in flags:
-                        ends[(i, int(m.group(1)))] = str(link.get("ifalias", ""))
+            ends = read_circuit_ends(self._ns)
         return {
             (self.hosts[i], self.hosts[j]): label
             for (i, j), label in ends.items()
@@ -434,26 +323,21 @@ class NetnsFabric:
 
     def route_device(self, a: str, b: str) -> str:
         """The interface ``a`` sends to ``b``'s address through, read from the kernel."""
-        [route] = _ip_json("-n", self.namespace(a), "route", "get", self.address(b))
+        [route] = ip_json("-n", self.namespace(a), "route", "get", self.address(b))
         return str(route["dev"])
 
     def circuit_device(self, a: str, b: str) -> str:
         """The name of ``a``'s end of a circuit to ``b``."""
-        return f"{_CIRCUIT}{self._host(b)}"
+        return f"{CIRCUIT}{self._host(b)}"
 
     # -- the switch's generation ---------------------------------------------------------------
 
     def switch_generation(self) -> int:
         """The generation last written by :meth:`set_switch_generation` (0 at first)."""
-        [link] = _ip_json("-n", self.switch, "link", "show", _BRIDGE)
-        m = _GENERATION.fullmatch(str(link.get("ifalias", "")))
-        if m is None:
-            raise NetnsError(f"the bridge of {self.switch} carries no generation; was it opened?")
-        return int(m.group(1))
+        return read_generation(self.switch)
 
     def set_switch_generation(self, generation: int) -> None:
-        _run("ip", "-n", self.switch, "link", "set", _BRIDGE,
-             "alias", f"orchestr-ocs generation={generation}")  # fmt: skip
+        write_generation(self.switch, generation)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -482,39 +366,21 @@ class NetnsFabric:
         with self.lock:
             for me, peer in ((i, j), (j, i)):
                 to = f"{self._addr(peer)}/32"
-                path = ["dev", _HOST_DEV]
+                path = ["dev", HOST_DEV]
                 if onto_circuit:
                     if (min(i, j), max(i, j)) not in self._slots:
                         raise NetnsError(f"no circuit between {a} and {b}: connect them first")
-                    path = ["via", self._circuit_end(peer, me), "dev", f"{_CIRCUIT}{peer}"]
-                _run("ip", "-n", self._ns[me], "route", "replace", to, *path, "src", self._addr(me))
+                    path = ["via", self._circuit_end(peer, me), "dev", f"{CIRCUIT}{peer}"]
+                run("ip", "-n", self._ns[me], "route", "replace", to, *path, "src", self._addr(me))
 
     def _delete_circuit(self, i: int, j: int) -> None:
         for me, peer in ((i, j), (j, i)):  # either end alone may be left
             with contextlib.suppress(NetnsError):  # already gone
-                _run("ip", "-n", self._ns[me], "link", "del", f"{_CIRCUIT}{peer}")
+                run("ip", "-n", self._ns[me], "link", "del", f"{CIRCUIT}{peer}")
         self._slots.pop((min(i, j), max(i, j)), None)
 
     def _add_namespace(self, ns: str) -> None:
-        _run("ip", "netns", "add", ns)
+        run("ip", "netns", "add", ns)
         self._made.append(ns)
         # IPv4 conf of a new namespace is inherited from the root one, which may filter.
-        _call_in(ns, _no_rp_filter)
-
-    @staticmethod
-    def _batch(ns: str, *lines: str) -> None:
-        _run("ip", "-n", ns, "-batch", "-", stdin="\n".join(lines) + "\n")
-
-    @staticmethod
-    def _shape(ns: str, dev: str, mbit: float) -> None:
-        kbit = int(mbit * 1000)
-        burst = max(64 * 1024, kbit * 1000 // 8 // 250)  # at least 4 ms at the rate
-        _run("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf",
-             "rate", f"{kbit}kbit", "burst", str(burst), "latency", "50ms")  # fmt: skip
-
-
-def _no_rp_filter() -> None:
-    # /proc/sys/net belongs to the network namespace of the thread that opens it.
-    for conf in ("all", "default"):
-        with open(f"/proc/sys/net/ipv4/conf/{conf}/rp_filter", "w") as f:
-            f.write("0\n")
+        call_in(ns, no_rp_filter)
