@@ -71,8 +71,9 @@ class JobContext:
         #: Where phase hints go: the fabric manager, or (by default) a recorder.
         self.hints: FabricHints = RecordingHints()
         self._phases: list[Phase] = []
-        #: The head runs no fabric manager: phase hints stay in the event log.
-        self._fabric_off = False
+        #: Whether the head runs a fabric manager (None: not asked yet); without one, phase
+        #: hints stay in the event log.
+        self._fabric_on: bool | None = None
         #: Phases announced ahead (:meth:`announce`): their declaration and hint in flight.
         self._announced: dict[str, tuple[Phase, asyncio.Task[None]]] = {}
         #: Hears of deaths of this job's actors and restarts, accepts or escalates them.
@@ -142,7 +143,17 @@ class JobContext:
         ``managed`` and the head runs one) and wait for the circuits it plans; the plan, its
         decision and the reconfiguration's steps go to the event log on the ``fabric`` track.
         A head without a fabric manager is asked once."""
-        if self.config.fabric != "managed" or self._fabric_off or phase.traffic is None:
+        if self.config.fabric != "managed" or phase.traffic is None:
+            return
+        if self._fabric_on is None:  # ask the head once whether it runs a fabric manager
+            try:
+                await self.head.rpc(self._stub.FabricShow, pb.Empty())
+                self._fabric_on = True
+            except ConfigError as exc:
+                if "runs no fabric manager" not in str(exc):
+                    raise
+                self._fabric_on = False
+        if not self._fabric_on:
             return
         request = pb.FabricHintRequest(
             job_id=self.job_id,
@@ -150,28 +161,35 @@ class JobContext:
             expected_s=phase.expected_s or 0.0,
             lead_s=lead_s,
         )
+        ids = {m.name: m.mesh_id for m in self._meshes}  # the newest mesh of each name
+        named = (
+            {phase.traffic.mesh}
+            if isinstance(phase.traffic, Collective)
+            else {m for pair in phase.traffic for m in pair}
+        )
+        unknown = sorted(named - set(ids))
+        if unknown:  # a hint is advice: the phase runs, the log says what was left out
+            log.warning(
+                "a phase names meshes this job has not spawned", phase=phase.name, meshes=unknown
+            )
+            self.events.record("fabric_hint_skipped", phase=phase.name, unknown_meshes=unknown)
         if isinstance(phase.traffic, Collective):
+            if unknown:
+                return
             request.collective = phase.traffic.kind
-            request.collective_mesh_id = self._mesh_id(phase.traffic.mesh)
+            request.collective_mesh_id = ids[phase.traffic.mesh]
             request.collective_bytes = phase.traffic.nbytes
         else:
             for (src, dst), nbytes in phase.traffic.items():
-                request.traffic.append(
-                    pb.MeshTraffic(
-                        src_mesh_id=self._mesh_id(src),
-                        dst_mesh_id=self._mesh_id(dst),
-                        nbytes=nbytes,
+                if src in ids and dst in ids:
+                    request.traffic.append(
+                        pb.MeshTraffic(src_mesh_id=ids[src], dst_mesh_id=ids[dst], nbytes=nbytes)
                     )
-                )
+            if not request.traffic:
+                return
         start = time.time()
         began = time.perf_counter()
-        try:
-            reply = await self.head.rpc(self._stub.FabricHint, request, timeout=None)
-        except ConfigError as exc:
-            if "runs no fabric manager" not in str(exc):
-                raise
-            self._fabric_off = True
-            return
+        reply = await self.head.rpc(self._stub.FabricHint, request, timeout=None)
         record = json.loads(reply.json)
         self.events.record_span(
             f"circuits for {phase.name}",
@@ -189,13 +207,6 @@ class JobContext:
             remove=record["remove"],
             timings=record["timings"],
         )
-
-    def _mesh_id(self, name: str) -> str:
-        """The id of this job's live mesh called ``name`` (the newest, if several)."""
-        for mesh in reversed(self._meshes):
-            if mesh.name == name:
-                return mesh.mesh_id
-        raise ConfigError(f"the phase names mesh {name!r}, which this job has not spawned")
 
     #: ``host:port`` of the head's Prometheus endpoint (``GET /metrics``); ``None`` when the
     #: head serves none (``ORCHESTR_METRICS_PORT=-1``) or is not this job's own.
