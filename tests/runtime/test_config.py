@@ -49,6 +49,7 @@ def test_every_field_has_a_variable(tmp_path: pathlib.Path) -> None:
         "bind_host": "10.0.0.1",
         "transport_fallback": "error",
         "local_call_transport": "shm",
+        "fabric": "static",
         "tls_cert": str(pem),
         "tls_key": str(pem),
         "tls_ca": str(pem),
@@ -164,3 +165,9 @@ def test_config_round_trips_through_the_environment() -> None:
 
     config = load_config(call_timeout=2.5, transport_fallback="error", inline_max_bytes=4096)
     assert load_config(config_environ(config)) == config
+
+
+def test_fabric_takes_managed_or_static() -> None:
+    assert load_config({"ORCHESTR_FABRIC": "static"}).fabric == "static"
+    with pytest.raises(ConfigError, match="fabric must be one of managed, static"):
+        load_config({"ORCHESTR_FABRIC": "sometimes"})
