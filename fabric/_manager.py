@@ -73,6 +73,8 @@ class PlanRecord:
     predicted_s_with: float
     saving_s: float
     reconfig_cost_s: float
+    #: Switch ports whose circuit the plan changes.
+    port_changes: int
     commit: bool
     reason: str
     status: str
@@ -379,6 +381,7 @@ class FabricManager:
             plan.predicted_s_with,
             plan.saving_s,
             plan.reconfig_cost_s,
+            plan.port_changes,
             plan.commit,
             reason,
             status,

@@ -369,7 +369,7 @@ class GreedyPlanner:
             i, j = divmod(pid, n)
             if used[i] >= free[i] or used[j] >= free[j] or not p.allowed(pid):
                 why = "no OCS joins it" if not p.allowed(pid) else "no free OCS port"
-                note = f"bottleneck {p.names[i]} <-> {p.names[j]}: {why}"
+                note = f"the slowest pair left, {p.names[i]} <-> {p.names[j]}, gets no more: {why}"
                 break
             _grow(k, used, n, pid, 1)
             left = unclaimed.get(pid, 0)

@@ -50,6 +50,7 @@ async def test_a_worthwhile_hint_is_applied_and_a_repeat_changes_nothing() -> No
     record = await fm.hint(Hint("job-1", "weight_sync", {("tor0", "tor1"): 50 * GB}))
     assert record.commit and record.status == "applied", record.reason
     assert record.add == (("tor0", "tor1", 1),)  # tor1 has one OCS uplink
+    assert record.port_changes == 2
     assert record.predicted_s_with < record.predicted_s_static
     assert set(record.timings) >= {"reserve", "program", "verify", "undrain"}
     assert fm.circuits() == CircuitSet([("tor0", "tor1")])

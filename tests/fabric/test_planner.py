@@ -69,7 +69,7 @@ def test_concentrated_demand_gets_that_pairs_circuits() -> None:
     assert plan.predicted_s_static == pytest.approx(10 * GB / (100 * GBPS))
     assert plan.predicted_s_with == pytest.approx(10 * GB / (1700 * GBPS))
     assert plan.commit and plan.reason.startswith("commit")
-    assert "bottleneck a <-> b: no free OCS port" in plan.reason
+    assert "the slowest pair left, a <-> b, gets no more: no free OCS port" in plan.reason
 
 
 def test_circuits_go_where_pair_time_is_largest() -> None:
