@@ -200,13 +200,24 @@ class HeadService(pb_grpc.HeadServicer):
         self._channels.clear()
 
     def save(self) -> None:
-        """Write what changed since the last save to the store (one transaction)."""
+        """Forget actors that ended long ago (and meshes left with none), then write what
+        changed since the last save to the store."""
+        gone = self.state.prune()
+        empty: set[str] = set()
+        if gone:
+            empty = {a.mesh_id for a in gone} - {a.mesh_id for a in self.state.actors.values()}
+            for mesh_id in empty:
+                self.meshes.pop(mesh_id, None)
+                self._dirty_meshes.discard(mesh_id)
         if self.store is None:
+            self.state.take_dirty()
+            self._dirty_meshes.clear()
             return
         nodes, actors, reservations = self.state.take_dirty()
         meshes = [self.meshes[m] for m in self._dirty_meshes if m in self.meshes]
         self._dirty_meshes.clear()
         self.store.save(nodes, actors, meshes, reservations)
+        self.store.forget([a.actor_id for a in gone], empty)
 
     async def _save_every(self, period: float) -> None:
         """Changes made outside an RPC's own save (a worker's creation finishing) reach the

@@ -22,6 +22,10 @@ __all__ = [
 #: How a mesh's members are placed over nodes (see :meth:`HeadState.place`).
 STRATEGIES = ("SPREAD", "PACK", "STRICT_PACK", "STRICT_SPREAD")
 
+#: Ended actors (stopped or dead) the head keeps for lookups and ``status``; past this many,
+#: the oldest are forgotten (see :meth:`HeadState.prune`).
+ENDED_KEPT = 10_000
+
 #: The most folders a spawn's ``python_path`` may hold, and the longest one (characters).
 MAX_PYTHON_PATH_ENTRIES = 64
 MAX_PYTHON_PATH_CHARS = 4096
@@ -147,6 +151,8 @@ class HeadState:
         self.dirty_actors: set[str] = set()
         self.dirty_nodes: set[str] = set()
         self.dirty_reservations: set[str] = set()
+        #: Ended actors, oldest end first (for :meth:`prune`).
+        self._ended: dict[str, None] = {}
 
     def take_dirty(self) -> tuple[list[NodeRecord], list[ActorRecord], list[Reservation]]:
         """The records changed since the last call, to save; clears the marks."""
@@ -160,7 +166,32 @@ class HeadState:
 
     def _touch(self, record: ActorRecord) -> ActorRecord:
         self.dirty_actors.add(record.actor_id)
+        self._ended.pop(record.actor_id, None)
+        if record.state in ("stopped", "dead"):
+            self._ended[record.actor_id] = None  # the newest end
         return record
+
+    def prune(self, keep: int | None = None) -> list[ActorRecord]:
+        """Forget the actors that ended longest ago, past the ``keep`` (default
+        :data:`ENDED_KEPT`) newest ended ones, so a long-lived head does not grow without
+        bound. Returns the forgotten records."""
+        keep = ENDED_KEPT if keep is None else keep
+        gone = []
+        while len(self._ended) > keep:
+            actor_id = next(iter(self._ended))
+            del self._ended[actor_id]
+            a = self.actors.get(actor_id)
+            if a is None or a.state not in ("stopped", "dead"):
+                continue  # ended, then restarted: not ended any more
+            del self.actors[actor_id]
+            self.dirty_actors.discard(actor_id)
+            hosted = self.by_worker.get(a.worker_id)
+            if hosted is not None:
+                hosted.discard(actor_id)
+                if not hosted:
+                    del self.by_worker[a.worker_id]
+            gone.append(a)
+        return gone
 
     def restore(
         self,
@@ -175,6 +206,8 @@ class HeadState:
         self.reservations.update((r.reservation_id, r) for r in reservations)
         for a in actors:
             self.actors[a.actor_id] = a
+            if a.state in ("stopped", "dead"):
+                self._ended[a.actor_id] = None
             if a.worker_id and a.state in ("starting", "alive"):
                 self.by_worker.setdefault(a.worker_id, set()).add(a.actor_id)
         for n in nodes:

@@ -119,6 +119,16 @@ class HeadStore:
             self._db.executemany("INSERT OR REPLACE INTO meshes VALUES (?, ?)", mesh_rows)
             self._db.executemany("INSERT OR REPLACE INTO reservations VALUES (?, ?)", held_rows)
 
+    def forget(self, actor_ids: Iterable[str] = (), mesh_ids: Iterable[str] = ()) -> None:
+        """Delete these actors and meshes (ended long ago; see ``HeadState.prune``)."""
+        actor_rows = [(i,) for i in actor_ids]
+        mesh_rows = [(i,) for i in mesh_ids]
+        if not (actor_rows or mesh_rows):
+            return
+        with self._transaction():
+            self._db.executemany("DELETE FROM actors WHERE actor_id = ?", actor_rows)
+            self._db.executemany("DELETE FROM meshes WHERE mesh_id = ?", mesh_rows)
+
     def load(
         self,
     ) -> tuple[list[NodeRecord], list[ActorRecord], list[MeshRecord], list[Reservation]]:

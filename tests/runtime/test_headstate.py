@@ -597,3 +597,29 @@ def test_a_reserved_actor_restarts_in_its_bundle_and_restore_counts_bundles() ->
         reservations=copy.deepcopy(list(state.reservations.values())),
     )
     assert free(again) == before  # the bundle counted once, not with its actor again
+
+
+def test_prune_forgets_the_oldest_ended_actors() -> None:
+    state = state_with({"a": {"cpu": 8}})
+    first, second, live = (place(state, 1, {"cpu": 1}, mesh=m)[0] for m in ("m1", "m2", "m3"))
+    _started(state, [first], "w-1")
+    _started(state, [second], "w-2")
+    _started(state, [live], "w-3")
+    state.actor_ended(first.actor_id, stopped=True)
+    state.worker_exited("w-2", 1, 0)
+    assert state.prune(keep=2) == [] and len(state.actors) == 3
+    assert [a.actor_id for a in state.prune(keep=1)] == [first.actor_id]  # ended first
+    assert set(state.actors) == {second.actor_id, live.actor_id}
+    assert "w-1" not in state.by_worker
+    assert state.prune(keep=0) == [second] and set(state.actors) == {live.actor_id}
+    assert free(state) == {"a": {"cpu": 7.0}}  # the live one still holds its CPU
+
+
+def test_an_actor_restarted_after_its_end_is_not_pruned() -> None:
+    state = state_with({"a": {"cpu": 8}})
+    (member,) = place(state, 1, {"cpu": 1})
+    member.max_restarts = 1
+    _started(state, [member], "w-1")
+    state.worker_exited("w-1", 1, 0)  # ended, waiting for its restart
+    state.restart(member.actor_id)
+    assert state.prune(keep=0) == [] and member.actor_id in state.actors

@@ -60,3 +60,16 @@ def test_another_schema_is_refused_not_overwritten(tmp_path: Path) -> None:
     HeadStore(tmp_path / "head.sqlite").set_meta("schema_version", "99")
     with pytest.raises(ConfigError, match="has schema 99"):
         HeadStore(tmp_path / "head.sqlite")
+
+
+def test_forgotten_actors_and_meshes_leave_the_store(tmp_path: Path) -> None:
+    state = HeadState()
+    state.register_node("n1", "10.0.0.2:5000", {"cpu": 4}, {}, now=1.0)
+    for m in ("m1", "m2"):
+        state.place(m, "w", "pkg:Cls", 1, {"cpu": 1}, {}, {0: f"a-{m}"})
+    store = HeadStore(tmp_path / "head.sqlite")
+    nodes, actors, _ = state.take_dirty()
+    store.save(nodes, actors, [MeshRecord(m, "w", "pkg:Cls", 1, "SPREAD") for m in ("m1", "m2")])
+    store.forget(["a-m1"], ["m1"])
+    _, kept, meshes, _ = store.load()
+    assert [a.actor_id for a in kept] == ["a-m2"] and [m.mesh_id for m in meshes] == ["m2"]
