@@ -177,10 +177,10 @@ class FabricManager:
         self._reconfigurator = Reconfigurator(
             dict(drivers),
             router,
-            electrical_gbps=min(
-                (self._electrical(a, b) for a, b in itertools.combinations(self.endpoints, 2)),
-                default=1.0,
-            ),
+            # The slowest electrical link: a lower bound on every pair's electrical path (the
+            # transaction checks it stays positive; the manager declares no floors), found
+            # without a path search for each of the endpoints' pairs.
+            electrical_gbps=min((link.gbps for link in topology.links), default=1.0),
             circuit_gbps=self.circuit_gbps or 1.0,
             min_dwell_s=self._policy.min_dwell_s,
             clock=clock,
@@ -233,10 +233,8 @@ class FabricManager:
         tor = self.topology.tor_of(host)
         if tor in self.endpoints:
             return tor
-        path_up = [
-            s for s in self.endpoints if self.topology.switch_path(tor, s).hops == 1
-        ]  # an aggregation switch one hop up
-        return path_up[0] if path_up else None
+        up = [s for s in self.endpoints if self.topology.link_gbps(tor, s) > 0]
+        return up[0] if up else None
 
     # -- hints -----------------------------------------------------------------------------
     def plan(self, hint: Hint) -> Plan:

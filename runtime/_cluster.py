@@ -40,6 +40,7 @@ from ._head import HeadService
 from ._headstore import STORE_FILE, HeadStore
 from ._jobs import JobManager
 from ._log import RotatingFile, configure_logging
+from ._loop import run_loop
 from .config import Config, load_config
 from .errors import ConfigError, OrchestrError
 
@@ -248,14 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")
     try:
-        import uvloop
-
-        runner: Any = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    try:
         fabric = Path(args.fabric) if args.fabric else None
-        runner(serve_head(state_dir, args.host, args.port, fabric, args.ocs_driver))
+        run_loop(serve_head(state_dir, args.host, args.port, fabric, args.ocs_driver))
     except OrchestrError as exc:
         print(f"orchestr head: {exc}", file=sys.stderr, flush=True)
         return 1

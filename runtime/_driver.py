@@ -29,6 +29,7 @@ from ._events import EventLog, export_trace
 from ._grpc import ControlChannel
 from ._head import HeadService, actor_lookup
 from ._headstate import STRATEGIES, validate_resources
+from ._loop import run_loop
 from ._mesh import Member, Mesh
 from ._node import NodeService
 from ._phases import Collective, FabricHints, Phase, RecordingHints, make_phase
@@ -567,8 +568,4 @@ def run(
         async with open_local_cluster(config) as ctx:
             return await main(ctx)
 
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(body())
-    return uvloop.run(body())
+    return run_loop(body())

@@ -212,8 +212,7 @@ class HeadState:
                 self.by_worker.setdefault(a.worker_id, set()).add(a.actor_id)
         for n in nodes:
             n.last_heartbeat = now
-            used = self._used_on(n.node_id)
-            n.free = {k: v - used.get(k, 0.0) for k, v in n.total.items()}
+            n.free = self._free_on(n.node_id, n.total)
             self.nodes[n.node_id] = n
 
     # -- nodes ---------------------------------------------------------------------------
@@ -228,13 +227,11 @@ class HeadState:
         transports: Sequence[str] = (),
         devices: Sequence[str] = (),
     ) -> None:
-        used = self._used_on(node_id)
-        free = {k: v - used.get(k, 0.0) for k, v in total.items()}
         self.nodes[node_id] = NodeRecord(
             node_id,
             address,
             dict(total),
-            free,
+            self._free_on(node_id, total),
             dict(labels),
             now,
             transports=list(transports),
@@ -298,6 +295,11 @@ class HeadState:
                 self.dirty_nodes.add(node.node_id)
                 dead.append(node.node_id)
         return dead
+
+    def _free_on(self, node_id: str, total: Mapping[str, float]) -> dict[str, float]:
+        """What of ``total`` the node's actors and reservations leave free."""
+        used = self._used_on(node_id)
+        return {k: v - used.get(k, 0.0) for k, v in total.items()}
 
     def _used_on(self, node_id: str) -> dict[str, float]:
         """What a node's actors and reservations hold (an actor in a reservation's bundle

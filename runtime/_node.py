@@ -29,6 +29,7 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 from ._grpc import ControlChannel, abort_with, add_port, make_server
 from ._head import describe_exit
 from ._log import RotatingFile, configure_logging, read_daemon_log
+from ._loop import run_loop
 from .config import Config, config_environ, load_config
 from .errors import ConfigError, OrchestrError, SpawnError
 
@@ -406,14 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         parser.error(str(exc))
     try:
-        import uvloop
-    except ImportError:
-        runner: Any = asyncio.run
-    else:
-        runner = uvloop.run
-    try:
         log_dir = Path(args.log_file).resolve().parent if args.log_file else None
-        runner(serve_node(args.head, token, config, labels, log_dir))
+        run_loop(serve_node(args.head, token, config, labels, log_dir))
     except OrchestrError as exc:
         print(f"orchestr node: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -29,6 +29,7 @@ from ._callpath import ActorLookup, ActorView, CallClient, set_current_client
 from ._callserver import CallServer
 from ._grpc import ControlChannel, abort_with, add_port, make_server
 from ._log import configure_logging
+from ._loop import run_loop
 from ._tls import install_stream_tls
 from .config import Config, load_config
 from .errors import OrchestrError, SpawnError
@@ -175,12 +176,7 @@ def main() -> None:
         worker=env.get("ORCHESTR_WORKER_ID"),
         job=env.get("ORCHESTR_JOB_ID"),
     )
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(serve_worker())
-    else:
-        uvloop.run(serve_worker())
+    run_loop(serve_worker())
 
 
 if __name__ == "__main__":

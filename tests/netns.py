@@ -28,6 +28,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from orchestr.fabric._netns_kernel import free_subnets
+
 __all__ = ["PREFIX", "Topology", "require_netns"]
 
 #: What every topology's namespace names start with.
@@ -49,35 +51,6 @@ def _ip(*args: str) -> str:
     if proc.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)} failed: {proc.stderr.strip()}")
     return proc.stdout
-
-
-def _networks_in_use() -> list[ipaddress.IPv4Network]:
-    """The IPv4 networks of this machine's addresses and routes, in the root namespace and in
-    every named one (another test's topology included)."""
-    listings = [["-o", "-4", "addr"], ["-4", "route", "show", "table", "all"]]
-    namespaces = [None, *(line.split()[0] for line in _ip("netns", "list").splitlines() if line)]
-    found: list[ipaddress.IPv4Network] = []
-    for ns in namespaces:
-        for listing in listings:
-            try:
-                text = _ip(*(["-n", ns] if ns else []), *listing)
-            except RuntimeError:
-                continue  # a namespace deleted meanwhile
-            for word in text.split():
-                with contextlib.suppress(ValueError):
-                    if word[0].isdigit():
-                        found.append(ipaddress.IPv4Network(word, strict=False))
-    return found
-
-
-def _free_subnet() -> ipaddress.IPv4Network:
-    used = _networks_in_use()
-    for _ in range(200):
-        x, y = 1 + secrets.randbelow(254), 1 + secrets.randbelow(254)  # not random's seed
-        net = ipaddress.IPv4Network(f"10.{x}.{y}.0/24")
-        if not any(net.overlaps(u) for u in used if u.prefixlen > 0):
-            return net
-    raise RuntimeError("found no free 10.X.Y.0/24 for a test topology in 200 draws")
 
 
 class Topology:
@@ -110,7 +83,7 @@ class Topology:
     def open(self) -> Topology:
         """Create the namespaces, the bridge and the links. Raises :class:`RuntimeError` with
         ip's message when a step fails; what was made so far is left for :meth:`close`."""
-        self.subnet = _free_subnet()
+        self.subnet = free_subnets(1)[0]
         _ip("netns", "add", self.switch)
         self._made.append(self.switch)
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
