@@ -1,5 +1,6 @@
-"""The caller's connection to one worker's call server: the handshake that settles how large
-values travel (:mod:`._bulk`), messages held until it has, and the replies coming back.
+"""The caller's connection to one worker's call server: the handshake that proves both ends
+know the cluster token (:mod:`._handshake`) and settles how large values travel
+(:mod:`._bulk`), messages held until it has, and the replies coming back.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import structlog
 
 from orchestr.fabric._local import process_key
 
-from . import _locality, _serde
+from . import _handshake, _locality, _serde
 from ._bulk import BulkLink
 from ._locality import check_probe, peer_is_local, peer_of_address
 from ._wire import (
+    AUTH,
     CALL,
+    CHALLENGE,
     ERR,
     HELLO,
     OK,
@@ -110,18 +113,24 @@ class Connection(FramedProtocol):
                 local = self.bulk.set_peer(peer)
             except (ValueError, IndexError):
                 peer = None
-        info = {
+        info: dict[str, Any] = {
             "process": process_key(),
             "probe": _locality.probe() if local or peer is None else None,
         }
         if peer == process_key():  # calling an actor in this very process: prove it is us
             info["self"] = _locality.self_secret()
-        self.out = pack_frame([HELLO, client.token, info], 1 << 20)
+        #: What AUTH carries besides the proof, once the server has proven itself.
+        self.info = info
+        self.nonce = _handshake.new_nonce()
+        self.out = pack_frame([HELLO, 0, {"nonce": self.nonce}], 1 << 12)
+        #: The server proved it knows the token, and we sent our proof.
+        self.proven = False
         self.welcomed = False
-        #: Messages held until WELCOME: (message to encode again with shared memory, or None;
-        #: its frame as first encoded; the call's fallback policy).
+        #: Messages held until the server has proven itself, and those with large values until
+        #: WELCOME: (message to encode again with shared memory, or None; its frame as first
+        #: encoded; the call's fallback policy).
         self.held: list[tuple[list[Any] | None, list[bytes | memoryview], str | None]] | None
-        self.held = None
+        self.held = []
         #: Whether the stream was ever open: calls on one that never was were never sent.
         self.connected = False
 
@@ -151,6 +160,25 @@ class Connection(FramedProtocol):
 
     def awaiting_shm(self) -> bool:
         return not self.welcomed and self.bulk.same_host and not self.lost
+
+    def challenge(self, info: Any) -> None:
+        """The server's answer to HELLO: check its proof before anything else is sent."""
+        server_nonce = _handshake.nonce_of(info)
+        identity = _handshake.identity(self.address)
+        token = self.client.token.encode()
+        expected = _handshake.proof(token, "server", identity, self.nonce, server_nonce)
+        if not _handshake.proves(expected, _handshake.proof_of(info)):
+            raise AuthenticationError(
+                f"{self.address} did not prove it knows the cluster token: it is not this "
+                f"cluster's worker (another process may hold the port of one that exited); "
+                f"nothing was sent to it"
+            )
+        proof = _handshake.proof(token, "client", identity, self.nonce, server_nonce)
+        self.proven = True
+        self.open_up()
+        self.send(pack_frame([AUTH, 0, {"proof": proof, **self.info}], 1 << 20))
+        if not self.awaiting_shm():
+            self._send_held()
 
     def _send_held(self) -> None:
         held, self.held = self.held or [], None
@@ -207,7 +235,13 @@ class Connection(FramedProtocol):
         self.counters.received += nbytes
         try:
             frames = self.decoder.buffer_updated(nbytes)
-        except ProtocolError as exc:
+            if not self.proven:
+                self._handshake(frames)
+                if self.lost or not self.proven:
+                    return
+                # parsed one at a time until now: what came behind the server's proof
+                frames = self.decoder.more()
+        except OrchestrError as exc:
             self.abort(exc)
             return
         for msg, extra in frames:
@@ -250,6 +284,21 @@ class Connection(FramedProtocol):
                 pending.future.set_result(message[2])
             else:
                 pending.future.set_exception(_remote_error(message, pending))
+
+    def _handshake(self, frames: list[tuple[memoryview, memoryview]]) -> None:
+        """Frames from a server that has not proven itself: only CHALLENGE, or its refusal."""
+        for msg, _ in frames:
+            message = _serde.decode_plain(msg)
+            if not (isinstance(message, list) and len(message) >= 3 and message[1] == 0):
+                raise ProtocolError(f"malformed handshake reply from {self.address}")
+            if message[0] == CHALLENGE:
+                self.challenge(message[2])
+                return
+            if message[0] == ERR:
+                raise _connection_error(message, self.address)
+            raise ProtocolError(
+                f"{self.address} sent message kind {message[0]!r} before proving itself"
+            )
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

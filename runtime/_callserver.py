@@ -1,11 +1,17 @@
 """The serving half of the call path: accepts connections, answers the handshake, decodes
-calls and hands them to the actors hosted here (:mod:`._actorhost` runs them)."""
+calls and hands them to the actors hosted here (:mod:`._actorhost` runs them).
+
+Before a caller has proven it knows the cluster token (:mod:`._handshake`), the only thing
+read from it is a small handshake frame of plain values: nothing is decoded into objects,
+looked up, imported or allocated for it, it has ``handshake_timeout`` seconds, and a listener
+holds at most ``max_pending_handshakes`` such callers (and ``max_connections`` in all).
+Anything else closes the connection."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import time
 from typing import Any
 
 import structlog
@@ -14,13 +20,15 @@ from orchestr.fabric import Listener, listen_stream, stream_transports
 from orchestr.fabric import _registry as fabric_registry
 from orchestr.fabric._local import process_key
 
-from . import _serde
+from . import _handshake, _serde
 from ._actorhost import ActorHost
 from ._bulk import BulkLink
 from ._locality import address_with_process, check_probe, peer_is_local, probe, self_secret
 from ._serde import lift_large
 from ._wire import (
+    AUTH,
     CALL,
+    CHALLENGE,
     ERR,
     HELLO,
     OK,
@@ -52,7 +60,11 @@ class _ServerConnection(FramedProtocol):
     def __init__(self, server: CallServer, stream: str) -> None:
         super().__init__(*frame_limits(server.config))
         self.server = server
+        self.stream = stream
         self.authed = False
+        #: The caller's HELLO nonce and ours, once it has said HELLO.
+        self.nonces: tuple[bytes, bytes] | None = None
+        self.deadline: asyncio.TimerHandle | None = None
         self.mapped_calls: set[int] = set()
         self.ready_seen = False
         #: Large results held until READY says whether they may go through shared memory.
@@ -63,10 +75,74 @@ class _ServerConnection(FramedProtocol):
     def _send_release(self, items: list[list[int]]) -> None:
         self.send(pack_frame([RELEASE, 0, items], 1 << 30))
 
-    def hello(self, info: Any) -> None:
+    # -- the handshake (see _handshake) -----------------------------------------------------
+    def handshake(self, msg: memoryview) -> None:
+        """One frame from a caller that has not proven itself yet."""
+        try:
+            message = _serde.decode_plain(msg)
+            if not (
+                isinstance(message, list)
+                and len(message) == 3
+                and message[1] == 0
+                and isinstance(message[2], dict)
+            ):
+                raise ProtocolError("a handshake message is [kind, 0, {...}]")
+            kind, info = message[0], message[2]
+            if kind == HELLO and self.nonces is None:
+                self.challenge(_handshake.nonce_of(info))
+                return
+            if kind == AUTH and self.nonces is not None:
+                self.authenticate(info)
+                return
+            raise ProtocolError(f"message kind {kind!r} before the handshake was done")
+        except (ProtocolError, PermissionError) as exc:
+            self.refuse(exc)
+
+    def challenge(self, client_nonce: bytes) -> None:
+        server_nonce = _handshake.new_nonce()
+        self.nonces = (client_nonce, server_nonce)
+        proof = _handshake.proof(
+            self.server.token, "server", self.server.identity, client_nonce, server_nonce
+        )
+        self.send(pack_frame([CHALLENGE, 0, {"nonce": server_nonce, "proof": proof}], 1 << 12))
+
+    def authenticate(self, info: dict[str, Any]) -> None:
+        assert self.nonces is not None
+        expected = _handshake.proof(self.server.token, "client", self.server.identity, *self.nonces)
+        if not _handshake.proves(expected, info.get("proof")):
+            raise PermissionError("missing or wrong cluster token")
+        self.authed = True
+        self.cancel_deadline()
+        self.server.pending.pop(self, None)
+        self.open_up()
+        self.hello(info)
+
+    def refuse(self, exc: Exception) -> None:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        self.server.note_refusal(str(exc), peer=str(peer), stream=self.stream)
+        self.error(0, "auth", exc)
+        self.close()
+
+    def handshake_expired(self) -> None:
+        self.deadline = None
+        if not self.authed and not self.lost:
+            self.refuse(
+                PermissionError(
+                    f"the handshake was not done within {self.server.config.handshake_timeout} s"
+                )
+            )
+
+    def cancel_deadline(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+    def hello(self, info: dict[str, Any]) -> None:
         """Answer the caller's handshake: can each side map the other's shared memory?"""
-        if not isinstance(info, dict) or not isinstance(info.get("process"), str):
-            return  # a caller that offers nothing gets everything inline
+        if not isinstance(info.get("process"), str):
+            # a caller that offers nothing gets everything inline
+            self.send(pack_frame([WELCOME, 0, {"process": process_key(), "shm": False}], 1 << 20))
+            return
         reachable = peer_is_local(self.transport)
         if info["process"] == process_key() and info.get("self") != self_secret():
             reachable = False  # claims to be this process without knowing its secret
@@ -102,11 +178,30 @@ class _ServerConnection(FramedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.server.connections.add(self)
+        server = self.server
+        full = server.admit(self)
+        if full is not None:
+            server.note_refusal(full)
+            self.lost = True
+            transport.close()
+            self.transport = None
+            return
+        self.deadline = self.loop.call_later(
+            server.config.handshake_timeout, self.handshake_expired
+        )
+
+    def forget(self) -> None:
+        """Leave the server's books (closed by us, or lost)."""
+        self.cancel_deadline()
+        server = self.server
+        if self in server.connections:
+            server.connections.discard(self)
+            server.counts[self.stream] -= 1
+            server.pending.pop(self, None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        self.server.connections.discard(self)
+        self.forget()
         self.bulk.lost()
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -114,15 +209,26 @@ class _ServerConnection(FramedProtocol):
         self.counters.received += nbytes
         try:
             frames = self.decoder.buffer_updated(nbytes)
+            while frames:
+                handshaking = self.decoder.single
+                for msg, extra in frames:
+                    if self.authed:
+                        self.server.handle(self, msg, extra)
+                    else:
+                        self.handshake(msg)
+                    if self.transport is None:
+                        return
+                # a handshake is parsed one frame at a time: parse what came behind it now,
+                # under the limits the handshake left in force
+                frames = self.decoder.more() if handshaking else []
         except ProtocolError as exc:
+            if not self.authed:
+                self.refuse(exc)
+                return
             log.warning("closing connection after an oversized frame", error=str(exc))
             self.error(0, "too_large", exc)
             self.close()
             return
-        for msg, extra in frames:
-            self.server.handle(self, msg, extra)
-            if self.transport is None:
-                return
 
     # -- replies (a caller that went away gets none; its client fails the call) ------------
     def ok(self, call_id: int, value: Any) -> None:
@@ -179,8 +285,60 @@ class CallServer:
         self.config = config
         self.actors: dict[str, ActorHost] = {}
         self.connections: set[_ServerConnection] = set()
+        #: Open connections by listener (stream scheme), and those not yet authenticated.
+        self.counts: dict[str, int] = {}
+        #: Connections still in the handshake, oldest first.
+        self.pending: dict[_ServerConnection, None] = {}
+        #: Connections refused or closed unauthenticated (logged at most once a second).
+        self.refused = 0
+        self._refusal_logged = 0.0
+        self._refusals_unlogged = 0
         self.listener: Listener | None = None
         self.local_listener: Listener | None = None
+
+    @property
+    def identity(self) -> str:
+        """What handshake proofs are bound to: the address callers dial (see _handshake)."""
+        assert self.listener is not None, "serve() first"
+        return _handshake.identity(self.listener.url)
+
+    def admit(self, conn: _ServerConnection) -> str | None:
+        """Take a new connection in, or say why it must be closed at once. When too many are
+        in the handshake, the oldest of them goes instead: holding connections open without
+        authenticating then locks nobody out who can finish a handshake quickly."""
+        limit = self.config.max_connections
+        if self.counts.get(conn.stream, 0) >= limit:
+            return f"{limit} connections are open (ORCHESTR_MAX_CONNECTIONS)"
+        if len(self.pending) >= self.config.max_pending_handshakes:
+            oldest = next(iter(self.pending))
+            oldest.refuse(
+                PermissionError(
+                    f"{len(self.pending)} connections were waiting in the handshake "
+                    f"(ORCHESTR_MAX_PENDING_HANDSHAKES); this was the oldest"
+                )
+            )
+            oldest.forget()
+        self.connections.add(conn)
+        self.counts[conn.stream] = self.counts.get(conn.stream, 0) + 1
+        self.pending[conn] = None
+        return None
+
+    def note_refusal(self, why: str, **context: str) -> None:
+        """Count a refused connection; log it, unless one was logged less than a second ago
+        (a flood of them must not flood the log: the next line says how many were not)."""
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._refusal_logged < 1.0:
+            self._refusals_unlogged += 1
+            return
+        self._refusal_logged = now
+        log.warning(
+            "refused a call-path connection",
+            reason=why,
+            not_logged_since=self._refusals_unlogged,
+            **context,
+        )
+        self._refusals_unlogged = 0
 
     @property
     def url(self) -> str:
@@ -204,19 +362,19 @@ class CallServer:
         return [{"direction": "in", **c.bulk.report()} for c in self.connections]
 
     def handle(self, conn: _ServerConnection, msg: memoryview, extra: memoryview) -> None:
+        """One frame from an authenticated caller."""
         mapped = conn.bulk.mapped
         conn.bulk.this_decode = []
         try:
-            message = _serde.decode(msg, extra, conn.bulk if conn.authed else None)
+            message = _serde.decode(msg, extra, conn.bulk)
             if not isinstance(message, list) or len(message) < 2:
                 raise ProtocolError("a message must be an array of at least two items")
             kind, call_id = message[0], message[1]
-            if not isinstance(call_id, int) and kind != HELLO:
+            if not isinstance(call_id, int):
                 raise ProtocolError("call id must be an integer")
         except OrchestrError as exc:
-            if conn.authed:
-                conn.bulk.release_unmapped(msg)
-            head = _serde.peek(msg) if conn.authed else None
+            conn.bulk.release_unmapped(msg)
+            head = _serde.peek(msg)
             if isinstance(head, list) and len(head) == 6 and head[0] == CALL:
                 # the envelope is fine but a value is not (say, a stale shared-memory
                 # descriptor): fail this call only
@@ -226,23 +384,6 @@ class CallServer:
                 return
             log.warning("malformed frame", error=str(exc))
             conn.error(0, "protocol", exc)
-            return
-        if not conn.authed:
-            if (
-                kind == HELLO
-                and isinstance(call_id, str)
-                and hmac.compare_digest(call_id.encode(), self.token)
-            ):
-                conn.authed = True
-                try:
-                    conn.hello(message[2] if len(message) > 2 else None)
-                except OrchestrError as exc:
-                    conn.error(0, "protocol", exc)
-                    conn.close()
-                return
-            log.warning("refused a call-path connection without the cluster token")
-            conn.error(0, "auth", PermissionError("missing or wrong cluster token"))
-            conn.close()
             return
         if kind == RELEASE or kind == READY:
             try:

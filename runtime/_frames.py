@@ -92,17 +92,50 @@ class FrameDecoder:
     after that and the connection must be closed.
     """
 
-    def __init__(self, max_bytes: int, max_extra: int | None = None) -> None:
+    def __init__(
+        self, max_bytes: int, max_extra: int | None = None, *, initial: int = _INITIAL
+    ) -> None:
         self.max_bytes = max_bytes
         #: The largest buffer area; by default the frame as a whole is held to ``max_bytes``.
         self.max_extra = max_extra
-        self._buf = bytearray(_INITIAL)
+        #: One frame per parse, the rest kept until :meth:`more` (see :meth:`handshake`).
+        self._single = False
+        self._min_read = _MIN_READ
+        self._buf = bytearray(initial)
         self._start = 0  # first unparsed byte
         self._end = 0  # end of received bytes
         # A large frame in progress: its own memory and how much of it is filled.
         self._big: tuple[bytearray, memoryview | bytearray] | None = None
         self._big_filled = 0
         self._need = 0  # bytes from _start that the frame being received needs in all
+
+    @classmethod
+    def handshake(cls, max_bytes: int) -> FrameDecoder:
+        """A decoder for a connection whose peer has not authenticated: frames of at most
+        ``max_bytes`` with no buffers (anything larger raises before a byte of it is kept),
+        a receive buffer of a few KiB, and one frame at a time, so that what arrives behind
+        the handshake is parsed under the limits in force once it is done (:meth:`open_up`).
+        """
+        read = max(max_bytes + HEADER.size, 1024)
+        dec = cls(max_bytes, 0, initial=read)
+        dec._single = True
+        dec._min_read = read
+        return dec
+
+    def open_up(self, max_bytes: int, max_extra: int | None) -> None:
+        """The peer has authenticated: accept frames up to the connection's real limits."""
+        self.max_bytes, self.max_extra = max_bytes, max_extra
+        self._single = False
+        self._min_read = _MIN_READ
+
+    @property
+    def single(self) -> bool:
+        """Whether this decoder returns one frame at a time (a handshake in progress)."""
+        return self._single
+
+    def more(self) -> list[Frame]:
+        """Frames that arrived behind the last one a one-at-a-time decoder returned."""
+        return self._parse()
 
     # -- BufferedProtocol side -------------------------------------------------------------
     def get_buffer(self, sizehint: int = -1) -> memoryview:
@@ -111,7 +144,7 @@ class FrameDecoder:
             if self._big_filled < len(msg):
                 return memoryview(msg)[self._big_filled :]
             return memoryview(extra)[self._big_filled - len(msg) :]
-        want = max(self._need - (self._end - self._start), _MIN_READ)
+        want = max(self._need - (self._end - self._start), self._min_read)
         if len(self._buf) - self._end < want:
             self._make_room(want)
         return memoryview(self._buf)[self._end :]
@@ -188,6 +221,8 @@ class FrameDecoder:
                 borrowed = view[body + msg_len : body + total].toreadonly() if extra_len else _EMPTY
                 frames.append((view[body : body + msg_len], borrowed))
                 self._start = body + total
+                if self._single:
+                    break
                 continue
             # Give this frame memory of its own and move what already arrived into it.
             msg, extra = bytearray(msg_len), _receive_memory(extra_len)

@@ -26,6 +26,7 @@ from .errors import OrchestrError, ProtocolError, SerializationError
 __all__ = [
     "OutOfBand",
     "decode",
+    "decode_plain",
     "encode",
     "encode_parts",
     "lift_large",
@@ -275,11 +276,17 @@ class _Shared:
         self.where = where
 
 
+#: How deep extension values (a dataclass in a dataclass ...) may nest in one message. Each
+#: level is a nested unpack on the C stack: a few hundred levels crash the process.
+MAX_EXT_DEPTH = 32
+
+
 class _Decoding:
-    __slots__ = ("bulk", "extra")
+    __slots__ = ("bulk", "depth", "extra")
 
     def __init__(self, extra: memoryview, bulk: Any = None) -> None:
         self.extra = extra
+        self.depth = 0
         #: Maps shared-memory descriptors: ``bulk.view(where, nbytes) -> uint8 array``.
         self.bulk = bulk
 
@@ -310,7 +317,15 @@ class _Decoding:
             offset, nbytes = _fields(data, 2)
             return bytes(self.view(offset, nbytes))
         if code == EXT_DATACLASS:
-            name, fields = _fields(data, 2, self.ext_hook)
+            if self.depth >= MAX_EXT_DEPTH:
+                raise ProtocolError(
+                    f"dataclasses nested more than {MAX_EXT_DEPTH} deep in one message"
+                )
+            self.depth += 1
+            try:
+                name, fields = _fields(data, 2, self.ext_hook)
+            finally:
+                self.depth -= 1
             return _dataclass_from_wire(name, fields)
         from_wire = _ext_decoders.get(code)
         if from_wire is None and code in _REGISTERED_BY:
@@ -385,20 +400,14 @@ def _count(shape: object) -> int:
 def _dataclass_from_wire(name: object, fields: object) -> Any:
     if not isinstance(name, str) or not isinstance(fields, dict):
         raise ProtocolError("malformed dataclass payload")
+    # Only the registry: a name from the wire never makes this process import anything.
     cls = _dataclasses_by_name.get(name)
     if cls is None:
-        module, _, _ = name.partition(":")
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise SerializationError(
-                f"cannot import {module!r} to decode dataclass {name}"
-            ) from exc
-        cls = _dataclasses_by_name.get(name)
-        if cls is None:
-            raise SerializationError(
-                f"dataclass {name} is not registered here; decorate it with @orchestr.register"
-            )
+        raise SerializationError(
+            f"dataclass {name} is not registered in this process; the module that defines it "
+            f"(with @orchestr.register) must be imported here first, for example by the "
+            f"actor's own module"
+        )
     try:
         return cls(**fields)
     except TypeError as exc:
@@ -424,6 +433,22 @@ def decode(msg: bytes | memoryview, extra: memoryview = _NO_BUFFERS, bulk: Any =
         raise ProtocolError(f"malformed message: {type(exc).__name__}: {exc}") from exc
 
 
+def _no_extensions(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"extension type {code} where only plain values are accepted")
+
+
+def decode_plain(msg: bytes | memoryview) -> Any:
+    """Unpack a message of plain msgpack values only (the handshake, before the peer has
+    authenticated): any extension type is refused, so nothing is looked up, built or
+    allocated beyond the message itself. Raises :class:`ProtocolError`."""
+    try:
+        return msgpack.unpackb(msg, raw=False, ext_hook=_no_extensions)
+    except OrchestrError:
+        raise
+    except Exception as exc:
+        raise ProtocolError(f"malformed message: {type(exc).__name__}: {exc}") from exc
+
+
 def peek(msg: bytes | memoryview) -> Any:
     """Decode ``msg`` with every extension value as ``None`` (to find the call id of a message
     whose values failed to decode); ``None`` if even that fails."""
@@ -437,6 +462,7 @@ def shared_leases(msg: bytes | memoryview) -> list[tuple[int, int]]:
     """The ``(fd, generation)`` of every shared-memory value a message names (best effort, for
     releasing them when the message cannot be decoded)."""
     found: list[tuple[int, int]] = []
+    depth = [0]
 
     def hook(code: int, data: bytes) -> None:
         if code in (EXT_SHM_TENSOR, EXT_SHM_NDARRAY):
@@ -447,11 +473,14 @@ def shared_leases(msg: bytes | memoryview) -> list[tuple[int, int]]:
                 return None
             if type(fd) is int and type(generation) is int:
                 found.append((fd, generation))
-        elif code == EXT_DATACLASS:
+        elif code == EXT_DATACLASS and depth[0] < MAX_EXT_DEPTH:
+            depth[0] += 1
             try:
                 msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=hook)
             except Exception:
                 return None
+            finally:
+                depth[0] -= 1
         return None
 
     try:

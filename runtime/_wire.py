@@ -2,9 +2,11 @@
 
 Messages (msgpack arrays):
 
-- ``[HELLO, token, {"process": key, "probe": [pid, fd, key]}]`` first on every connection; a
-  wrong token closes it. The server answers ``[WELCOME, 0, {"process", "probe", "shm",
-  "reason"}]`` and the caller confirms with ``[READY, 0, {"shm", "reason"}]`` (see ``_bulk``).
+- ``[HELLO, 0, {"nonce"}]``, ``[CHALLENGE, 0, {"nonce", "proof"}]`` and ``[AUTH, 0, {"proof",
+  "process": key, "probe": [pid, fd, key]}]`` open every connection: each end proves it knows
+  the cluster token without sending it (see ``_handshake``); a wrong proof closes it. The server
+  answers ``[WELCOME, 0, {"process", "probe", "shm", "reason"}]`` and the caller confirms with
+  ``[READY, 0, {"shm", "reason"}]`` (see ``_bulk``).
 - ``[RELEASE, 0, [[fd, generation], ...]]`` hands shared-memory segments back to their owner.
 - ``[CALL, call_id, actor_id, endpoint, args, kwargs]`` expects a reply.
 - ``[SEND, 0, actor_id, endpoint, args, kwargs]`` expects none (``broadcast``).
@@ -21,11 +23,14 @@ from orchestr.fabric._shmring import RingEnd
 
 from . import _serde
 from ._frames import FrameDecoder, encode_frame
+from ._handshake import HANDSHAKE_MAX_BYTES
 from .config import Config
 from .errors import MessageTooLargeError
 
 __all__ = [
+    "AUTH",
     "CALL",
+    "CHALLENGE",
     "ERR",
     "HELLO",
     "OK",
@@ -41,7 +46,7 @@ __all__ = [
     "stream_scheme",
 ]
 
-HELLO, CALL, SEND, OK, ERR, WELCOME, READY, RELEASE = 0, 1, 2, 3, 4, 5, 6, 7
+HELLO, CALL, SEND, OK, ERR, WELCOME, READY, RELEASE, CHALLENGE, AUTH = range(10)
 
 #: Bytes this process received on call-path streams (both ends), for metrics and tests.
 traffic = {"received": 0}
@@ -133,11 +138,15 @@ class FramedProtocol(asyncio.BufferedProtocol):
     """Frames over one stream: reads land in a :class:`FrameDecoder`; the first frame sent in
     an event-loop turn is written at once and the rest of the turn's go out in one write at its
     end. Frames sent before the connection is made wait for it; frames
-    sent after it is lost are dropped."""
+    sent after it is lost are dropped.
+
+    Until :meth:`open_up`, the peer is unproven: it may send only small frames without
+    buffers (:meth:`FrameDecoder.handshake`), parsed one at a time."""
 
     def __init__(self, max_bytes: int, max_extra: int | None = None) -> None:
         self.loop = asyncio.get_running_loop()
-        self.decoder = FrameDecoder(max_bytes, max_extra)
+        self.decoder = FrameDecoder.handshake(HANDSHAKE_MAX_BYTES)
+        self.limits = (max_bytes, max_extra)
         self.transport: asyncio.Transport | None = None
         self.out: list[bytes | memoryview] = []
         self.flush_scheduled = False
@@ -183,6 +192,10 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self.transport = None
         self.lost = True
         self.out = []
+
+    def open_up(self) -> None:
+        """The peer has proven itself: accept frames up to this connection's limits."""
+        self.decoder.open_up(*self.limits)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.decoder.get_buffer(sizehint)

@@ -24,6 +24,10 @@ _RANGES = {
 }
 #: Paths of PEM files: empty (no TLS) or all three set.
 TLS_FIELDS = ("tls_cert", "tls_key", "tls_ca")
+#: Settings that may be empty.
+OPTIONAL = (*TLS_FIELDS, "metrics_token")
+#: Settings that are secrets: never passed on to the processes started for this one.
+_SECRET = ("metrics_token",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +91,20 @@ class Config:
     #: Most calls a second the job's controller records as spans in its event log and trace
     #: (0: none); calls past it in a second are not timed, so the log stays bounded.
     call_spans_per_s: int = 1000
+    #: Seconds a one-sided buffer transfer (and a buffer owner's side-channel connection) may
+    #: go without progress before the peer is taken as stuck and the transfer fails.
+    transfer_stall_timeout: float = 30.0
+    #: Seconds a peer has, once connected to a call server, to prove it knows the cluster
+    #: token; a connection still unproven then is closed.
+    handshake_timeout: float = 10.0
+    #: Most connections one call-path listener holds at once; past it new ones are closed
+    #: at once (and logged).
+    max_connections: int = 4096
+    #: Most connections one call-path listener holds that have not yet proven the token.
+    max_pending_handshakes: int = 64
+    #: A token ``GET /metrics`` must present (``Authorization: Bearer ...``); empty: none.
+    #: ``orchestr start --head`` sets it from ``metrics-token`` in the state directory.
+    metrics_token: str = ""
     #: Mutual TLS: this process's certificate (PEM), which must name in its subjectAltName the
     #: IP addresses its services are reached at (``bind_host``). Empty: no TLS (the cluster
     #: token still guards every service). Set all three ``tls_*`` settings or none.
@@ -101,7 +119,7 @@ class Config:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if field.type == "str":
-                if field.name in TLS_FIELDS and isinstance(value, str):
+                if field.name in OPTIONAL and isinstance(value, str):
                     continue
                 if not isinstance(value, str) or not value:
                     raise ConfigError(f"{field.name} must be a non-empty string, got {value!r}")
@@ -193,4 +211,5 @@ def config_environ(config: Config) -> dict[str, str]:
     return {
         f"ORCHESTR_{f.name.upper()}": str(getattr(config, f.name))
         for f in dataclasses.fields(config)
+        if f.name not in _SECRET
     }

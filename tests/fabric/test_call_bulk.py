@@ -330,24 +330,16 @@ async def test_a_peer_cannot_claim_to_be_the_server_itself(ctx: oc.JobContext) -
     address = sink.members[0].address
     server_key = address.split("?proc=")[1].split("&")[0]
     code = f"""
-import asyncio, json
-import msgpack
+import json
 from orchestr import _locality
-from orchestr._frames import FrameDecoder, encode_frame
 from orchestr.fabric._local import process_key
-async def hello(info):
-    host, port = {address.split("://")[1].split("?")[0]!r}.split(":")
-    r, w = await asyncio.open_connection(host, int(port))
-    w.write(b"".join(encode_frame(msgpack.packb([0, {ctx.token!r}, info]), [])))
-    await w.drain()
-    welcome = msgpack.unpackb(FrameDecoder(1 << 20).feed(await r.read(65536))[0][0])[2]
-    w.close()
-    return welcome
-async def main():
-    honest = await hello({{"process": process_key(), "probe": _locality.probe()}})
-    forged = await hello({{"process": {server_key!r}, "probe": honest["probe"]}})
-    print(json.dumps([honest, forged]))
-asyncio.run(main())
+from tests import rawcall
+def hello(info):
+    with rawcall.connect({address!r}) as sock:
+        return rawcall.handshake(sock, {ctx.token!r}, {address!r}, info)[2]
+honest = hello({{"process": process_key(), "probe": _locality.probe()}})
+forged = hello({{"process": {server_key!r}, "probe": honest["probe"]}})
+print(json.dumps([honest, forged]))
 """
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE

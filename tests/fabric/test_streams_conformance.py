@@ -303,6 +303,7 @@ class Framed(FramedProtocol):
 
     def __init__(self) -> None:
         super().__init__(max_bytes=1 << 30)
+        self.open_up()  # the framing as it is once a handshake is done
         self.frames: list[tuple[bytes, bytes]] = []
         self.gone = self.loop.create_future()
 

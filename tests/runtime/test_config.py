@@ -53,6 +53,7 @@ def test_every_field_has_a_variable(tmp_path: pathlib.Path) -> None:
         "tls_cert": str(pem),
         "tls_key": str(pem),
         "tls_ca": str(pem),
+        "metrics_token": "s3cret",
     }
     environ = {
         f"ORCHESTR_{f.name.upper()}": (strings[f.name] if f.type == "str" else "7")
@@ -61,6 +62,13 @@ def test_every_field_has_a_variable(tmp_path: pathlib.Path) -> None:
     config = load_config(environ)
     for field in dataclasses.fields(Config):
         assert getattr(config, field.name) != getattr(Config(), field.name), field.name
+
+
+def test_secrets_are_not_passed_on_to_started_processes() -> None:
+    from orchestr.config import config_environ
+
+    passed = config_environ(load_config(metrics_token="s3cret"))
+    assert "ORCHESTR_METRICS_TOKEN" not in passed and "s3cret" not in passed.values()
 
 
 def test_transport_fallback_takes_only_known_policies() -> None:

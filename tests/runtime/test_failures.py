@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import struct
 
 import msgpack
@@ -16,6 +15,7 @@ from orchestr._grpc import ControlChannel
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
+from .. import rawcall
 from .actors import BrokenInit, Counter, ExitsAtOnce, Point
 
 
@@ -129,45 +129,19 @@ async def test_oversized_message_names_limit_and_setting() -> None:
         assert await mesh.echo.call_one(b"z" * (2 << 20)) == b"z" * (2 << 20)
 
 
-def _raw_connect(address: str) -> socket.socket:
-    _, host, port = oc.fabric.split_url(address)
-    return socket.create_connection((host, port), timeout=5)
-
-
-def _frame(obj: object) -> bytes:
-    body = msgpack.packb(obj)
-    return struct.pack("<IQ", len(body), 0) + body
-
-
-def _read_frame(sock: socket.socket) -> list[object]:
-    header = b""
-    while len(header) < 12:
-        chunk = sock.recv(12 - len(header))
-        if not chunk:
-            raise ConnectionError("closed")
-        header += chunk
-    n, extra = struct.unpack("<IQ", header)
-    body = b""
-    while len(body) < n + extra:
-        body += sock.recv(n + extra - len(body))
-    return msgpack.unpackb(body[:n])  # type: ignore[no-any-return]
-
-
 async def test_call_path_refuses_a_wrong_token(ctx: oc.JobContext) -> None:
     mesh = await ctx.spawn(Counter)
     member = mesh.members[0]
 
     def attempt() -> list[object]:
-        with _raw_connect(member.address) as sock:
-            sock.sendall(
-                _frame([0, "wrong-token"]) + _frame([1, 1, member.actor_id, "add", [1], {}])
-            )
-            reply = _read_frame(sock)
-            assert sock.recv(1) == b""  # and the server closed the connection
+        with rawcall.connect(member.address) as sock:
+            reply = rawcall.handshake(sock, "wrong-token", member.address)
+            sock.sendall(rawcall.frame([1, 1, member.actor_id, "add", [1], {}]))
+            assert rawcall.closed(sock)  # and the server closed the connection
             return reply
 
     reply = await asyncio.to_thread(attempt)
-    assert reply[2] == "auth" and "token" in str(reply[4])
+    assert reply[0] == rawcall.ERR and reply[2] == "auth" and "token" in str(reply[4])
     assert await mesh.get.call_one() == 0  # the refused call never ran
 
 
@@ -178,22 +152,21 @@ async def test_garbage_frames_leave_the_worker_serving(ctx: oc.JobContext) -> No
 
     def attempt() -> list[list[object]]:
         replies = []
-        with _raw_connect(member.address) as sock:
-            sock.sendall(_frame([0, token]))
+        with rawcall.connect(member.address) as sock:
+            assert rawcall.handshake(sock, token, member.address)[0] == rawcall.WELCOME
             for junk in (
                 b"\xc1\xc1\xc1",
                 msgpack.packb("hi"),
                 msgpack.packb([9, 1, "a", "b", [], {}]),
             ):
                 sock.sendall(struct.pack("<IQ", len(junk), 0) + junk)
-                replies.append(_read_frame(sock))
-            sock.sendall(_frame([1, 7, member.actor_id, "add", [5], {}]))
-            replies.append(_read_frame(sock))
-        with _raw_connect(member.address) as sock:  # random bytes, then an oversized header
+                replies.append(rawcall.read_frame(sock))
+            sock.sendall(rawcall.frame([1, 7, member.actor_id, "add", [5], {}]))
+            replies.append(rawcall.read_frame(sock))
+        with rawcall.connect(member.address) as sock:  # random bytes, then an oversized header
             sock.sendall(os.urandom(64) + struct.pack("<IQ", 1, 1 << 40))
             sock.settimeout(5)
-            while sock.recv(4096):
-                pass
+            assert rawcall.closed(sock)
         return replies
 
     replies = await asyncio.to_thread(attempt)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any
 
 import msgpack
@@ -15,7 +16,15 @@ from hypothesis import strategies as st
 
 import orchestr
 from orchestr._frames import ALIGN, FrameDecoder, encode_frame
-from orchestr._serde import EXT_DATACLASS, EXT_NDARRAY, EXT_TENSOR, decode, encode, register
+from orchestr._serde import (
+    EXT_DATACLASS,
+    EXT_NDARRAY,
+    EXT_TENSOR,
+    decode,
+    decode_plain,
+    encode,
+    register,
+)
 from orchestr.errors import ProtocolError, SerializationError
 
 
@@ -520,7 +529,7 @@ def test_malformed_dataclass_payload_raises_protocol_error(payload: object) -> N
 @pytest.mark.parametrize(
     ("payload", "match"),
     [
-        (["orchestr_no_such_module_xyz:Thing", {}], "cannot import"),
+        (["orchestr_no_such_module_xyz:Thing", {}], "not registered"),
         (["json:JSONDecoder", {}], "not registered"),
         (["tests.runtime.test_serde:Unregistered", {"x": 1}], "not registered"),
         (["tests.runtime.test_serde:Point", {"x": 1, "z": 2}], "cannot rebuild"),
@@ -533,6 +542,37 @@ def test_dataclass_that_cannot_be_rebuilt_raises_serialization_error(
 ) -> None:
     with pytest.raises(SerializationError, match=match):
         decode(forged(EXT_DATACLASS, payload))
+
+
+def test_decoding_never_imports_the_module_a_dataclass_names(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planted = tmp_path / "orchestr_planted_mod.py"
+    planted.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SerializationError, match="not registered in this process"):
+        decode(forged(EXT_DATACLASS, ["orchestr_planted_mod:X", {}]))
+    assert not (tmp_path / "ran").exists()
+    assert "orchestr_planted_mod" not in sys.modules
+
+
+def test_nested_dataclasses_past_the_depth_limit_are_refused() -> None:
+    payload = forged(EXT_DATACLASS, ["tests.runtime.test_serde:Point", {"x": 1, "y": 2}])
+    for _ in range(400):
+        payload = msgpack.packb(
+            msgpack.ExtType(EXT_DATACLASS, msgpack.packb(["a:B", {"x": msgpack.unpackb(payload)}]))
+        )
+    with pytest.raises(ProtocolError, match="nested more than"):
+        decode(payload)
+
+
+def test_plain_decoding_refuses_every_extension_type() -> None:
+    assert decode_plain(msgpack.packb([0, 0, {"nonce": b"x"}])) == [0, 0, {"nonce": b"x"}]
+    for code in (EXT_DATACLASS, 1, 2, 99):
+        with pytest.raises(ProtocolError, match="only plain values"):
+            decode_plain(msgpack.packb([0, 0, msgpack.ExtType(code, b"\x90")]))
+    with pytest.raises(ProtocolError, match="malformed"):
+        decode_plain(b"\xc1")
 
 
 def test_truncated_message_raises_protocol_error() -> None:

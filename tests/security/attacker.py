@@ -1,0 +1,132 @@
+"""The attacker: run as another, unprivileged user (see ``conftest.attack``), with only the
+standard library (the cluster's interpreter and packages need not be readable to it).
+
+Each mode takes one JSON object as its argument and prints one JSON object:
+
+- ``send``: connect to ``port``, send ``data`` (hex), read until the server closes or ``wait``
+  seconds pass; prints what came back (hex) and whether the server closed the connection.
+- ``hold``: open ``count`` connections to ``port`` and send nothing; after ``first`` seconds,
+  and again after ``then`` more, print how many the server has closed.
+- ``serve``: listen on ``port`` (a port someone else just left) for ``seconds``, as a fake
+  server that sends each connection ``greet`` (hex) when it comes and ``reply`` (hex) each time
+  it has read something, or with ``relay`` set, passes the connection through to that port;
+  prints what each connection sent, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import sys
+import threading
+import time
+
+
+def _read_all(sock: socket.socket, wait: float) -> tuple[bytes, bool]:
+    sock.settimeout(wait)
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data, True
+            data += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        return data, True
+    except TimeoutError:
+        return data, False
+
+
+def send(args: dict) -> dict:
+    with socket.create_connection(("127.0.0.1", args["port"]), timeout=10) as sock:
+        try:
+            sock.sendall(bytes.fromhex(args["data"]))
+        except (ConnectionResetError, BrokenPipeError):
+            return {"received": "", "closed": True}
+        data, closed = _read_all(sock, args.get("wait", 5.0))
+    return {"received": data.hex(), "closed": closed}
+
+
+def _is_closed(sock: socket.socket) -> bool:
+    readable, _, _ = select.select([sock], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return sock.recv(65536) == b"" or _is_closed(sock)
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+
+
+def hold(args: dict) -> dict:
+    socks = [socket.create_connection(("127.0.0.1", args["port"])) for _ in range(args["count"])]
+    time.sleep(args["first"])
+    first = sum(_is_closed(s) for s in socks)
+    time.sleep(args["then"])
+    then = sum(_is_closed(s) for s in socks)
+    for s in socks:
+        s.close()
+    return {"closed_first": first, "closed_then": then}
+
+
+def serve(args: dict) -> dict:
+    received: list[list[str]] = []
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", args["port"]))
+    listener.listen()
+    listener.settimeout(0.2)
+    print("listening", flush=True)
+    deadline = time.monotonic() + args["seconds"]
+
+    def pipe(src: socket.socket, dst: socket.socket | None, record: list[str] | None) -> None:
+        src.settimeout(0.5)
+        while time.monotonic() < deadline:
+            try:
+                chunk = src.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            if record is not None:
+                record.append(chunk.hex())
+            if dst is not None:
+                try:
+                    dst.sendall(chunk)
+                except OSError:
+                    break
+            elif args.get("reply"):
+                src.sendall(bytes.fromhex(args["reply"]))
+        for s in (src, dst):
+            if s is not None:
+                s.close()
+
+    threads = []
+    while time.monotonic() < deadline:
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
+        record: list[str] = []
+        received.append(record)
+        if args.get("greet"):
+            conn.sendall(bytes.fromhex(args["greet"]))
+        if args.get("relay"):
+            upstream = socket.create_connection(("127.0.0.1", args["relay"]))
+            pair = [(conn, upstream, record), (upstream, conn, None)]
+        else:
+            pair = [(conn, None, record)]
+        for src, dst, record in pair:
+            t = threading.Thread(target=pipe, args=(src, dst, record), daemon=True)
+            t.start()
+            threads.append(t)
+    for t in threads:
+        t.join(1.0)
+    return {"connections": ["".join(r) for r in received]}
+
+
+if __name__ == "__main__":
+    mode, raw = sys.argv[1], sys.argv[2]
+    print(json.dumps({"send": send, "hold": hold, "serve": serve}[mode](json.loads(raw))))
