@@ -15,6 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from orchestr import _cluster
+from orchestr._statedir import (
+    check_private_file,
+    is_daemon,
+    private_dir,
+    read_private,
+    start_ticks,
+)
 from orchestr.errors import ConfigError, OrchestrError
 
 START_TIMEOUT_S = 30.0
@@ -29,9 +36,18 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 
 def _launch(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start a daemon in a session of its own, its output appended to ``log``."""
-    log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open(log, "ab") as out:
+    """Start a daemon in a session of its own, its output appended to ``log`` (a private
+    file, never reached through a link)."""
+    private_dir(log.parent)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(log, flags, 0o600)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot open the log {log}: {exc.strerror} (a link is not followed)"
+        ) from None
+    with os.fdopen(fd, "ab") as out:
+        check_private_file(log, os.fstat(out.fileno()))
         return subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -144,10 +160,14 @@ def _start_node(args: argparse.Namespace, state_dir: Path) -> int:
         for line in _tail(log, 50).splitlines():
             if line.startswith("node ") and " serving at " in line:
                 node_id, address = line.split()[1], line.rsplit(" ", 1)[1]
-                _cluster.write_json(
-                    nodes / f"{proc.pid}.json",
-                    {"pid": proc.pid, "node_id": node_id, "address": address, "head": args.address},
-                )
+                record = {
+                    "pid": proc.pid,
+                    "start_ticks": start_ticks(proc.pid),
+                    "node_id": node_id,
+                    "address": address,
+                    "head": args.address,
+                }
+                _cluster.write_json(nodes / f"{proc.pid}.json", record)
                 print(
                     f"node {node_id} serving at {address} (pid {proc.pid}), joined {args.address}"
                 )
@@ -159,8 +179,9 @@ def _start_node(args: argparse.Namespace, state_dir: Path) -> int:
     return _fail(proc, log, f"the node did not join {args.address} within {START_TIMEOUT_S:.0f} s")
 
 
-def _terminate(pid: int) -> bool:
-    """SIGTERM ``pid``, then SIGKILL after STOP_TIMEOUT_S; True when it was running."""
+def _terminate(pid: int, ticks: int) -> bool:
+    """SIGTERM ``pid`` (started at ``ticks``: checked by the caller), then SIGKILL after
+    STOP_TIMEOUT_S if it is still that process; True when it was running."""
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -170,8 +191,9 @@ def _terminate(pid: int) -> bool:
         if not _cluster.pid_alive(pid):
             return True
         time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+    if start_ticks(pid) == ticks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     return True
 
 
@@ -181,22 +203,30 @@ def stop(args: argparse.Namespace) -> int:
     state_dir = _cluster.resolve_state_dir(args.state_dir)
     stopped = 0
     nodes = state_dir / _cluster.NODES_DIR
-    for record in sorted(nodes.glob("*.json")) if nodes.is_dir() else []:
-        try:
-            pid = int(json.loads(record.read_text())["pid"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(f"orchestr stop: skipping {record}: {exc}", file=sys.stderr)
-            continue
-        if _terminate(pid):
-            print(f"stopped node daemon (pid {pid})")
-            stopped += 1
-        record.unlink(missing_ok=True)
     try:
-        head = _cluster.read_head(state_dir)
+        head = _cluster.read_head(state_dir)  # checks the state directory is ours, first
     except OrchestrError as exc:
         print(f"orchestr stop: {exc}", file=sys.stderr)
         return 1
-    if head is not None and _terminate(int(head["pid"])):
+    for record in sorted(nodes.glob("*.json")) if nodes.is_dir() else []:
+        try:
+            info = json.loads(read_private(record))
+            pid, ticks = info["pid"], info.get("start_ticks")
+        except (OSError, ValueError, KeyError, TypeError, OrchestrError) as exc:
+            print(f"orchestr stop: skipping {record}: {exc}", file=sys.stderr)
+            continue
+        if not is_daemon(pid, ticks, _cluster.NODE_MODULE):
+            if isinstance(pid, int) and pid > 0 and _cluster.pid_alive(pid):
+                print(
+                    f"orchestr stop: pid {pid} in {record} is not the node daemon recorded "
+                    f"there (another process has that pid now); left alone",
+                    file=sys.stderr,
+                )
+        elif _terminate(pid, ticks):
+            print(f"stopped node daemon (pid {pid})")
+            stopped += 1
+        record.unlink(missing_ok=True)
+    if head is not None and _terminate(int(head["pid"]), int(head["start_ticks"])):
         print(f"stopped head at {head['address']} (pid {head['pid']})")
         stopped += 1
     (state_dir / _cluster.HEAD_FILE).unlink(missing_ok=True)

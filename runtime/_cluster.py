@@ -27,7 +27,6 @@ import json
 import os
 import secrets
 import signal
-import stat
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -41,6 +40,14 @@ from ._headstore import STORE_FILE, HeadStore
 from ._jobs import JobManager
 from ._log import RotatingFile, configure_logging
 from ._loop import run_loop
+from ._statedir import (
+    HeadLock,
+    check_private_dir,
+    is_daemon,
+    private_dir,
+    read_private,
+    start_ticks,
+)
 from .config import Config, load_config
 from .errors import ConfigError, OrchestrError
 
@@ -56,7 +63,12 @@ __all__ = [
 
 STATE_DIR_ENV = "ORCHESTR_STATE_DIR"
 TOKEN_FILE = "token"
+#: The token a scrape of the head's /metrics presents: good for reading metrics, nothing else.
+METRICS_TOKEN_FILE = "metrics-token"
 HEAD_FILE = "head.json"
+#: The modules the daemons run as (``python -m ...``), checked before one is signalled.
+HEAD_MODULE = "orchestr._cluster"
+NODE_MODULE = "orchestr._node"
 NODES_DIR = "nodes"
 LOGS_DIR = "logs"
 
@@ -67,41 +79,37 @@ def resolve_state_dir(path: str | os.PathLike[str] | None = None) -> Path:
     return Path(chosen).expanduser()
 
 
-def _private_dir(path: Path) -> None:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-
-
-def ensure_token(state_dir: Path) -> str:
-    """The cluster token under ``state_dir``, created (mode 0600) when there is none.
-    Raises :class:`ConfigError` for a token file that others can read or that is empty."""
-    _private_dir(state_dir)
-    path = state_dir / TOKEN_FILE
+def ensure_token(state_dir: Path, name: str = TOKEN_FILE) -> str:
+    """The cluster token (or another, by file ``name``) under ``state_dir``, created (mode
+    0600) when there is none. Raises :class:`ConfigError` for a token file that others can
+    read or that is empty."""
+    private_dir(state_dir)
+    path = state_dir / name
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        return read_token(state_dir)
+        return read_token(state_dir, name)
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_urlsafe(32) + "\n")
-    return read_token(state_dir)
+    return read_token(state_dir, name)
 
 
-def read_token(state_dir: Path) -> str:
-    """The token in ``state_dir/token``. Raises :class:`ConfigError` when it is missing,
-    empty, or readable by anyone but its owner."""
-    path = state_dir / TOKEN_FILE
+def read_token(state_dir: Path, name: str = TOKEN_FILE) -> str:
+    """The token in ``state_dir/token`` (or ``name``). Raises :class:`ConfigError` when it is
+    missing, empty, a link, or not a private file of this user's in a private directory of
+    this user's."""
+    path = state_dir / name
     try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
+        check_private_dir(state_dir)
+        data = read_private(path)
+    except (FileNotFoundError, ConfigError) as exc:
+        if not isinstance(exc, FileNotFoundError) and "no state directory" not in str(exc):
+            raise
         raise ConfigError(
             f"no cluster token at {path}: start a head there (orchestr start --head) or set "
             "ORCHESTR_TOKEN"
         ) from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(
-            f"the token file {path} is open to other users (mode {stat.filemode(mode)}); "
-            f"run chmod 600 {path}"
-        )
-    token = path.read_text().strip()
+    token = data.decode(errors="replace").strip()
     if not token:
         raise ConfigError(f"the token file {path} is empty")
     return token
@@ -135,42 +143,51 @@ def read_head(state_dir: Path) -> dict[str, Any] | None:
     """What the running head of ``state_dir`` wrote (``address``, ``pid``, ...), or ``None``
     when none runs (no file, or its process is gone)."""
     path = state_dir / HEAD_FILE
+    if not os.path.lexists(state_dir):
+        return None
+    check_private_dir(state_dir)
     try:
-        info = json.loads(path.read_text())
+        info = json.loads(read_private(path))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
     if not isinstance(info, dict) or not isinstance(info.get("address"), str):
         raise ConfigError(f"{path} does not describe a head: {info!r}")
-    pid = info.get("pid")
-    if not isinstance(pid, int) or not pid_alive(pid):
+    # only while its process is still the head that wrote it (not a recycled pid)
+    if not is_daemon(info.get("pid"), info.get("start_ticks"), HEAD_MODULE):
         return None
     return info
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:
-    """Write ``value`` to ``path`` atomically (a temporary file, then a rename)."""
+    """Write ``value`` to ``path`` atomically (a private temporary file, then a rename)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(value))
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # left by a process of this pid that died mid-write
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(value))
     os.replace(tmp, path)
 
 
 def _open_head(token: str, config: Config, host: str, port: int, store: HeadStore) -> HeadService:
     """The head service on ``port``; with port 0, on the port the previous head of this state
-    directory had on ``host`` (its nodes and jobs look for it there), if it is free."""
+    directory had on ``host``: its nodes and jobs look for it there, and a head that quietly
+    moved elsewhere would leave them talking to whatever holds that port now. So if the port is
+    taken, the head does not start (raises :class:`ConfigError`); ``--port`` moves it."""
     previous = store.get_meta("address") or ""
     prev_host, _, prev_port = previous.rpartition(":")
     if port == 0 and prev_host == host and prev_port.isdigit():
         try:
             return HeadService(token, config, port=int(prev_port), store=store)
         except RuntimeError as exc:  # grpc cannot bind it
-            print(
-                f"the previous head's address {previous} is taken ({exc}); serving on a new "
-                "port: nodes and jobs of the previous head must be started again",
-                file=sys.stderr,
-                flush=True,
-            )
+            raise ConfigError(
+                f"the head's address {previous} is taken by another process ({exc}); the "
+                f"cluster's nodes and jobs look for the head there, so it must not move "
+                f"silently. Stop whatever holds the port, or move the head with "
+                f"`orchestr start --head --port PORT` and start the nodes again against it"
+            ) from None
     return HeadService(token, config, port=port, store=store)
 
 
@@ -186,7 +203,11 @@ async def serve_head(
     up the nodes, actors and jobs of the one before. With ``fabric_plan`` it runs the fabric
     manager, its OCS driven by ``ocs_driver`` (see :func:`open_fabric`)."""
     token = ensure_token(state_dir)
-    config = load_config(bind_host=host)
+    lock = HeadLock(state_dir)  # one head per state directory, held for this one's life
+    metrics_token = os.environ.get("ORCHESTR_METRICS_TOKEN") or ensure_token(
+        state_dir, METRICS_TOKEN_FILE
+    )
+    config = load_config(bind_host=host, metrics_token=metrics_token)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -205,6 +226,7 @@ async def serve_head(
                 {
                     "address": head.address,
                     "pid": os.getpid(),
+                    "start_ticks": start_ticks(os.getpid()),
                     "started_unix": time.time(),
                     "metrics_address": head.metrics_address,
                 },
@@ -213,6 +235,7 @@ async def serve_head(
             await stop.wait()
     finally:
         store.close()
+        lock.release()
         with contextlib.suppress(FileNotFoundError):
             info = json.loads(head_file.read_text())
             if info.get("pid") == os.getpid():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterable
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ._headstate import ActorRecord, NodeRecord, Reservation
+from ._statedir import check_private_file
 from .errors import ConfigError
 
 __all__ = ["STORE_FILE", "HeadStore", "MeshRecord"]
@@ -65,6 +67,16 @@ class HeadStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # made private before SQLite opens it (its WAL and shared-memory files take the same
+        # mode), and refused if it is a link or not this user's own
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise ConfigError(f"cannot open the head's database {path}: {exc.strerror}") from None
+        try:
+            check_private_file(path, os.fstat(fd))
+        finally:
+            os.close(fd)
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]

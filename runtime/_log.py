@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -31,7 +32,7 @@ def read_daemon_log(
     ``max_bytes`` of it from ``offset`` with the offset after them. Only a listed name is read,
     so no path reaches outside the folder. Raises :class:`ConfigError` for another name or a
     negative offset."""
-    names = sorted(p.name for p in log_dir.glob("*.jsonl*") if p.is_file())
+    names = sorted(p.name for p in log_dir.glob("*.jsonl*") if p.is_file() and not p.is_symlink())
     if not name:
         return names, b"", 0
     if name not in names:
@@ -39,7 +40,13 @@ def read_daemon_log(
     if offset < 0:
         raise ConfigError(f"a log offset is >= 0, got {offset}")
     size = max_bytes if 0 < max_bytes <= LOG_CHUNK else LOG_CHUNK
-    with open(log_dir / name, "rb") as f:
+    try:
+        fd = os.open(log_dir / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the daemon log {name!r}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ConfigError(f"the daemon log {name!r} is not a regular file")
         f.seek(offset)
         data = f.read(size)
     return names, data, offset + len(data)
@@ -58,7 +65,7 @@ class RotatingFile:
         self.max_bytes = max_bytes
         self.backups = backups
         self._lock = threading.Lock()
-        self._file = open(path, "a", encoding="utf-8")
+        self._file = _open_log(path)
 
     def write(self, text: str) -> int:
         with self._lock:
@@ -81,7 +88,15 @@ class RotatingFile:
             if os.path.exists(f"{self.path}.{i}"):
                 os.replace(f"{self.path}.{i}", f"{self.path}.{i + 1}")
         os.replace(self.path, f"{self.path}.1")
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = _open_log(self.path)
+
+
+def _open_log(path: str) -> TextIO:
+    """``path`` opened to append: private (0600), and never through a link (another user's
+    link in a log folder would have a root daemon write wherever it points)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 def configure_logging(

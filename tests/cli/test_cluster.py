@@ -129,7 +129,10 @@ def test_refusals(state_dir: pathlib.Path) -> None:
     start_cluster(state_dir)
     wrong = cli("status", "--state-dir", str(state_dir), ORCHESTR_TOKEN="not-the-token")
     assert wrong.returncode == 1
-    assert "AuthenticationError" in wrong.stderr and "wrong orchestr cluster token" in wrong.stderr
+    assert (
+        "AuthenticationError" in wrong.stderr
+        and "not signed with the cluster token" in wrong.stderr
+    )
     wrong_run = cli(
         "run", "--state-dir", str(state_dir), "examples/hello.py", ORCHESTR_TOKEN="not-it"
     )

@@ -52,6 +52,7 @@ def test_jobs_and_packages_round_trip_with_their_digest(tmp_path: Path) -> None:
 def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "head.sqlite"
     path.write_bytes(b"this is not sqlite" * 100)
+    path.chmod(0o600)
     with pytest.raises(ConfigError, match="cannot open the head's database"):
         HeadStore(path)
 

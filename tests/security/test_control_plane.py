@@ -1,0 +1,100 @@
+"""Rule: a control-plane request without the cluster token is refused before its body is read,
+and nothing a server that does not know the token captures (a process holding a dead head's
+port) works against the real head, as a token or replayed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+import orchestr as oc
+
+from ..cli.test_cluster import cli, start_cluster, state_dir  # noqa: F401 (a fixture)
+from . import http2
+from .conftest import Attacker
+
+UNSIGNED_FLOOD = """
+import asyncio, os, sys, grpc
+async def main():
+    channel = grpc.aio.insecure_channel(sys.argv[1], options=[
+        ("grpc.max_send_message_length", 64 << 20)])
+    call = channel.unary_unary("/orchestr.v1.Head/SubmitJob")
+    body = os.urandom(40 << 20)
+    async def one(metadata):
+        try:
+            await call(body, metadata=metadata, timeout=30)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name
+    forged = (("orchestr-signature", "v1.x.1.a.b.c"),)
+    old = (("authorization", "Bearer " + "t" * 43),)
+    print(await asyncio.gather(one(()), one(forged), one(old)))
+asyncio.run(main())
+"""
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+async def test_an_unsigned_request_is_refused_before_its_body_is_read() -> None:
+    async with oc.open_local_cluster() as ctx:  # the head runs in this process
+        before = _rss_mib()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            UNSIGNED_FLOOD,
+            ctx.head.address,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+        assert out.decode().strip() == str(["UNAUTHENTICATED"] * 3)
+        grown = _rss_mib() - before
+        assert grown < 40, f"the head took in {grown:.0f} MiB for three refused requests"
+        assert len(await ctx.nodes()) == 1
+
+
+def _head(state: pathlib.Path) -> dict[str, object]:
+    return json.loads((state / "head.json").read_text())  # type: ignore[no-any-return]
+
+
+@pytest.mark.timeout(120)
+async def test_what_a_fake_head_captures_opens_nothing(
+    attacker: Attacker,
+    state_dir: pathlib.Path,  # noqa: F811
+) -> None:
+    address = await asyncio.to_thread(start_cluster, state_dir)
+    port = int(address.rpartition(":")[2])
+    token = (state_dir / "token").read_text().strip()
+    os.kill(int(_head(state_dir)["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+    # another user takes the port and listens to the node's heartbeats for a while
+    greeting = (http2.SERVER_GREETING + http2.SETTINGS_ACK).hex()
+    fake = await attacker.serving(port, 4.0, greet=greeting)
+    captured = [bytes.fromhex(c) for c in (await fake)["connections"]]
+    requests = [h for c in captured for h in http2.header_blocks(c)]
+    paths = [dict(h).get(":path") for h in requests]
+    assert "/orchestr.v1.Head/Heartbeat" in paths, paths
+    for headers in requests:
+        for name, value in headers:
+            assert token not in value and "Bearer" not in value, (name, value)
+        assert "orchestr-signature" in dict(headers)
+
+    # the head comes back on its port; every captured connection is played to it again
+    again = await asyncio.to_thread(cli, "start", "--head", "--state-dir", str(state_dir))
+    assert again.returncode == 0, again.stderr
+    assert _head(state_dir)["address"] == address
+    statuses = []
+    for connection in captured:
+        report = await attacker.run("send", port=port, data=connection.hex(), wait=2.0)
+        answers = http2.header_blocks(bytes.fromhex(report["received"]))
+        statuses += [dict(h)["grpc-status"] for h in answers if "grpc-status" in dict(h)]
+    assert statuses and set(statuses) == {"16"}  # UNAUTHENTICATED, every one
