@@ -75,6 +75,7 @@ class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         sock: socket.socket = self.request
         backend: NixlBuffers = self.server.backend  # type: ignore[attr-defined]
+        proven = False  # the agent's metadata goes only to a peer that named a live region
         while (head := recv_exactly(sock, _REQ.size)) is not None:
             magic, op, region_id, key = _REQ.unpack(head)
             if magic != _MAGIC:
@@ -87,8 +88,11 @@ class _Handler(socketserver.BaseRequestHandler):
                     state = _READ_ONLY if op == _CHECK_WRITE and region.mem.readonly else _LIVE
                 except (StaleDescriptorError, KeyError):
                     state = _RELEASED
+                if state != _RELEASED and not proven:
+                    proven = True
+                    sock.settimeout(None)  # a peer with a key keeps its side channel open
                 sock.sendall(_STATE.pack(state, backend._generation, addr, length))
-            elif op == _META:
+            elif op == _META and proven:
                 generation, meta = backend._metadata()
                 sock.sendall(_META_HEAD.pack(generation, len(meta)) + meta)
             else:

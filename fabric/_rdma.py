@@ -126,15 +126,24 @@ class _Verbs:
 
 class _Handler(socketserver.BaseRequestHandler):
     """Owner side of the side channel: one RC QP per reader, kept while it stays connected, and
-    answers about the regions the reader names."""
+    answers about the regions the reader names. The reader names a live region and its key
+    first: no queue pair is made for a peer that has not shown one."""
 
     def handle(self) -> None:
         sock: socket.socket = self.request
         backend: RdmaBuffers = self.server.backend  # type: ignore[attr-defined]
-        verbs = backend._open()
+        ask = recv_exactly(sock, _ASK.size)
+        if ask is None:
+            return
+        answer = backend._vouch(*_ASK.unpack(ask))
+        sock.sendall(answer)
+        if not _VOUCH.unpack(answer)[0]:
+            return
         peer = recv_exactly(sock, _HELLO.size)
         if peer is None:
             return
+        sock.settimeout(None)  # a reader that showed a key keeps its QP while it is connected
+        verbs = backend._open()
         qp, psn = verbs.new_qp(verbs.owner_cq)
         try:
             verbs.connect(qp, psn, peer)
@@ -148,9 +157,10 @@ class _Handler(socketserver.BaseRequestHandler):
 
 
 class _Conn:
-    """Reader side: the QP, CQ and side-channel socket towards one owner."""
+    """Reader side: the QP, CQ and side-channel socket towards one owner, opened by naming the
+    region of ``first`` (the owner makes a QP only for a reader that knows a key)."""
 
-    def __init__(self, verbs: _Verbs, host: str, port: int) -> None:
+    def __init__(self, verbs: _Verbs, host: str, port: int, first: Descriptor) -> None:
         self.lock = threading.Lock()
         self.known: dict[tuple[int, int], tuple[int, int, int, bool]] = {}
         self.sock: socket.socket | None = None
@@ -158,6 +168,8 @@ class _Conn:
         self.qp, psn = verbs.new_qp(self.cq)
         try:
             self.sock = socket.create_connection((host, port), timeout=10)
+            self.sock.sendall(_ASK.pack(first.region, first.key))
+            self._vouched(first, recv_exactly(self.sock, _VOUCH.size))
             self.sock.sendall(verbs.hello(self.qp, psn))
             peer = recv_exactly(self.sock, _HELLO.size)
             if peer is None:
@@ -173,16 +185,7 @@ class _Conn:
         if known is None:
             assert self.sock is not None
             self.sock.sendall(_ASK.pack(desc.region, desc.key))
-            answer = recv_exactly(self.sock, _VOUCH.size)
-            if answer is None:
-                raise ConnectionError("the RDMA owner closed its side channel")
-            ok, writable, addr, length, rkey = _VOUCH.unpack(answer)
-            if not ok:
-                raise StaleDescriptorError(
-                    f"buffer region {desc.region} of {desc.owner} is not registered there "
-                    f"(released, or the descriptor is forged)"
-                )
-            known = self.known[(desc.region, desc.key)] = (addr, length, rkey, bool(writable))
+            known = self._vouched(desc, recv_exactly(self.sock, _VOUCH.size))
         addr, length, rkey, writable = known
         if (length, addr, rkey) != (desc.length, desc.where[2], desc.where[3]):
             raise DescriptorError(
@@ -192,6 +195,18 @@ class _Conn:
             )
         if write and not writable:
             raise DescriptorError(f"buffer region {desc.region} of {desc.owner} is read-only")
+
+    def _vouched(self, desc: Descriptor, answer: bytes | None) -> tuple[int, int, int, bool]:
+        if answer is None:
+            raise ConnectionError("the RDMA owner closed its side channel")
+        ok, writable, addr, length, rkey = _VOUCH.unpack(answer)
+        if not ok:
+            raise StaleDescriptorError(
+                f"buffer region {desc.region} of {desc.owner} is not registered there "
+                f"(released, or the descriptor is forged)"
+            )
+        known = self.known[(desc.region, desc.key)] = (addr, length, rkey, bool(writable))
+        return known
 
     def close(self) -> None:
         if self.sock is not None:
@@ -282,13 +297,13 @@ class RdmaBuffers(OneSided):
             conn.close()
 
     # -- reader side ---------------------------------------------------------------------------
-    def _conn(self, host: str, port: int) -> _Conn:
+    def _conn(self, host: str, port: int, first: Descriptor) -> _Conn:
         verbs = self._open()
         with self._lock:
             conn = self._conns.get((host, port))
             if conn is None:
                 try:
-                    conn = _Conn(verbs, host, port)
+                    conn = _Conn(verbs, host, port, first)
                 except OSError as exc:
                     raise StaleDescriptorError(
                         f"cannot reach the RDMA owner at {host}:{port}: {exc} (it may have exited)"
@@ -306,7 +321,7 @@ class RdmaBuffers(OneSided):
         from ._shm import address_of
 
         host, port, raddr, rkey = desc.where
-        conn = self._conn(host, port)
+        conn = self._conn(host, port, desc)
         verbs = self._open()
         e, wr_mod = verbs.e, devices.submodule("wr")
         opcode = e.IBV_WR_RDMA_WRITE if write else e.IBV_WR_RDMA_READ

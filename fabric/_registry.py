@@ -41,15 +41,27 @@ class Settings:
     bind_host: str = "127.0.0.1"
     #: What happens when the wanted transport cannot be used: "allow" (logged, counted) or "error".
     fallback: Fallback = "allow"
+    #: Seconds a buffer transfer, or a side-channel connection, may go without progress before
+    #: the peer is taken as stuck (stopped, or gone silent) and the transfer fails.
+    stall_timeout: float = 30.0
 
 
 settings = Settings()
 
 
-def configure(*, bind_host: str | None = None, fallback: str | None = None) -> None:
+def configure(
+    *,
+    bind_host: str | None = None,
+    fallback: str | None = None,
+    stall_timeout: float | None = None,
+) -> None:
     """Set this process's data-plane settings (the runtime calls this from its Config)."""
     if bind_host is not None:
         settings.bind_host = bind_host
+    if stall_timeout is not None:
+        if not stall_timeout > 0:
+            raise ValueError(f"stall_timeout must be positive, got {stall_timeout!r}")
+        settings.stall_timeout = stall_timeout
     if fallback is not None:
         settings.fallback = check_fallback(fallback)
 
@@ -208,4 +220,5 @@ def shutdown() -> int:
     receive_pool.close()
     fresh = Settings()
     settings.bind_host, settings.fallback = fresh.bind_host, fresh.fallback
+    settings.stall_timeout = fresh.stall_timeout
     return released

@@ -4,14 +4,23 @@
 daemon thread serves, and one more per connection runs the backend's request handler, which
 reaches the backend as ``self.server.backend``. :func:`recv_exactly` reads a fixed-size message
 from a blocking socket.
+
+Whoever connects gets no more than this before a handler has checked a region key: at most
+:attr:`SideChannel.max_connections` connections are served at once (more are closed on
+arrival), and every read or write on one waits at most the data plane's ``stall_timeout``
+(a peer that sends nothing, or stops reading, is dropped). A handler whose peer has shown a
+key may lift the limit for its connection.
 """
 
 from __future__ import annotations
 
 import socket
 import socketserver
+import sys
 import threading
 from typing import Any
+
+from ._registry import settings
 
 __all__ = ["SideChannel", "recv_exactly"]
 
@@ -32,6 +41,8 @@ class SideChannel(socketserver.ThreadingTCPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    #: Most connections served at once.
+    max_connections = 256
 
     def __init__(
         self,
@@ -40,7 +51,40 @@ class SideChannel(socketserver.ThreadingTCPServer):
         backend: Any = None,
     ) -> None:
         self.backend = backend
+        self.active = 0
+        #: Connections closed on arrival because ``max_connections`` were being served.
+        self.refused = 0
+        self._count = threading.Lock()
         super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._count:
+            full = self.active >= self.max_connections
+            if full:
+                self.refused += 1
+            else:
+                self.active += 1
+        if full:
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._count:
+                self.active -= 1
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        request.settimeout(settings.stall_timeout)
+        super().finish_request(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a peer that went silent (timeout) or away (reset) ends its connection, quietly;
+        # anything else is a bug worth its traceback
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
 
     def serve_in_thread(self, name: str) -> None:
         """Serve from a daemon thread called ``name``."""

@@ -8,6 +8,11 @@ the owner's process does the socket work.
 
 Request: ``OBUF | op u8 | region u64 | key u64 | offset u64 | length u64``; answer: a status
 byte and, for errors, a length-prefixed message. A write sends its payload after a go-ahead.
+
+A transfer that makes no progress for the data plane's ``stall_timeout`` (an owner stopped
+with SIGSTOP, a host gone silent: the kernel may keep the connection looking alive) fails with
+:class:`TransportError`; the owner drops connections that stall the same way, or sit idle
+that long between requests (the reader opens a new one when a pooled one was dropped).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from orchestr.errors import DescriptorError, StaleDescriptorError, TransportErro
 
 from . import _buffers
 from ._buffers import Descriptor, OneSided, Region
+from ._registry import settings
 from ._sidechannel import SideChannel
 
 __all__ = ["TcpBuffers"]
@@ -32,6 +38,8 @@ _MAGIC = b"OBUF"
 _READ, _WRITE = 1, 2
 _OK, _STALE, _BAD = 0, 1, 2
 _ERR = struct.Struct("<BI")
+#: Writes go out in pieces of this size, so a stalled owner is noticed between them.
+_PIECE = 4 << 20
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -115,38 +123,38 @@ class TcpBuffers(OneSided):
                 s.close()
 
     # -- peer side -----------------------------------------------------------------------------
-    async def _connect(self, addr: tuple[str, int]) -> socket.socket:
+    async def _connect(self, addr: tuple[str, int]) -> tuple[socket.socket, bool]:
+        """A connection to the owner at ``addr``, and whether it was a pooled one."""
         idle = self._idle.get(addr)
         if idle:
-            return idle.pop()
+            return idle.pop(), True
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_INET6 if ":" in addr[0] else socket.AF_INET)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            await loop.sock_connect(sock, addr)
-        except OSError as exc:
+            async with asyncio.timeout(settings.stall_timeout):
+                await loop.sock_connect(sock, addr)
+        except (OSError, TimeoutError) as exc:
             sock.close()
             raise StaleDescriptorError(
-                f"cannot reach the buffer owner at {addr[0]}:{addr[1]}: {exc} (it may have exited)"
+                f"cannot reach the buffer owner at {addr[0]}:{addr[1]}: {exc!r} (it may have "
+                f"exited)"
             ) from exc
-        return sock
+        return sock, False
 
-    async def _status(
-        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, desc: Descriptor
-    ) -> None:
+    async def _status(self, io: _Progress, desc: Descriptor) -> None:
         head = bytearray(_ERR.size)
-        await _arecv(loop, sock, memoryview(head))
+        await io.recv(memoryview(head))
         status, n = _ERR.unpack(head)
         if status == _OK:
             return
         text = bytearray(n)
-        await _arecv(loop, sock, memoryview(text))
+        await io.recv(memoryview(text))
         cls = StaleDescriptorError if status == _STALE else DescriptorError
         raise cls(f"owner {desc.owner} refused: {text.decode(errors='replace')}")
 
     async def move(self, write: bool, desc: Descriptor, offset: int, local: memoryview) -> None:
-        op = _WRITE if write else _READ
         desc.check_span(offset, local.nbytes)
         try:
             host, port = desc.where
@@ -154,34 +162,76 @@ class TcpBuffers(OneSided):
             raise DescriptorError(f"malformed tcp descriptor {desc.where!r}") from None
         if not (isinstance(host, str) and isinstance(port, int)):
             raise DescriptorError(f"malformed tcp descriptor {desc.where!r}")
-        loop = asyncio.get_running_loop()
-        sock = await self._connect((host, port))
-        reusable = False
-        try:
-            req = _REQ.pack(_MAGIC, op, desc.region, desc.key, offset, local.nbytes)
-            await loop.sock_sendall(sock, req)
-            await self._status(loop, sock, desc)
-            if op == _READ:
-                await _arecv(loop, sock, local)
-            else:
-                await loop.sock_sendall(sock, local)
-                await self._status(loop, sock, desc)
-            reusable = True
-        except (ConnectionError, EOFError) as exc:
-            raise TransportError(
-                f"the buffer owner {desc.owner} went away mid-transfer: {exc}"
-            ) from exc
-        finally:
-            if reusable:
-                self._idle.setdefault((host, port), []).append(sock)
-            else:
-                sock.close()
+        while True:
+            sock, pooled = await self._connect((host, port))
+            io = _Progress(sock, settings.stall_timeout)
+            reusable = False
+            try:
+                async with io.guard():
+                    await self._transfer(io, write, desc, offset, local)
+                reusable = True
+                return
+            except (ConnectionError, EOFError) as exc:
+                if pooled and not io.moved:
+                    continue  # the owner dropped the idle connection: on a fresh one
+                raise TransportError(
+                    f"the buffer owner {desc.owner} went away mid-transfer: {exc}"
+                ) from exc
+            except TimeoutError as exc:
+                raise TransportError(
+                    f"the buffer owner {desc.owner} made no progress for "
+                    f"{settings.stall_timeout:g} s (it may be stopped, or its host silent): "
+                    f"the transfer is abandoned (ORCHESTR_TRANSFER_STALL_TIMEOUT)"
+                ) from exc
+            finally:
+                if reusable:
+                    self._idle.setdefault((host, port), []).append(sock)
+                else:
+                    sock.close()
+
+    async def _transfer(
+        self, io: _Progress, write: bool, desc: Descriptor, offset: int, local: memoryview
+    ) -> None:
+        op = _WRITE if write else _READ
+        await io.send(_REQ.pack(_MAGIC, op, desc.region, desc.key, offset, local.nbytes))
+        await self._status(io, desc)
+        if op == _READ:
+            await io.recv(local)
+        else:
+            for start in range(0, local.nbytes, _PIECE):
+                await io.send(local[start : start + _PIECE])
+            await self._status(io, desc)
 
 
-async def _arecv(loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview) -> None:
-    got = 0
-    while got < view.nbytes:
-        n = await loop.sock_recv_into(sock, view[got:])
-        if n == 0:
-            raise EOFError("connection closed")
-        got += n
+class _Progress:
+    """One transfer's socket I/O under a deadline that moves on with every byte received or
+    piece sent: it fails only when nothing moved for ``stall_s``."""
+
+    def __init__(self, sock: socket.socket, stall_s: float) -> None:
+        self.sock = sock
+        self.stall_s = stall_s
+        self.loop = asyncio.get_running_loop()
+        self.moved = 0  # bytes received so far
+        self._timeout: asyncio.Timeout | None = None
+
+    def guard(self) -> asyncio.Timeout:
+        self._timeout = asyncio.timeout(self.stall_s)
+        return self._timeout
+
+    def _progress(self) -> None:
+        if self._timeout is not None:
+            self._timeout.reschedule(self.loop.time() + self.stall_s)
+
+    async def send(self, data: bytes | memoryview) -> None:
+        await self.loop.sock_sendall(self.sock, data)
+        self._progress()
+
+    async def recv(self, view: memoryview) -> None:
+        got = 0
+        while got < view.nbytes:
+            n = await self.loop.sock_recv_into(self.sock, view[got:])
+            if n == 0:
+                raise EOFError("connection closed")
+            got += n
+            self.moved += n
+            self._progress()

@@ -73,7 +73,11 @@ class CallClient:
     def __init__(self, token: str, config: Config, lookup: ActorLookup | None = None) -> None:
         self.token = token
         self.config = config
-        fabric.configure(bind_host=config.bind_host, fallback=config.transport_fallback)
+        fabric.configure(
+            bind_host=config.bind_host,
+            fallback=config.transport_fallback,
+            stall_timeout=config.transfer_stall_timeout,
+        )
         self.lookup = lookup
         self.loop = asyncio.get_running_loop()
         self._connections: dict[str, Connection] = {}

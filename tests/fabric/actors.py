@@ -97,6 +97,10 @@ class Owner(oc.Actor):
     def release(self, i: int) -> None:
         self.buffers[i].release()
 
+    @oc.endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
 
 class Reader(oc.Actor):
     @oc.endpoint

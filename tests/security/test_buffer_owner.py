@@ -1,0 +1,96 @@
+"""Rule: a buffer owner's tcp side channel gives nothing to a peer that has not shown a region
+key, holds a bounded number of connections, and drops those that sit silent; and a transfer
+from an owner that stopped answering fails instead of hanging."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import struct
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+import orchestr as oc
+from orchestr import fabric
+from orchestr.fabric._registry import settings
+from orchestr.fabric._sidechannel import SideChannel
+
+from ..fabric.actors import Owner
+from .conftest import Attacker
+
+REQUEST = struct.Struct("<4sBQQQQ")
+
+
+@pytest.fixture
+def quick_stall() -> Iterator[None]:
+    before = settings.stall_timeout
+    fabric.configure(stall_timeout=1.0)
+    yield
+    fabric.configure(stall_timeout=before)
+
+
+def _tcp_endpoint(buf: fabric.Buffer) -> tuple[int, int, int]:
+    for scheme, _, region, key, _, where in buf.to_wire()[3]:
+        if scheme == "tcp":
+            return int(where[1]), int(region), int(key)
+    raise AssertionError("no tcp descriptor")
+
+
+async def test_the_side_channel_is_capped_and_drops_silent_peers(
+    attacker: Attacker, quick_stall: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(SideChannel, "max_connections", 16)
+    data = np.arange(4096, dtype=np.uint8)
+    with fabric.Buffer(data) as buf:
+        port, _, _ = _tcp_endpoint(buf)
+        handle = fabric.Buffer.from_wire(buf.to_wire())
+        held = asyncio.ensure_future(attacker.run("hold", port=port, count=40, first=0.3, then=2.0))
+        await asyncio.sleep(0.6)
+        out = np.zeros_like(data)
+        # 16 silent connections are served (until their stall timeout): a reader may wait
+        # its turn, then gets through
+        for _ in range(40):
+            try:
+                assert await handle.read_into(out, transport="tcp") == "tcp"
+                break
+            except oc.OrchestrError:
+                await asyncio.sleep(0.2)
+        assert np.array_equal(out, data)
+        report = await held
+        assert report["closed_first"] >= 24  # past the cap, closed on arrival
+        assert report["closed_then"] == 40  # and the rest once silent for the stall timeout
+
+
+async def test_a_wrong_key_gets_no_bytes(attacker: Attacker) -> None:
+    data = np.full(4096, 7, dtype=np.uint8)
+    with fabric.Buffer(data) as buf:
+        port, region, key = _tcp_endpoint(buf)
+        for op, (r, k) in [(1, (region, key ^ 1)), (1, (region + 1000, key)), (2, (region, 0))]:
+            request = REQUEST.pack(b"OBUF", op, r, k, 0, 4096)
+            report = await attacker.run("send", port=port, data=request.hex(), wait=2.0)
+            received = bytes.fromhex(report["received"])
+            assert report["closed"] and received[0] != 0 and bytes([7]) * 64 not in received
+        request = REQUEST.pack(b"OBUF", 1, region, key, 0, 4096)
+        report = await attacker.run("send", port=port, data=request.hex(), wait=2.0)
+        assert bytes.fromhex(report["received"])[5:] == data.tobytes()  # the key opens it
+
+
+async def test_a_transfer_from_a_stopped_owner_fails_instead_of_hanging() -> None:
+    config = oc.load_config(transfer_stall_timeout=1.0)
+    async with oc.open_local_cluster(config) as ctx:
+        owner = await ctx.spawn(Owner)
+        handle = await owner.share.call_one(1 << 18, 1.0)
+        pid = await owner.pid.call_one()
+        out = torch.empty(1 << 18)
+        assert await handle.read_into(out, transport="tcp") == "tcp"
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(oc.TransportError, match="made no progress"):
+                await handle.read_into(out, transport="tcp")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert await handle.read_into(out, transport="tcp") == "tcp"
