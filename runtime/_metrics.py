@@ -7,16 +7,22 @@ adds its own gauges and renders the text (:mod:`._exposition`).
 
 One request per connection (``Connection: close``). The request head must arrive within
 :data:`READ_TIMEOUT` seconds and :data:`MAX_REQUEST_BYTES` bytes, else the client gets 408 or
-431; anything but ``GET /metrics`` gets 404 or 405; past :data:`MAX_CONNECTIONS` at once a
-client gets 503. Each connection is a task of its own with deadlines over its whole life, so a
-slow or garbage client costs one task for a few seconds and nothing else. The endpoint asks for
-no token: it binds ``Config.bind_host`` (loopback unless told otherwise).
+431; anything but ``GET /metrics`` gets 404 or 405. Each connection is a task of its own with
+deadlines over its whole life, so a slow or garbage client costs one task for a few seconds and
+nothing else. At :data:`MAX_CONNECTIONS` at once, a new connection pushes out the oldest one
+still waiting for its request head (idle connections cannot lock scrapers out); only when all
+are being answered does it get 503.
+
+With ``Config.metrics_token`` set (``orchestr start`` sets it, from ``metrics-token`` in the
+state directory), a scrape must carry ``Authorization: Bearer <that token>`` or gets 401. It is
+a token of its own, good for reading metrics and nothing else.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 
 import structlog
 
@@ -50,6 +56,7 @@ MAX_CONNECTIONS = 16
 _REASONS = {
     200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
     404: "Not Found",
     405: "Method Not Allowed",
     408: "Request Timeout",
@@ -63,6 +70,8 @@ def response(status: int, body: str, *, content_type: str = "text/plain; charset
     """One complete HTTP/1.1 response that closes the connection."""
     data = body.encode()
     allow = "Allow: GET\r\n" if status == 405 else ""
+    if status == 401:
+        allow = 'WWW-Authenticate: Bearer realm="orchestr metrics"\r\n'
     return (
         f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
         f"Content-Type: {content_type}\r\n"
@@ -71,19 +80,33 @@ def response(status: int, body: str, *, content_type: str = "text/plain; charset
     ).encode() + data
 
 
-def route(head: bytes) -> int:
-    """The status a request head earns before any work: 200 for ``GET /metrics``."""
-    parts = head.split(b"\r\n", 1)[0].split(b" ")
+def route(head: bytes, token: str = "") -> int:
+    """The status a request head earns before any work: 200 for ``GET /metrics`` (with
+    ``Authorization: Bearer <token>`` when ``token`` is set)."""
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ")
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         return 400
     method, target = parts[0], parts[1]
     if target.split(b"?", 1)[0] != b"/metrics":
         return 404
-    return 200 if method == b"GET" else 405
+    if method != b"GET":
+        return 405
+    if token:
+        presented = b""
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"authorization":
+                presented = value.strip()
+        if not hmac.compare_digest(presented, b"Bearer " + token.encode()):
+            return 401
+    return 200
 
 
 _ERRORS = {
     400: "not an HTTP/1.x request line\n",
+    401: "a scrape needs Authorization: Bearer <the metrics token> (metrics-token in the state "
+    "directory)\n",
     404: "nothing here; the metrics are at GET /metrics\n",
     405: "only GET is served here\n",
     408: "no complete request in time\n",
@@ -107,6 +130,8 @@ class MetricsServer:
         self.scrape_errors = 0
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[object]] = set()
+        #: Connections still waiting for their request head, oldest first.
+        self._waiting: dict[asyncio.Task[object], None] = {}
         self._channels: dict[str, ControlChannel] = {}
 
     async def start(self) -> None:
@@ -178,21 +203,33 @@ class MetricsServer:
     # -- HTTP ------------------------------------------------------------------------------------
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._handlers) >= MAX_CONNECTIONS:
-            writer.write(response(503, _ERRORS[503]))
-            writer.close()
-            return
+            if not self._waiting:
+                writer.write(response(503, _ERRORS[503]))
+                writer.close()
+                return
+            oldest = next(iter(self._waiting))
+            del self._waiting[oldest]
+            oldest.cancel()  # the oldest idle one makes room
         task = asyncio.current_task()
         assert task is not None
         self._handlers.add(task)
         try:
-            await self._answer(reader, writer)
+            await self._answer(reader, writer, task)
         except (ConnectionError, TimeoutError):
             writer.transport.abort()  # the client went away, or does not take the response
+        except asyncio.CancelledError:
+            writer.transport.abort()
+            if self._server is None:
+                raise  # closing down; otherwise it was pushed out and is done
         finally:
             self._handlers.discard(task)
+            self._waiting.pop(task, None)
             writer.close()
 
-    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _answer(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, task: asyncio.Task[object]
+    ) -> None:
+        self._waiting[task] = None
         try:
             async with asyncio.timeout(self.read_timeout):
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -203,7 +240,9 @@ class MetricsServer:
         except asyncio.IncompleteReadError:
             return  # closed before a whole request: nobody to answer
         else:
-            status = route(head)
+            status = route(head, self.config.metrics_token)
+        finally:
+            self._waiting.pop(task, None)
         if status != 200:
             await self._send(writer, response(status, _ERRORS[status]))
             await _linger(reader, writer)

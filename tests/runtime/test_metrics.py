@@ -255,6 +255,22 @@ def test_route(head: bytes, status: int) -> None:
     assert route(head) == status
 
 
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        (b"", 401),
+        (b"Authorization: Bearer nope\r\n", 401),
+        (b"Authorization: Basic s3cret\r\n", 401),
+        (b"Authorization: Bearer s3cret\r\n", 200),
+        (b"authorization:Bearer s3cret  \r\n", 200),
+    ],
+)
+def test_route_with_a_metrics_token(headers: bytes, status: int) -> None:
+    head = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n"
+    assert route(head, "s3cret") == status
+    assert route(b"GET /nope HTTP/1.1\r\n\r\n", "s3cret") == 404  # no token needed to learn
+
+
 def test_metrics_port_setting() -> None:
     assert load_config({}).metrics_port == 0
     assert load_config({"ORCHESTR_METRICS_PORT": "-1"}).metrics_port == -1
