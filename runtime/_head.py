@@ -7,6 +7,7 @@ import contextlib
 import json
 import secrets
 import signal as _signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from ._callpath import ActorLookup, ActorView
 from ._fabric import fabric_hint
 from ._grpc import ControlChannel, abort_with, add_port, make_server
 from ._headstate import ActorRecord, HeadState, validate_python_path
-from ._headstore import HeadStore, MeshRecord
+from ._headstore import HeadStore, MeshRecord, StoreWriteError
 from ._jobs import JobManager, JobRecord, job_info
 from ._log import read_daemon_log
 from ._metrics import MetricsServer
@@ -136,6 +137,12 @@ class HeadService(pb_grpc.HeadServicer):
         self.epoch = secrets.token_hex(8)
         #: Where the state is kept across restarts (a head daemon's); ``None``: in memory only.
         self.store = store
+        #: Since when writes to the store fail (monotonic s), or None; unsaved changes stay
+        #: marked and are written again with each save meanwhile.
+        self.store_failing_since: float | None = None
+        self._store_error_logged = 0.0
+        self._forget_actors: set[str] = set()
+        self._forget_meshes: set[str] = set()
         self.meshes: dict[str, MeshRecord] = {}
         self._dirty_meshes: set[str] = set()
         if store is not None:
@@ -216,8 +223,37 @@ class HeadService(pb_grpc.HeadServicer):
         nodes, actors, reservations = self.state.take_dirty()
         meshes = [self.meshes[m] for m in self._dirty_meshes if m in self.meshes]
         self._dirty_meshes.clear()
-        self.store.save(nodes, actors, meshes, reservations)
-        self.store.forget([a.actor_id for a in gone], empty)
+        self._forget_actors.update(a.actor_id for a in gone)
+        self._forget_meshes.update(empty)
+        try:
+            self.store.save(nodes, actors, meshes, reservations)
+            self.store.forget(self._forget_actors, self._forget_meshes)
+        except StoreWriteError as exc:
+            # kept marked, to be written with the next save (every 100 ms)
+            self.state.dirty_nodes.update(n.node_id for n in nodes)
+            self.state.dirty_actors.update(a.actor_id for a in actors)
+            self.state.dirty_reservations.update(r.reservation_id for r in reservations)
+            self._dirty_meshes.update(m.mesh_id for m in meshes)
+            now = time.monotonic()
+            if self.store_failing_since is None:
+                self.store_failing_since = now
+            if now - self._store_error_logged >= 10.0:
+                self._store_error_logged = now
+                log.error(
+                    "the head cannot save its state; retrying",
+                    error=str(exc),
+                    failing_for_s=round(now - self.store_failing_since, 1),
+                )
+            return
+        self._forget_actors.clear()
+        self._forget_meshes.clear()
+        if self.store_failing_since is not None:
+            log.warning(
+                "the head saves its state again",
+                after_s=round(time.monotonic() - self.store_failing_since, 1),
+            )
+            self.store_failing_since = None
+            self._store_error_logged = 0.0
 
     async def _save_every(self, period: float) -> None:
         """Changes made outside an RPC's own save (a worker's creation finishing) reach the
@@ -233,23 +269,29 @@ class HeadService(pb_grpc.HeadServicer):
         return ch
 
     async def _watch_heartbeats(self) -> None:
-        timeout = self.config.heartbeat_timeout
         while True:
             await asyncio.sleep(self.config.heartbeat_interval)
-            for node_id in self.state.expire_nodes(self.state.now(), timeout):
-                log.warning("node missed its heartbeats; marked dead", node=node_id)
-                reason = f"node {node_id} was lost: no heartbeat for over {timeout:g} s"
-                for record in self.state.node_lost(node_id, reason):
-                    log.warning(
-                        "actor lost with its node",
-                        actor=record.label,
-                        actor_id=record.actor_id,
-                        node=node_id,
-                        restarting=record.state == "restarting",
-                    )
-                    self._notify(record.actor_id)
-                    self._publish("died", record)
-            self.save()
+            try:
+                self._expire_nodes()
+            except Exception:  # a bug: said loudly, and the watch goes on
+                log.exception("the heartbeat monitor failed; it keeps watching")
+
+    def _expire_nodes(self) -> None:
+        timeout = self.config.heartbeat_timeout
+        for node_id in self.state.expire_nodes(self.state.now(), timeout):
+            log.warning("node missed its heartbeats; marked dead", node=node_id)
+            reason = f"node {node_id} was lost: no heartbeat for over {timeout:g} s"
+            for record in self.state.node_lost(node_id, reason):
+                log.warning(
+                    "actor lost with its node",
+                    actor=record.label,
+                    actor_id=record.actor_id,
+                    node=node_id,
+                    restarting=record.state == "restarting",
+                )
+                self._notify(record.actor_id)
+                self._publish("died", record)
+        self.save()
 
     def _notify(self, actor_id: str) -> None:
         """Wake whoever waits for a change of ``actor_id``'s state."""

@@ -12,6 +12,7 @@ loss may lose the last transactions, never the database.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -24,9 +25,9 @@ from typing import Any
 
 from ._headstate import ActorRecord, NodeRecord, Reservation
 from ._statedir import check_private_file
-from .errors import ConfigError
+from .errors import ConfigError, OrchestrError
 
-__all__ = ["STORE_FILE", "HeadStore", "MeshRecord"]
+__all__ = ["STORE_FILE", "HeadStore", "MeshRecord", "StoreWriteError"]
 
 STORE_FILE = "head.sqlite"
 SCHEMA_VERSION = 1
@@ -192,18 +193,46 @@ class HeadStore:
         return data
 
     def _transaction(self) -> Any:
-        return _Transaction(self._db)
+        return _Transaction(self._db, self.path)
+
+
+class StoreWriteError(OrchestrError):
+    """A write to the head's database failed (disk full, I/O error); nothing of it was kept.
+    Its message names the database and SQLite's reason."""
 
 
 class _Transaction:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    """One write transaction. A failure anywhere in it (SQLite's own included: a full disk
+    can fail the COMMIT, and may have rolled the transaction back already) is raised as
+    :class:`StoreWriteError` with SQLite's reason, never as the rollback's own complaint."""
+
+    def __init__(self, db: sqlite3.Connection, path: Path) -> None:
         self._db = db
+        self._path = path
 
     def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise self._failed(exc) from exc
 
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        self._db.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            try:
+                self._db.execute("COMMIT")
+                return
+            except sqlite3.Error as commit_error:
+                exc = commit_error
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.Error):
+            raise self._failed(exc) from exc
+
+    def _failed(self, exc: sqlite3.Error) -> StoreWriteError:
+        return StoreWriteError(
+            f"cannot write the head's database {self._path}: {exc} (is its disk full?)"
+        )
 
 
 def _actor_json(a: ActorRecord) -> str:

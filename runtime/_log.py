@@ -121,3 +121,41 @@ def configure_logging(
         logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
+
+
+class LineCutter:
+    """Splits a byte stream into text lines of at most ``max_bytes`` each: a longer line is
+    cut there and ends with a marker saying how much of it was dropped, so one huge line
+    costs a bounded buffer (asyncio's ``readline`` gives up on it instead). No I/O here."""
+
+    def __init__(self, max_bytes: int = 16 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self._pending = bytearray()
+        self._dropped = 0  # bytes of the current line past max_bytes
+
+    def feed(self, data: bytes) -> list[str]:
+        lines: list[str] = []
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            self._take(data[start:end])
+            lines.append(self._line())
+            start = end + 1
+        self._take(data[start:])
+        return lines
+
+    def end(self) -> list[str]:
+        """What is left once the stream has ended (a last line without a newline)."""
+        return [self._line()] if self._pending or self._dropped else []
+
+    def _take(self, part: bytes) -> None:
+        room = self.max_bytes - len(self._pending)
+        self._pending += part[:room]
+        self._dropped += max(0, len(part) - room)
+
+    def _line(self) -> str:
+        text = self._pending.decode(errors="replace")
+        if self._dropped:
+            text += f" ... [line cut: {self._dropped} more bytes dropped]"
+        self._pending.clear()
+        self._dropped = 0
+        return text

@@ -28,7 +28,7 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
 from ._grpc import ControlChannel, abort_with, add_port, make_server
 from ._head import describe_exit
-from ._log import RotatingFile, configure_logging, read_daemon_log
+from ._log import LineCutter, RotatingFile, configure_logging, read_daemon_log
 from ._loop import run_loop
 from .config import Config, config_environ, load_config
 from .errors import ConfigError, OrchestrError, SpawnError
@@ -295,12 +295,18 @@ class NodeService(pb_grpc.NodeServicer):
         """Relay the worker's stdout/stderr, prefixed, and keep its tail for error messages."""
         assert worker.proc.stdout is not None
         prefix = f"({worker.worker_id} pid={worker.proc.pid}) "
-        async for raw in worker.proc.stdout:
-            line = raw.decode(errors="replace").rstrip("\n")
-            worker.output.append(line)
+        cutter = LineCutter()
+        while True:
+            chunk = await worker.proc.stdout.read(1 << 16)
+            lines = cutter.feed(chunk) if chunk else cutter.end()
+            for line in lines:
+                worker.output.append(line)
+                with contextlib.suppress(ValueError, OSError):
+                    self.output.write(prefix + line + "\n")
             with contextlib.suppress(ValueError, OSError):
-                self.output.write(prefix + line + "\n")
                 self.output.flush()
+            if not chunk:
+                return
 
     async def _watch(self, worker: _Worker) -> None:
         rc = await worker.proc.wait()

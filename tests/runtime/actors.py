@@ -130,3 +130,13 @@ class CancelsItself(oc.Actor):
     @oc.endpoint
     async def ping(self) -> str:
         return "pong"
+
+
+class Chatty(oc.Actor):
+    """Writes lines of any length to its stdout."""
+
+    @oc.endpoint
+    def say(self, nbytes: int, lines: int = 1) -> int:
+        for _ in range(lines):
+            print("x" * nbytes, flush=True)
+        return nbytes * lines
