@@ -21,13 +21,19 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 from ._callpath import ActorLookup, ActorView
 from ._fabric import fabric_hint
 from ._grpc import ControlChannel, abort_with, add_port, make_server
-from ._headstate import ActorRecord, HeadState, validate_python_path
+from ._headstate import (
+    ActorRecord,
+    HeadState,
+    check_mesh_size,
+    validate_python_path,
+    validate_resources,
+)
 from ._headstore import HeadStore, MeshRecord, StoreWriteError
 from ._jobs import JobManager, JobRecord, job_info
 from ._log import read_daemon_log
 from ._metrics import MetricsServer
 from .config import Config
-from .errors import ActorDiedError, ConfigError, OrchestrError, SpawnError
+from .errors import ActorDiedError, ConfigError, ControlPlaneError, OrchestrError, SpawnError
 
 if TYPE_CHECKING:
     from orchestr.fabric._manager import FabricManager
@@ -317,6 +323,10 @@ class HeadService(pb_grpc.HeadServicer):
 
     # -- node-facing RPCs ----------------------------------------------------------------
     async def RegisterNode(self, request: Any, context: Any) -> pb.RegisterNodeReply:
+        try:
+            validate_resources(dict(request.total.amounts))  # before anything is changed
+        except ConfigError as exc:
+            await abort_with(context, ConfigError(f"node {request.node_id}: {exc}"))
         stray: list[str] = []
         if request.node_id in self.state.nodes:
             # It was known: this head restarted, or had marked it dead. Adopt the actors of
@@ -382,6 +392,9 @@ class HeadService(pb_grpc.HeadServicer):
         mesh_id = f"m-{secrets.token_hex(4)}"
         name = request.name or request.class_path.rpartition(":")[2]
         try:
+            check_mesh_size(request.size)  # before a table of ids is made for its members
+            if request.per_process < 0:
+                raise ConfigError(f"per_process must be >= 1, got {request.per_process}")
             python_path = validate_python_path(request.python_path)
             records = self.state.place(
                 mesh_id,
@@ -464,20 +477,30 @@ class HeadService(pb_grpc.HeadServicer):
             for record in records:
                 record.pid = winfo.pid
                 record.control_address = winfo.control_address
-                reply = await worker_ch.rpc(
-                    worker_ch.stub(pb_grpc.WorkerStub).CreateActor,
-                    pb.CreateActorRequest(
-                        actor_id=record.actor_id,
-                        class_path=record.class_path,
-                        init_args=init_args,
-                        name=record.name,
-                        rank=record.rank,
-                        mesh_id=record.mesh_id,
-                        state=state or b"",
-                        has_state=state is not None,
-                    ),
-                    timeout=None,
-                )
+                limit = self.config.actor_init_timeout
+                try:
+                    reply = await worker_ch.rpc(
+                        worker_ch.stub(pb_grpc.WorkerStub).CreateActor,
+                        pb.CreateActorRequest(
+                            actor_id=record.actor_id,
+                            class_path=record.class_path,
+                            init_args=init_args,
+                            name=record.name,
+                            rank=record.rank,
+                            mesh_id=record.mesh_id,
+                            state=state or b"",
+                            has_state=state is not None,
+                        ),
+                        timeout=limit,
+                    )
+                except ControlPlaneError as exc:
+                    if record.state == "starting" and "timed out" in str(exc):
+                        raise SpawnError(
+                            f"{record.label} ({record.class_path}) was not created within "
+                            f"{limit:g} s: its __init__ (or load_state) did not return "
+                            f"(ORCHESTR_ACTOR_INIT_TIMEOUT); its worker is stopped"
+                        ) from exc
+                    raise
                 if record.state != "starting":  # the worker died during the creation
                     raise SpawnError(
                         f"{record.label} died during creation: "

@@ -4,6 +4,7 @@ gRPC shell in :mod:`._head` feeds it events and acts on its decisions."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
 
@@ -31,15 +32,42 @@ MAX_PYTHON_PATH_ENTRIES = 64
 MAX_PYTHON_PATH_CHARS = 4096
 
 
+#: The most members one mesh may have (checked before anything is built for them).
+MAX_MESH_SIZE = 65_536
+#: The most resource kinds a request or a node may name, and the longest name.
+MAX_RESOURCES = 64
+MAX_RESOURCE_NAME = 128
+
+
 def validate_resources(resources: Mapping[str, float]) -> dict[str, float]:
+    """Resource amounts by name, checked: at most :data:`MAX_RESOURCES` names of at most
+    :data:`MAX_RESOURCE_NAME` characters, each amount a finite number >= 0. Raises
+    :class:`ConfigError` naming the first bad one."""
+    if len(resources) > MAX_RESOURCES:
+        raise ConfigError(f"{len(resources)} resources named; at most {MAX_RESOURCES} are allowed")
     out: dict[str, float] = {}
     for name, amount in resources.items():
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"resource names must be non-empty strings, got {name!r}")
-        if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount >= 0:
-            raise ConfigError(f"resource {name!r} must be a non-negative number, got {amount!r}")
+        if not isinstance(name, str) or not name or len(name) > MAX_RESOURCE_NAME:
+            raise ConfigError(
+                f"resource names must be strings of 1 to {MAX_RESOURCE_NAME} characters, "
+                f"got {name!r:.200}"
+            )
+        if (
+            isinstance(amount, bool)
+            or not isinstance(amount, int | float)
+            or not 0 <= amount < math.inf
+        ):
+            raise ConfigError(
+                f"resource {name!r} must be a finite non-negative number, got {amount!r}"
+            )
         out[name] = float(amount)
     return out
+
+
+def check_mesh_size(size: int) -> None:
+    """Raise :class:`ConfigError` unless ``1 <= size <= MAX_MESH_SIZE``."""
+    if not 1 <= size <= MAX_MESH_SIZE:
+        raise ConfigError(f"a mesh has 1 to {MAX_MESH_SIZE} members, got n={size}")
 
 
 def validate_python_path(entries: Sequence[str]) -> list[str]:
@@ -227,10 +255,11 @@ class HeadState:
         transports: Sequence[str] = (),
         devices: Sequence[str] = (),
     ) -> None:
+        total = validate_resources(total)
         self.nodes[node_id] = NodeRecord(
             node_id,
             address,
-            dict(total),
+            total,
             self._free_on(node_id, total),
             dict(labels),
             now,
@@ -349,8 +378,7 @@ class HeadState:
         All or nothing: raises :class:`PlacementError` naming what was asked and what each node
         has free, with nothing reserved; :class:`ConfigError` for an unknown strategy.
         """
-        if size < 1:
-            raise ConfigError(f"a mesh needs at least one member, got n={size}")
+        check_mesh_size(size)
         request = validate_resources(resources)
         if reservation_id:
             return self._place_reserved(

@@ -129,7 +129,11 @@ class NodeService(pb_grpc.NodeServicer):
 
     async def __aenter__(self) -> NodeService:
         await self.server.start()
-        await self._register(rejoin=False)
+        try:
+            await self._register(rejoin=False)
+        except BaseException:
+            await self.aclose()  # a refused node leaves no server behind
+            raise
         self._heartbeat = asyncio.ensure_future(self._beat())
         log.info("node started", node=self.node_id, address=self.address, resources=self.resources)
         return self

@@ -57,6 +57,9 @@ class Config:
     head_reconnect_timeout: float = 60.0
     #: Seconds a new worker process has to register before the spawn fails.
     worker_start_timeout: float = 60.0
+    #: Seconds an actor's ``__init__`` (and ``load_state`` on a restart) may take before the
+    #: spawn fails and its worker is stopped.
+    actor_init_timeout: float = 300.0
     #: Worker processes a node starts at once; more wait their turn (hundreds of interpreters
     #: importing side by side on a few cores would starve everything, the node included).
     #: 0: as many as the host has CPUs (measured best: on 2 cores, 1,000 actors in 20 workers

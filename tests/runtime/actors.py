@@ -140,3 +140,10 @@ class Chatty(oc.Actor):
         for _ in range(lines):
             print("x" * nbytes, flush=True)
         return nbytes * lines
+
+
+class HangsInInit(oc.Actor):
+    def __init__(self) -> None:
+        import time
+
+        time.sleep(3600)
