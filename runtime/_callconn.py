@@ -131,6 +131,7 @@ class Connection(FramedProtocol):
         #: encoded; the call's fallback policy).
         self.held: list[tuple[list[Any] | None, list[bytes | memoryview], str | None]] | None
         self.held = []
+        self.held_bytes = 0
         #: Whether the stream was ever open: calls on one that never was were never sent.
         self.connected = False
 
@@ -149,7 +150,21 @@ class Connection(FramedProtocol):
     ) -> None:
         """Send one encoded message. Before the handshake has said whether large values may
         go through shared memory, a message carrying them to a server on this host waits for
-        it (and everything after it waits too, to keep the order)."""
+        it (and everything after it waits too, to keep the order).
+
+        Raises :class:`TransportError`, sending nothing, when over ``max_unsent_bytes`` already
+        wait for the peer: an actor that does not keep up (or is stopped) must not make its
+        callers grow without bound."""
+        limit = self.client.config.max_unsent_bytes
+        waiting = self.unsent() + self.held_bytes
+        if waiting > limit:
+            if sink is not None:
+                sink.abandon()
+            raise TransportError(
+                f"{self.address} is not taking what this process sends: {waiting} bytes wait "
+                f"unsent, over ORCHESTR_MAX_UNSENT_BYTES ({limit}); the actor may be stopped "
+                f"or too slow for this rate of calls"
+            )
         if self.held is None and not (big and sink is None and self.awaiting_shm()):
             self.bulk.sent(sink)
             self.send(parts)
@@ -157,6 +172,7 @@ class Connection(FramedProtocol):
         if self.held is None:
             self.held = []
         self.held.append((message if big and sink is None else None, parts, fallback))
+        self.held_bytes += sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
 
     def awaiting_shm(self) -> bool:
         return not self.welcomed and self.bulk.same_host and not self.lost
@@ -182,6 +198,7 @@ class Connection(FramedProtocol):
 
     def _send_held(self) -> None:
         held, self.held = self.held or [], None
+        self.held_bytes = 0
         config = self.client.config
         for message, parts, fallback in held:
             sink = None
@@ -313,6 +330,7 @@ class Connection(FramedProtocol):
             self.client.forget(self)
         self.lost = True
         self.held = None
+        self.held_bytes = 0
         if self.transport is not None:
             self.transport.abort()
             self.transport = None

@@ -232,6 +232,16 @@ class _ServerConnection(FramedProtocol):
 
     # -- replies (a caller that went away gets none; its client fails the call) ------------
     def ok(self, call_id: int, value: Any) -> None:
+        if self.transport is not None and self.unsent() > self.server.config.max_unsent_bytes:
+            # the caller does not take its results: drop it rather than hold them all
+            log.warning(
+                "closing a call connection whose caller does not read its results",
+                unsent=self.unsent(),
+                limit=self.server.config.max_unsent_bytes,
+            )
+            self.lost = True
+            self.transport.abort()
+            return
         sink = self.bulk.sink()
         message = [OK, call_id, lift_large(value)]
         config = self.server.config

@@ -149,6 +149,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self.limits = (max_bytes, max_extra)
         self.transport: asyncio.Transport | None = None
         self.out: list[bytes | memoryview] = []
+        self.out_bytes = 0  # in ``out``
         self.flush_scheduled = False
         self.lost = False
         #: Where this connection's bytes are counted; set for real once connected.
@@ -159,6 +160,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
             return
         if self.flush_scheduled or self.transport is None:
             self.out.extend(parts)
+            self.out_bytes += _nbytes(parts)
             return
         # The first frame of a loop turn goes out at once (latency); the flush scheduled here
         # sends whatever else this turn queues in one write (throughput).
@@ -177,7 +179,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
         if self.transport is None or not self.out:
             return
         out, self.out = self.out, []
-        self.counters.sent += _nbytes(out)
+        self.counters.sent += self.out_bytes
+        self.out_bytes = 0
         if len(out) == 1:
             self.transport.write(out[0])
         else:
@@ -192,6 +195,14 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self.transport = None
         self.lost = True
         self.out = []
+        self.out_bytes = 0
+
+    def unsent(self) -> int:
+        """Bytes sent on this connection that the peer has not taken yet: waiting in the
+        transport (the peer does not read, or reads slower than we write) or in this turn's
+        batch. What a caller may pile up is bounded by this (``max_unsent_bytes``)."""
+        queued = self.transport.get_write_buffer_size() if self.transport is not None else 0
+        return queued + self.out_bytes
 
     def open_up(self) -> None:
         """The peer has proven itself: accept frames up to this connection's limits."""

@@ -75,6 +75,10 @@ class Config:
     #: Largest total of tensors, arrays and bytes of at least ``inline_max_bytes`` each in one
     #: call-path message (through shared memory on one host, in the frame across hosts).
     max_bulk_bytes: int = 16 * 1024**3
+    #: Most bytes a caller lets wait unsent to one actor's worker (it does not read fast
+    #: enough, or is stopped); past it, new calls and broadcasts to it fail at once with
+    #: TransportError instead of growing the caller's memory.
+    max_unsent_bytes: int = 256 * 1024 * 1024
     #: Most bytes of shared memory this process lends to peers for call values at once; past
     #: it, large values go into the call frame (a fallback: logged and counted, or an error).
     shm_pool_bytes: int = 8 * 1024**3
