@@ -29,16 +29,53 @@ FOLLOW_POLL_S = 0.2
 FOLLOW_RECONNECT_S = 60.0
 
 
-def package(folder: Path) -> bytes:
-    """``folder`` as a zip, without :data:`SKIPPED` folders or links. Raises
-    :class:`ConfigError` once it grows past the head's limit."""
+def package(folder: Path, *, dotfiles: bool = False, keep: Path | None = None) -> bytes:
+    """``folder`` as a zip, without :data:`SKIPPED` folders, links, what its ``.gitignore``
+    files ignore (git's rules, each file for the folder it is in), and, unless ``dotfiles``,
+    files and folders whose names start with a dot (``.env``, credentials, a state
+    directory's token). ``keep`` (the entrypoint) goes in whatever the rules say. Prints to
+    stderr how many were left out. Raises :class:`ConfigError` once it grows past the head's
+    limit."""
+    import pathspec
+
+    folder = folder.resolve()
     buf = io.BytesIO()
+    left_out = {"dotfiles": 0, ".gitignore": 0}
+    rules: list[tuple[Path, pathspec.GitIgnoreSpec]] = []  # (folder, its .gitignore)
+
+    def ignored(path: Path, is_dir: bool) -> bool:
+        for base, spec in rules:
+            if base == path or base not in path.parents:
+                continue
+            rel = path.relative_to(base).as_posix() + ("/" if is_dir else "")
+            if spec.match_file(rel):
+                return True
+        return False
+
+    def skip(path: Path, is_dir: bool) -> bool:
+        if path == keep:
+            return False
+        if not dotfiles and path.name.startswith("."):
+            left_out["dotfiles"] += 1
+            return True
+        if ignored(path, is_dir):
+            left_out[".gitignore"] += 1
+            return True
+        return False
+
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
         for root, dirs, files in os.walk(folder):
-            dirs[:] = sorted(d for d in dirs if d not in SKIPPED)
+            here = Path(root)
+            gitignore = here / ".gitignore"
+            if gitignore.is_file() and not gitignore.is_symlink():
+                lines = gitignore.read_text(errors="replace").splitlines()
+                rules.append((here, pathspec.GitIgnoreSpec.from_lines(lines)))
+            dirs[:] = sorted(
+                d for d in dirs if d not in SKIPPED and not skip(here / d, is_dir=True)
+            )
             for name in sorted(files):
-                path = Path(root) / name
-                if path.is_symlink() or not path.is_file():
+                path = here / name
+                if path.is_symlink() or not path.is_file() or skip(path, is_dir=False):
                     continue
                 archive.write(path, path.relative_to(folder).as_posix())
                 if buf.tell() > MAX_PACKAGE_BYTES:
@@ -47,6 +84,12 @@ def package(folder: Path) -> bytes:
                         f"{MAX_PACKAGE_BYTES >> 20} MiB (the limit); leave data out of it or "
                         "point --working-dir at less"
                     )
+    if any(left_out.values()):
+        print(
+            f"left out of the package: {left_out['dotfiles']} dotfiles (--include-dotfiles "
+            f"ships them), {left_out['.gitignore']} ignored by .gitignore",
+            file=sys.stderr,
+        )
     return buf.getvalue()
 
 
@@ -143,7 +186,7 @@ def submit(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"the job {job} is not inside the working directory {folder}"
             ) from None
-        data = package(folder)
+        data = package(folder, dotfiles=args.include_dotfiles, keep=job.resolve())
 
         async def go(channel: Any, stub: Any) -> int:
             request = pb.SubmitJobRequest(
@@ -248,6 +291,11 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
     common(p)
     p.add_argument("--working-dir", help="folder shipped with the job (default: the job's)")
     p.add_argument("--no-wait", action="store_true", help="print the job id and return")
+    p.add_argument(
+        "--include-dotfiles",
+        action="store_true",
+        help="ship files and folders whose names start with a dot (left out by default)",
+    )
     p.add_argument("job", help="the job file, inside the working directory")
     p.add_argument("job_args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
     p.set_defaults(func=submit)

@@ -218,7 +218,9 @@ async def serve_head(
     try:
         async with _open_head(token, config, host, port, store) as head:
             store.set_meta("address", head.address)
-            head.jobs = JobManager(state_dir, head.address, token, store)
+            head.jobs = JobManager(
+                state_dir, head.address, token, store, retention=config.job_retention
+            )
             head.log_dir = state_dir / LOGS_DIR
             head.fabric = fabric
             write_json(

@@ -175,6 +175,10 @@ class HeadStore:
                     (job_id, hashlib.sha256(package).hexdigest(), package),
                 )
 
+    def delete_package(self, job_id: str) -> None:
+        with self._transaction():
+            self._db.execute("DELETE FROM packages WHERE job_id = ?", (job_id,))
+
     def load_jobs(self) -> list[dict[str, Any]]:
         return [
             json.loads(r[0]) for r in self._db.execute("SELECT record FROM jobs ORDER BY job_id")

@@ -21,6 +21,7 @@ import dataclasses
 import io
 import os
 import secrets
+import shutil
 import signal
 import stat
 import sys
@@ -32,15 +33,21 @@ from typing import Any, BinaryIO
 import structlog
 
 from ._headstore import HeadStore
+from ._statedir import start_ticks
 from .errors import ConfigError
 
 __all__ = ["JobManager", "JobRecord", "check_package"]
 
 log = structlog.get_logger("orchestr.jobs")
 
-#: Largest package (zip bytes) and largest unpacked size a job may bring.
+#: Largest package (zip bytes), largest unpacked size and most files a job may bring.
 MAX_PACKAGE_BYTES = 32 << 20
 MAX_UNPACKED_BYTES = 256 << 20
+MAX_MEMBERS = 10_000
+#: Seconds unpacking a package may take (it runs off the head's event loop, in a thread).
+UNPACK_TIMEOUT_S = 60.0
+#: Packages unpacked at once; more submissions wait their turn.
+UNPACKING_AT_ONCE = 2
 STOP_GRACE_S = 10.0
 DEFAULT_LOG_CHUNK = 1 << 20
 #: Runs the controller (``"$@"``) and writes its exit status to the file named by ``$0``.
@@ -62,17 +69,13 @@ class JobRecord:
     pid_start: int = 0
     #: Why it ended, when its exit code alone does not say (e.g. it ended while no head ran).
     reason: str = ""
+    #: Its folder and package were removed (see :meth:`JobManager.prune`).
+    pruned: bool = False
 
 
 def process_start(pid: int) -> int:
     """When process ``pid`` started (clock ticks since boot, from ``/proc``), 0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat_line = f.read()
-    except OSError:
-        return 0
-    fields = stat_line.rpartition(b")")[2].split()  # the command name may hold spaces
-    return int(fields[19]) if len(fields) > 19 else 0
+    return start_ticks(pid) or 0
 
 
 def check_package(package: bytes, entrypoint: str) -> zipfile.ZipFile:
@@ -88,9 +91,14 @@ def check_package(package: bytes, entrypoint: str) -> zipfile.ZipFile:
         archive = zipfile.ZipFile(io.BytesIO(package))
     except zipfile.BadZipFile as exc:
         raise ConfigError(f"the job's package is not a zip file: {exc}") from None
+    members = archive.infolist()
+    if len(members) > MAX_MEMBERS:
+        raise ConfigError(
+            f"the job's package holds {len(members)} files; at most {MAX_MEMBERS} are taken"
+        )
     total = 0
     names = set()
-    for info in archive.infolist():
+    for info in members:
         path = PurePosixPath(info.filename)
         if path.is_absolute() or ".." in path.parts or "\\" in info.filename:
             raise ConfigError(f"the package member {info.filename!r} points outside the job")
@@ -145,7 +153,14 @@ async def wait_exit(pid: int, start: int) -> None:
 class JobManager:
     """The head's submitted jobs. Not thread-safe; one event loop."""
 
-    def __init__(self, state_dir: Path, head_address: str, token: str, store: HeadStore) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        head_address: str,
+        token: str,
+        store: HeadStore,
+        retention: int = 100,
+    ) -> None:
         self.root = state_dir / "jobs"
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.head_address = head_address
@@ -156,7 +171,11 @@ class JobManager:
         #: Jobs a previous head started whose controllers still run: job id -> pid.
         self._adopted: dict[str, int] = {}
         self._watchers: set[asyncio.Task[None]] = set()
+        self._unpacking = asyncio.Semaphore(UNPACKING_AT_ONCE)
+        #: Finished jobs whose folder and package are kept; older ones' are removed.
+        self.retention = retention
         self._load()
+        self.prune()
 
     def _load(self) -> None:
         """Records of earlier jobs. One that was running when the head went away is adopted
@@ -204,6 +223,25 @@ class JobManager:
         record.ended_unix = time.time()
         self._save(record)
         log.info("job ended", job=record.job_id, state=record.state, exit_code=code)
+        self.prune()
+
+    def prune(self) -> None:
+        """Remove the folder (working directory, output) and the package of every finished
+        job but the :attr:`retention` most recent; their records stay (``orchestr jobs``
+        lists them, with ``reason`` saying their files were removed)."""
+        done = sorted(
+            (r for r in self.jobs.values() if r.state != "running"),
+            key=lambda r: r.ended_unix,
+            reverse=True,
+        )
+        for record in done[self.retention :]:
+            if record.pruned:
+                continue
+            shutil.rmtree(self.root / record.job_id, ignore_errors=True)
+            self.store.delete_package(record.job_id)
+            record.pruned = True
+            self._save(record)
+            log.info("job files removed", job=record.job_id, retention=self.retention)
 
     async def _watch_adopted(self, record: JobRecord) -> None:
         await wait_exit(record.pid, record.pid_start)
@@ -225,14 +263,22 @@ class JobManager:
             ) from None
 
     async def submit(self, package: bytes, entrypoint: str, args: list[str]) -> JobRecord:
-        archive = check_package(package, entrypoint)
+        """Unpack ``package`` and start its controller. Checking and unpacking run in a
+        thread, at most :data:`UNPACKING_AT_ONCE` at a time, so the head's RPCs (heartbeats
+        among them) go on meanwhile; raises :class:`ConfigError` for a bad package, and
+        removes what it unpacked."""
         if not all(isinstance(a, str) and "\x00" not in a for a in args):
             raise ConfigError("job arguments must be strings without NUL bytes")
         job_id = f"job-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         folder = self.root / job_id
-        folder.mkdir(mode=0o700)
         wd = folder / "wd"
-        archive.extractall(wd)
+        async with self._unpacking:
+            folder.mkdir(mode=0o700)
+            try:
+                await asyncio.to_thread(_unpack, package, entrypoint, wd)
+            except BaseException:
+                await asyncio.to_thread(shutil.rmtree, folder, True)
+                raise
         record = JobRecord(job_id, entrypoint, list(args))
         # The job's own settings, not the head's; but it reaches the cluster as the head does.
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTR_")}
@@ -320,4 +366,20 @@ def job_info(record: JobRecord) -> dict[str, Any]:
     """``record``'s fields as ``JobInfo`` has them."""
     fields = dataclasses.asdict(record)
     del fields["pid_start"]
+    if fields.pop("pruned") and not fields["reason"]:
+        fields["reason"] = "its files were removed (job retention)"
     return fields
+
+
+def _unpack(package: bytes, entrypoint: str, wd: Path) -> None:
+    """Check ``package`` and unpack it into ``wd`` (in a thread), within
+    :data:`UNPACK_TIMEOUT_S`. Raises :class:`ConfigError`."""
+    archive = check_package(package, entrypoint)
+    deadline = time.monotonic() + UNPACK_TIMEOUT_S
+    with archive:
+        for member in archive.infolist():
+            if time.monotonic() > deadline:
+                raise ConfigError(
+                    f"unpacking the job's package took over {UNPACK_TIMEOUT_S:g} s; it is refused"
+                )
+            archive.extract(member, wd)

@@ -55,6 +55,9 @@ class Config:
     #: Seconds a job's controller waits for its head to come back (a restart) before the job
     #: fails; meanwhile its actors keep running and its calls to them go on.
     head_reconnect_timeout: float = 60.0
+    #: Finished submitted jobs whose working folder, output and package the head keeps;
+    #: those of older ones are removed (their records stay).
+    job_retention: int = 100
     #: Seconds a new worker process has to register before the spawn fails.
     worker_start_timeout: float = 60.0
     #: Seconds an actor's ``__init__`` (and ``load_state`` on a restart) may take before the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 
 import pytest
 import torch
@@ -196,3 +197,23 @@ async def test_roles_run_on_the_backend_they_are_given(ctx: oc.JobContext) -> No
     with pytest.raises(oc.SpawnError, match="cannot run on this node") as info:
         await ctx.spawn(Generator, model_kwargs=model, backend="cuda")
     assert "no GPU" in str(info.value) or "CUDA" in str(info.value)
+
+
+@pytest.mark.timeout(240)
+async def test_sync_mode_does_not_depend_on_timing(ctx: oc.JobContext) -> None:
+    """Prompts go to generators by their place in the batch, never by which generator is
+    free: the same seed run again while another process loads the machine gives the same
+    weights, bit for bit."""
+    tc = dataclasses.replace(SMALL_CONFIG, steps=6, eval_every=6, seed=7)
+    config = GRPOConfig(train=tc, generators=2)
+    quiet = await run_grpo(ctx, config)
+    burner = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "while True: pass", stdout=asyncio.subprocess.DEVNULL
+    )
+    try:
+        loaded = await run_grpo(ctx, config)
+    finally:
+        burner.kill()
+        await burner.wait()
+    assert loaded.final_digest == quiet.final_digest
+    assert [r.loss for r in loaded.steps] == [r.loss for r in quiet.steps]
