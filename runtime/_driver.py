@@ -68,7 +68,9 @@ class JobContext:
         self._reservations: list[Reservation] = []
         self._reserved_in: dict[str, str] = {}  # mesh id -> the reservation it was spawned in
         #: The job's event log (JSON lines); exported as ``trace.json`` when the job ends.
-        self.events = EventLog(os.path.join(session_dir, "events.jsonl"))
+        self.events = EventLog(
+            os.path.join(session_dir, "events.jsonl"), max_bytes=config.event_log_max_bytes
+        )
         #: Where phase hints go: the fabric manager, or (by default) a recorder.
         self.hints: FabricHints = RecordingHints()
         self._phases: list[Phase] = []

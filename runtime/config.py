@@ -98,6 +98,9 @@ class Config:
     #: Port of the head's Prometheus endpoint (``GET /metrics`` on ``bind_host``): 0 picks a
     #: free one (``JobContext.metrics_address`` says which), -1 serves no metrics.
     metrics_port: int = 0
+    #: Most bytes a job's event log (``events.jsonl``) takes; past it events are counted by
+    #: kind instead of written, and the count is the log's last record.
+    event_log_max_bytes: int = 256 * 1024 * 1024
     #: Most calls a second the job's controller records as spans in its event log and trace
     #: (0: none); calls past it in a second are not timed, so the log stays bounded.
     call_spans_per_s: int = 1000

@@ -117,3 +117,22 @@ def test_call_spans_can_be_turned_off() -> None:
     assert oc.load_config({"ORCHESTR_CALL_SPANS_PER_S": "0"}).call_spans_per_s == 0
     with pytest.raises(oc.ConfigError, match="call_spans_per_s must be from 0"):
         oc.load_config({"ORCHESTR_CALL_SPANS_PER_S": "-1"})
+
+
+def test_a_full_log_counts_what_it_drops_and_the_export_streams(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path, max_bytes=2000)
+    for i in range(100):
+        log.record("tick", i=i)
+    log.record_calls([(1.0, 2.0, "a", "b", True)] * 10)
+    log.close()
+    events = read_events(path)
+    kept = [e for e in events if e["kind"] == "tick"]
+    assert 0 < len(kept) < 100 and path.stat().st_size < 2200
+    last = events[-1]
+    assert last["kind"] == "events_dropped"
+    assert last["by_kind"] == {"tick": 100 - len(kept), "call": 10}
+    trace = tmp_path / "trace.json"
+    assert export_trace(path, trace) == len(events)
+    loaded = json.loads(trace.read_text())
+    assert sum(1 for e in loaded["traceEvents"] if e.get("cat") == "tick") == len(kept)
