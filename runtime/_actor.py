@@ -30,26 +30,39 @@ class EndpointSpec:
     is_async: bool
     #: When true, calls run as soon as they arrive instead of one after another in order.
     concurrent: bool
+    #: When true (async endpoints only), a call still running when its caller's deadline
+    #: passes is cancelled where it runs.
+    cancel_safe: bool = False
 
 
 @overload
 def endpoint(fn: F, /) -> F: ...
 @overload
-def endpoint(*, concurrent: bool = False) -> Callable[[F], F]: ...
+def endpoint(*, concurrent: bool = False, cancel_safe: bool = False) -> Callable[[F], F]: ...
 
 
-def endpoint(fn: Any = None, /, *, concurrent: bool = False) -> Any:
+def endpoint(fn: Any = None, /, *, concurrent: bool = False, cancel_safe: bool = False) -> Any:
     """Mark an actor method as callable from other processes.
 
     Calls from one caller run one at a time in the order they were sent. With
     ``concurrent=True`` they start as soon as they arrive: async endpoints interleave on the
     actor's event loop and sync endpoints run in a thread pool.
+
+    A call whose caller's deadline has passed before it starts is dropped, never run. With
+    ``cancel_safe=True`` (an async endpoint that may be interrupted at any ``await``), one
+    still running when the deadline passes is cancelled too; otherwise it runs to its end.
     """
 
     def mark(f: F) -> F:
         if not callable(f):
             raise TypeError(f"@endpoint decorates a method, got {f!r}")
-        spec = EndpointSpec(f.__name__, inspect.iscoroutinefunction(f), concurrent)
+        is_async = inspect.iscoroutinefunction(f)
+        if cancel_safe and not is_async:
+            raise TypeError(
+                f"{f.__name__}: cancel_safe=True needs an async endpoint (a running sync "
+                f"function cannot be cancelled)"
+            )
+        spec = EndpointSpec(f.__name__, is_async, concurrent, cancel_safe)
         f._orchestr_endpoint = spec  # type: ignore[attr-defined]
         return f
 

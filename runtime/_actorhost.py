@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
+import time
 import traceback
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,7 +42,9 @@ class Replies(Protocol):
 
 
 # (where to reply, or None for a broadcast; call id; endpoint; args; kwargs)
-Item = tuple[Replies | None, int, EndpointSpec, Any, Any]
+#: (where to reply, call id, endpoint, args, kwargs, the caller's deadline in wall-clock
+#: seconds or 0 for none)
+Item = tuple[Replies | None, int, EndpointSpec, Any, Any, float]
 
 
 def _signature(fn: Any) -> str:
@@ -52,13 +55,15 @@ def _signature(fn: Any) -> str:
 
 
 class Counts:
-    """One endpoint's calls: started, and those of them that raised."""
+    """One endpoint's calls: started, those of them that raised, and those dropped because
+    their deadline had passed before they started."""
 
-    __slots__ = ("calls", "errors")
+    __slots__ = ("calls", "dropped", "errors")
 
     def __init__(self) -> None:
         self.calls = 0
         self.errors = 0
+        self.dropped = 0
 
 
 class ActorHost:
@@ -126,8 +131,21 @@ class ActorHost:
                 # shared memory go back to their sender when they are freed
                 del item
 
+    def _too_late(self, item: Item) -> bool:
+        """Whether ``item``'s caller has given up already; then it is answered, not run."""
+        conn, call_id, spec, _, _, deadline = item
+        if not deadline or time.time() <= deadline:
+            return False
+        self.counts[spec.name].dropped += 1
+        log.info("dropped a call past its deadline", actor=self.label, endpoint=spec.name)
+        if conn is not None:
+            conn.error(call_id, "timeout", TimeoutError("its deadline passed before it started"))
+        return True
+
     def _invoke_sync(self, item: Item) -> None:
-        conn, call_id, spec, args, kwargs = item
+        if self._too_late(item):
+            return
+        conn, call_id, spec, args, kwargs, _ = item
         fn = self.endpoints[spec.name][1]
         self.counts[spec.name].calls += 1
         try:
@@ -139,14 +157,26 @@ class ActorHost:
                 conn.ok(call_id, value)
 
     async def _invoke(self, item: Item) -> None:
-        conn, call_id, spec, args, kwargs = item
+        if self._too_late(item):
+            return
+        conn, call_id, spec, args, kwargs, deadline = item
         fn = self.endpoints[spec.name][1]
         self.counts[spec.name].calls += 1
+        # a cancel-safe endpoint is cancelled where it runs once its caller's deadline passes
+        limit = asyncio.timeout(deadline - time.time() if spec.cancel_safe and deadline else None)
         try:
             if spec.is_async:
-                value = await fn(*args, **kwargs)
+                async with limit:
+                    value = await fn(*args, **kwargs)
             else:
                 value = await asyncio.to_thread(fn, *args, **kwargs)
+        except TimeoutError as exc:
+            if limit.expired():
+                log.info("cancelled a call at its deadline", actor=self.label, endpoint=spec.name)
+                if conn is not None:
+                    conn.error(call_id, "timeout", TimeoutError("cancelled at its deadline"))
+            else:
+                self._failed(item, exc)
         except Exception as exc:
             self._failed(item, exc)
         except asyncio.CancelledError as exc:
@@ -160,7 +190,7 @@ class ActorHost:
                 conn.ok(call_id, value)
 
     def _failed(self, item: Item, exc: Exception) -> None:
-        conn, call_id, spec, args, kwargs = item
+        conn, call_id, spec, args, kwargs, _ = item
         fn = self.endpoints[spec.name][1]
         self.counts[spec.name].errors += 1
         tb = traceback.format_exc()

@@ -37,6 +37,7 @@ from .errors import (
     ActorError,
     AuthenticationError,
     BrokenResourceError,
+    CallTimeoutError,
     DescriptorError,
     OrchestrError,
     ProtocolError,
@@ -383,6 +384,8 @@ def _remote_error(message: list[Any], p: Pending) -> OrchestrError:
         return ProtocolError(f"malformed error reply for {p.label}.{p.endpoint}")
     if kind == "too_large":
         return ProtocolError(f"{p.label}.{p.endpoint}: {text}")
+    if kind == "timeout":  # the actor gave up on it at the deadline, a moment before we did
+        return CallTimeoutError(p.label, p.endpoint, p.timeout)
     if kind == "transport":
         cls = DescriptorError if "Descriptor" in str(type_name) else TransportError
         return cls(f"{p.label}.{p.endpoint}: the actor could not receive the call: {text}")

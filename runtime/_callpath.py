@@ -164,7 +164,9 @@ class CallClient:
         sink = conn.bulk.sink(pending.fallback)
         args, kwargs = pending.args
         message = [CALL, call_id, pending.actor_id, pending.endpoint]
-        message += [lift_large(args), lift_large(kwargs)]
+        # the deadline travels as wall-clock time: the actor drops a call it reaches too late
+        deadline = time.time() + (pending.deadline - self.loop.time())
+        message += [lift_large(args), lift_large(kwargs), deadline]
         parts, big = pack_frame_sized(message, self.config.max_message_bytes, sink, self.config)
         pending.timer = self.loop.call_at(pending.deadline, self._expire, conn, call_id)
         self._inflight[pending.actor_id] = self._inflight.get(pending.actor_id, 0) + 1
@@ -188,7 +190,7 @@ class CallClient:
         """Send a call whose result nobody waits for; the actor logs any error it raises."""
         conn = self._connection(self.moved.get(actor_id, address))
         sink = conn.bulk.sink()
-        message = [SEND, 0, actor_id, endpoint, lift_large(args), lift_large(kwargs)]
+        message = [SEND, 0, actor_id, endpoint, lift_large(args), lift_large(kwargs), 0.0]
         parts, big = pack_frame_sized(message, self.config.max_message_bytes, sink, self.config)
         if conn.broken is not None or conn.lost:
             if sink is not None:

@@ -385,7 +385,7 @@ class CallServer:
         except OrchestrError as exc:
             conn.bulk.release_unmapped(msg)
             head = _serde.peek(msg)
-            if isinstance(head, list) and len(head) == 6 and head[0] == CALL:
+            if isinstance(head, list) and len(head) == 7 and head[0] == CALL:
                 # the envelope is fine but a value is not (say, a stale shared-memory
                 # descriptor): fail this call only
                 log.info("undecodable call", call=head[1], error=str(exc))
@@ -404,10 +404,10 @@ class CallServer:
             except (OrchestrError, IndexError, TypeError) as exc:
                 conn.error(0, "protocol", ProtocolError(f"malformed message: {exc}"))
             return
-        if kind not in (CALL, SEND) or len(message) != 6:
+        if kind not in (CALL, SEND) or len(message) != 7:
             conn.error(call_id, "protocol", ProtocolError(f"unexpected message kind {kind!r}"))
             return
-        _, _, actor_id, endpoint, args, kwargs = message
+        _, _, actor_id, endpoint, args, kwargs, deadline = message
         reply_to = conn if kind == CALL else None
         if conn.bulk.mapped != mapped and reply_to is not None:
             conn.mapped_calls.add(call_id)
@@ -427,7 +427,10 @@ class CallServer:
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             self._reject(reply_to, call_id, ProtocolError("args must be an array and kwargs a map"))
             return
-        host.submit((reply_to, call_id, entry[0], args, kwargs))
+        if isinstance(deadline, bool) or not isinstance(deadline, int | float):
+            self._reject(reply_to, call_id, ProtocolError("a call's deadline is a number"))
+            return
+        host.submit((reply_to, call_id, entry[0], args, kwargs, float(deadline)))
 
     def _reject(self, conn: _ServerConnection | None, call_id: int, exc: Exception) -> None:
         if conn is None:

@@ -192,8 +192,10 @@ class CallTimeoutError(CallError, TimeoutError):
 
     def __init__(self, actor: str, endpoint: str, timeout: float) -> None:
         super().__init__(
-            f"call to {actor}.{endpoint} did not finish within its deadline of {timeout:g} s; "
-            f"pass a longer one with .options(timeout=...) or set ORCHESTR_CALL_TIMEOUT"
+            f"call to {actor}.{endpoint} did not finish within its deadline of {timeout:g} s "
+            f"(the actor drops it if it had not started it, and cancels it if it runs an "
+            f"endpoint marked cancel_safe; otherwise it may still run to its end); pass a "
+            f"longer one with .options(timeout=...) or set ORCHESTR_CALL_TIMEOUT"
         )
         self.actor = actor
         self.endpoint = endpoint

@@ -147,3 +147,32 @@ class HangsInInit(oc.Actor):
         import time
 
         time.sleep(3600)
+
+
+class Slow(oc.Actor):
+    """Records what it ran, to tell calls that ran from calls dropped or cancelled."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    @oc.endpoint
+    def mark(self, tag: str) -> None:
+        self.ran.append(tag)
+
+    @oc.endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @oc.endpoint(cancel_safe=True)
+    async def wait_then_mark(self, seconds: float, tag: str) -> None:
+        await asyncio.sleep(seconds)
+        self.ran.append(tag)
+
+    @oc.endpoint
+    async def wait_then_mark_to_the_end(self, seconds: float, tag: str) -> None:
+        await asyncio.sleep(seconds)
+        self.ran.append(tag)
+
+    @oc.endpoint
+    def seen(self) -> list[str]:
+        return self.ran

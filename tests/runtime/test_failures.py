@@ -136,7 +136,7 @@ async def test_call_path_refuses_a_wrong_token(ctx: oc.JobContext) -> None:
     def attempt() -> list[object]:
         with rawcall.connect(member.address) as sock:
             reply = rawcall.handshake(sock, "wrong-token", member.address)
-            sock.sendall(rawcall.frame([1, 1, member.actor_id, "add", [1], {}]))
+            sock.sendall(rawcall.frame([1, 1, member.actor_id, "add", [1], {}, 0.0]))
             assert rawcall.closed(sock)  # and the server closed the connection
             return reply
 
@@ -161,7 +161,7 @@ async def test_garbage_frames_leave_the_worker_serving(ctx: oc.JobContext) -> No
             ):
                 sock.sendall(struct.pack("<IQ", len(junk), 0) + junk)
                 replies.append(rawcall.read_frame(sock))
-            sock.sendall(rawcall.frame([1, 7, member.actor_id, "add", [5], {}]))
+            sock.sendall(rawcall.frame([1, 7, member.actor_id, "add", [5], {}, 0.0]))
             replies.append(rawcall.read_frame(sock))
         with rawcall.connect(member.address) as sock:  # random bytes, then an oversized header
             sock.sendall(os.urandom(64) + struct.pack("<IQ", 1, 1 << 40))
