@@ -109,11 +109,17 @@ SMALL_CONFIG = dataclasses.replace(
     prompts_per_step=32,
     lengths=_task.LengthDistribution(max_digits=8, decay=0.9),
     lr=2e-3,
+    # At lr 2e-3 the demo's 0.003 let far positions of long prompts collapse onto a confident
+    # wrong digit in some runs: held-out accuracy stuck at 0.63 for the last 40 batches of one
+    # (the roles' sync run, seed 0, avx2 kernels), where other seeds and kernels reached 0.93-1.
+    entropy_coef=0.01,
     eval_every=20,
     eval_size=128,
 )
-"""Up to 8 digits, 100 steps of 32 x 8: ~15 s on two cores, accuracy 0.94-1.0 over seeds
-0-3; the learning test's run."""
+"""Up to 8 digits, 100 steps of 32 x 8: 30-50 s on two cores; the learning test's run.
+Measured (``train``, seeds 0-9, each kernel path): final held-out accuracy 0.93-1.0 (gain
+>= 0.91) and last-50 mean reward >= 0.969, with torch's avx2 kernels (this machine's own) and
+with ATEN_CPU_CAPABILITY=default; the learning test asks for 0.9, a gain of 0.5 and 0.8."""
 
 
 @dataclasses.dataclass(frozen=True)
