@@ -12,6 +12,7 @@ to the restarted incarnation.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -88,8 +89,9 @@ class FanoutPlan:
         self.endpoint = endpoint
         self.timeout = client.config.call_timeout if timeout is None else timeout
         self.retry = retry
-        # Everything of a member's message before the call id, and from there to the args.
-        self._head = b"\x96" + msgpack.packb(CALL)
+        # Everything of a member's message before the call id, and from there to the args
+        # (a CALL is 7 items: kind, id, actor, endpoint, args, kwargs, deadline).
+        self._head = b"\x97" + msgpack.packb(CALL)
         self._tails = [
             msgpack.packb(actor_id) + msgpack.packb(endpoint) for _, actor_id, _ in self.members
         ]
@@ -122,6 +124,7 @@ class FanoutPlan:
             raise MessageTooLargeError(len(payload), limit)
         step = _Step(future, len(self.members))
         deadline = loop.time() + self.timeout
+        payload += msgpack.packb(time.time() + self.timeout)  # the deadline, as actors see it
         step.timer = loop.call_at(deadline, self._expire, step)
         ids = client._ids
         head = self._head
