@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Any
 
 import structlog
@@ -24,6 +23,7 @@ from . import _handshake, _serde
 from ._actorhost import ActorHost
 from ._bulk import BulkLink
 from ._locality import address_with_process, check_probe, peer_is_local, probe, self_secret
+from ._log import Throttled
 from ._serde import lift_large
 from ._wire import (
     AUTH,
@@ -300,9 +300,7 @@ class CallServer:
         #: Connections still in the handshake, oldest first.
         self.pending: dict[_ServerConnection, None] = {}
         #: Connections refused or closed unauthenticated (logged at most once a second).
-        self.refused = 0
-        self._refusal_logged = 0.0
-        self._refusals_unlogged = 0
+        self.refusals = Throttled(log, "refused a call-path connection")
         self.listener: Listener | None = None
         self.local_listener: Listener | None = None
 
@@ -334,21 +332,8 @@ class CallServer:
         return None
 
     def note_refusal(self, why: str, **context: str) -> None:
-        """Count a refused connection; log it, unless one was logged less than a second ago
-        (a flood of them must not flood the log: the next line says how many were not)."""
-        self.refused += 1
-        now = time.monotonic()
-        if now - self._refusal_logged < 1.0:
-            self._refusals_unlogged += 1
-            return
-        self._refusal_logged = now
-        log.warning(
-            "refused a call-path connection",
-            reason=why,
-            not_logged_since=self._refusals_unlogged,
-            **context,
-        )
-        self._refusals_unlogged = 0
+        """Count a refused connection and log it (at most once a second)."""
+        self.refusals(reason=why, **context)
 
     @property
     def url(self) -> str:

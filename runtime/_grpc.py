@@ -12,6 +12,7 @@ import grpc
 import structlog
 
 from . import _signing, _tls, errors
+from ._log import Throttled
 from .config import Config
 from .errors import (
     AuthenticationError,
@@ -66,6 +67,7 @@ class _SignatureInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self, token: str) -> None:
         self._verifier = _signing.Verifier(token.encode())
+        self._refused = Throttled(log, "refused a control-plane request")
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: Any
@@ -82,7 +84,7 @@ class _SignatureInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             # the usual first request, not worth a warning
             return _denial(str(exc), self._verifier.instance)
         except AuthenticationError as exc:
-            log.warning("refused a control-plane request", method=method, reason=str(exc))
+            self._refused(method=method, reason=str(exc))
             return _denial(str(exc) + _REFUSAL, self._verifier.instance)
         handler = await continuation(details)
         if handler is None or handler.request_streaming:

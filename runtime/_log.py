@@ -7,6 +7,7 @@ import os
 import stat
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -159,3 +160,27 @@ class LineCutter:
         self._pending.clear()
         self._dropped = 0
         return text
+
+
+class Throttled:
+    """One warning event, logged at most once per ``period`` seconds: a flood of them (refused
+    connections, refused requests) must not flood the log. Each line says how many were left
+    out since the one before (``not_logged_since``); :attr:`count` counts them all."""
+
+    def __init__(self, logger: Any, event: str, period: float = 1.0) -> None:
+        self.logger = logger
+        self.event = event
+        self.period = period
+        self.count = 0
+        self._last = -period
+        self._skipped = 0
+
+    def __call__(self, **fields: Any) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self._last < self.period:
+            self._skipped += 1
+            return
+        self._last = now
+        self.logger.warning(self.event, not_logged_since=self._skipped, **fields)
+        self._skipped = 0
