@@ -231,6 +231,10 @@ class NodeService(pb_grpc.NodeServicer):
         env = dict(os.environ)
         env.update(config_environ(self.config))  # workers run under the node's settings
         env.update(self.worker_env)
+        # gRPC core's INFO lines (a server closing an idle channel, say) would go to the
+        # job's console through the output relay; a worker shows its errors only, unless
+        # GRPC_VERBOSITY says otherwise
+        env.setdefault("GRPC_VERBOSITY", "ERROR")
         pythonpath, missing = merge_pythonpath(request.python_path, env.get("PYTHONPATH", ""))
         if pythonpath:
             env["PYTHONPATH"] = pythonpath

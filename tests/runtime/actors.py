@@ -176,3 +176,9 @@ class Slow(oc.Actor):
     @oc.endpoint
     def seen(self) -> list[str]:
         return self.ran
+
+
+class Environ(oc.Actor):
+    @oc.endpoint
+    def get(self, name: str) -> str | None:
+        return os.environ.get(name)

@@ -9,7 +9,7 @@ import pytest
 import orchestr as oc
 from orchestr._log import LineCutter
 
-from .actors import Chatty
+from .actors import Chatty, Environ
 
 
 def test_lines_are_split_and_long_ones_cut_with_a_marker() -> None:
@@ -34,3 +34,16 @@ async def test_a_line_over_64_kib_does_not_wedge_the_worker(
     assert len(lines) == 22
     assert lines[0].endswith(f" ... [line cut: {(1 << 20) - 16 * 1024} more bytes dropped]")
     assert lines[-1].endswith(") xxx")
+
+
+async def test_workers_keep_grpc_cores_info_lines_out_of_the_jobs_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
+    async with oc.open_local_cluster() as ctx:
+        env = await ctx.spawn(Environ)
+        assert await env.get.call_one("GRPC_VERBOSITY") == "ERROR"
+    monkeypatch.setenv("GRPC_VERBOSITY", "DEBUG")  # one who asks for more gets it
+    async with oc.open_local_cluster() as ctx:
+        env = await ctx.spawn(Environ)
+        assert await env.get.call_one("GRPC_VERBOSITY") == "DEBUG"
