@@ -6,20 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
 import orchestr as oc
 
+from ..procinfo import rss_mib
 from .actors import Counter
-
-
-def _rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 async def test_broadcasts_to_a_stopped_actor_stop_at_the_bound() -> None:
@@ -28,7 +21,7 @@ async def test_broadcasts_to_a_stopped_actor_stop_at_the_bound() -> None:
         mesh = await ctx.spawn(Counter)
         pid = (await mesh.whoami.call_one())["pid"]
         payload = b"x" * (512 << 10)
-        before = _rss_mib()
+        before = rss_mib()
         os.kill(pid, signal.SIGSTOP)
         try:
             sent = 0
@@ -38,7 +31,7 @@ async def test_broadcasts_to_a_stopped_actor_stop_at_the_bound() -> None:
                     sent += 1
             with pytest.raises(oc.TransportError, match="not taking what this process sends"):
                 await mesh.echo.call_one(b"y")  # a call fails the same way, at once
-            grown = _rss_mib() - before
+            grown = rss_mib() - before
         finally:
             os.kill(pid, signal.SIGCONT)
         assert sent < 100, "the bound let through most of 100 MiB"

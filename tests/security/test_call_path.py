@@ -15,6 +15,7 @@ import pytest
 import orchestr as oc
 
 from .. import rawcall
+from ..procinfo import rss_mib
 from .actors import Target
 from .conftest import Attacker
 
@@ -38,13 +39,6 @@ def _raw(body: bytes, extra: int = 0) -> bytes:
 
 def _port(address: str) -> int:
     return int(address.partition("?")[0].rpartition(":")[2])
-
-
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def _memfds(pid: int) -> int:
@@ -115,7 +109,7 @@ async def test_a_frame_header_before_authentication_allocates_nothing(
         target = await ctx.spawn(Target)
         port = _port(target.members[0].address)
         pid = await target.pid.call_one()
-        rss, memfds = _rss_kib(pid), _memfds(pid)
+        rss, memfds = rss_mib(pid), _memfds(pid)
         for extra in (128 << 20, 1 << 30):  # buffers of 128 MiB, 1 GiB announced
             header = struct.pack("<IQ", 16, extra) + bytes(16)
             report = await attacker.run("send", port=port, data=header.hex())
@@ -124,7 +118,7 @@ async def test_a_frame_header_before_authentication_allocates_nothing(
         report = await attacker.run("send", port=port, data=_raw(bytes(8192))[:1000].hex())
         assert report["closed"]
         assert _memfds(pid) == memfds
-        assert _rss_kib(pid) - rss < 8 * 1024
+        assert rss_mib(pid) - rss < 8
         assert await target.add.call_one(3) == 3
 
 

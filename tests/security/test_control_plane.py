@@ -10,13 +10,13 @@ import os
 import pathlib
 import signal
 import sys
-from pathlib import Path
 
 import pytest
 
 import orchestr as oc
 
 from ..cli.test_cluster import cli, start_cluster, state_dir  # noqa: F401 (a fixture)
+from ..procinfo import rss_mib
 from . import http2
 from .conftest import Attacker
 
@@ -39,16 +39,9 @@ asyncio.run(main())
 """
 
 
-def _rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 async def test_an_unsigned_request_is_refused_before_its_body_is_read() -> None:
     async with oc.open_local_cluster() as ctx:  # the head runs in this process
-        before = _rss_mib()
+        before = rss_mib()
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
@@ -58,7 +51,7 @@ async def test_an_unsigned_request_is_refused_before_its_body_is_read() -> None:
         )
         out, _ = await asyncio.wait_for(proc.communicate(), 120)
         assert out.decode().strip() == str(["UNAUTHENTICATED"] * 3)
-        grown = _rss_mib() - before
+        grown = rss_mib() - before
         assert grown < 40, f"the head took in {grown:.0f} MiB for three refused requests"
         assert len(await ctx.nodes()) == 1
 
