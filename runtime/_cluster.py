@@ -100,11 +100,10 @@ def read_token(state_dir: Path, name: str = TOKEN_FILE) -> str:
     this user's."""
     path = state_dir / name
     try:
-        check_private_dir(state_dir)
+        if os.path.lexists(state_dir):
+            check_private_dir(state_dir)
         data = read_private(path)
-    except (FileNotFoundError, ConfigError) as exc:
-        if not isinstance(exc, FileNotFoundError) and "no state directory" not in str(exc):
-            raise
+    except FileNotFoundError:
         raise ConfigError(
             f"no cluster token at {path}: start a head there (orchestr start --head) or set "
             "ORCHESTR_TOKEN"

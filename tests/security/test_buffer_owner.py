@@ -48,7 +48,7 @@ async def test_the_side_channel_is_capped_and_drops_silent_peers(
     with fabric.Buffer(data) as buf:
         port, _, _ = _tcp_endpoint(buf)
         handle = fabric.Buffer.from_wire(buf.to_wire())
-        held = asyncio.ensure_future(attacker.run("hold", port=port, count=40, first=0.3, then=2.0))
+        held = asyncio.ensure_future(attacker.run("hold", port=port, count=40, first=0.3, then=5.0))
         await asyncio.sleep(0.6)
         out = np.zeros_like(data)
         # 16 silent connections are served (until their stall timeout): a reader may wait

@@ -127,7 +127,7 @@ async def test_unauthenticated_connections_time_out_and_are_capped(attacker: Att
     async with oc.open_local_cluster(config) as ctx:
         target = await ctx.spawn(Target)
         port = _port(target.members[0].address)
-        held = asyncio.ensure_future(attacker.run("hold", port=port, count=20, first=0.5, then=3.0))
+        held = asyncio.ensure_future(attacker.run("hold", port=port, count=20, first=0.5, then=6.0))
         await asyncio.sleep(1.0)
         # the attacker holds 8 connections open in the handshake: callers still get in
         fresh = await ctx.spawn(Target)
