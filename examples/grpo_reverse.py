@@ -10,6 +10,10 @@ generators over the data plane after every batch. ``--mode`` picks the schedule
 they finish, at most ``--eta`` versions behind; ``stream+skew`` also sends the prompts a
 length ranker predicts to be long to a generator of their own.
 
+Every role survives the death of its workers (``--kill`` SIGKILLs one mid-run to show it): a
+generator or reward worker restarts and its groups are drawn again, the trainer restarts from
+its last checkpoint (``--checkpoint-every``); the counts are in ``summary.json``.
+
 A random policy scores about 0.05; the run ends around 0.99 with held-out greedy accuracy
 above 0.9. At the end it writes ``runs/<id>/``: ``metrics.jsonl`` (one line per batch and
 per evaluation), ``summary.json``, ``reward.png``, the job's ``events.jsonl`` and
@@ -36,12 +40,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--small", action="store_true", help="8-digit prompts, 100 small batches")
     p.add_argument("--steps", type=int, help="batches to train on (default: the config's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, help="the trainer's learning rate (default: the config's)")
     p.add_argument("--eta", type=int, default=1, help="staleness bound of the stream modes")
     p.add_argument("--lookahead", type=int, default=1, help="batches generated ahead (stream)")
     p.add_argument("--generators", type=int, default=2)
     p.add_argument("--trainers", type=int, default=1)
     p.add_argument("--runs", default="runs", help="folder for the run's outputs")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument(
+        "--max-restarts", type=int, default=3, help="restarts of each role's member (default 3)"
+    )
+    p.add_argument(
+        "--checkpoint-every", type=int, default=10, help="batches between trainer checkpoints"
+    )
+    p.add_argument("--checkpoint-dir", help="where checkpoints go (default: a temporary folder)")
+    p.add_argument(
+        "--kill",
+        action="append",
+        default=[],
+        metavar="ROLE@STEP",
+        help="SIGKILL a role's worker during a batch, to see the job survive it: "
+        "ROLE[RANK]@STEP[:PHASE[+SECONDS]], e.g. generator@12, trainer@40:train (repeatable)",
+    )
+    p.add_argument("--kill-seed", type=int, default=0, help="draws the kills' moments")
     return p.parse_args(argv)
 
 
@@ -141,7 +162,9 @@ def write_run(
 async def main(ctx: oc.JobContext) -> dict[str, Any]:
     args = parse_args(sys.argv[1:])
     train = SMALL_CONFIG if args.small else DEMO_CONFIG
-    train = dataclasses.replace(train, seed=args.seed, steps=args.steps or train.steps)
+    train = dataclasses.replace(
+        train, seed=args.seed, steps=args.steps or train.steps, lr=args.lr or train.lr
+    )
     config = GRPOConfig(
         train=train,
         mode=args.mode,
@@ -149,6 +172,11 @@ async def main(ctx: oc.JobContext) -> dict[str, Any]:
         trainers=args.trainers,
         eta=args.eta,
         lookahead=args.lookahead,
+        max_restarts=args.max_restarts,
+        checkpoint_every=args.checkpoint_every,
+        checkpoint_dir=args.checkpoint_dir,
+        kill=tuple(args.kill),
+        kill_seed=args.kill_seed,
     )
     print(
         f"GRPO on digit reversal, mode {args.mode}: {args.generators} generators, "
@@ -168,6 +196,14 @@ async def main(ctx: oc.JobContext) -> dict[str, Any]:
         f"{summary['samples_per_s']:.0f} samples/s, weight sync "
         f"{result.weight_sync['seconds'] * 1e3:.1f} ms for {result.weight_sync['bytes'] / 1e6:.2f} MB"
     )
+    faults = result.faults
+    if any(faults["restarts"].values()):
+        restarts = ", ".join(f"{n} {role}" for role, n in faults["restarts"].items() if n)
+        print(
+            f"survived {len(faults['kills'])} kill(s): restarted {restarts}; "
+            f"{faults['redrawn_groups']} groups drawn again, {faults['rescored_samples']} "
+            f"samples scored again, {faults['rolled_back_batches']} batches undone"
+        )
     print(f"wrote {out}/ (metrics.jsonl, summary.json, reward.png, trace.json, events.jsonl)")
     return {"run": out, **summary}
 

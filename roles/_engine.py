@@ -229,6 +229,15 @@ class Engine:
         self._finished += 1
         return live.finish("cancelled", self._version, self._clock())
 
+    def drop_all(self) -> int:
+        """Drop every waiting and running request, without completions; returns how many."""
+        dropped = len(self._running) + len(self._waiting)
+        self._running.clear()
+        self._waiting.clear()
+        self._ids.clear()
+        self._finished += dropped
+        return dropped
+
     def request_ids(self) -> list[str]:
         """Ids of the running requests, then the waiting ones in queue order."""
         return [*self._running, *(w.request.id for w in self._waiting)]
@@ -272,10 +281,11 @@ class Engine:
         self.model.load_state_dict(dict(state), strict=True)
         self._version = version
 
-    def set_version(self, version: int) -> None:
+    def set_version(self, version: int, *, rewind: bool = False) -> None:
         """Make ``version`` current after the caller wrote its weights into the model in place
-        (as :class:`~._weights.WeightLoader` does). Versions never go back."""
-        if version < self._version:
+        (as :class:`~._weights.WeightLoader` does). Versions never go back, unless ``rewind``
+        says the policy itself went back (its trainer restarted from a checkpoint)."""
+        if version < self._version and not rewind:
             raise ValueError(f"version {version} is older than the loaded {self._version}")
         self._version = version
 

@@ -69,6 +69,12 @@ class SampleChannel:
             self._groups.append((min(c.version for c, _ in group), group))
             self._ready.notify_all()
 
+    def drain(self) -> list[list[tuple[Completion, float]]]:
+        """Take every group out, oldest first (none is counted as dropped)."""
+        groups = [g for _, g in self._groups]
+        self._groups.clear()
+        return groups
+
     async def take(
         self, n: int, min_version: int, on_drop: Callable[[list[tuple[Completion, float]]], None]
     ) -> list[list[tuple[Completion, float]]]:

@@ -241,6 +241,12 @@ class WeightLoader:
         self._buckets: list[torch.Tensor] = []
         self._lock = asyncio.Lock()  # one load at a time: they share the host buckets
 
+    async def forget(self) -> None:
+        """Forget which version is loaded (the weights stay as they are): the next load takes
+        any version, an older one or the one loaded included. Waits for a load in progress."""
+        async with self._lock:
+            self.version = None
+
     async def load(
         self, model: torch.nn.Module | Mapping[str, torch.Tensor], ref: WeightsRef
     ) -> bool:

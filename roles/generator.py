@@ -106,6 +106,7 @@ class Generator(oc.Actor):
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._closed = False
+        self._rewind = False  # reset: the next weights may be older than the current ones
 
     # -- endpoints ---------------------------------------------------------------------------
     @oc.endpoint(concurrent=True)
@@ -212,7 +213,8 @@ class Generator(oc.Actor):
         async with self._lock:
             t0 = time.perf_counter()
             loaded = await self._loader.load(self._model, ref)
-            self._engine.set_version(ref.version)
+            self._engine.set_version(ref.version, rewind=self._rewind)
+            self._rewind = False
         seconds = time.perf_counter() - t0
         log.info("weights synced", version=ref.version, loaded=loaded, seconds=seconds)
         return {
@@ -223,6 +225,28 @@ class Generator(oc.Actor):
             "bytes": ref.nbytes,
             "transports": sorted(self._loader.transports),
         }
+
+    @oc.endpoint(concurrent=True)
+    async def reset(self) -> int:
+        """Drop every request (waiting, running, or finished and not yet read by
+        :meth:`next_completed`) and forget which weights version is loaded, so the next
+        :meth:`sync_weights` loads the version it is given, an older one included. A
+        controller calls it on a generator that restarted, or on all of them when the trainer
+        went back to a checkpoint. :meth:`generate` calls still waiting fail. Returns how many
+        requests were dropped."""
+        self._ensure_running()
+        async with self._lock:
+            dropped = self._engine.drop_all() + len(self._ready)
+            self._ready.clear()
+            self._abandoned.clear()
+            await self._loader.forget()
+            claimed, self._claimed = self._claimed, {}
+            self._rewind = True
+        for future in claimed.values():
+            if not future.done():
+                future.set_exception(RuntimeError("the generator was reset: request dropped"))
+        log.info("reset", dropped=dropped)
+        return dropped
 
     @oc.endpoint(concurrent=True)
     async def digest(self) -> dict[str, Any]:

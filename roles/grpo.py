@@ -26,6 +26,20 @@
 Weights always travel trainer → generators over the data plane (:meth:`Trainer.publish`,
 :meth:`Generator.sync_weights`). Held-out accuracy is measured greedily by trainer 0.
 
+Failures: a role survives the death of any of its workers (SIGKILL, OOM, a lost node). Every
+mesh restarts its members (``max_restarts``), and the controller hears each death before the
+new incarnation exists (a ``supervise`` hook), so it can tell the dead one's work from the new
+one's (:class:`~._faults.MemberWatch`):
+
+- a generator: the groups it held are drawn again (counted), and the restarted generator loads
+  the current weights before it gets work. In sync mode the redrawn samples are the same ones
+  (they are keyed by seed, step, prompt and sample), so the run is the run without the death.
+- a reward worker: the samples being scored are scored again on the restarted one.
+- the trainer (a mesh of one): it is restored from its last checkpoint (taken every
+  ``checkpoint_every`` batches), the batches after it are undone (counted), every generator
+  drops what it holds and loads the restored weights, and the job goes on from there. Sync
+  mode then redoes the same batches, bit for bit.
+
 The phases declare their traffic to the cluster's fabric manager (``ctx.phase``): ``weight_sync``
 the published weights from the trainer mesh to every generator, ``training`` (with more than one
 trainer) an all-reduce of gradients as large as the weights over the trainer mesh;
@@ -37,24 +51,33 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import math
+import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
+
+import structlog
 
 import orchestr as oc
 
 from . import _task
 from ._engine import Completion, Request
+from ._faults import ROLES, FaultInjector, MemberWatch, lost_during, parse_kill
 from ._reference import DEMO_CONFIG, TrainConfig, group_requests, request_digits, step_requests
 from ._streaming import LengthRanker, SampleChannel
 from ._weights import WeightsRef
 from .generator import Generator
-from .reward import Reward
+from .reward import DEFAULT_SCORER, Reward
 from .trainer import Trainer
 
 __all__ = ["MODES", "GRPOConfig", "GRPOResult", "LengthRanker", "StepRecord", "run_grpo"]
+
+log = structlog.get_logger("orchestr.roles.grpo")
 
 Mode = Literal["sync", "stream", "stream+skew"]
 MODES: tuple[str, ...] = ("sync", "stream", "stream+skew")
@@ -68,7 +91,15 @@ class GRPOConfig:
     ``cpu`` the share of a node's CPUs each actor reserves. ``generator_nice`` lowers the
     generators' OS scheduling priority: where roles share cores, the trainer (the critical
     path) runs at full speed and generation takes the cycles it leaves; on a machine of
-    their own it changes nothing."""
+    their own it changes nothing. ``scorer`` is the reward mesh's function (``"module:function"``,
+    see :mod:`.reward`).
+
+    Each role's members are restarted up to ``max_restarts`` times each when they die (see
+    "Failures" in the module docstring); the trainer's state is checkpointed to
+    ``checkpoint_dir`` (default: a temporary folder removed at the end) every
+    ``checkpoint_every`` batches, and 0 means never, so a trainer's death fails the job.
+    ``kill`` injects faults to test this: ``"ROLE[RANK]@STEP[:PHASE]"`` strings
+    (:func:`~._faults.parse_kill`), drawn with ``kill_seed``, on a cluster on this machine."""
 
     train: TrainConfig = DEMO_CONFIG
     mode: Mode = "sync"
@@ -82,6 +113,12 @@ class GRPOConfig:
     torch_threads: int = 1
     cpu: float = 0.25
     generator_nice: int = 10
+    scorer: str = DEFAULT_SCORER
+    max_restarts: int = 3
+    checkpoint_every: int = 10
+    checkpoint_dir: str | None = None
+    kill: tuple[str, ...] = ()
+    kill_seed: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -94,6 +131,18 @@ class GRPOConfig:
             raise oc.ConfigError(
                 f"stream+skew needs 1 <= long_generators < generators, got "
                 f"{self.long_generators} of {self.generators}"
+            )
+        for name in ("max_restarts", "checkpoint_every", "kill_seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise oc.ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if isinstance(self.kill, str):
+            raise oc.ConfigError(f"kill is a tuple of ROLE@STEP strings, got {self.kill!r}")
+        kills = [parse_kill(k) for k in self.kill]
+        if any(k.role == "trainer" for k in kills) and self.trainers > 1:
+            raise oc.ConfigError(
+                "a data-parallel trainer mesh is not restarted (its process group cannot be "
+                "joined again yet), so a kill of a trainer needs trainers=1"
             )
         if self.train.prompts_per_step % self.trainers:
             raise oc.ConfigError(
@@ -141,6 +190,11 @@ class GRPOResult:
     #: trainer 0's weights digest at the end, and whether every trainer's was the same
     final_digest: str = ""
     trainer_digests_equal: bool = True
+    #: What deaths cost: ``restarts`` per role, ``redrawn_groups`` (lost with a generator, or
+    #: voided by a trainer's rollback, and generated again), ``rescored_samples`` (lost with
+    #: a reward worker and scored again), ``rolled_back_batches`` (trained, then undone by
+    #: a trainer's restart from its checkpoint), ``checkpoints`` and the ``kills`` injected.
+    faults: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def mean_reward(self, last: int | None = None) -> float:
         rows = self.steps[-last:] if last else self.steps
@@ -167,7 +221,9 @@ class GRPOResult:
             "final_accuracy": self.evals[-1][1] if self.evals else None,
             "last50_reward": self.mean_reward(50),
             "dropped_groups": self.dropped_groups,
+            "routed_long": self.routed_long,
             "wall_s": self.wall_s,
+            **self.faults,
         }
 
 
@@ -202,6 +258,34 @@ class _Job:
         self.trained_samples = 0
         self.dropped = 0  # stream modes: groups past the staleness bound
         self.routed_long = 0  # stream+skew: groups sent to the long pool
+        # -- failures
+        sizes = {"generator": config.generators, "trainer": config.trainers}
+        sizes["reward"] = config.rewards
+        self.watch = {role: [MemberWatch() for _ in range(sizes[role])] for role in ROLES}
+        self.trainer_watch = self.watch["trainer"][0]
+        self.recovery = asyncio.Lock()  # one recovery at a time
+        #: The weights every generator should hold: the last published ref.
+        self.current_ref: WeightsRef | None = None
+        self.restarts = dict.fromkeys(ROLES, 0)
+        self.redrawn = 0
+        self.rescored = 0
+        self.rolled_back = 0
+        self.checkpoints = 0
+        #: Stream modes: puts the groups of these keys ("step/index") back in the queue.
+        self.requeue_keys: Callable[[list[str]], None] | None = None
+        #: Stream modes: drops everything scored and not trained (a rollback voids it).
+        self.void_scored: Callable[[], None] | None = None
+        self.background: set[asyncio.Task[None]] = set()
+        self.failure: BaseException | None = None
+        self.failed = asyncio.Event()
+        self.checkpoint_dir = config.checkpoint_dir
+        self.own_checkpoint_dir = False
+        self.checkpoint_base = ""
+        #: The last checkpoint known to hold the job's trainer state.
+        self.checkpoint_path: str | None = None
+        self.step_epoch = 0  # the trainer's epoch when the batch in progress began
+        kills = [parse_kill(k) for k in config.kill]
+        self.injector = FaultInjector(ctx, kills, config.kill_seed) if kills else None
 
     @property
     def phase(self) -> str:
@@ -213,11 +297,22 @@ class _Job:
             self._phase = name
             if self.on_phase is not None:
                 self.on_phase(name)
+            if self.injector is not None:
+                self.injector.on_phase(name)
+
+    def begin_step(self, step: int) -> None:
+        if self.injector is not None:
+            self.injector.on_step(step)
+
+    @property
+    def trainer_restarts(self) -> bool:
+        return self.cfg.trainers == 1 and self.cfg.checkpoint_every > 0
 
     async def spawn(self) -> None:
         tc, cfg = self.tc, self.cfg
         model = dataclasses.asdict(tc.model)
         res = {"cpu": cfg.cpu}
+        policy = oc.RestartPolicy(max_restarts=cfg.max_restarts)
         self.gens = await self.ctx.spawn(
             Generator,
             seed=tc.seed,
@@ -227,6 +322,8 @@ class _Job:
             nice=cfg.generator_nice,
             n=cfg.generators,
             resources=res,
+            restart=policy,
+            supervise=self._hook("generator"),
         )
         self.trainers = await self.ctx.spawn(
             Trainer,
@@ -240,14 +337,179 @@ class _Job:
             torch_threads=cfg.torch_threads,
             n=cfg.trainers,
             resources=res,
+            restart=policy if self.trainer_restarts else None,
+            supervise=self._hook("trainer") if self.trainer_restarts else _trainer_cannot_restart,
         )
-        self.rewards = await self.ctx.spawn(Reward, n=cfg.rewards, resources=res)
+        self.rewards = await self.ctx.spawn(
+            Reward,
+            cfg.scorer,
+            n=cfg.rewards,
+            resources=res,
+            restart=policy,
+            supervise=self._hook("reward"),
+        )
         if cfg.trainers > 1:
             await self.ctx.init_distributed(self.trainers)
+        if self.injector is not None:
+            meshes = {"generator": self.gens, "trainer": self.trainers, "reward": self.rewards}
+            self.injector.meshes = meshes
+        if self.trainer_restarts:
+            self.checkpoint_base = self._checkpoint_base()
+            await self.checkpoint(
+                0, self.trainer_watch.epoch
+            )  # version 0: a trainer lost in the first batches restarts
+
+    def _checkpoint_base(self) -> str:
+        if self.checkpoint_dir is None:
+            self.checkpoint_dir = tempfile.mkdtemp(prefix="orchestr-grpo-")
+            self.own_checkpoint_dir = True
+        os.makedirs(self.checkpoint_dir, exist_ok=True)
+        return os.path.join(os.path.abspath(self.checkpoint_dir), "trainer")
 
     async def stop(self) -> None:
+        for task in self.background:
+            task.cancel()
+        await asyncio.gather(*self.background, return_exceptions=True)
+        if self.injector is not None:
+            await self.injector.aclose()
         for mesh in (self.gens, self.trainers, self.rewards):
             await self.ctx.stop(mesh)
+        if self.own_checkpoint_dir and self.checkpoint_dir is not None:
+            shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+
+    def faults(self) -> dict[str, Any]:
+        return {
+            "restarts": dict(self.restarts),
+            "redrawn_groups": self.redrawn,
+            "rescored_samples": self.rescored,
+            "rolled_back_batches": self.rolled_back,
+            "checkpoints": self.checkpoints,
+            "kills": list(self.injector.done) if self.injector is not None else [],
+        }
+
+    # -- failures ----------------------------------------------------------------------------
+    def _hook(self, role: str) -> Callable[[oc.Failure], None]:
+        """The ``supervise`` hook of ``role``'s mesh: it runs as the death is heard, before the
+        restart is asked for, and leaves the decision to the restart policy."""
+
+        def on_failure(failure: oc.Failure) -> None:
+            self.watch[role][failure.rank].lost()
+            if not failure.can_restart:
+                return  # the policy escalates: the job fails with the death
+            self.restarts[role] += 1
+            if role == "generator":
+                self._background(self.recover_generator(failure.rank))
+
+        return on_failure
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.background.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.background.discard(task)
+        if not task.cancelled() and task.exception() is not None and self.failure is None:
+            self.failure = task.exception()
+            self.failed.set()
+
+    async def ready(self, watch: MemberWatch) -> None:
+        """Wait until ``watch``'s member is up to date (its recovery done); raises the error
+        of a recovery that failed."""
+        while not watch.up.is_set():
+            if self.failure is not None:
+                raise self.failure
+            waits = [
+                asyncio.ensure_future(watch.up.wait()),
+                asyncio.ensure_future(self.failed.wait()),
+            ]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+        if self.failure is not None:
+            raise self.failure
+
+    async def recover_generator(self, i: int) -> None:
+        watch = self.watch["generator"][i]
+        epoch = watch.epoch
+        async with self.recovery:
+            if watch.epoch == epoch:  # else it died again: the newer recovery does it
+                await self.renew_generator(i, epoch)
+
+    async def renew_generator(self, i: int, epoch: int) -> None:
+        """Bring generator ``i`` (whose work since ``epoch`` began is void) up to date: its
+        groups are drawn again, it drops what it holds and loads the current weights."""
+        watch, trainer = self.watch["generator"][i], self.trainer_watch
+        async with watch.lock:  # no submit or weight load to it in flight
+            lost = list(watch.assigned)
+            watch.assigned.clear()
+            if lost and self.requeue_keys is not None:
+                self.requeue_keys(lost)
+                self.redrawn += len(lost)
+            while watch.epoch == epoch:
+                trainer_epoch = trainer.epoch
+                try:
+                    # the first call waits for the restarted worker
+                    await self.gens[i].reset.call_one()
+                    if self.current_ref is not None:
+                        await self.gens[i].sync_weights.call_one(self.current_ref)
+                    break
+                except Exception as exc:
+                    if watch.epoch != epoch:
+                        return  # it died again: the next recovery does it
+                    if isinstance(exc, oc.ActorDiedError):
+                        await asyncio.sleep(0.5)  # still being restarted
+                        continue
+                    if await lost_during([trainer], [trainer_epoch], exc):
+                        break  # the weights' publisher died: the rollback loads them all
+                    raise
+            if watch.epoch == epoch:
+                watch.up.set()
+
+    async def rollback(self, step: int) -> int:
+        """The trainer died: restore it from its last checkpoint, void every sample made
+        since (each generator drops what it holds and loads the restored weights, the stream
+        modes' scored groups are drawn again) and forget the batches after the checkpoint.
+        Returns the restored version: the batch to go on from."""
+        trainer = self.trainer_watch
+        async with self.recovery:
+            while True:
+                epoch = trainer.epoch
+                try:
+                    path = self.checkpoint_path
+                    version = int(await self.trainers[0].restore.call_one(path))
+                    self.current_ref = await self.trainers[0].publish.call_one()
+                except Exception as exc:
+                    if isinstance(exc, oc.ActorDiedError) or trainer.epoch != epoch:
+                        await asyncio.sleep(0.5)  # still being restarted, or died again
+                        continue
+                    raise
+                if self.void_scored is not None:
+                    self.void_scored()
+                for i, watch in enumerate(self.watch["generator"]):
+                    await self.renew_generator(i, watch.lost())
+                if trainer.epoch == epoch:
+                    break
+        self.rolled_back += max(0, step - version)
+        self.steps = [r for r in self.steps if r.step < version]
+        self.evals = [e for e in self.evals if e[0] <= version]
+        log.warning("trainer restored from its checkpoint", version=version, undone=step - version)
+        return version
+
+    async def checkpoint(self, version: int, epoch: int) -> None:
+        """Checkpoint the trainer at ``version`` to a file of its own. It becomes the one a
+        restart restores only when the trainer lived through the call (``epoch``): a call
+        that reached a restarted trainer wrote that one's state, which is not the job's."""
+        path = f"{self.checkpoint_base}-v{version}.pt"
+        await self.trainers[0].checkpoint.call_one(path)
+        if self.trainer_watch.epoch != epoch:
+            return
+        previous, self.checkpoint_path = self.checkpoint_path, path
+        self.checkpoints += 1
+        if previous is not None and previous != path:
+            await asyncio.to_thread(_remove, previous)
 
     # -- shared pieces -----------------------------------------------------------------------
     async def sync_weights(self) -> int:
@@ -257,6 +519,7 @@ class _Job:
     async def publish(self) -> WeightsRef:
         self.phase = "sync"
         ref: WeightsRef = await self.trainers[0].publish.call_one()
+        self.current_ref = ref
         return ref
 
     async def load(self, ref: WeightsRef) -> int:
@@ -264,17 +527,47 @@ class _Job:
         # every generator reads the whole of the weights from the publishing trainer
         traffic = {(self.trainers.name, self.gens.name): ref.nbytes * len(self.gens)}
         async with self.ctx.phase("weight_sync", traffic=traffic):
-            reports = await self.gens.sync_weights.call(ref)
+            loads = [self.load_one(i, ref) for i in range(self.cfg.generators)]
+            reports = [r for r in await asyncio.gather(*loads) if r is not None]
         if ref.version > 0:  # the first load also allocates the loaders' buffers
             self.sync_times.extend(r["seconds"] for r in reports)
-        self.sync_bytes = int(reports[0]["bytes"])
+        if reports:
+            self.sync_bytes = int(reports[0]["bytes"])
         self.sync_transports.update(t for r in reports for t in r["transports"])
         return int(ref.version)
 
+    async def load_one(self, i: int, ref: WeightsRef) -> dict[str, Any] | None:
+        """Load ``ref`` into generator ``i``; None when it or the trainer died meanwhile (its
+        recovery, or the rollback, loads the current weights)."""
+        watch = self.watch["generator"][i]
+        trainer_epoch = self.trainer_watch.epoch
+        async with watch.lock:
+            if not watch.up.is_set() or ref is not self.current_ref:
+                # being recovered, it loads the current weights itself; or a newer ref (or
+                # the trainer's restored one) replaced this one meanwhile
+                return None
+            epochs = [watch.epoch, trainer_epoch]
+            try:
+                report: dict[str, Any] = await self.gens[i].sync_weights.call_one(ref)
+            except Exception as exc:
+                if await lost_during([watch, self.trainer_watch], epochs, exc):
+                    return None
+                raise
+            return report
+
     async def score(self, completions: Sequence[Completion]) -> list[float]:
         pairs = [[list(request_digits(c)), c.tokens] for c in completions]
-        rewards: list[float] = await self.rewards.score.choose(pairs)
-        return rewards
+        watches = self.watch["reward"]
+        while True:
+            epochs = [w.epoch for w in watches]
+            try:
+                rewards: list[float] = await self.rewards.score.choose(pairs)
+                return rewards
+            except Exception as exc:
+                if not await lost_during(watches, epochs, exc):
+                    raise
+                # scoring is pure: the same pairs again, on the restarted worker
+                self.rescored += len(pairs)
 
     async def train(self, groups: list[list[tuple[Completion, float]]]) -> dict[str, Any]:
         self.phase = "train"
@@ -329,24 +622,47 @@ class _Job:
         )
 
     async def finish_step(self, record: StepRecord) -> None:
-        last = record.step + 1 == self.tc.steps
-        if last or (record.step + 1) % self.tc.eval_every == 0:
-            record = dataclasses.replace(record, accuracy=await self.evaluate(record.version))
+        version = record.step + 1  # the trainer's, after this batch
+        if version == self.tc.steps or version % self.tc.eval_every == 0:
+            record = dataclasses.replace(record, accuracy=await self.evaluate(version))
         self.steps.append(record)
         if self.on_step is not None:
             self.on_step(record)
+        # after the record: a restore from this checkpoint goes on with the next batch
+        if self.trainer_restarts and version % self.cfg.checkpoint_every == 0:
+            await self.checkpoint(version, self.step_epoch)
+
+    async def run_steps(self, body: Callable[[int], Awaitable[None]]) -> None:
+        """Run ``body`` for each batch; when the trainer dies during one, roll back to its
+        checkpoint and go on from there."""
+        step = 0
+        while step < self.tc.steps:
+            epoch = self.step_epoch = self.trainer_watch.epoch
+            self.begin_step(step)
+            try:
+                await body(step)
+            except Exception as exc:
+                if not self.trainer_restarts or not await lost_during(
+                    [self.trainer_watch], [epoch], exc
+                ):
+                    raise
+            if self.trainer_watch.epoch != epoch:  # also when the batch went to the new one
+                step = await self.rollback(step)
+                continue
+            step += 1
 
     # -- sync --------------------------------------------------------------------------------
     async def run_sync(self) -> None:
         n_gen, size = self.cfg.generators, self.tc.group_size
-        for step in range(self.tc.steps):
+
+        async def one_step(step: int) -> None:
             groups = _groups(step_requests(self.tc, step), size)
             per = -(-len(groups) // n_gen)
             shares = [[r for g in groups[i * per : (i + 1) * per] for r in g] for i in range(n_gen)]
             self.phase = "generate"
             async with self.ctx.phase("generation"):
                 done = await asyncio.gather(
-                    *(self.gens[i].generate.call_one(s) for i, s in enumerate(shares) if s)
+                    *(self.generate_on(i, s) for i, s in enumerate(shares) if s)
                 )
             completions = [c for part in done for c in part]
             self.phase = "score"
@@ -355,6 +671,24 @@ class _Job:
             stats = await self.train(scored)
             await self.sync_weights()
             await self.finish_step(self.record(step, stats, scored))
+
+        await self.run_steps(one_step)
+
+    async def generate_on(self, i: int, requests: list[Request]) -> list[Completion]:
+        """Generator ``i``'s completions of ``requests``, drawn again while it dies."""
+        watch = self.watch["generator"][i]
+        while True:
+            await self.ready(watch)
+            epoch = watch.epoch
+            try:
+                done: list[Completion] = await self.gens[i].generate.call_one(requests)
+            except Exception as exc:
+                if not await lost_during([watch], [epoch], exc):
+                    raise
+                done = []
+            if watch.epoch == epoch and done:
+                return done
+            self.redrawn += -(-len(requests) // self.tc.group_size)
 
     # -- stream ------------------------------------------------------------------------------
     async def run_stream(self, skew: bool) -> None:
@@ -372,16 +706,28 @@ class _Job:
         turn = 0
         wakers: set[asyncio.Future[None]] = set()
 
-        def drop(group: list[tuple[Completion, float]]) -> None:
+        def requeue_keys(keys: list[str]) -> None:
+            """Draw these groups ("step/index") again under newer weights, same keys."""
             nonlocal outstanding
-            outstanding -= 1
-            # the prompt is drawn again under newer weights, same keys
-            c0 = group[0][0]
-            step, index, _ = (int(x) for x in c0.id.split("/"))
-            requeue.append(group_requests(tc, step, index))
+            for key in keys:
+                outstanding -= 1
+                pending.pop(key, None)
+                step, index = (int(x) for x in key.split("/"))
+                requeue.append(group_requests(tc, step, index))
             wake = asyncio.ensure_future(notify())
             wakers.add(wake)
             wake.add_done_callback(wakers.discard)
+
+        def drop(group: list[tuple[Completion, float]]) -> None:
+            requeue_keys([_group_key(group[0][0].id)])
+
+        def void_scored() -> None:
+            keys = [_group_key(g[0][0].id) for g in channel.drain()]
+            requeue_keys(keys)
+            self.redrawn += len(keys)
+
+        self.requeue_keys = requeue_keys
+        self.void_scored = void_scored
 
         async def notify() -> None:
             async with room:
@@ -402,56 +748,85 @@ class _Job:
                         batch = _groups(step_requests(tc, next_step), size)
                         next_step += 1
                     outstanding += len(batch)
+                routes: dict[int, list[list[Request]]] = collections.defaultdict(list)
                 if skew:
                     heads = [g[0] for g in batch]
                     long = ranker.split(heads, len(long_ids) / cfg.generators)
-                    routes: dict[int, list[Request]] = collections.defaultdict(list)
                     for g, is_long in zip(batch, long, strict=True):
                         ids = long_ids if is_long else short_ids
-                        routes[ids[turn % len(ids)]].extend(g)
+                        routes[ids[turn % len(ids)]].append(g)
                         turn += 1
                         self.routed_long += is_long
                 else:
-                    routes = collections.defaultdict(list)
                     for g in batch:
-                        routes[turn % cfg.generators].extend(g)
+                        routes[turn % cfg.generators].append(g)
                         turn += 1
-                await asyncio.gather(
-                    *(self.gens[i].submit.call_one(rs) for i, rs in routes.items())
-                )
+                await asyncio.gather(*(submit(i, gs) for i, gs in routes.items()))
+
+        async def submit(i: int, groups: list[list[Request]]) -> None:
+            watch = self.watch["generator"][i]
+            while True:
+                await self.ready(watch)
+                async with watch.lock:
+                    if not watch.up.is_set():
+                        continue  # lost while this waited for the lock
+                    epoch = watch.epoch
+                    for g in groups:  # before the call: a death during it redraws them
+                        watch.assigned[_group_key(g[0].id)] = epoch
+                    try:
+                        await self.gens[i].submit.call_one([r for g in groups for r in g])
+                    except Exception as exc:
+                        if not await lost_during([watch], [epoch], exc):
+                            raise
+                    return
 
         async def load_then_release(ref: WeightsRef, groups: int) -> None:
             nonlocal outstanding
-            await self.load(ref)
-            async with room:  # new prompts start under the new weights
-                outstanding -= groups
-                room.notify_all()
+            try:
+                await self.load(ref)
+            finally:
+                async with room:  # new prompts start under the new weights
+                    outstanding -= groups
+                    room.notify_all()
 
         async def collect(i: int) -> None:
+            watch = self.watch["generator"][i]
             while True:
-                done = await self.gens[i].next_completed.call_one(4096, 1.0)
-                if not done:
+                await self.ready(watch)
+                epoch = watch.epoch
+                try:
+                    done = await self.gens[i].next_completed.call_one(4096, 1.0)
+                except Exception as exc:
+                    if not await lost_during([watch], [epoch], exc):
+                        raise
                     continue
+                if not done or watch.epoch != epoch:
+                    continue  # nothing, or the dead incarnation's: its groups are redrawn
                 rewards = await self.score(done)
                 for c, r in zip(done, rewards, strict=True):
+                    key = _group_key(c.id)
+                    if watch.assigned.get(key) != epoch:
+                        continue  # voided while it was scored (a death or a rollback)
                     ranker.observe(c.prompt, len(c.tokens))
-                    key = c.id.rsplit("/", 1)[0]
                     group = pending.setdefault(key, [])
                     group.append((c, r))
                     if len(group) == size:
                         del pending[key]
+                        del watch.assigned[key]
                         group.sort(key=lambda s: int(s[0].id.rsplit("/", 1)[1]))
                         await channel.put(group)
 
         tasks = [asyncio.create_task(feed())]
         tasks += [asyncio.create_task(collect(i)) for i in range(cfg.generators)]
         loading: asyncio.Task[None] | None = None
-        try:
-            version = 0
-            for step in range(tc.steps):
-                self.phase = "wait"
-                take = channel.take(per_step, version - cfg.eta, drop)
-                groups = await _first(take, tasks)
+
+        async def one_step(step: int) -> None:
+            nonlocal loading, outstanding
+            self.phase = "wait"
+            # the trainer's version is the number of batches trained: ``step``
+            take = channel.take(per_step, step - cfg.eta, drop)
+            groups = await _first(take, tasks)
+            try:
                 stats = await self.train(groups)
                 if loading is not None:
                     await loading
@@ -459,10 +834,17 @@ class _Job:
                 # trainer's critical path (the publisher keeps two versions; the next
                 # publish waits for this load)
                 ref = await self.publish()
-                version = ref.version
-                loading = asyncio.create_task(load_then_release(ref, len(groups)))
-                record = self.record(step, stats, groups)
-                await self.finish_step(dataclasses.replace(record, dropped=channel.dropped))
+            except BaseException:
+                async with room:  # not trained: the groups leave the budget, undrawn
+                    outstanding -= len(groups)
+                    room.notify_all()
+                raise
+            loading = asyncio.create_task(load_then_release(ref, len(groups)))
+            record = self.record(step, stats, groups)
+            await self.finish_step(dataclasses.replace(record, dropped=channel.dropped))
+
+        try:
+            await self.run_steps(one_step)
             if loading is not None:
                 await loading
             self.dropped = channel.dropped
@@ -474,7 +856,24 @@ class _Job:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _first(awaitable: Any, tasks: list[asyncio.Task[None]]) -> Any:
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+
+
+def _group_key(request_id: str) -> str:
+    """A request's group: ``"step/index"`` of ``"step/index/sample"``."""
+    return request_id.rsplit("/", 1)[0]
+
+
+def _trainer_cannot_restart(failure: oc.Failure) -> None:
+    raise oc.ConfigError(
+        "a data-parallel trainer mesh is not restarted (its process group cannot be joined "
+        "again yet), nor a trainer without checkpoints (checkpoint_every=0)"
+    )
+
+
+async def _first(awaitable: Any, tasks: Sequence[asyncio.Task[None]]) -> Any:
     """Await ``awaitable``, raising at once if a background task failed meanwhile."""
     main = asyncio.ensure_future(awaitable)
     while True:
@@ -498,10 +897,11 @@ async def run_grpo(
     """Spawn the roles on ``ctx``'s cluster, run ``config`` to the end, stop the roles and
     return the history. ``on_step`` sees each batch as it is trained on (its evaluation
     included) and ``on_phase`` each change of the controller's phase (``generate``,
-    ``score``, ``train``, ``sync``, ``eval``, ``wait``); ``GRPOResult`` carries the figures :mod:`bench.rl_throughput` reports."""
+    ``score``, ``train``, ``sync``, ``eval``, ``wait``); ``GRPOResult`` carries the figures
+    :mod:`bench.rl_throughput` reports, and what deaths of the roles' workers cost."""
     job = _Job(ctx, config, on_step, on_phase)
-    await job.spawn()
     try:
+        await job.spawn()
         await job.sync_weights()  # version 0 everywhere: generators start from the trainer's
         stats0 = await job.gens.stats.call()
         job.start = time.perf_counter()
@@ -511,11 +911,19 @@ async def run_grpo(
         else:
             await job.run_stream(skew=config.mode == "stream+skew")
         wall = time.perf_counter() - job.start
+        for watch in job.watch["generator"]:
+            await job.ready(watch)  # a recovery in progress ends first
         stats1 = await job.gens.stats.call()
         digests = [d["digest"] for d in await job.trainers.digest.call()]
+        if job.injector is not None and job.injector.error is not None:
+            raise job.injector.error
     finally:
         await job.stop()
-    busy = [b["busy_s"] - a["busy_s"] for a, b in zip(stats0, stats1, strict=True)]
+    # a restarted generator counts from zero again
+    busy = [
+        b["busy_s"] - (a["busy_s"] if b["busy_s"] >= a["busy_s"] else 0.0)
+        for a, b in zip(stats0, stats1, strict=True)
+    ]
     sync = sorted(job.sync_times)
     return GRPOResult(
         config=config,
@@ -533,4 +941,5 @@ async def run_grpo(
         routed_long=job.routed_long,
         final_digest=digests[0],
         trainer_digests_equal=len(set(digests)) == 1,
+        faults=job.faults(),
     )

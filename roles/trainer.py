@@ -110,6 +110,7 @@ class Trainer(oc.Actor):
             raise oc.ConfigError(f"bad trainer settings: {exc}") from exc
         self.max_staleness = max_staleness
         self.version = 0
+        self.bucket_bytes = bucket_bytes
         self.publisher = WeightPublisher(bucket_bytes=bucket_bytes)
 
     @oc.endpoint
@@ -217,8 +218,10 @@ class Trainer(oc.Actor):
 
     @oc.endpoint
     def restore(self, path: str) -> int:
-        """Load what :meth:`checkpoint` wrote; returns the restored version. Raises
-        ValueError when the checkpoint does not fit this model."""
+        """Load what :meth:`checkpoint` wrote; returns the restored version. Versions start
+        again from it: the publisher is a new one (refs of the old one go stale), so the next
+        publish may be of an older version than the last. Raises ValueError when the
+        checkpoint does not fit this model, and then changes nothing."""
         state = torch.load(path, map_location="cpu", weights_only=True)
         try:
             self.model.load_state_dict(state["model"])
@@ -226,4 +229,6 @@ class Trainer(oc.Actor):
             raise ValueError(f"checkpoint {path} does not fit this model: {exc}") from exc
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
+        self.publisher.close()
+        self.publisher = WeightPublisher(bucket_bytes=self.bucket_bytes)
         return self.version

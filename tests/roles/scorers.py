@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+from orchestr.roles import _task
 
 
 def length_ratio(prompt: Any, completion: Any) -> float:
@@ -14,3 +17,10 @@ def not_a_number(prompt: Any, completion: Any) -> Any:
 
 
 NOT_CALLABLE = 3
+
+
+def slow_reverse(prompt: Any, completion: Any) -> float:
+    """The task's reward, a millisecond per sample: scoring a batch takes long enough for a
+    test to kill the reward worker while it scores."""
+    time.sleep(0.001)
+    return _task.reward(prompt, completion)
