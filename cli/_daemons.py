@@ -245,6 +245,16 @@ def head_address(args: argparse.Namespace, state_dir: Path) -> str | None:
     return None if info is None else str(info["address"])
 
 
+def actor_line(a: dict[str, Any]) -> str:
+    """One actor of ``orchestr status``: a stopped worker (SIGSTOP) is alive but serves
+    nothing, and says so."""
+    state = f"{a['state']} (suspended: its process is stopped)" if a["suspended"] else a["state"]
+    return (
+        f"  {a['actor_id']}  {a['mesh']}[{a['rank']}]  {state}  on {a['node_id']}  "
+        f"pid {a['pid']}  restarts {a['restarts']}/{a['max_restarts']}"
+    )
+
+
 async def _status(address: str, token: str) -> dict[str, Any]:
     from orchestr import _grpc
     from orchestr.config import load_config
@@ -298,6 +308,7 @@ async def _status(address: str, token: str) -> dict[str, Any]:
                 "pid": a.pid,
                 "restarts": a.restarts,
                 "max_restarts": a.max_restarts,
+                "suspended": a.suspended,
             }
             for a in actors
         ],
@@ -355,10 +366,7 @@ def status(args: argparse.Namespace) -> int:
     current = [a for a in report["actors"] if a["state"] in ("starting", "alive", "restarting")]
     print(f"{len(current)} live actor(s) of {len(report['actors'])}")
     for a in current:
-        print(
-            f"  {a['actor_id']}  {a['mesh']}[{a['rank']}]  {a['state']}  on {a['node_id']}  "
-            f"pid {a['pid']}  restarts {a['restarts']}/{a['max_restarts']}"
-        )
+        print(actor_line(a))
     if report["jobs"] is not None:
         print(f"{len(report['jobs'])} job(s)")
         for j in report["jobs"]:

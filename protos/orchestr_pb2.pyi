@@ -94,12 +94,14 @@ class RegisterNodeReply(_message.Message):
     def __init__(self, epoch: _Optional[str] = ..., stop_workers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "workers")
+    __slots__ = ("node_id", "workers", "suspended")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    SUSPENDED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     workers: int
-    def __init__(self, node_id: _Optional[str] = ..., workers: _Optional[int] = ...) -> None: ...
+    suspended: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., workers: _Optional[int] = ..., suspended: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("epoch", "register_again")
@@ -268,7 +270,7 @@ class RestartPolicy(_message.Message):
     def __init__(self, max_restarts: _Optional[int] = ..., backoff_s: _Optional[float] = ..., backoff_max_s: _Optional[float] = ..., retry: _Optional[str] = ...) -> None: ...
 
 class ActorInfo(_message.Message):
-    __slots__ = ("actor_id", "mesh_id", "name", "rank", "class_path", "node_id", "worker_id", "call_address", "state", "pid", "exit_code", "signal", "endpoints", "restarts", "last_output", "max_restarts")
+    __slots__ = ("actor_id", "mesh_id", "name", "rank", "class_path", "node_id", "worker_id", "call_address", "state", "pid", "exit_code", "signal", "endpoints", "restarts", "last_output", "max_restarts", "suspended")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     MESH_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +287,7 @@ class ActorInfo(_message.Message):
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     LAST_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    SUSPENDED_FIELD_NUMBER: _ClassVar[int]
     actor_id: str
     mesh_id: str
     name: str
@@ -301,7 +304,8 @@ class ActorInfo(_message.Message):
     restarts: int
     last_output: str
     max_restarts: int
-    def __init__(self, actor_id: _Optional[str] = ..., mesh_id: _Optional[str] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., class_path: _Optional[str] = ..., node_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., call_address: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., endpoints: _Optional[_Iterable[str]] = ..., restarts: _Optional[int] = ..., last_output: _Optional[str] = ..., max_restarts: _Optional[int] = ...) -> None: ...
+    suspended: bool
+    def __init__(self, actor_id: _Optional[str] = ..., mesh_id: _Optional[str] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., class_path: _Optional[str] = ..., node_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., call_address: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., endpoints: _Optional[_Iterable[str]] = ..., restarts: _Optional[int] = ..., last_output: _Optional[str] = ..., max_restarts: _Optional[int] = ..., suspended: _Optional[bool] = ...) -> None: ...
 
 class MeshInfo(_message.Message):
     __slots__ = ("mesh_id", "name", "class_path", "members")

@@ -109,7 +109,7 @@ def actor_lookup(head: ControlChannel, config: Config) -> ActorLookup:
     return lookup
 
 
-def actor_info(a: ActorRecord) -> pb.ActorInfo:
+def actor_info(a: ActorRecord, suspended: bool = False) -> pb.ActorInfo:
     return pb.ActorInfo(
         actor_id=a.actor_id,
         mesh_id=a.mesh_id,
@@ -127,6 +127,7 @@ def actor_info(a: ActorRecord) -> pb.ActorInfo:
         restarts=a.restarts,
         max_restarts=a.max_restarts,
         last_output=a.last_output,
+        suspended=suspended,
     )
 
 
@@ -367,7 +368,9 @@ class HeadService(pb_grpc.HeadServicer):
         return pb.RegisterNodeReply(epoch=self.epoch, stop_workers=stray)
 
     async def Heartbeat(self, request: Any, context: Any) -> pb.HeartbeatReply:
-        known = self.state.heartbeat(request.node_id, self.state.now(), request.workers)
+        known = self.state.heartbeat(
+            request.node_id, self.state.now(), request.workers, request.suspended
+        )
         return pb.HeartbeatReply(epoch=self.epoch, register_again=not known)
 
     async def ReportWorkerExit(self, request: Any, context: Any) -> pb.Ack:
@@ -767,7 +770,8 @@ class HeadService(pb_grpc.HeadServicer):
         )
 
     async def ListActors(self, request: Any, context: Any) -> pb.ActorList:
-        return pb.ActorList(actors=[actor_info(a) for a in self.state.actors.values()])
+        actors = self.state.actors.values()
+        return pb.ActorList(actors=[actor_info(a, self.state.is_suspended(a)) for a in actors])
 
 
 def _job_proto(record: JobRecord) -> pb.JobInfo:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from .errors import ConfigError, PlacementError
 
@@ -172,6 +172,8 @@ class HeadState:
         self.nodes: dict[str, NodeRecord] = {}
         self.actors: dict[str, ActorRecord] = {}
         self.by_worker: dict[str, set[str]] = {}  # worker id -> the actors it hosts
+        #: node id -> its workers whose process was stopped at its last heartbeat (not saved)
+        self.suspended: dict[str, set[str]] = {}
         self.reservations: dict[str, Reservation] = {}
         #: Nodes that registered with this head (not merely loaded from its store).
         self.joined: set[str] = set()
@@ -303,16 +305,24 @@ class HeadState:
         }
         return ended, sorted(live - hosting)
 
-    def heartbeat(self, node_id: str, now: float, workers: int = 0) -> bool:
-        """Note a node's heartbeat. ``False`` when this head does not know it as a live node
-        that registered with it (unknown, marked dead, or only loaded from the store): it must
-        register again, and is not counted as alive until it does."""
+    def heartbeat(
+        self, node_id: str, now: float, workers: int = 0, suspended: Iterable[str] = ()
+    ) -> bool:
+        """Note a node's heartbeat, with the ids of its workers whose process is stopped.
+        ``False`` when this head does not know it as a live node that registered with it
+        (unknown, marked dead, or only loaded from the store): it must register again, and is
+        not counted as alive until it does."""
         node = self.nodes.get(node_id)
         if node is None or not node.alive or node_id not in self.joined:
             return False
         node.last_heartbeat = now
         node.workers = workers
+        self.suspended[node_id] = set(suspended)
         return True
+
+    def is_suspended(self, actor: ActorRecord) -> bool:
+        """Whether ``actor``'s worker was stopped (SIGSTOP) at its node's last heartbeat."""
+        return actor.worker_id in self.suspended.get(actor.node_id, ())
 
     def expire_nodes(self, now: float, timeout: float) -> list[str]:
         """Mark nodes silent for longer than ``timeout`` dead; returns the newly dead ids."""

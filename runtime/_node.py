@@ -78,6 +78,18 @@ def merge_pythonpath(job_path: Sequence[str], own: str) -> tuple[str, list[str]]
     return os.pathsep.join(dict.fromkeys(entries)), missing
 
 
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state ``T``: SIGSTOP; ``t``: a tracer's stop)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # the command name may hold spaces and parentheses: the state follows the last ")"
+    fields = stat[stat.rfind(b")") + 1 :].split()
+    return bool(fields) and fields[0] in (b"T", b"t")
+
+
 class _Worker:
     def __init__(self, worker_id: str, proc: asyncio.subprocess.Process) -> None:
         self.worker_id = worker_id
@@ -196,11 +208,11 @@ class NodeService(pb_grpc.NodeServicer):
         while True:
             await asyncio.sleep(self.config.heartbeat_interval)
             try:
-                reply = await self.head.rpc(
-                    stub.Heartbeat,
-                    pb.HeartbeatRequest(node_id=self.node_id, workers=len(self.workers)),
-                    timeout=5,
+                suspended = [w.worker_id for w in self.workers.values() if _stopped(w.proc.pid)]
+                beat = pb.HeartbeatRequest(
+                    node_id=self.node_id, workers=len(self.workers), suspended=suspended
                 )
+                reply = await self.head.rpc(stub.Heartbeat, beat, timeout=5)
                 if reply.register_again or reply.epoch != self.head_epoch:
                     await self._register(rejoin=True)
             except OrchestrError as exc:

@@ -14,8 +14,9 @@ import sys
 import pytest
 
 import orchestr as oc
-from orchestr.roles import MODES, SMALL_CONFIG, GRPOConfig, run_grpo
+from orchestr.roles import MODES, SMALL_CONFIG, Generator, GRPOConfig, Trainer, run_grpo
 from orchestr.roles._faults import parse_kill
+from orchestr.roles._reference import step_requests
 
 
 @pytest.mark.timeout(240)
@@ -124,3 +125,37 @@ def test_each_mode_learns_through_the_example_while_each_role_is_killed(
         assert summary["last50_reward"] >= 0.8, drawn
         assert evals[-1] >= 0.9 and evals[-1] - evals[0] >= 0.5, f"{drawn}: {evals}"
     assert set(os.listdir("/dev/shm")) - shm_before == set(), "a shared-memory segment leaked"
+
+
+async def test_a_reset_generator_drops_its_requests_and_loads_a_restored_trainer(
+    ctx: oc.JobContext, tmp_path: pathlib.Path
+) -> None:
+    tc = dataclasses.replace(SMALL_CONFIG, prompts_per_step=4)
+    model = dataclasses.asdict(tc.model)
+    trainer = await ctx.spawn(Trainer, model_kwargs=model, seed=1, torch_threads=1)
+    gen = await ctx.spawn(Generator, model_kwargs=model, seed=1, torch_threads=1)
+    ckpt = str(tmp_path / "v0.pt")
+    await trainer.checkpoint.call_one(ckpt)
+    await gen.sync_weights.call_one(await trainer.publish.call_one())
+    requests = step_requests(tc, 0)
+    done = await gen.generate.call_one(requests)
+    rewards = [1.0 if i % 2 else 0.0 for i in range(len(done))]
+    await trainer.train_step.call_one(list(zip(done, rewards, strict=True)), tc.group_size)
+    assert (await gen.sync_weights.call_one(await trainer.publish.call_one()))["version"] == 1
+    await gen.submit.call_one(requests)
+    assert await gen.reset.call_one() == len(requests)  # waiting, running or finished
+    assert await gen.next_completed.call_one(64, 0.3) == []
+    # the trainer goes back to version 0 and publishes it anew; the generator takes it
+    assert await trainer.restore.call_one(ckpt) == 0
+    report = await gen.sync_weights.call_one(await trainer.publish.call_one())
+    assert report["loaded"] and report["version"] == 0
+    want = await trainer.digest.call_one()
+    assert (await gen.digest.call_one())["digest"] == want["digest"]
+    again = await gen.generate.call_one(requests)
+    assert [c.tokens for c in again] == [c.tokens for c in done]  # keyed samples, same weights
+    # without a reset, an older version is refused
+    await trainer.train_step.call_one(list(zip(again, rewards, strict=True)), tc.group_size)
+    await gen.sync_weights.call_one(await trainer.publish.call_one())
+    await trainer.restore.call_one(ckpt)
+    with pytest.raises(oc.ActorError, match="older than"):
+        await gen.sync_weights.call_one(await trainer.publish.call_one())
