@@ -53,6 +53,8 @@ class MemberWatch:
         #: Stream modes: the epoch each group ("step/index") routed to this member and not yet
         #: complete was routed under.
         self.assigned: dict[str, int] = {}
+        #: Generators: what its last ``reset`` returned, naming the incarnation and its work.
+        self.token: str | None = None
         self._changed = asyncio.Event()
 
     def lost(self) -> int:
@@ -152,6 +154,7 @@ class FaultInjector:
         self._step_started = 0.0
         self._phases: dict[str, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: dict[asyncio.Task[None], str] = {}  # every kill started, by its task
 
     def on_step(self, step: int) -> None:
         loop = asyncio.get_running_loop()
@@ -164,6 +167,7 @@ class FaultInjector:
             self.kills.remove(k)
             task = asyncio.ensure_future(self._kill(k, self._phases))
             self._tasks.add(task)
+            self._pending[task] = str(k)
             task.add_done_callback(self._tasks.discard)
 
     def on_phase(self, phase: str) -> None:
@@ -194,6 +198,15 @@ class FaultInjector:
         record["phase"] = self.phase
         self.done.append(record)
         log.warning("killed a worker", **record)
+
+    def check(self) -> None:
+        """At the job's end: raise the error of a kill that failed, or one that never
+        happened (its batch or phase never came)."""
+        if self.error is not None:
+            raise self.error
+        left = [str(k) for k in self.kills] + [k for t, k in self._pending.items() if not t.done()]
+        if left:
+            raise oc.ConfigError(f"kills that never happened (their moment never came): {left}")
 
     async def aclose(self) -> None:
         for t in list(self._tasks):

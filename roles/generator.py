@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable
@@ -107,6 +108,7 @@ class Generator(oc.Actor):
         self._failure: BaseException | None = None
         self._closed = False
         self._rewind = False  # reset: the next weights may be older than the current ones
+        self._token = secrets.token_hex(8)  # this incarnation, until the next reset
 
     # -- endpoints ---------------------------------------------------------------------------
     @oc.endpoint(concurrent=True)
@@ -122,17 +124,22 @@ class Generator(oc.Actor):
 
     @oc.endpoint(concurrent=True)
     async def next_completed(
-        self, max_n: int = 64, timeout_s: float | None = None
+        self, max_n: int = 64, timeout_s: float | None = None, since: str | None = None
     ) -> list[Completion]:
         """Up to ``max_n`` completions in finishing order, as soon as at least one exists;
-        ``[]`` after ``timeout_s`` (``None``: wait forever). Cancel-safe: a cancelled call
+        ``[]`` after ``timeout_s`` (``None``: wait forever). With ``since`` (what
+        :meth:`reset` last returned), ``[]`` at once when this generator is not that one
+        any more (it was reset again, or restarted): a reader left over from before cannot
+        take completions meant for the work given since. Cancel-safe: a cancelled call
         takes nothing."""
         if max_n < 1:
             raise ValueError(f"max_n must be at least 1, got {max_n}")
         self._ensure_running()
         try:
             async with asyncio.timeout(timeout_s):
-                while not self._ready:
+                while not self._ready or (since is not None and since != self._token):
+                    if since is not None and since != self._token:
+                        return []
                     self._has_ready.clear()
                     await self._has_ready.wait()
                     self._check_alive()
@@ -227,15 +234,17 @@ class Generator(oc.Actor):
         }
 
     @oc.endpoint(concurrent=True)
-    async def reset(self) -> int:
+    async def reset(self) -> dict[str, Any]:
         """Drop every request (waiting, running, or finished and not yet read by
         :meth:`next_completed`) and forget which weights version is loaded, so the next
         :meth:`sync_weights` loads the version it is given, an older one included. A
         controller calls it on a generator that restarted, or on all of them when the trainer
         went back to a checkpoint. :meth:`generate` calls still waiting fail. Returns how many
-        requests were dropped."""
+        requests were dropped, and a new token for :meth:`next_completed`'s ``since``."""
         self._ensure_running()
         async with self._lock:
+            self._token = secrets.token_hex(8)
+            self._has_ready.set()  # waiting readers look at the token again
             dropped = self._engine.drop_all() + len(self._ready)
             self._ready.clear()
             self._abandoned.clear()
@@ -246,7 +255,7 @@ class Generator(oc.Actor):
             if not future.done():
                 future.set_exception(RuntimeError("the generator was reset: request dropped"))
         log.info("reset", dropped=dropped)
-        return dropped
+        return {"dropped": dropped, "token": self._token}
 
     @oc.endpoint(concurrent=True)
     async def digest(self) -> dict[str, Any]:

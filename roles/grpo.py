@@ -139,6 +139,17 @@ class GRPOConfig:
         if isinstance(self.kill, str):
             raise oc.ConfigError(f"kill is a tuple of ROLE@STEP strings, got {self.kill!r}")
         kills = [parse_kill(k) for k in self.kill]
+        phases = _SYNC_PHASES if self.mode == "sync" else _STREAM_PHASES
+        for k in kills:
+            if k.step >= self.train.steps:
+                raise oc.ConfigError(f"kill {k}: the job trains batches 0-{self.train.steps - 1}")
+            if k.phase is not None and k.phase not in phases:
+                raise oc.ConfigError(
+                    f"kill {k}: {self.mode} mode has no phase {k.phase!r} in a batch; say one "
+                    f"of {', '.join(phases)}"
+                )
+            if k.phase == "eval" and not _evaluates(self.train, k.step):
+                raise oc.ConfigError(f"kill {k}: batch {k.step} ends without an evaluation")
         if any(k.role == "trainer" for k in kills) and self.trainers > 1:
             raise oc.ConfigError(
                 "a data-parallel trainer mesh is not restarted (its process group cannot be "
@@ -149,6 +160,16 @@ class GRPOConfig:
                 f"prompts_per_step ({self.train.prompts_per_step}) must split evenly over "
                 f"{self.trainers} trainers (each takes whole groups)"
             )
+
+
+#: The controller's phases within one batch, by mode (``wait``: for the channel's groups).
+_SYNC_PHASES = ("generate", "score", "train", "sync", "eval")
+_STREAM_PHASES = ("wait", "train", "sync", "eval")
+
+
+def _evaluates(tc: TrainConfig, step: int) -> bool:
+    """Whether batch ``step`` ends with a held-out evaluation."""
+    return step + 1 == tc.steps or (step + 1) % tc.eval_every == 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,8 +285,10 @@ class _Job:
         self.watch = {role: [MemberWatch() for _ in range(sizes[role])] for role in ROLES}
         self.trainer_watch = self.watch["trainer"][0]
         self.recovery = asyncio.Lock()  # one recovery at a time
-        #: The weights every generator should hold: the last published ref.
+        #: The weights every generator should hold: the last published ref, and the trainer's
+        #: epoch it was published under.
         self.current_ref: WeightsRef | None = None
+        self.ref_epoch = 0
         self.restarts = dict.fromkeys(ROLES, 0)
         self.redrawn = 0
         self.rescored = 0
@@ -284,6 +307,7 @@ class _Job:
         #: The last checkpoint known to hold the job's trainer state.
         self.checkpoint_path: str | None = None
         self.step_epoch = 0  # the trainer's epoch when the batch in progress began
+        self.digests: list[str] = []  # every trainer's at the end
         kills = [parse_kill(k) for k in config.kill]
         self.injector = FaultInjector(ctx, kills, config.kill_seed) if kills else None
 
@@ -353,11 +377,17 @@ class _Job:
         if self.injector is not None:
             meshes = {"generator": self.gens, "trainer": self.trainers, "reward": self.rewards}
             self.injector.meshes = meshes
+        for i, watch in enumerate(self.watch["generator"]):
+            watch.token = (await self.gens[i].reset.call_one())["token"]
         if self.trainer_restarts:
             self.checkpoint_base = self._checkpoint_base()
-            await self.checkpoint(
-                0, self.trainer_watch.epoch
-            )  # version 0: a trainer lost in the first batches restarts
+            while self.checkpoint_path is None:  # a restarted trainer starts from version 0 too
+                epoch = self.trainer_watch.epoch
+                try:
+                    await self.checkpoint(0, epoch)
+                except oc.OrchestrError as exc:
+                    if not await lost_during([self.trainer_watch], [epoch], exc):
+                        raise
 
     def _checkpoint_base(self) -> str:
         if self.checkpoint_dir is None:
@@ -449,12 +479,12 @@ class _Job:
                 self.requeue_keys(lost)
                 self.redrawn += len(lost)
             while watch.epoch == epoch:
-                trainer_epoch = trainer.epoch
+                ref, ref_epoch = self.current_ref, self.ref_epoch
                 try:
                     # the first call waits for the restarted worker
-                    await self.gens[i].reset.call_one()
-                    if self.current_ref is not None:
-                        await self.gens[i].sync_weights.call_one(self.current_ref)
+                    watch.token = (await self.gens[i].reset.call_one())["token"]
+                    if ref is not None:
+                        await self.gens[i].sync_weights.call_one(ref)
                     break
                 except Exception as exc:
                     if watch.epoch != epoch:
@@ -462,7 +492,9 @@ class _Job:
                     if isinstance(exc, oc.ActorDiedError):
                         await asyncio.sleep(0.5)  # still being restarted
                         continue
-                    if await lost_during([trainer], [trainer_epoch], exc):
+                    if ref is not self.current_ref or await lost_during(
+                        [trainer], [ref_epoch], exc
+                    ):
                         break  # the weights' publisher died: the rollback loads them all
                     raise
             if watch.epoch == epoch:
@@ -480,22 +512,27 @@ class _Job:
                 try:
                     path = self.checkpoint_path
                     version = int(await self.trainers[0].restore.call_one(path))
-                    self.current_ref = await self.trainers[0].publish.call_one()
+                    ref = await self.trainers[0].publish.call_one()
                 except Exception as exc:
                     if isinstance(exc, oc.ActorDiedError) or trainer.epoch != epoch:
                         await asyncio.sleep(0.5)  # still being restarted, or died again
                         continue
                     raise
+                self.current_ref, self.ref_epoch = ref, epoch
+                # every generator's work is void from here, all at once: no group made under
+                # the undone versions reaches the channel after it is emptied
+                epochs = [watch.lost() for watch in self.watch["generator"]]
                 if self.void_scored is not None:
                     self.void_scored()
-                for i, watch in enumerate(self.watch["generator"]):
-                    await self.renew_generator(i, watch.lost())
+                for i, generator_epoch in enumerate(epochs):
+                    await self.renew_generator(i, generator_epoch)
                 if trainer.epoch == epoch:
                     break
-        self.rolled_back += max(0, step - version)
+        undone = sum(1 for r in self.steps if r.step >= version)
+        self.rolled_back += undone
         self.steps = [r for r in self.steps if r.step < version]
         self.evals = [e for e in self.evals if e[0] <= version]
-        log.warning("trainer restored from its checkpoint", version=version, undone=step - version)
+        log.warning("trainer restored from its checkpoint", version=version, undone=undone)
         return version
 
     async def checkpoint(self, version: int, epoch: int) -> None:
@@ -511,6 +548,23 @@ class _Job:
         if previous is not None and previous != path:
             await asyncio.to_thread(_remove, previous)
 
+    async def generator_stats(self) -> list[dict[str, Any]]:
+        """Every generator's counters, asked again of one that dies meanwhile."""
+
+        async def one(i: int) -> dict[str, Any]:
+            watch = self.watch["generator"][i]
+            while True:
+                await self.ready(watch)
+                epoch = watch.epoch
+                try:
+                    stats: dict[str, Any] = await self.gens[i].stats.call_one()
+                    return stats
+                except oc.OrchestrError as exc:
+                    if not await lost_during([watch], [epoch], exc):
+                        raise
+
+        return list(await asyncio.gather(*(one(i) for i in range(self.cfg.generators))))
+
     # -- shared pieces -----------------------------------------------------------------------
     async def sync_weights(self) -> int:
         """Publish the trainer's weights and load them into every generator."""
@@ -519,7 +573,9 @@ class _Job:
     async def publish(self) -> WeightsRef:
         self.phase = "sync"
         ref: WeightsRef = await self.trainers[0].publish.call_one()
-        self.current_ref = ref
+        # from the trainer the batch began with, unless it died meanwhile (then the batch is
+        # rolled back, and loads of this ref count as lost)
+        self.current_ref, self.ref_epoch = ref, self.step_epoch
         return ref
 
     async def load(self, ref: WeightsRef) -> int:
@@ -540,7 +596,7 @@ class _Job:
         """Load ``ref`` into generator ``i``; None when it or the trainer died meanwhile (its
         recovery, or the rollback, loads the current weights)."""
         watch = self.watch["generator"][i]
-        trainer_epoch = self.trainer_watch.epoch
+        trainer_epoch = self.ref_epoch  # the publisher's
         async with watch.lock:
             if not watch.up.is_set() or ref is not self.current_ref:
                 # being recovered, it loads the current weights itself; or a newer ref (or
@@ -623,7 +679,7 @@ class _Job:
 
     async def finish_step(self, record: StepRecord) -> None:
         version = record.step + 1  # the trainer's, after this batch
-        if version == self.tc.steps or version % self.tc.eval_every == 0:
+        if _evaluates(self.tc, record.step):
             record = dataclasses.replace(record, accuracy=await self.evaluate(version))
         self.steps.append(record)
         if self.on_step is not None:
@@ -636,20 +692,31 @@ class _Job:
         """Run ``body`` for each batch; when the trainer dies during one, roll back to its
         checkpoint and go on from there."""
         step = 0
-        while step < self.tc.steps:
-            epoch = self.step_epoch = self.trainer_watch.epoch
-            self.begin_step(step)
+        trainer = self.trainer_watch
+        while True:
+            while step < self.tc.steps:
+                epoch = self.step_epoch = trainer.epoch
+                self.begin_step(step)
+                try:
+                    await body(step)
+                except oc.OrchestrError as exc:  # what a death causes; anything else is a bug
+                    if not self.trainer_restarts or not await lost_during([trainer], [epoch], exc):
+                        raise
+                if trainer.epoch != epoch:  # also when the batch went to the new one
+                    step = await self.rollback(step)
+                    continue
+                step += 1
+            # the final weights, from the trainer that trained the last batch
             try:
-                await body(step)
-            except Exception as exc:
+                self.digests = [d["digest"] for d in await self.trainers.digest.call()]
+            except oc.OrchestrError as exc:
                 if not self.trainer_restarts or not await lost_during(
-                    [self.trainer_watch], [epoch], exc
+                    [trainer], [self.step_epoch], exc
                 ):
                     raise
-            if self.trainer_watch.epoch != epoch:  # also when the batch went to the new one
-                step = await self.rollback(step)
-                continue
-            step += 1
+            if trainer.epoch == self.step_epoch:
+                return
+            step = await self.rollback(step)
 
     # -- sync --------------------------------------------------------------------------------
     async def run_sync(self) -> None:
@@ -784,6 +851,9 @@ class _Job:
             nonlocal outstanding
             try:
                 await self.load(ref)
+            except Exception:
+                if ref is self.current_ref:
+                    raise  # else a rollback replaced it: its loads do not matter
             finally:
                 async with room:  # new prompts start under the new weights
                     outstanding -= groups
@@ -793,9 +863,11 @@ class _Job:
             watch = self.watch["generator"][i]
             while True:
                 await self.ready(watch)
-                epoch = watch.epoch
+                epoch, token = watch.epoch, watch.token
                 try:
-                    done = await self.gens[i].next_completed.call_one(4096, 1.0)
+                    # the token: a call that reaches a reset or restarted generator takes
+                    # nothing meant for the work given to it since
+                    done = await self.gens[i].next_completed.call_one(4096, 1.0, token)
                 except Exception as exc:
                     if not await lost_during([watch], [epoch], exc):
                         raise
@@ -805,7 +877,7 @@ class _Job:
                 rewards = await self.score(done)
                 for c, r in zip(done, rewards, strict=True):
                     key = _group_key(c.id)
-                    if watch.assigned.get(key) != epoch:
+                    if watch.epoch != epoch or watch.assigned.get(key) != epoch:
                         continue  # voided while it was scored (a death or a rollback)
                     ranker.observe(c.prompt, len(c.tokens))
                     group = pending.setdefault(key, [])
@@ -903,7 +975,7 @@ async def run_grpo(
     try:
         await job.spawn()
         await job.sync_weights()  # version 0 everywhere: generators start from the trainer's
-        stats0 = await job.gens.stats.call()
+        stats0 = await job.generator_stats()
         job.start = time.perf_counter()
         await job.evaluate(0)
         if config.mode == "sync":
@@ -911,12 +983,10 @@ async def run_grpo(
         else:
             await job.run_stream(skew=config.mode == "stream+skew")
         wall = time.perf_counter() - job.start
-        for watch in job.watch["generator"]:
-            await job.ready(watch)  # a recovery in progress ends first
-        stats1 = await job.gens.stats.call()
-        digests = [d["digest"] for d in await job.trainers.digest.call()]
-        if job.injector is not None and job.injector.error is not None:
-            raise job.injector.error
+        stats1 = await job.generator_stats()
+        digests = job.digests
+        if job.injector is not None:
+            job.injector.check()
     finally:
         await job.stop()
     # a restarted generator counts from zero again

@@ -3,6 +3,7 @@ held is done again (counted), and the run ends where it would have without the d
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -57,6 +58,13 @@ def test_bad_kills_are_refused() -> None:
             parse_kill(bad)
     with pytest.raises(oc.ConfigError, match="trainers=1"):
         GRPOConfig(train=SMALL_CONFIG, trainers=2, kill=("trainer@3",))
+    for kill, why in [
+        ("generator@3:generate", "no phase 'generate'"),  # the stream modes do not pause for it
+        ("trainer@100", "batches 0-99"),
+        ("trainer@3:eval", "without an evaluation"),
+    ]:
+        with pytest.raises(oc.ConfigError, match=why):
+            GRPOConfig(train=SMALL_CONFIG, mode="stream", kill=(kill,))
     with pytest.raises(oc.ConfigError, match="checkpoint_every"):
         GRPOConfig(train=SMALL_CONFIG, checkpoint_every=-1)
 
@@ -142,9 +150,16 @@ async def test_a_reset_generator_drops_its_requests_and_loads_a_restored_trainer
     rewards = [1.0 if i % 2 else 0.0 for i in range(len(done))]
     await trainer.train_step.call_one(list(zip(done, rewards, strict=True)), tc.group_size)
     assert (await gen.sync_weights.call_one(await trainer.publish.call_one()))["version"] == 1
+    first = await gen.reset.call_one()
+    assert first["dropped"] == 0
+    # a reader from before a reset (waiting for ever) ends with nothing, at the reset
+    waiting = asyncio.ensure_future(gen.next_completed.call_one(64, None, first["token"]))
+    await asyncio.sleep(0.2)
     await gen.submit.call_one(requests)
-    assert await gen.reset.call_one() == len(requests)  # waiting, running or finished
-    assert await gen.next_completed.call_one(64, 0.3) == []
+    reset = await gen.reset.call_one()
+    assert reset["dropped"] + len(await waiting) == len(requests)
+    assert await gen.next_completed.call_one(64, 0.3, reset["token"]) == []
+    assert await gen.next_completed.call_one(64, 0.3, first["token"]) == []
     # the trainer goes back to version 0 and publishes it anew; the generator takes it
     assert await trainer.restore.call_one(ckpt) == 0
     report = await gen.sync_weights.call_one(await trainer.publish.call_one())
