@@ -60,6 +60,8 @@ class BackendSpec:
     GPU is visible, else ``cpu``); ``dtype`` ``None`` leaves the module's dtypes as they are;
     ``compile_options`` go to ``torch.compile`` when ``compiled``."""
 
+    __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
+
     name: str | None = None
     dtype: str | None = None
     compiled: bool = False

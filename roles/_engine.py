@@ -56,6 +56,8 @@ class Request:
     """One prompt to complete. ``temperature`` 0 decodes greedily; ``stop_token`` (else the
     engine's ``eos_id``) ends the completion when sampled (it is included in ``tokens``)."""
 
+    __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
+
     id: str
     prompt: list[int]
     max_new_tokens: int
@@ -71,6 +73,8 @@ class Completion:
     ``finish_reason`` is ``"stop"``, ``"length"`` or ``"cancelled"``. Times are seconds from
     submission: ``queue_s`` to admission, ``ttft_s`` to the first token (NaN when none),
     ``latency_s`` to the end; ``steps`` is the number of decode steps it took part in."""
+
+    __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
     id: str
     prompt: list[int]
@@ -89,6 +93,8 @@ class Completion:
 @register
 @dataclasses.dataclass
 class EngineStats:
+    __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
+
     version: int
     paused: bool
     waiting: int

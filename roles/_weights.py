@@ -75,6 +75,8 @@ class WeightsRef:
     """One published version: the manifest, a buffer handle and checksum per bucket, and the
     slot's stamp. Small (tens of bytes per tensor); pass it in any actor call."""
 
+    __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
+
     version: int
     tensors: tuple[TensorSlot, ...]
     buckets: tuple[BucketRef, ...]

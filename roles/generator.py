@@ -59,6 +59,8 @@ class Generator(oc.Actor):
     ``backend`` (a :class:`~._backend.BackendSpec` or a name, default the best this node
     has) says where and how the model runs."""
 
+    __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
+
     def __init__(
         self,
         model_factory: str = DEFAULT_MODEL,

@@ -33,6 +33,8 @@ def load_scorer(path: str) -> Scorer:
 class Reward(oc.Actor):
     """Scores ``(prompt, completion)`` pairs with the scorer named at spawn."""
 
+    __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
+
     def __init__(self, scorer: str = DEFAULT_SCORER) -> None:
         self.scorer_path = scorer
         self.scorer = load_scorer(scorer)

@@ -51,6 +51,8 @@ class Versioned:
     """A value with the version it was made with (for example, the policy version of a
     rollout). A source item or an endpoint's result may be one; staleness bounds use it."""
 
+    __module__ = "orchestr"  # its name on the wire and in the head's store (pinned)
+
     value: Any
     version: int
 

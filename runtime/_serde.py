@@ -397,11 +397,24 @@ def _count(shape: object) -> int:
     return count
 
 
+def _by_old_name(name: str) -> type | None:
+    """The registered dataclass an older name means: one written as ``pkg._private:Name``
+    before ``Name`` was pinned to its public module ``pkg`` (a head's store keeps such names
+    across upgrades). Only names under the public module's package match."""
+    module, _, qualname = name.partition(":")
+    while "." in module:
+        module = module.rpartition(".")[0]
+        cls = _dataclasses_by_name.get(f"{module}:{qualname}")
+        if cls is not None:
+            return cls
+    return None
+
+
 def _dataclass_from_wire(name: object, fields: object) -> Any:
     if not isinstance(name, str) or not isinstance(fields, dict):
         raise ProtocolError("malformed dataclass payload")
     # Only the registry: a name from the wire never makes this process import anything.
-    cls = _dataclasses_by_name.get(name)
+    cls = _dataclasses_by_name.get(name) or _by_old_name(name)
     if cls is None:
         raise SerializationError(
             f"dataclass {name} is not registered in this process; the module that defines it "
