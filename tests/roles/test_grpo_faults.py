@@ -109,8 +109,10 @@ def test_each_mode_learns_through_the_example_while_each_role_is_killed(
     assert summary["restarts"] == {"generator": 1, "reward": 1, "trainer": 1}, drawn
     assert sorted(k["kill"] for k in summary["kills"]) == sorted(a[7:] for a in args), drawn
     assert summary["redrawn_groups"] >= 0 and summary["rescored_samples"] >= 0
-    # a trainer restored from its checkpoint of every 10 batches loses at most 9
-    assert 0 <= summary["rolled_back_batches"] <= 9, drawn
+    # restored from its checkpoint of every 10 batches, a trainer undoes at most 10: all 10
+    # when the batch before the next checkpoint was recorded too (it went to the restarted
+    # trainer before the death was heard, or the trainer died writing that checkpoint)
+    assert 0 <= summary["rolled_back_batches"] <= 10, drawn
     assert "survived 3 kill(s)" in proc.stdout, drawn
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     batches = [r for r in rows if r["kind"] == "step"]
