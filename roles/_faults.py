@@ -153,8 +153,7 @@ class FaultInjector:
         self.step_s = 1.0  # a batch's duration, measured as the job goes
         self._step_started = 0.0
         self._phases: dict[str, asyncio.Event] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._pending: dict[asyncio.Task[None], str] = {}  # every kill started, by its task
+        self._pending: dict[asyncio.Task[None], str] = {}  # kills started and not yet done
 
     def on_step(self, step: int) -> None:
         loop = asyncio.get_running_loop()
@@ -166,9 +165,8 @@ class FaultInjector:
         for k in [k for k in self.kills if k.step == step]:
             self.kills.remove(k)
             task = asyncio.ensure_future(self._kill(k, self._phases))
-            self._tasks.add(task)
             self._pending[task] = str(k)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(self._pending.pop)
 
     def on_phase(self, phase: str) -> None:
         self.phase = phase
@@ -204,14 +202,15 @@ class FaultInjector:
         happened (its batch or phase never came)."""
         if self.error is not None:
             raise self.error
-        left = [str(k) for k in self.kills] + [k for t, k in self._pending.items() if not t.done()]
+        left = [str(k) for k in self.kills] + list(self._pending.values())
         if left:
             raise oc.ConfigError(f"kills that never happened (their moment never came): {left}")
 
     async def aclose(self) -> None:
-        for t in list(self._tasks):
+        tasks = list(self._pending)
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _local_worker_pid(info: Any) -> int:

@@ -45,6 +45,7 @@ from ._statedir import (
     check_private_dir,
     is_daemon,
     private_dir,
+    proc_stat,
     read_private,
     start_ticks,
 )
@@ -131,11 +132,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
+    return proc_stat(pid)[:1] == [b"Z"]
 
 
 def read_head(state_dir: Path) -> dict[str, Any] | None:

@@ -30,6 +30,7 @@ from ._grpc import ControlChannel, abort_with, add_port, make_server
 from ._head import describe_exit
 from ._log import LineCutter, RotatingFile, configure_logging, read_daemon_log
 from ._loop import run_loop
+from ._statedir import proc_stat
 from .config import Config, config_environ, load_config
 from .errors import ConfigError, OrchestrError, SpawnError
 
@@ -80,14 +81,7 @@ def merge_pythonpath(job_path: Sequence[str], own: str) -> tuple[str, list[str]]
 
 def _stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (state ``T``: SIGSTOP; ``t``: a tracer's stop)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    # the command name may hold spaces and parentheses: the state follows the last ")"
-    fields = stat[stat.rfind(b")") + 1 :].split()
-    return bool(fields) and fields[0] in (b"T", b"t")
+    return proc_stat(pid)[:1] in ([b"T"], [b"t"])
 
 
 class _Worker:

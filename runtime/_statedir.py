@@ -97,13 +97,21 @@ def read_private(path: Path) -> bytes:
         return f.read()
 
 
+def proc_stat(pid: int) -> list[bytes]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (which may hold spaces and
+    parentheses), the state first; empty when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()
+    except OSError:
+        return []
+
+
 def start_ticks(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks after boot), or ``None`` if it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rpartition(b")")[2].split()
-        return int(fields[19])  # field 22 of stat(5), counted after the command name
-    except (OSError, IndexError, ValueError):
+        return int(proc_stat(pid)[19])  # field 22 of stat(5), counted after the command name
+    except (IndexError, ValueError):
         return None
 
 
