@@ -21,8 +21,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from orchestr.fabric._netns_fabric import NetnsFabric
-from orchestr.fabric._streams import connect_stream, listen_stream, split_url
+from orchestr.fabric import connect_stream, listen_stream, split_url
+from orchestr.fabric.optical import NetnsFabric
 
 CHUNK = 256 * 1024
 

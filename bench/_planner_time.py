@@ -25,8 +25,13 @@ import time
 from collections.abc import Mapping
 
 import orchestr
-from orchestr.fabric._costmodel import collective_demand
-from orchestr.fabric._planner import Circuit, GreedyPlanner, Installed, PlanRequest
+from orchestr.fabric.optical import (
+    Circuit,
+    GreedyPlanner,
+    Installed,
+    PlanRequest,
+    collective_demand,
+)
 
 GiB = float(1 << 30)
 

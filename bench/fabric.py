@@ -94,18 +94,22 @@ from _planner_time import demands, timed
 
 import orchestr as oc
 from orchestr._log import configure_logging
-from orchestr.fabric._costmodel import ReconfigCost
-from orchestr.fabric._manager import FabricManager, Hint, PlanRecord
-from orchestr.fabric._netns_fabric import NetnsFabric, netns_missing
-from orchestr.fabric._ocs_netns import NetnsOcs, NetnsRouter
-from orchestr.fabric._planfile import topology_from_dict
-from orchestr.fabric._planner import (
+from orchestr.fabric.optical import (
     CommitPolicy,
+    FabricManager,
     GreedyPlanner,
+    Hint,
     Installed,
+    NetnsFabric,
+    NetnsOcs,
+    NetnsRouter,
+    PlanRecord,
     PlanRequest,
+    ReconfigCost,
+    Topology,
+    netns_missing,
+    topology_from_dict,
 )
-from orchestr.fabric._topology import Topology
 
 MiB = 1 << 20
 POLICY = CommitPolicy(hysteresis=0.5, min_dwell_s=0.0)

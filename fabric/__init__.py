@@ -12,8 +12,9 @@ transport a transfer wanted is an error or logged and counted, never silent. :fu
 allocates tensors in shared memory: sending one to an actor on this host copies nothing.
 """
 
-from ._buffers import BufferTransport, Descriptor, Region
-from ._handle import Buffer
+from ._buffers._handle import Buffer
+from ._buffers._segments import empty
+from ._buffers._transport import BufferTransport, Descriptor, Region
 from ._local import host_id, process_key
 from ._registry import (
     buffer_transport,
@@ -25,8 +26,7 @@ from ._registry import (
     shutdown,
     transport_report,
 )
-from ._segments import empty
-from ._streams import (
+from ._streams._transport import (
     Listener,
     StreamTransport,
     connect_stream,

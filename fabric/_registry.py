@@ -19,8 +19,9 @@ from typing import Any
 
 import structlog
 
-from . import _buffers, _streams
-from ._buffers import BufferTransport, Fallback, check_fallback
+from ._buffers import _transport as _buffers
+from ._buffers._transport import BufferTransport, Fallback, check_fallback
+from ._streams import _transport as _streams
 
 __all__ = [
     "buffer_transport",
@@ -87,11 +88,11 @@ def _builtin(module: str, name: str) -> Callable[[], BufferTransport]:
     return make
 
 
-register_buffer_transport("inproc", _builtin("._inproc", "InprocBuffers"))
-register_buffer_transport("shm", _builtin("._shm", "ShmBuffers"))
-register_buffer_transport("tcp", _builtin("._tcpbuf", "TcpBuffers"))
-register_buffer_transport("rdma", _builtin("._rdma", "RdmaBuffers"))
-register_buffer_transport("nixl", _builtin("._nixl", "NixlBuffers"))
+register_buffer_transport("inproc", _builtin("._buffers._inproc", "InprocBuffers"))
+register_buffer_transport("shm", _builtin("._buffers._shm", "ShmBuffers"))
+register_buffer_transport("tcp", _builtin("._buffers._tcp", "TcpBuffers"))
+register_buffer_transport("rdma", _builtin("._buffers._rdma", "RdmaBuffers"))
+register_buffer_transport("nixl", _builtin("._buffers._nixl", "NixlBuffers"))
 
 
 def _constant(backend: BufferTransport) -> Callable[[], BufferTransport]:
@@ -209,7 +210,7 @@ def shutdown() -> int:
     """Release every buffer, stop backend servers, close the segment pools and go back to the
     default settings (the job or the process is ending). Returns how many buffers were still
     registered."""
-    from ._segments import pool, receive_pool
+    from ._buffers._segments import pool, receive_pool
 
     released = release_all()
     for t in list(_instances.values()):

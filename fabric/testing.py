@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from orchestr.errors import TransportUnavailableError
 
-from ._conformance_buffers import check_buffer_transport
-from ._conformance_streams import check_stream_transport
+from ._buffers._conformance import check_buffer_transport
 from ._registry import buffer_transport
-from ._streams import stream_transports
+from ._streams._conformance import check_stream_transport
+from ._streams._transport import stream_transports
 
 __all__ = ["check_buffer_transport", "check_stream_transport", "check_transport"]
 

@@ -26,7 +26,6 @@ import torch
 
 from orchestr import register
 from orchestr.errors import OrchestrError
-from orchestr.fabric._registry import plugins
 
 __all__ = [
     "Backend",
@@ -188,11 +187,18 @@ def _load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    for name, kind in plugins(ENTRY_POINT_GROUP, "backend"):
+    import importlib.metadata  # here: it costs every worker's start-up otherwise
+
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            kind = ep.load()()
+        except Exception as exc:
+            log.warning("cannot load backend plug-in", name=ep.name, error=repr(exc))
+            continue
         if callable(getattr(kind, "probe", None)) and callable(getattr(kind, "build", None)):
-            register_backend(name, kind)
+            register_backend(ep.name, kind)
         else:
-            log.warning("backend plug-in has no probe() and build()", name=name)
+            log.warning("backend plug-in has no probe() and build()", name=ep.name)
 
 
 def _kind(name: str) -> BackendKind | None:

@@ -1,7 +1,7 @@
 """Large tensors on the call path: shared memory between processes on one host.
 
 A tensor or array of at least ``Config.inline_max_bytes`` sent to a process on this host goes
-through a shared-memory segment (:mod:`orchestr.fabric._segments`) instead of the stream: the
+through a shared-memory segment (:func:`orchestr.fabric.lowlevel.pool`) instead of the stream: the
 frame carries a descriptor and the receiver's actor gets a tensor that is the segment itself.
 Across hosts, values stay in the frame on the stream transport.
 
@@ -28,10 +28,18 @@ from typing import Any
 
 import structlog
 
-from orchestr.fabric import Buffer, _buffers, _local
-from orchestr.fabric._memfd import Segment
-from orchestr.fabric._segments import copy, peers, pool
-from orchestr.fabric._shm import address_of
+from orchestr.fabric import Buffer, host_id
+from orchestr.fabric.lowlevel import (
+    Counters,
+    Segment,
+    address_of,
+    buffer_stats,
+    copy,
+    host_of,
+    peers,
+    pid_of,
+    pool,
+)
 
 from . import _serde, _wire
 from ._locality import is_u64
@@ -166,14 +174,14 @@ class BulkLink:
         """Record the peer's process key; whether it is on this host (its key says so and,
         when ``reachable`` is false, the connection says otherwise)."""
         self.peer = peer
-        self.peer_pid = _local.pid_of(peer)
-        self.same_host = reachable and _local.host_of(peer) == _local.host_id()
+        self.peer_pid = pid_of(peer)
+        self.same_host = reachable and host_of(peer) == host_id()
         return self.same_host
 
     def note_fallback(self, reason: str) -> None:
         """One large value went into the frame instead of shared memory: count it, and log
         the first time per connection."""
-        _buffers.stats.setdefault("tcp", _buffers.Counters()).fallbacks += 1
+        buffer_stats.setdefault("tcp", Counters()).fallbacks += 1
         if not self._noted:
             self._noted = True
             log.warning("transport fallback", wanted="shm", using="frame", reason=reason)
@@ -182,7 +190,7 @@ class BulkLink:
         """The same-host stream could not be opened; the connection uses tcp instead."""
         self.stream = "tcp"
         self.refused_stream = reason
-        _buffers.stats.setdefault("tcp", _buffers.Counters()).fallbacks += 1
+        buffer_stats.setdefault("tcp", Counters()).fallbacks += 1
         log.warning("transport fallback", wanted="shm", using="tcp", reason=reason, peer=self.peer)
 
     def refuse(self, reason: str) -> None:
@@ -190,13 +198,13 @@ class BulkLink:
         self.can_send = False
         if self.refused is None:
             self.refused = reason
-            _buffers.stats.setdefault("tcp", _buffers.Counters()).fallbacks += 1
+            buffer_stats.setdefault("tcp", Counters()).fallbacks += 1
             log.warning(
                 "transport fallback", wanted="shm", using="tcp", reason=reason, peer=self.peer
             )
 
     def report(self) -> dict[str, Any]:
-        local = self.peer is not None and _local.host_of(self.peer) == _local.host_id()
+        local = self.peer is not None and host_of(self.peer) == host_id()
         bulk = "shm" if self.can_send else "inline"
         return {
             "peer": self.peer,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from orchestr.fabric._local import process_key
+from orchestr.fabric import process_key
 
 from . import _handshake, _locality, _serde
 from ._bulk import BulkLink

@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from orchestr import fabric
-from orchestr.fabric import _registry as fabric_registry
 from orchestr.fabric import connect_stream, stream_transports
+from orchestr.fabric.lowlevel import connection_sources
 
 from ._callconn import Connection, Pending
 from ._locality import local_url_of_address
@@ -97,7 +97,7 @@ class CallClient:
         self._inflight: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
-        fabric_registry.connection_sources.append(self.connections)
+        connection_sources.append(self.connections)
 
     def record_spans(
         self, per_s: int, sink: Callable[[list[tuple[float, float, str, str, bool]]], None]
@@ -356,7 +356,7 @@ class CallClient:
             self._span_timer.cancel()
             self._flush_spans()
         with contextlib.suppress(ValueError):
-            fabric_registry.connection_sources.remove(self.connections)
+            connection_sources.remove(self.connections)
         for conn in list(self._connections.values()):
             conn.abort(ClosedResourceError("the orchestr client was closed"))
         self._connections.clear()

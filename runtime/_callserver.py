@@ -15,9 +15,8 @@ from typing import Any
 
 import structlog
 
-from orchestr.fabric import Listener, listen_stream, stream_transports
-from orchestr.fabric import _registry as fabric_registry
-from orchestr.fabric._local import process_key
+from orchestr.fabric import Listener, listen_stream, process_key, stream_transports
+from orchestr.fabric.lowlevel import connection_sources
 
 from . import _handshake, _serde
 from ._actorhost import ActorHost
@@ -351,7 +350,7 @@ class CallServer:
             self.local_listener = await listen_stream(
                 "shm://", lambda: _ServerConnection(self, "shm")
             )
-        fabric_registry.connection_sources.append(self.connection_report)
+        connection_sources.append(self.connection_report)
 
     def connection_report(self) -> list[dict[str, Any]]:
         return [{"direction": "in", **c.bulk.report()} for c in self.connections]
@@ -431,7 +430,7 @@ class CallServer:
             await self.listener.aclose()
             self.listener = None
             with contextlib.suppress(ValueError):
-                fabric_registry.connection_sources.remove(self.connection_report)
+                connection_sources.remove(self.connection_report)
         for conn in list(self.connections):
             conn.close()
         for host in list(self.actors.values()):

@@ -9,7 +9,7 @@ managed fabric and their traffic is left out of the hints.
 The OCS driver is chosen by name (``orchestr start --head --fabric PLAN --ocs-driver NAME``):
 ``sim`` simulates the plan's switches in the head; ``netns:TAG`` drives the emulated fabric of
 network namespaces that another process opened with that tag
-(:class:`~orchestr.fabric._netns_fabric.NetnsFabric`; its hosts are named after the switches the
+(:class:`~orchestr.fabric.optical.NetnsFabric`; its hosts are named after the switches the
 plan's one OCS reaches, and the manager's switch pairs are routed as those hosts' pairs).
 """
 
@@ -22,10 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import ConfigError, OrchestrError
 
 if TYPE_CHECKING:
-    from orchestr.fabric._manager import FabricManager
-    from orchestr.fabric._ocs import OcsDriver
-    from orchestr.fabric._reconfig import Router
-    from orchestr.fabric._topology import Topology
+    from orchestr.fabric.optical import FabricManager, OcsDriver, Router, Topology
 
     from ._headstate import HeadState
 
@@ -40,9 +37,7 @@ def open_fabric(plan: Path, driver: str = "sim") -> FabricManager:
     (in-process simulated switches, MEMS-like latency) or ``netns:TAG`` (the running emulated
     fabric with that tag; see the module). Blocks on reading the plan (and, for ``netns``, the
     kernel). Raises ConfigError (a TopologyError for a bad plan)."""
-    from orchestr.fabric._manager import FabricManager, RecordingRouter
-    from orchestr.fabric._ocs_sim import SimOcs
-    from orchestr.fabric._planfile import load_topology
+    from orchestr.fabric.optical import FabricManager, RecordingRouter, SimOcs, load_topology
 
     topology = load_topology(plan)
     kind, _, tag = driver.partition(":")
@@ -59,8 +54,13 @@ def open_fabric(plan: Path, driver: str = "sim") -> FabricManager:
 
 
 def _netns_drivers(topology: Topology, tag: str) -> tuple[dict[str, OcsDriver], Router]:
-    from orchestr.fabric._netns_fabric import NetnsError, NetnsFabric, netns_missing
-    from orchestr.fabric._ocs_netns import NetnsOcs, NetnsRouter
+    from orchestr.fabric.optical import (
+        NetnsError,
+        NetnsFabric,
+        NetnsOcs,
+        NetnsRouter,
+        netns_missing,
+    )
 
     if len(topology.ocs) != 1:
         raise ConfigError(
@@ -113,7 +113,7 @@ def _members_by_switch(
 
 async def fabric_hint(fabric: FabricManager, state: HeadState, request: Any) -> dict[str, Any]:
     """Serve a ``FabricHintRequest``: the plan record (or, for a dry run, the plan)."""
-    from orchestr.fabric._manager import Hint, hint_demand
+    from orchestr.fabric.optical import Hint, hint_demand
 
     traffic: Any = None
     if request.collective:

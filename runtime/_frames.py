@@ -43,7 +43,7 @@ def _receive_memory(nbytes: int) -> memoryview | bytearray:
 
     import numpy as np
 
-    from orchestr.fabric._segments import receive_pool
+    from orchestr.fabric.lowlevel import receive_pool
 
     view, done = receive_pool.empty(nbytes)
     array = np.frombuffer(view, dtype=np.uint8, count=nbytes)

@@ -36,7 +36,7 @@ from .config import Config
 from .errors import ActorDiedError, ConfigError, ControlPlaneError, OrchestrError, SpawnError
 
 if TYPE_CHECKING:
-    from orchestr.fabric._manager import FabricManager
+    from orchestr.fabric.optical import FabricManager
 
 __all__ = [
     "HeadService",

@@ -14,8 +14,8 @@ import secrets
 import urllib.parse
 from typing import Any
 
-from orchestr.fabric import _local
-from orchestr.fabric._memfd import Segment, open_peer
+from orchestr.fabric import process_key
+from orchestr.fabric.lowlevel import Segment, open_peer
 
 from .errors import OrchestrError
 
@@ -93,7 +93,7 @@ def peer_is_local(transport: Any) -> bool:
 def address_with_process(url: str, local: str | None = None) -> str:
     """A call address that also names the serving process (so callers know where it is) and,
     when given, the URL of a listener for callers on the same host."""
-    address = f"{url}?proc={_local.process_key()}"
+    address = f"{url}?proc={process_key()}"
     return f"{address}&local={local}" if local else address
 
 

@@ -10,7 +10,7 @@ import itertools
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from orchestr.fabric._buffers import check_fallback
+from orchestr.fabric.lowlevel import check_fallback
 
 from . import _serde
 from ._bulk import fanout

@@ -55,8 +55,8 @@ def detect_fabric() -> tuple[list[str], list[str]]:
     """The data-plane transports this host's workers can use (stream and buffer transports
     that load here; ``inproc`` left out, it never crosses a process) and its devices
     (``cuda:N`` per NVIDIA GPU, ``rdma:NAME`` per RDMA device), for ``orchestr status``."""
-    from orchestr.fabric._registry import usable_buffer_transports
-    from orchestr.fabric._streams import stream_transports
+    from orchestr.fabric import stream_transports
+    from orchestr.fabric.lowlevel import usable_buffer_transports
 
     usable = {t.scheme for t in usable_buffer_transports()}
     transports = sorted(({*stream_transports()} | usable) - {"inproc"})

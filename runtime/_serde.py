@@ -54,7 +54,7 @@ T = TypeVar("T")
 #: lazily).
 _REGISTERED_BY = {EXT_BUFFER: "orchestr._bulk", EXT_MESH: "orchestr._mesh"}
 #: The same for sending, by the module that defines the type (a ``Mesh`` registers itself).
-_REGISTERED_FOR = {"orchestr.fabric._handle": "orchestr._bulk"}
+_REGISTERED_FOR = {"orchestr.fabric": "orchestr._bulk"}  # Buffer (pinned there)
 
 _dataclasses_by_type: dict[type, str] = {}
 _dataclasses_by_name: dict[str, type] = {}

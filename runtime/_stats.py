@@ -4,7 +4,7 @@ A worker answers the ``Stats`` RPC with :func:`worker_stats` turned into protobu
 :func:`to_pb`; the head turns the answers back with :func:`from_pb` and aggregates them in
 :mod:`._exposition`. Nothing here is read on the call path: the counters themselves are plain
 integers bumped where the work happens (``_actorhost``, ``_wire``, ``_bulk`` and
-``orchestr.fabric._buffers``), and this module only reads them.
+``orchestr.fabric.lowlevel.buffer_stats``), and this module only reads them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from orchestr.fabric import _buffers
+from orchestr.fabric.lowlevel import buffer_stats
 from orchestr.protos import orchestr_pb2 as pb
 
 from . import _wire
@@ -76,7 +76,7 @@ def process_transports() -> list[TransportStats]:
     moved = _wire.bulk
     if moved.ops:
         rows.append(TransportStats("bulk", "shm", moved.sent, moved.received, moved.ops))
-    for scheme, c in sorted(_buffers.stats.items()):
+    for scheme, c in sorted(buffer_stats.items()):
         rows.append(
             TransportStats(
                 "buffer", scheme, c.bytes_written, c.bytes_read, c.transfers, c.fallbacks

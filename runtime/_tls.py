@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 
-from orchestr.fabric._streams import set_tls, tls_contexts
+from orchestr.fabric.lowlevel import set_tls, tls_contexts
 
 from .config import Config, check_tls_files
 from .errors import ConfigError

@@ -18,8 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
-from orchestr.fabric._flow import StreamEnd
-from orchestr.fabric._shmring import RingEnd
+from orchestr.fabric.lowlevel import RingEnd, StreamEnd
 
 from . import _serde
 from ._frames import FrameDecoder, encode_frame

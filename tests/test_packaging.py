@@ -23,6 +23,9 @@ def test_wheel_installs_the_folders_as_the_orchestr_packages(tmp_path: pathlib.P
         "orchestr/py.typed",
         "orchestr/_worker.py",
         "orchestr/fabric/__init__.py",
+        "orchestr/fabric/_streams/_transport.py",
+        "orchestr/fabric/_buffers/_handle.py",
+        "orchestr/fabric/_optical/_manager.py",
         "orchestr/roles/__init__.py",
         "orchestr/cli/__init__.py",
         "orchestr/protos/orchestr_pb2.py",
@@ -45,3 +48,19 @@ def test_editable_install_resolves_to_the_folders() -> None:
     assert pathlib.Path(orchestr.__file__).parent == ROOT / "runtime"
     assert pathlib.Path(orchestr.fabric.__file__).parent == ROOT / "fabric"
     assert pathlib.Path(orchestr.protos.__file__).parent == ROOT / "protos"
+
+
+def test_every_subpackage_is_in_the_wheel() -> None:
+    """A new folder with an ``__init__.py`` must be listed in pyproject's ``packages`` too, or
+    the editable install finds it and a wheel leaves it out."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    found = set()
+    for name, folder in config["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            if "__pycache__" not in init.parts:
+                rel = init.parent.relative_to(ROOT / folder).parts
+                found.add(".".join((name, *rel)))
+    assert found == listed

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestr.fabric._inproc import InprocBuffers
+from orchestr.fabric._buffers._inproc import InprocBuffers
 
 
 class CarrierBuffers(InprocBuffers):

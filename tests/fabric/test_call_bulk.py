@@ -17,7 +17,7 @@ import torch
 import orchestr as oc
 from orchestr import fabric
 from orchestr._wire import traffic
-from orchestr.fabric._segments import pool
+from orchestr.fabric._buffers._segments import pool
 from tests.fabric.actors import Owner, Reader, Router, Sink
 
 MiB = 1 << 20
@@ -185,7 +185,7 @@ async def test_fallback_policy_for_buffers(ctx: oc.JobContext) -> None:
     buf = await owner.share.call_one(1024, 1.0)
     with pytest.raises(oc.FallbackError, match="rdma.*fallback policy is 'error'"):
         await buf.read_into(torch.empty(1024), transport="rdma", fallback="error")
-    from orchestr.fabric._buffers import stats
+    from orchestr.fabric._buffers._transport import stats
 
     before = stats.get("shm").fallbacks if "shm" in stats else 0
     assert await buf.read_into(torch.empty(1024), transport="rdma", fallback="allow") == "shm"
@@ -303,7 +303,7 @@ async def test_a_message_that_fails_to_decode_gives_its_segments_back(
 
 def test_finalizers_never_wait_for_the_pool_lock() -> None:
     """Garbage collection can free a pooled tensor while this thread holds the pool's lock."""
-    from orchestr.fabric._segments import SegmentPool
+    from orchestr.fabric._buffers._segments import SegmentPool
 
     local = SegmentPool()
     _, done = local.empty(MiB)
@@ -385,7 +385,7 @@ async def test_a_call_to_many_members_copies_a_large_argument_once(ctx: oc.JobCo
 
 
 async def test_past_the_pool_budget_large_values_go_into_the_frame() -> None:
-    from orchestr.fabric._buffers import stats
+    from orchestr.fabric._buffers._transport import stats
 
     config = oc.load_config(shm_pool_bytes=2 * MiB)
     async with oc.open_local_cluster(config) as ctx:

@@ -24,7 +24,7 @@ from orchestr._head import HeadService
 from orchestr._tls import install_stream_tls
 from orchestr.config import Config, load_config
 from orchestr.errors import AuthenticationError, ConfigError
-from orchestr.fabric._streams import TcpTransport, set_tls, tls_contexts
+from orchestr.fabric._streams._transport import TcpTransport, set_tls, tls_contexts
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 

@@ -16,8 +16,8 @@ import torch
 
 import orchestr as oc
 from orchestr import fabric
+from orchestr.fabric._buffers._sidechannel import SideChannel
 from orchestr.fabric._registry import settings
-from orchestr.fabric._sidechannel import SideChannel
 
 from ..fabric.actors import Owner
 from .conftest import Attacker

@@ -1,0 +1,200 @@
+"""``Buffer``: the user-facing one-sided buffer, in the shape of Monarch's ``RDMABuffer``.
+
+The owner registers a tensor (or any writable bytes-like value) where it lies; the handle is
+small, is passed in any actor call, and can be forwarded through other actors without moving the
+bytes. Whoever holds it calls ``read_into`` / ``write_from``; the bytes move directly between
+the owner's memory and the caller's, over the best backend for where the two are.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from orchestr.errors import DescriptorError, OrchestrError
+from orchestr.fabric import _local, _registry
+
+from . import _transport
+from ._transport import Descriptor, Region
+
+__all__ = ["Buffer"]
+
+
+def as_bytes(data: Any, *, writable: bool) -> tuple[memoryview, str, list[int]]:
+    """A flat byte view of a CPU tensor, numpy array or bytes-like value, with dtype and shape."""
+    module = type(data).__module__
+    if module.startswith("torch"):
+        if data.device.type != "cpu":
+            raise OrchestrError(
+                f"only CPU tensors can be registered here, got one on {data.device}; copy it "
+                f"to the host first"
+            )
+        if not data.is_contiguous():
+            raise OrchestrError("register a contiguous tensor (call .contiguous() first)")
+        import torch
+
+        dtype, shape = str(data.dtype).removeprefix("torch."), list(data.shape)
+        flat = data.detach().reshape(-1).view(torch.uint8)
+        view = memoryview(flat.numpy()) if flat.numel() else memoryview(bytearray())
+    elif module == "numpy":
+        if not data.flags.c_contiguous:
+            raise OrchestrError("register a C-contiguous array (np.ascontiguousarray)")
+        dtype, shape = data.dtype.str, list(data.shape)
+        view = memoryview(data.reshape(-1).view("u1")) if data.size else memoryview(bytearray())
+    else:
+        try:
+            view = memoryview(data)
+        except TypeError:
+            raise OrchestrError(
+                f"cannot register a {type(data).__name__}: pass a tensor, array or bytes-like"
+            ) from None
+        if not view.contiguous:
+            raise OrchestrError("register a contiguous buffer")
+        dtype, shape = "u1", [view.nbytes]
+    view = view.cast("B") if view.ndim != 1 or view.format != "B" else view
+    if writable and view.readonly:
+        raise OrchestrError("this buffer is read-only; read_into needs a writable destination")
+    return view, dtype, shape
+
+
+class Buffer:
+    """Registered memory that peers read and write without the owner's code taking part.
+
+    ``Buffer(tensor)`` registers a contiguous CPU tensor (numpy arrays and writable bytes-like
+    values too) in place, with every transport that works here. Pass the buffer in any call;
+    the receiver awaits ``read_into(dst)`` or ``write_from(src)``. The owner calls
+    ``release()`` (or uses ``with``) when peers are done; a released buffer's handles fail with
+    :class:`StaleDescriptorError`. A buffer whose owner drops it is released soon after (at the
+    next registration), and all are released when the owning actor stops; the kernel reclaims
+    them if its process is killed.
+    """
+
+    __module__ = "orchestr.fabric"  # its public home (the serializer finds it by this name)
+
+    def __init__(self, data: Any) -> None:
+        view, self.dtype, self.shape = as_bytes(data, writable=False)
+        self._data = data  # keeps the memory alive while registered
+        self._transports = _registry.usable_buffer_transports()
+        self._region: Region | None = _transport.register_memory(view, self._transports)
+        # dropped without release(): released soon after (the memory stays valid until then)
+        self._finalizer = weakref.finalize(
+            self, _transport.release_later, self._region, self._transports
+        )
+        self.nbytes = view.nbytes
+        self.descriptors: dict[str, Descriptor] = {
+            s: self._region.descriptor(s) for s in self._region.exports
+        }
+
+    @classmethod
+    def _from_parts(
+        cls, nbytes: int, dtype: str, shape: list[int], descriptors: dict[str, Descriptor]
+    ) -> Buffer:
+        self = cls.__new__(cls)
+        self._data = None
+        self._transports = []
+        self._region = None
+        self.nbytes, self.dtype, self.shape, self.descriptors = nbytes, dtype, shape, descriptors
+        return self
+
+    @property
+    def owner(self) -> str:
+        """The owning process, ``host:pid:nonce``."""
+        return next(iter(self.descriptors.values())).owner
+
+    def __repr__(self) -> str:
+        state = "released" if self._region is None and self._data is not None else "live"
+        return (
+            f"<Buffer {self.nbytes} bytes {self.dtype}{self.shape} of {self.owner} via "
+            f"{'/'.join(self.descriptors)} {state}>"
+        )
+
+    async def read_into(
+        self,
+        dst: Any,
+        *,
+        offset: int = 0,
+        transport: str | None = None,
+        fallback: str | None = None,
+    ) -> str:
+        """Copy ``dst.nbytes`` bytes starting at byte ``offset`` of this buffer into ``dst``.
+
+        Returns the transport that moved them. ``transport`` asks for one backend (otherwise
+        the natural one for where the owner is); ``fallback`` is ``"allow"`` or ``"error"``
+        (default: the job's ``ORCHESTR_TRANSPORT_FALLBACK``). Bound it with
+        ``asyncio.timeout``; a cancelled transfer leaves ``dst`` partly written.
+        """
+        view, _, _ = as_bytes(dst, writable=True)
+        t, desc = self._choose(transport, fallback)
+        await t.read_into(desc, offset, view)
+        return t.scheme
+
+    async def write_from(
+        self,
+        src: Any,
+        *,
+        offset: int = 0,
+        transport: str | None = None,
+        fallback: str | None = None,
+    ) -> str:
+        """Copy all of ``src`` into this buffer starting at byte ``offset``; returns the
+        transport used."""
+        view, _, _ = as_bytes(src, writable=False)
+        t, desc = self._choose(transport, fallback)
+        await t.write_from(desc, offset, view)
+        return t.scheme
+
+    def _choose(
+        self, want: str | None, fallback: str | None
+    ) -> tuple[_transport.BufferTransport, Descriptor]:
+        policy = _transport.check_fallback(fallback or _registry.settings.fallback)
+        return _transport.choose(
+            self.descriptors, _registry.buffer_transport, want=want, fallback=policy
+        )
+
+    def release(self) -> None:
+        """Unregister (owner only). Idempotent.
+
+        Transfers that start afterwards fail with :class:`StaleDescriptorError`. One already
+        under way when the owner releases may still complete, so release only when peers are
+        done, and keep the memory itself alive until then (as with RDMA deregistration).
+        """
+        if self._region is None:
+            if self._data is None:
+                raise DescriptorError(
+                    f"only the owner ({self.owner}) can release this buffer; this process is "
+                    f"{_local.process_key()}"
+                )
+            return
+        self._finalizer.detach()
+        _transport.release(self._region, self._transports)
+        self._region = None
+
+    def __enter__(self) -> Buffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # -- wire form -----------------------------------------------------------------------------
+    def to_wire(self) -> list[Any]:
+        if self._region is None and self._data is not None:
+            raise DescriptorError("this buffer was released; it cannot be sent")
+        return [
+            self.nbytes,
+            self.dtype,
+            self.shape,
+            [d.to_wire() for d in self.descriptors.values()],
+        ]
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Buffer:
+        try:
+            nbytes, dtype, shape, descs = data
+        except (TypeError, ValueError):
+            raise DescriptorError(f"malformed buffer handle {data!r}") from None
+        if not (isinstance(nbytes, int) and isinstance(descs, list) and descs):
+            raise DescriptorError(f"malformed buffer handle {data!r}")
+        parsed = [Descriptor.from_wire(d) for d in descs]
+        if len({d.owner for d in parsed}) != 1 or any(d.length != nbytes for d in parsed):
+            raise DescriptorError("a buffer handle's descriptors disagree on owner or length")
+        return cls._from_parts(nbytes, str(dtype), list(shape), {d.transport: d for d in parsed})

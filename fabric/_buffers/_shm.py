@@ -1,0 +1,208 @@
+"""``shm://`` one-sided buffers between processes on one host.
+
+The owner publishes each registered region (address, length, key) in a table that lives in a
+memfd segment (:mod:`._memfd`). A peer maps the table read-only, checks the descriptor against
+the owner's entry (key and bounds come from the owner, never from the descriptor), and moves the
+bytes with one kernel copy between the two address spaces (``process_vm_readv`` /
+``process_vm_writev``); no socket, no staging buffer, and the owner takes no part. After the copy
+the peer checks the entry again, so a region released during a transfer is reported as stale.
+Any CPU memory can be registered, so a tensor is registered where it lies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import mmap
+import os
+import struct
+import threading
+from typing import Any
+
+from orchestr.errors import DescriptorError, StaleDescriptorError, TransportError
+from orchestr.fabric import _local
+
+from ._memfd import HEADER, Segment, open_peer
+from ._transport import Descriptor, OneSided, Region
+
+__all__ = ["ShmBuffers"]
+
+_ENTRY = struct.Struct("<QQQQ")  # key, address, length, region id << 1 | writable
+_WRITABLE = 1
+TABLE_SLOTS = 1 << 16
+#: Transfers at least this large run in a thread, off the event loop.
+THREAD_BYTES = 256 * 1024
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+# The process's own symbols, libc's among them: ``ctypes.util.find_library("c")`` runs
+# ``ldconfig -p`` in a child process, a cost every worker paid at start-up.
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.process_vm_readv.restype = ctypes.c_ssize_t
+_libc.process_vm_writev.restype = ctypes.c_ssize_t
+_PR_SET_PTRACER = 0x59616D61
+_PR_SET_PTRACER_ANY = ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF)
+
+
+def address_of(view: memoryview) -> int:
+    """The address of a contiguous buffer (read-only ones too)."""
+    import numpy as np
+
+    if view.nbytes == 0:
+        return 0
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
+def _vm_copy(write: bool, pid: int, local: int, remote: int, nbytes: int) -> None:
+    fn = _libc.process_vm_writev if write else _libc.process_vm_readv
+    done = 0
+    while done < nbytes:
+        lvec = _IoVec(local + done, nbytes - done)
+        rvec = _IoVec(remote + done, nbytes - done)
+        n = fn(pid, ctypes.byref(lvec), 1, ctypes.byref(rvec), 1, 0)
+        if n < 0:
+            err = ctypes.get_errno()
+            if err in (errno.ESRCH, errno.EFAULT):
+                raise StaleDescriptorError(
+                    f"the memory of process {pid} is gone ({os.strerror(err)}): released, or "
+                    f"the process exited"
+                )
+            raise TransportError(
+                f"cross-process copy with process {pid} failed: {os.strerror(err)}"
+            )
+        if n == 0:
+            raise StaleDescriptorError(f"the memory of process {pid} could not be reached")
+        done += n
+
+
+class _Table:
+    """This process's published region table."""
+
+    def __init__(self) -> None:
+        self.segment = Segment(TABLE_SLOTS * _ENTRY.size)
+        self.free = list(range(TABLE_SLOTS - 1, -1, -1))
+        self.lock = threading.Lock()
+
+    def put(self, region: Region) -> int:
+        with self.lock:
+            if not self.free:
+                raise TransportError(f"more than {TABLE_SLOTS} shm buffers registered at once")
+            slot = self.free.pop()
+        addr = address_of(region.mem)
+        flags = region.id << 1 | (0 if region.mem.readonly else _WRITABLE)
+        _ENTRY.pack_into(
+            self.segment.data, slot * _ENTRY.size, region.key, addr, region.mem.nbytes, flags
+        )
+        return slot
+
+    def clear(self, slot: int) -> None:
+        _ENTRY.pack_into(self.segment.data, slot * _ENTRY.size, 0, 0, 0, 0)
+        with self.lock:
+            self.free.append(slot)
+
+
+class ShmBuffers(OneSided):
+    """The ``shm`` buffer backend."""
+
+    scheme = "shm"
+
+    def __init__(self) -> None:
+        self._table: _Table | None = None
+        self._table_pid = 0
+        self._peers: dict[tuple[int, int, int], mmap.mmap] = {}
+        self._probed: str | bool | None = False
+
+    def probe(self) -> str | None:
+        if self._probed is False:
+            self._probed = self._check()
+        return self._probed  # type: ignore[return-value]
+
+    def _check(self) -> str | None:
+        if not hasattr(os, "memfd_create"):
+            return "this platform has no memfd_create"
+        try:
+            src = bytearray(b"probe")
+            dst = bytearray(5)
+            _vm_copy(
+                False, os.getpid(), address_of(memoryview(dst)), address_of(memoryview(src)), 5
+            )
+        except (OSError, TransportError) as exc:
+            return f"cross-process memory access is not permitted here: {exc}"
+        return None if dst == src else "cross-process copy returned wrong bytes"
+
+    def reaches(self, owner: str) -> bool:
+        return _local.host_of(owner) == _local.host_id()
+
+    def _my_table(self) -> _Table:
+        if self._table is None or self._table_pid != os.getpid():
+            self._table = _Table()
+            self._table_pid = os.getpid()
+            # under Yama ptrace_scope=1 peers may read us only if we say so
+            _libc.prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY, 0, 0, 0)
+        return self._table
+
+    def export(self, region: Region) -> tuple[Any, ...]:
+        table = self._my_table()
+        slot = table.put(region)
+        return (os.getpid(), table.segment.fd, table.segment.key, slot)
+
+    def unexport(self, region: Region) -> None:
+        where = region.exports.get(self.scheme)
+        if where is not None and self._table is not None:
+            self._table.clear(where[3])
+
+    # -- peer side -----------------------------------------------------------------------------
+    def _entry(self, desc: Descriptor, write: bool) -> tuple[int, int]:
+        """``(pid, remote address)`` after checking ``desc`` against its owner's table."""
+        try:
+            pid, fd, table_key, slot = desc.where
+        except ValueError:
+            raise DescriptorError(f"malformed shm descriptor {desc.where!r}") from None
+        if not all(isinstance(v, int) for v in (pid, fd, table_key, slot)) or not (
+            0 <= slot < TABLE_SLOTS
+        ):
+            raise DescriptorError(f"malformed shm descriptor {desc.where!r}")
+        if pid != _local.pid_of(desc.owner):
+            raise DescriptorError("shm descriptor names a process other than its owner")
+        table = self._peers.get((pid, fd, table_key))
+        if table is None:
+            for k in [k for k in self._peers if not os.path.exists(f"/proc/{k[0]}")]:
+                self._peers.pop(k).close()
+            table = open_peer(pid, fd, table_key, writable=False)
+            self._peers[(pid, fd, table_key)] = table
+        key, addr, length, flags = _ENTRY.unpack_from(table, HEADER + slot * _ENTRY.size)
+        if key != desc.key or flags >> 1 != desc.region:
+            raise StaleDescriptorError(
+                f"buffer region {desc.region} of {desc.owner} was released (or the descriptor "
+                f"is forged)"
+            )
+        if length != desc.length:
+            raise DescriptorError(
+                f"descriptor says {desc.length} bytes; the owner registered {length}"
+            )
+        if write and not flags & _WRITABLE:
+            raise DescriptorError(f"buffer region {desc.region} of {desc.owner} is read-only")
+        return pid, addr
+
+    def _still_live(self, desc: Descriptor) -> None:
+        pid, fd, table_key, slot = desc.where
+        table = self._peers[(pid, fd, table_key)]
+        if _ENTRY.unpack_from(table, HEADER + slot * _ENTRY.size)[0] != desc.key:
+            raise StaleDescriptorError(
+                f"buffer region {desc.region} of {desc.owner} was released during the transfer"
+            )
+
+    async def move(self, write: bool, desc: Descriptor, offset: int, local: memoryview) -> None:
+        desc.check_span(offset, local.nbytes)
+        pid, addr = self._entry(desc, write)
+        if local.nbytes:
+            args = (write, pid, address_of(local), addr + offset, local.nbytes)
+            if local.nbytes >= THREAD_BYTES:
+                await asyncio.to_thread(_vm_copy, *args)
+            else:
+                _vm_copy(*args)
+        self._still_live(desc)

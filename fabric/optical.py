@@ -1,0 +1,68 @@
+"""The optical fabric manager: cabling plans, circuit planning, reconfiguration, OCS drivers.
+
+A separate system from the data plane beside it (``orchestr.fabric``): it changes which
+switches optical circuits join between job phases, while the data plane moves bytes over
+whatever the network is. The head runs one :class:`FabricManager` when it starts with a
+cabling plan (``orchestr start --head --fabric plan.toml``); jobs send it phase hints.
+
+- **plans**: :class:`Topology` (hosts, NICs, switches, links, OCS ports), read with
+  :func:`load_topology` / :func:`topology_from_dict`, checked as it is built;
+- **cost**: :func:`collective_demand` and :class:`ReconfigCost` price a phase's traffic and a
+  reconfiguration;
+- **planning**: :class:`GreedyPlanner` turns a :class:`PlanRequest` into a :class:`Plan`;
+  :class:`CommitPolicy` says when one is worth its cost;
+- **the manager**: :class:`FabricManager` takes :class:`Hint` s (see :func:`hint_demand`) and
+  applies plans through the reconfiguration transaction (:class:`Reconfigurator`), leaving a
+  :class:`PlanRecord` for each;
+- **drivers**: the :class:`OcsDriver` protocol, the in-process :class:`SimOcs` and the
+  network-namespace :class:`NetnsOcs` (with :class:`NetnsFabric` and :class:`NetnsRouter`);
+  :func:`check_ocs_driver` is the conformance suite an out-of-tree driver passes.
+"""
+
+from __future__ import annotations
+
+from ._optical._circuits import Circuit
+from ._optical._conformance import check_ocs_driver
+from ._optical._costmodel import ReconfigCost, collective_demand
+from ._optical._manager import FabricManager, Hint, PlanRecord, RecordingRouter, hint_demand
+from ._optical._netns import NetnsError, NetnsFabric, netns_missing
+from ._optical._ocs import OcsDriver, OcsError
+from ._optical._ocs_netns import NetnsOcs, NetnsRouter
+from ._optical._ocs_sim import SimOcs
+from ._optical._planfile import dump_topology, load_topology, topology_from_dict
+from ._optical._planner import CommitPolicy, GreedyPlanner, Installed, Plan, PlanRequest
+from ._optical._reconfig import Changes, Reconfigurator, Router
+from ._optical._topology import Topology, TopologyError
+
+__all__ = [
+    "Changes",
+    "Circuit",
+    "CommitPolicy",
+    "FabricManager",
+    "GreedyPlanner",
+    "Hint",
+    "Installed",
+    "NetnsError",
+    "NetnsFabric",
+    "NetnsOcs",
+    "NetnsRouter",
+    "OcsDriver",
+    "OcsError",
+    "Plan",
+    "PlanRecord",
+    "PlanRequest",
+    "ReconfigCost",
+    "Reconfigurator",
+    "RecordingRouter",
+    "Router",
+    "SimOcs",
+    "Topology",
+    "TopologyError",
+    "check_ocs_driver",
+    "collective_demand",
+    "dump_topology",
+    "hint_demand",
+    "load_topology",
+    "netns_missing",
+    "topology_from_dict",
+]
