@@ -37,7 +37,7 @@ import time
 from typing import Any
 
 import orchestr as oc
-from orchestr._headstate import HeadState
+from orchestr._cluster._headstate import HeadState
 from orchestr._log import configure_logging
 
 #: What each light actor (and each reservation's bundle) asks for: a token of CPU.

@@ -246,7 +246,7 @@ def limits_table(limits: Raw, procs: int, lim: dict[str, Any]) -> None:
     for key, text in (
         ("python_start", "python -c pass"),
         ("worker_dependencies_import", "... importing grpc, protobuf, structlog, msgpack, uvloop"),
-        ("orchestr_worker_import", "... importing orchestr._worker"),
+        ("orchestr_worker_import", "... importing orchestr._cluster._worker"),
         ("ray_import", "... importing ray (Ray's venv)"),
     ):
         s = summarize([n / t for t in limits.get(key, [])])
@@ -261,7 +261,7 @@ def limits_table(limits: Raw, procs: int, lim: dict[str, Any]) -> None:
         lim["mesh_floor_per_s"] = rate / 2
         lim["actors_1000_floor_s"] = procs / rate
         print(
-            f"floors, from the best rate of starting processes that import orchestr._worker: a "
+            f"floors, from the best rate of starting processes that import orchestr._cluster._worker: a "
             f"mesh of 2 {rate / 2:.1f}/s; {procs} worker processes {procs / rate:.2f} s"
         )
 

@@ -7,7 +7,7 @@
 - ``procs`` starts ``N`` processes of ``CMD``, at most ``CONCURRENCY`` at a time (fork, exec,
   the interpreter's start-up and whatever ``CMD`` imports, exit), and reports the wall time for
   all of them. With ``python -c pass`` that is the least any runtime that gives an actor a
-  Python process of its own pays; with ``python -c "import orchestr._worker"`` the least an
+  Python process of its own pays; with ``python -c "import orchestr._cluster._worker"`` the least an
   orchestr worker pays before it serves anything.
 - ``grpc-call`` makes sequential unary calls with 16-byte bodies to ``grpc-serve`` (grpc.aio,
   raw bytes: no protobuf) for ``SECONDS`` and reports every round trip's time: the least a

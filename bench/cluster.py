@@ -6,8 +6,8 @@ and Ray side by side, with the machine's limits.
 
 **Hosts.** Three network namespaces on one kernel, joined by veth pairs to a bridge: ``H``
 holds the heads and the drivers, ``A`` and ``B`` are the two hosts where actors live. orchestr:
-the head daemon (``python -m orchestr._cluster head``, what ``orchestr start --head`` runs) in
-H, a node daemon (``python -m orchestr._node``, labels ``host=a`` / ``host=b``) in A and in B,
+the head daemon (``python -m orchestr._cluster._daemon head``, what ``orchestr start --head`` runs) in
+H, a node daemon (``python -m orchestr._cluster._node``, labels ``host=a`` / ``host=b``) in A and in B,
 and the job's controller (``bench/_cluster_job.py``: ``orchestr.run(main, address=, token=)``)
 in H. Ray (``ray==2.60.0`` in its own venv under ``bench/.venvs``): ``ray start --head
 --num-cpus 0`` in H, ``ray start --address`` in A and in B (2 CPUs each, custom resources
@@ -47,7 +47,7 @@ each torn down before the next.
   process each too: the like-for-like figure, extrapolated the same way.
 - **Limits** (``bench/_limit_spawn.py``): processes started as many at a time as there are
   cores: bare ``python -c pass``; importing what an orchestr worker imports from other
-  packages; importing ``orchestr._worker``; importing ``ray``. The best rate of the third gives
+  packages; importing ``orchestr._cluster._worker``; importing ``ray``. The best rate of the third gives
   the floor of orchestr's figures (a mesh of 2 needs two such processes; 1,000 actors need
   ``1000/K``). And a bare grpc.aio unary round trip from H to A.
 
@@ -204,7 +204,7 @@ def orchestr_cluster(hosts: Hosts, plan: dict[str, Any], workdir: Path) -> dict[
     env = dict(os.environ, PYTHONPATH=_import_path())
     env.pop("ORCHESTR_TOKEN", None)
     head_log = logs / "head.out"
-    cmd = [sys.executable, "-m", "orchestr._cluster", "head", "--state-dir", str(state)]
+    cmd = [sys.executable, "-m", "orchestr._cluster._daemon", "head", "--state-dir", str(state)]
     cmd += ["--host", hosts.ip["h"]]
     with open(head_log, "wb") as f:
         head = PROCS.start(hosts.exec("h", cmd), env=env, stdout=f, stderr=subprocess.STDOUT)
@@ -215,7 +215,7 @@ def orchestr_cluster(hosts: Hosts, plan: dict[str, Any], workdir: Path) -> dict[
         env["ORCHESTR_TOKEN"] = (state / "token").read_text().strip()
         for k in "ab":
             node_log = logs / f"node-{k}.out"
-            cmd = [sys.executable, "-m", "orchestr._node", "--head", address]
+            cmd = [sys.executable, "-m", "orchestr._cluster._node", "--head", address]
             cmd += ["--labels", f"host={k}", "--log-level", "INFO"]
             cmd += ["--log-file", str(logs / f"node-{k}.jsonl")]
             with open(node_log, "wb") as f:
@@ -291,7 +291,7 @@ def measure_limits(
     kinds = {
         "python_start": [sys.executable, "-c", "pass"],
         "worker_dependencies_import": [sys.executable, "-c", DEPENDENCIES],
-        "orchestr_worker_import": [sys.executable, "-c", "import orchestr._worker"],
+        "orchestr_worker_import": [sys.executable, "-c", "import orchestr._cluster._worker"],
     }
     if ray_python is not None:
         kinds["ray_import"] = [str(ray_python), "-c", "import ray"]

@@ -17,7 +17,7 @@ answer (the element count, or ``nbytes`` on Ray). Figures are GB/s (10^9 bytes p
   transfers.
 - **Two hosts** are two network namespaces joined by a veth pair (default MTU, no shaping).
   orchestr: the job's driver and its in-process node (labels ``host=a``) run in namespace A,
-  a second node (``python -m orchestr._node``, labels ``host=b``) in namespace B, and the receiver
+  a second node (``python -m orchestr._cluster._node``, labels ``host=b``) in namespace B, and the receiver
   is placed there by label. Ray: ``ray start --head`` in A and ``ray start --address`` in B,
   the driver in A, the actors placed with the custom resources ``hostA`` / ``hostB``.
 - **Limits** (``bench/_limit_transfer.py``): ``np.copyto`` into a pre-faulted array (memcpy);
@@ -206,9 +206,9 @@ def _import_path() -> str:
 
 
 def start_node_b(ns_b: str, ip_b: str, head: str, token: str, logs: str) -> subprocess.Popen[bytes]:
-    """``python -m orchestr._node`` in namespace B, joining the head with labels ``host=b``."""
+    """``python -m orchestr._cluster._node`` in namespace B, joining the head with labels ``host=b``."""
     env = dict(os.environ, ORCHESTR_TOKEN=token, ORCHESTR_BIND_HOST=ip_b, PYTHONPATH=_import_path())
-    cmd = ["ip", "netns", "exec", ns_b, sys.executable, "-m", "orchestr._node"]
+    cmd = ["ip", "netns", "exec", ns_b, sys.executable, "-m", "orchestr._cluster._node"]
     with open(logs, "ab") as out:
         return subprocess.Popen(
             [*cmd, "--head", head, "--labels", "host=b"],

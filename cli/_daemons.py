@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestr import _cluster
-from orchestr._statedir import (
+from orchestr._cluster import _daemon as _cluster
+from orchestr._cluster._statedir import (
     check_private_file,
     is_daemon,
     private_dir,
@@ -109,13 +109,13 @@ def _start_head(args: argparse.Namespace, state_dir: Path) -> int:
         return 2
     _cluster.ensure_token(state_dir)
     log = state_dir / _cluster.LOGS_DIR / "head.log"
-    cmd = [sys.executable, "-m", "orchestr._cluster", "head", "--state-dir", str(state_dir)]
+    cmd = [sys.executable, "-m", "orchestr._cluster._daemon", "head", "--state-dir", str(state_dir)]
     cmd += ["--host", args.host, "--port", str(args.port)]
     if args.ocs_driver and not args.fabric:
         print("orchestr start: --ocs-driver drives the OCS of a --fabric PLAN", file=sys.stderr)
         return 2
     if args.fabric:
-        from orchestr._fabric import open_fabric
+        from orchestr._cluster._fabric import open_fabric
 
         # a bad plan or driver is refused here, with what is wrong
         open_fabric(Path(args.fabric), args.ocs_driver or "sim")
@@ -150,7 +150,15 @@ def _start_node(args: argparse.Namespace, state_dir: Path) -> int:
     stem = f"node-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     log = state_dir / _cluster.LOGS_DIR / f"{stem}.log"
     events = state_dir / _cluster.LOGS_DIR / f"{stem}.jsonl"
-    cmd = [sys.executable, "-m", "orchestr._node", "--head", args.address, "--log-level", "INFO"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestr._cluster._node",
+        "--head",
+        args.address,
+        "--log-level",
+        "INFO",
+    ]
     cmd += ["--log-file", str(events)]
     if args.labels:
         cmd += ["--labels", args.labels]
@@ -256,7 +264,7 @@ def actor_line(a: dict[str, Any]) -> str:
 
 
 async def _status(address: str, token: str) -> dict[str, Any]:
-    from orchestr import _grpc
+    from orchestr._control import _grpc
     from orchestr.config import load_config
     from orchestr.protos import orchestr_pb2 as pb
     from orchestr.protos import orchestr_pb2_grpc as pb_grpc

@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from orchestr import _cluster
-from orchestr._jobs import MAX_PACKAGE_BYTES
+from orchestr._cluster import _daemon as _cluster
+from orchestr._cluster._submitted import MAX_PACKAGE_BYTES
 from orchestr.errors import ConfigError, ControlPlaneError, OrchestrError
 
 from ._daemons import head_address
@@ -106,7 +106,7 @@ def _connect(args: argparse.Namespace) -> tuple[str, str]:
 
 def _call(args: argparse.Namespace, fn: Callable[[Any, Any], Awaitable[T]]) -> T:
     """Run ``fn(channel, stub)`` against the head ``args`` name."""
-    from orchestr._grpc import ControlChannel
+    from orchestr._control._grpc import ControlChannel
     from orchestr.config import load_config
     from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 

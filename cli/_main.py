@@ -41,7 +41,7 @@ def load_job(path: str) -> ModuleType:
 def _cluster_of(args: argparse.Namespace) -> tuple[str | None, str | None]:
     """The running cluster ``orchestr run`` uses: ``--address``, ``$ORCHESTR_ADDRESS`` or the
     state directory's head, with its token; ``(None, None)`` for the embedded mode."""
-    from orchestr import _cluster
+    from orchestr._cluster import _daemon as _cluster
 
     from ._daemons import head_address
 
@@ -78,7 +78,7 @@ def _run(args: argparse.Namespace) -> int:
 def _graph(args: argparse.Namespace) -> int:
     import asyncio
 
-    from orchestr._graphdry import DryRunError, NoGraphError, capture_graph
+    from orchestr._graph._dry import DryRunError, NoGraphError, capture_graph
 
     try:
         module = load_job(args.job)

@@ -58,16 +58,16 @@ from .errors import (
 if TYPE_CHECKING:
     from . import fabric as fabric
     from . import protos as protos
-    from ._actor import Actor, endpoint
-    from ._channelstate import Staleness
-    from ._driver import JobContext, open_local_cluster, run
-    from ._graph import Graph, GraphNode, Versioned
-    from ._graphrun import GraphRun
-    from ._mesh import Endpoint, Mesh
-    from ._phases import Collective
-    from ._reservation import Reservation
-    from ._serde import register
-    from ._supervise import Failure, RestartPolicy
+    from ._actor._actor import Actor, endpoint
+    from ._call._mesh import Endpoint, Mesh
+    from ._call._serde import register
+    from ._graph._channelstate import Staleness
+    from ._graph._graph import Graph, GraphNode, Versioned
+    from ._graph._run import GraphRun
+    from ._job._context import JobContext, open_local_cluster, run
+    from ._job._phases import Collective
+    from ._job._reservation import Reservation
+    from ._job._supervise import Failure, RestartPolicy
     from .fabric import Buffer
 
 __version__ = "0.1.0"
@@ -119,26 +119,26 @@ __all__ = [
 ]
 
 # The rest of the API loads on first use (PEP 562): a worker process imports ``orchestr`` on
-# its way to ``orchestr._worker`` and should not pay for the driver, the head and the graph
+# its way to ``orchestr._cluster._worker`` and should not pay for the driver, the head and the graph
 # modules it never runs. Which module defines each name:
 _LAZY = {
-    "Actor": "._actor",
-    "endpoint": "._actor",
-    "Staleness": "._channelstate",
-    "JobContext": "._driver",
-    "open_local_cluster": "._driver",
-    "run": "._driver",
-    "Graph": "._graph",
-    "GraphNode": "._graph",
-    "Versioned": "._graph",
-    "GraphRun": "._graphrun",
-    "Endpoint": "._mesh",
-    "Mesh": "._mesh",
-    "Collective": "._phases",
-    "Reservation": "._reservation",
-    "register": "._serde",
-    "Failure": "._supervise",
-    "RestartPolicy": "._supervise",
+    "Actor": "._actor._actor",
+    "endpoint": "._actor._actor",
+    "Staleness": "._graph._channelstate",
+    "JobContext": "._job._context",
+    "open_local_cluster": "._job._context",
+    "run": "._job._context",
+    "Graph": "._graph._graph",
+    "GraphNode": "._graph._graph",
+    "Versioned": "._graph._graph",
+    "GraphRun": "._graph._run",
+    "Endpoint": "._call._mesh",
+    "Mesh": "._call._mesh",
+    "Collective": "._job._phases",
+    "Reservation": "._job._reservation",
+    "register": "._call._serde",
+    "Failure": "._job._supervise",
+    "RestartPolicy": "._job._supervise",
     "Buffer": ".fabric",
 }
 #: Subpackages ``import orchestr`` used to load as a side effect; ``orchestr.fabric`` keeps

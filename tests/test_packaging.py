@@ -21,7 +21,7 @@ def test_wheel_installs_the_folders_as_the_orchestr_packages(tmp_path: pathlib.P
     for path in (
         "orchestr/__init__.py",
         "orchestr/py.typed",
-        "orchestr/_worker.py",
+        "orchestr/_cluster/_worker.py",
         "orchestr/fabric/__init__.py",
         "orchestr/fabric/_streams/_transport.py",
         "orchestr/fabric/_buffers/_handle.py",

@@ -1,7 +1,7 @@
 """The stream-transport seam: a registry of backends chosen by URL scheme.
 
 A backend opens connections and listeners that drive ordinary asyncio protocols, so the call
-path (``orchestr._callpath``) runs unchanged over any of them. Built in: ``tcp://``,
+path (``orchestr._call._client``) runs unchanged over any of them. Built in: ``tcp://``,
 ``inproc://`` (both ends in this process, see ``_inprocstream``) and, on Linux, ``shm://``
 (processes on one host, payload through shared memory, see ``_shmstream``); other data-plane
 transports (``rdma://``) register here too. ``tcp://`` runs in mutual TLS once the runtime

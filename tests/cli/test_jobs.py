@@ -15,7 +15,7 @@ import zipfile
 
 import pytest
 
-from orchestr._jobs import check_package
+from orchestr._cluster._submitted import check_package
 from orchestr.errors import ConfigError
 
 from .test_cluster import alive, cli, start_cluster, state_dir  # noqa: F401 (a fixture)
@@ -141,8 +141,8 @@ async def test_a_restarted_head_adopts_running_jobs_and_closes_ended_ones(
 ) -> None:
     import asyncio
 
-    from orchestr._headstore import HeadStore
-    from orchestr._jobs import JobManager, JobRecord, process_start
+    from orchestr._cluster._headstore import HeadStore
+    from orchestr._cluster._submitted import JobManager, JobRecord, process_start
 
     store = HeadStore(tmp_path / "head.sqlite")
     live = await asyncio.create_subprocess_exec("sleep", "30")

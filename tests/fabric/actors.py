@@ -10,7 +10,7 @@ import torch
 
 import orchestr as oc
 from orchestr import fabric
-from orchestr._wire import traffic
+from orchestr._call._wire import traffic
 
 
 def shared_mapping_of(address: int) -> str | None:

@@ -16,7 +16,7 @@ import torch
 
 import orchestr as oc
 from orchestr import fabric
-from orchestr._wire import traffic
+from orchestr._call._wire import traffic
 from orchestr.fabric._buffers._segments import pool
 from tests.fabric.actors import Owner, Reader, Router, Sink
 
@@ -197,7 +197,7 @@ async def test_fallback_policy_for_buffers(ctx: oc.JobContext) -> None:
 async def test_a_failed_shared_memory_handshake_falls_back_loudly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from orchestr import _locality
+    from orchestr._call import _locality
 
     # a probe the worker cannot map: the handshake must notice and say why
     monkeypatch.setattr(_locality, "probe", lambda: [os.getpid(), 987654, 1])
@@ -259,7 +259,7 @@ async def test_calls_on_one_host_can_ride_shared_memory_streams() -> None:
 
 
 async def test_bulk_values_have_a_limit_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestr import _locality
+    from orchestr._call import _locality
 
     monkeypatch.setattr(_locality, "probe", lambda: [os.getpid(), 987654, 1])  # keep it inline
     config = oc.load_config(max_bulk_bytes=4 * MiB, inline_max_bytes=MiB)
@@ -289,7 +289,7 @@ class _Opaque:
 async def test_a_message_that_fails_to_decode_gives_its_segments_back(
     ctx: oc.JobContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestr import _serde
+    from orchestr._call import _serde
 
     monkeypatch.setitem(_serde._ext_encoders, _Opaque, (99, lambda o: 0))  # this process only
     sink = await ctx.spawn(Sink)
@@ -331,7 +331,7 @@ async def test_a_peer_cannot_claim_to_be_the_server_itself(ctx: oc.JobContext) -
     server_key = address.split("?proc=")[1].split("&")[0]
     code = f"""
 import json
-from orchestr import _locality
+from orchestr._call import _locality
 from orchestr.fabric._local import process_key
 from tests import rawcall
 def hello(info):

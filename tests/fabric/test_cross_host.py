@@ -65,7 +65,7 @@ async def two_hosts() -> AsyncIterator[oc.JobContext]:
                 PYTHONPATH=_import_path(),
             )
             node = await asyncio.create_subprocess_exec(
-                "ip", "netns", "exec", ns, sys.executable, "-m", "orchestr._node",
+                "ip", "netns", "exec", ns, sys.executable, "-m", "orchestr._cluster._node",
                 "--head", ctx.head_address, "--labels", "host=b",
                 env=env, stdin=asyncio.subprocess.DEVNULL,
             )  # fmt: skip

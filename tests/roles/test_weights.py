@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 
 import orchestr as oc
-from orchestr import _serde
+from orchestr._call import _serde
 from orchestr.roles import _backend
 from orchestr.roles._backend import (
     Backend,

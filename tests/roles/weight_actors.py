@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import orchestr as oc
-from orchestr._wire import traffic
+from orchestr._call._wire import traffic
 from orchestr.roles._weightplan import weight_tensors, weights_digest
 from orchestr.roles._weights import WeightLoader, WeightPublisher, WeightsRef
 

@@ -14,8 +14,8 @@ import zipfile
 
 import pytest
 
-from orchestr._headstore import HeadStore
-from orchestr._jobs import MAX_MEMBERS, JobManager, JobRecord
+from orchestr._cluster._headstore import HeadStore
+from orchestr._cluster._submitted import MAX_MEMBERS, JobManager, JobRecord
 from orchestr.cli._jobs import package
 from orchestr.errors import ConfigError
 

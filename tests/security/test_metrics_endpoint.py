@@ -12,9 +12,9 @@ import urllib.request
 import pytest
 
 import orchestr as oc
+from tests.runtime.cluster.test_metrics import exchange
 
 from ..cli.test_cluster import start_cluster, state_dir  # noqa: F401 (a fixture)
-from ..runtime.test_metrics import exchange
 from .conftest import Attacker
 
 

@@ -93,7 +93,7 @@ def test_stop_signals_only_the_daemons_recorded(
 @pytest.mark.timeout(120)
 def test_one_head_per_state_directory(state_dir: pathlib.Path) -> None:  # noqa: F811
     state_dir.mkdir(mode=0o700)
-    cmd = [sys.executable, "-m", "orchestr._cluster", "head", "--state-dir", str(state_dir)]
+    cmd = [sys.executable, "-m", "orchestr._cluster._daemon", "head", "--state-dir", str(state_dir)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTR_")}
     heads = [
         subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

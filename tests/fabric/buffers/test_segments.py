@@ -156,7 +156,7 @@ def test_open_peer_refuses_non_segments() -> None:
 
 
 async def test_descriptors_from_the_wrong_process_are_refused() -> None:
-    from orchestr._bulk import BulkLink
+    from orchestr._call._bulk import BulkLink
     from orchestr.config import Config
 
     link = BulkLink(Config(), asyncio.get_running_loop(), lambda items: None)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import orchestr as oc
-from orchestr._fabric import open_fabric
+from orchestr._cluster._fabric import open_fabric
 from orchestr.fabric._optical._manager import Hint
 from orchestr.fabric._optical._netns import NetnsFabric, netns_missing
 from orchestr.fabric._optical._ocs import InvalidProgramError

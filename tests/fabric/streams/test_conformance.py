@@ -7,8 +7,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from orchestr._frames import encode_frame
-from orchestr._wire import FramedProtocol
+from orchestr._call._frames import encode_frame
+from orchestr._call._wire import FramedProtocol
 from orchestr.fabric import connect_stream, listen_stream, stream_transports
 from orchestr.fabric._streams._conformance import CHECKS, DEFAULT_URLS, check_stream_transport
 from orchestr.fabric._streams._inproc import InprocStreamTransport

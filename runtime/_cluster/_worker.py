@@ -1,0 +1,182 @@
+"""A worker process: hosts actors on a uvloop event loop and serves their endpoints.
+
+Started by a node as ``python -m orchestr._cluster._worker`` with its identity and the cluster token in
+``ORCHESTR_*`` environment variables. Exits on SIGTERM, and when its node goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import faulthandler
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+import structlog
+
+from orchestr import fabric
+from orchestr._actor._actor import load_actor_class
+from orchestr._actor._host import ActorHost
+from orchestr._call import _serde
+from orchestr._call._client import ActorLookup, ActorView, CallClient, set_current_client
+from orchestr._call._server import CallServer
+from orchestr._control._grpc import ControlChannel, abort_with, add_port, make_server
+from orchestr._control._tls import install_stream_tls
+from orchestr._log import configure_logging
+from orchestr._loop import run_loop
+from orchestr.config import Config, load_config
+from orchestr.errors import OrchestrError, SpawnError
+from orchestr.protos import orchestr_pb2 as pb
+from orchestr.protos import orchestr_pb2_grpc as pb_grpc
+
+log = structlog.get_logger("orchestr.worker")
+
+
+class WorkerService(pb_grpc.WorkerServicer):
+    def __init__(self, worker_id: str, token: str, config: Config, calls: CallServer) -> None:
+        self.worker_id = worker_id
+        self.token = token
+        self.config = config
+        self.calls = calls
+        self.server = make_server(token, config)
+        pb_grpc.add_WorkerServicer_to_server(self, self.server)  # type: ignore[no-untyped-call]
+        self.port = add_port(self.server, f"{config.bind_host}:0", config)
+
+    async def CreateActor(self, request: Any, context: Any) -> pb.CreateActorReply:
+        label = f"{request.name}[{request.rank}]"
+        try:
+            cls = load_actor_class(request.class_path, where=" in the worker")
+            args, kwargs = _serde.decode(request.init_args)
+            instance = cls.__new__(cls)
+            instance.rank, instance.mesh_name, instance.actor_id = (
+                request.rank,
+                request.name,
+                request.actor_id,
+            )
+            try:
+                cls.__init__(instance, *args, **kwargs)
+            except Exception as exc:
+                raise SpawnError(
+                    f"{label} ({request.class_path}).__init__ raised {type(exc).__name__}: {exc}\n"
+                    f"--- remote traceback ---\n{traceback.format_exc().rstrip()}"
+                ) from exc
+            if request.has_state:  # a restart: the state its owner last saved
+                try:
+                    instance.load_state(_serde.decode(request.state))
+                except Exception as exc:
+                    raise SpawnError(
+                        f"{label} ({request.class_path}).load_state raised "
+                        f"{type(exc).__name__}: {exc}\n"
+                        f"--- remote traceback ---\n{traceback.format_exc().rstrip()}"
+                    ) from exc
+        except OrchestrError as exc:
+            log.error("actor creation failed", actor=label, error=str(exc))
+            await abort_with(context, exc if isinstance(exc, SpawnError) else SpawnError(str(exc)))
+        self.calls.actors[request.actor_id] = ActorHost(instance, label, request.actor_id)
+        log.info(
+            "actor created", actor=label, actor_id=request.actor_id, class_path=request.class_path
+        )
+        return pb.CreateActorReply(endpoints=sorted(instance._orchestr_endpoints))
+
+    async def Stats(self, request: Any, context: Any) -> pb.WorkerStats:
+        from . import _stats  # only the head's metrics scrape asks: not loaded at every start
+
+        actors = [host.stats() for host in self.calls.actors.values()]
+        return _stats.to_pb(_stats.worker_stats(self.worker_id, actors))
+
+
+def _actor_lookup(head: ControlChannel, config: Config) -> ActorLookup:
+    """The head's :func:`~orchestr._cluster._head.actor_lookup`, whose module is imported when a call
+    first breaks: the head's state, store, jobs and metrics come with it, which a worker that
+    never sees a peer die would load at every start for nothing."""
+
+    async def lookup(actor_id: str, address: str, restart_wait: float) -> ActorView:
+        from ._head import actor_lookup
+
+        return await actor_lookup(head, config)(actor_id, address, restart_wait)
+
+    return lookup
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the node that started it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+async def serve_worker() -> None:
+    env = os.environ
+    worker_id, token = env["ORCHESTR_WORKER_ID"], env["ORCHESTR_TOKEN"]
+    config = load_config()
+    install_stream_tls(config)
+    head = ControlChannel(env["ORCHESTR_HEAD_ADDRESS"], token, config)
+    node = ControlChannel(env["ORCHESTR_NODE_ADDRESS"], token, config)
+    parent = os.getppid()
+
+    client = CallClient(token, config, _actor_lookup(head, config))
+    set_current_client(client)
+    calls = CallServer(token, config)
+    await calls.start(f"tcp://{config.bind_host}:0")
+    service = WorkerService(worker_id, token, config, calls)
+    await service.server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    await node.rpc(
+        node.stub(pb_grpc.NodeStub).RegisterWorker,
+        pb.WorkerInfo(
+            worker_id=worker_id,
+            pid=os.getpid(),
+            control_address=f"{config.bind_host}:{service.port}",
+            call_address=calls.url,
+        ),
+    )
+    log.info("worker serving", call_address=calls.url)
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):
+                await stop.wait()
+        if os.getppid() != parent:  # the node went away without telling us
+            break
+    log.info("worker stopping")
+    await calls.aclose()
+    released = fabric.shutdown()
+    if released:
+        log.info("released buffers the actor still held", count=released)
+    await client.aclose()
+    await service.server.stop(grace=0.2)
+    await head.aclose()
+    await node.aclose()
+
+
+def main() -> None:
+    _die_with_parent()
+    # A fatal signal (SIGSEGV, SIGABRT, ...) dumps every thread's stack to stderr, which the
+    # node relays and keeps: the head reports it as the death's cause.
+    faulthandler.enable()
+    env = os.environ
+    session_dir = env.get("ORCHESTR_SESSION_DIR")
+    log_file = None
+    if session_dir:
+        os.makedirs(os.path.join(session_dir, "logs"), exist_ok=True)
+        log_file = open(
+            os.path.join(session_dir, "logs", f"{env['ORCHESTR_WORKER_ID']}.jsonl"), "a"
+        )
+    configure_logging(json=True, stream=log_file or sys.stderr)
+    structlog.contextvars.bind_contextvars(
+        node=env.get("ORCHESTR_NODE_ID"),
+        worker=env.get("ORCHESTR_WORKER_ID"),
+        job=env.get("ORCHESTR_JOB_ID"),
+    )
+    run_loop(serve_worker())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,573 @@
+"""The job controller's side: the embedded local cluster, :class:`JobContext` and :func:`run`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import structlog
+
+from orchestr import fabric
+from orchestr._actor._actor import Actor, class_path, saves_state
+from orchestr._actor._distributed import init_distributed
+from orchestr._call import _serde
+from orchestr._call._client import CallClient, set_current_client
+from orchestr._call._mesh import Member, Mesh
+from orchestr._cluster._head import HeadService, actor_lookup
+from orchestr._cluster._headstate import STRATEGIES, validate_resources
+from orchestr._cluster._node import NodeService
+from orchestr._control._grpc import ControlChannel
+from orchestr._control._tls import install_stream_tls
+from orchestr._loop import run_loop
+from orchestr.config import Config, load_config
+from orchestr.errors import ConfigError, OrchestrError, SupervisionError
+from orchestr.protos import orchestr_pb2 as pb
+from orchestr.protos import orchestr_pb2_grpc as pb_grpc
+
+from ._events import EventLog, export_trace
+from ._phases import Collective, FabricHints, Phase, RecordingHints, make_phase
+from ._reservation import Reservation
+from ._supervise import RestartPolicy, SuperviseHook, Supervisor, check_spawn_options
+
+__all__ = ["JobContext", "open_local_cluster", "run"]
+
+log = structlog.get_logger("orchestr.driver")
+
+T = TypeVar("T")
+
+
+class JobContext:
+    """What a job's ``main(ctx)`` gets: spawning meshes and reading cluster state."""
+
+    def __init__(
+        self,
+        head: ControlChannel,
+        client: CallClient,
+        config: Config,
+        job_id: str,
+        session_dir: str,
+    ) -> None:
+        self.head = head
+        #: Where this job's worker logs (JSON lines) are written.
+        self.session_dir = session_dir
+        self.client = client
+        self.config = config
+        self.job_id = job_id
+        self._stub = head.stub(pb_grpc.HeadStub)
+        self._meshes: list[Mesh] = []
+        self._reservations: list[Reservation] = []
+        self._reserved_in: dict[str, str] = {}  # mesh id -> the reservation it was spawned in
+        #: The job's event log (JSON lines); exported as ``trace.json`` when the job ends.
+        self.events = EventLog(
+            os.path.join(session_dir, "events.jsonl"), max_bytes=config.event_log_max_bytes
+        )
+        #: Where phase hints go: the fabric manager, or (by default) a recorder.
+        self.hints: FabricHints = RecordingHints()
+        self._phases: list[Phase] = []
+        #: Whether the head runs a fabric manager (None: not asked yet); without one, phase
+        #: hints stay in the event log.
+        self._fabric_on: bool | None = None
+        #: Phases announced ahead (:meth:`announce`): their declaration and hint in flight.
+        self._announced: dict[str, tuple[Phase, asyncio.Task[None]]] = {}
+        #: Hears of deaths of this job's actors and restarts, accepts or escalates them.
+        self.supervisor = Supervisor(
+            head, client, self.events, self._escalate, reconnect_s=config.head_reconnect_timeout
+        )
+        self._host: asyncio.Task[Any] | None = None
+
+    def _escalate(self, error: SupervisionError) -> None:
+        """The root policy: an escalated failure fails the job loudly, at once. The job's
+        main is cancelled; leaving the cluster raises ``error``."""
+        if self._host is not None and not self._host.done():
+            self._host.cancel(msg="orchestr: an actor failure escalated to the job's root")
+
+    @property
+    def current_phase(self) -> Phase | None:
+        """The innermost phase now running, if any."""
+        return self._phases[-1] if self._phases else None
+
+    @contextlib.asynccontextmanager
+    async def phase(
+        self, name: str, *, traffic: Any = None, expected_s: float | None = None
+    ) -> AsyncIterator[Phase]:
+        """Run the block as phase ``name`` (``generation``, ``training``, ``weight_sync``,
+        ``idle`` or the job's own word), declaring the traffic it expects: bytes between meshes
+        ``{("trainer", "generator"): n}`` or an :class:`orchestr.Collective`. The fabric hints
+        hear of it before the block starts; the event log and trace get a span."""
+        phase = make_phase(name, traffic, expected_s)
+        announced = self._announced.pop(name, None)
+        if announced is not None and traffic is None:
+            phase = announced[0]  # its traffic was declared ahead, with announce()
+        if announced is not None:
+            await announced[1]  # the circuits planned in its lead time (or their failure)
+        else:
+            await self._tell_fabric(phase)
+        self.hints.upcoming(phase)
+        self._phases.append(phase)
+        try:
+            with self.events.span(name, track="phases", kind="phase", **phase.describe()):
+                yield phase
+        finally:
+            self._phases.remove(phase)
+            self.hints.ended(phase)
+
+    def announce(
+        self,
+        name: str,
+        *,
+        traffic: Any = None,
+        expected_s: float | None = None,
+        lead_s: float | None = None,
+    ) -> None:
+        """Tell the fabric manager now about phase ``name`` coming in about ``lead_s`` seconds
+        (its traffic as for :meth:`phase`), so circuits can be laid while the job goes on; the
+        later ``phase(name)`` waits for them instead of asking then. Returns at once."""
+        phase = make_phase(name, traffic, expected_s)
+        if lead_s is not None and not (isinstance(lead_s, int | float) and lead_s >= 0):
+            raise ConfigError(f"lead_s is a number of seconds >= 0, got {lead_s!r}")
+        previous = self._announced.pop(name, None)
+        if previous is not None:
+            previous[1].cancel()
+        task = asyncio.ensure_future(self._tell_fabric(phase, float(lead_s or 0.0)))
+        self._announced[name] = (phase, task)
+
+    async def _tell_fabric(self, phase: Phase, lead_s: float = 0.0) -> None:
+        """Send ``phase``'s traffic to the cluster's fabric manager (``Config.fabric`` is
+        ``managed`` and the head runs one) and wait for the circuits it plans; the plan, its
+        decision and the reconfiguration's steps go to the event log on the ``fabric`` track.
+        A head without a fabric manager is asked once."""
+        if self.config.fabric != "managed" or phase.traffic is None:
+            return
+        if self._fabric_on is None:  # ask the head once whether it runs a fabric manager
+            try:
+                await self.head.rpc(self._stub.FabricShow, pb.Empty())
+                self._fabric_on = True
+            except ConfigError as exc:
+                if "runs no fabric manager" not in str(exc):
+                    raise
+                self._fabric_on = False
+        if not self._fabric_on:
+            return
+        request = pb.FabricHintRequest(
+            job_id=self.job_id,
+            phase=phase.name,
+            expected_s=phase.expected_s or 0.0,
+            lead_s=lead_s,
+        )
+        ids = {m.name: m.mesh_id for m in self._meshes}  # the newest mesh of each name
+        named = (
+            {phase.traffic.mesh}
+            if isinstance(phase.traffic, Collective)
+            else {m for pair in phase.traffic for m in pair}
+        )
+        unknown = sorted(named - set(ids))
+        if unknown:  # a hint is advice: the phase runs, the log says what was left out
+            log.warning(
+                "a phase names meshes this job has not spawned", phase=phase.name, meshes=unknown
+            )
+            self.events.record("fabric_hint_skipped", phase=phase.name, unknown_meshes=unknown)
+        if isinstance(phase.traffic, Collective):
+            if unknown:
+                return
+            request.collective = phase.traffic.kind
+            request.collective_mesh_id = ids[phase.traffic.mesh]
+            request.collective_bytes = phase.traffic.nbytes
+        else:
+            for (src, dst), nbytes in phase.traffic.items():
+                if src in ids and dst in ids:
+                    request.traffic.append(
+                        pb.MeshTraffic(src_mesh_id=ids[src], dst_mesh_id=ids[dst], nbytes=nbytes)
+                    )
+            if not request.traffic:
+                return
+        start = time.time()
+        began = time.perf_counter()
+        reply = await self.head.rpc(self._stub.FabricHint, request, timeout=None)
+        record = json.loads(reply.json)
+        self.events.record_span(
+            f"circuits for {phase.name}",
+            start,
+            time.perf_counter() - began,
+            track="fabric",
+            kind="fabric_plan",
+            phase=phase.name,
+            lead_s=lead_s,
+            status=record["status"],
+            commit=record["commit"],
+            reason=record["reason"],
+            generation=record["generation"],
+            add=record["add"],
+            remove=record["remove"],
+            timings=record["timings"],
+        )
+
+    #: ``host:port`` of the head's Prometheus endpoint (``GET /metrics``); ``None`` when the
+    #: head serves none (``ORCHESTR_METRICS_PORT=-1``) or is not this job's own.
+    metrics_address: str | None = None
+
+    @property
+    def head_address(self) -> str:
+        """``host:port`` of the cluster's head: what another node joins
+        (``python -m orchestr._cluster._node --head ADDRESS``)."""
+        return self.head.address
+
+    @property
+    def token(self) -> str:
+        """The cluster token every control-plane request and call connection presents; a
+        node joining the cluster needs it (``ORCHESTR_TOKEN``). Keep it secret."""
+        return self.client.token
+
+    async def spawn(
+        self,
+        actor: type[Actor] | str,
+        *args: Any,
+        n: int = 1,
+        name: str | None = None,
+        resources: Mapping[str, float] | None = None,
+        labels: Mapping[str, str] | None = None,
+        restart: RestartPolicy | None = None,
+        supervise: SuperviseHook = None,
+        per_process: int = 1,
+        strategy: str = "SPREAD",
+        reservation: Reservation | None = None,
+        **kwargs: Any,
+    ) -> Mesh:
+        """Create ``n`` actors of class ``actor`` (a class or ``"module:Class"``), each built with
+        ``actor(*args, **kwargs)``, placed on nodes that have ``resources`` free and carry
+        ``labels``. Blocks until every member is ready; all or nothing.
+
+        ``restart`` (a :class:`RestartPolicy`; default: no restarts, at-most-once) and
+        ``supervise`` (``"restart"``, ``"handle"``, ``"escalate"`` or a function of a
+        :class:`Failure` returning one) decide what a member's death does. By default a death
+        with no restart left fails the job with :class:`SupervisionError`. ``per_process``
+        members of a node share one worker process (light actors: fewer processes, and a call
+        to all of them wakes each process once); a process that dies takes all of its members
+        with it, and each is restarted in a process of its own. ``strategy`` places the
+        members over nodes: ``"SPREAD"`` (each member where most CPU is free),
+        ``"PACK"`` (as few nodes as fit), ``"STRICT_PACK"`` (one node or none),
+        ``"STRICT_SPREAD"`` (a node each or none). ``reservation`` (from :meth:`reserve`)
+        places the members in its free bundles instead, one each; ``resources`` then default
+        to a bundle's and may not exceed it.
+
+        Raises :class:`PlacementError`, or :class:`SpawnError` with the remote traceback when
+        an import or ``__init__`` fails. Not idempotent.
+        """
+        path = actor if isinstance(actor, str) else class_path(actor)
+        policy = check_spawn_options(restart, supervise, per_process)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"n must be a positive integer, got {n!r}")
+        if name is not None and not isinstance(name, str):
+            raise ConfigError(f"name must be a string, got {name!r}")
+        if strategy not in STRATEGIES:
+            raise ConfigError(
+                f"unknown placement strategy {strategy!r}; say one of {', '.join(STRATEGIES)}"
+            )
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in (labels or {}).items()):
+            raise ConfigError(f"labels map strings to strings, got {labels!r}")
+        if reservation is not None and not isinstance(reservation, Reservation):
+            raise ConfigError(f"reservation must come from ctx.reserve, got {reservation!r}")
+        init_args, buffers = _serde.encode([list(args), kwargs])
+        if buffers:
+            raise ConfigError(
+                "tensors and arrays cannot be constructor arguments (they would ride the control "
+                "plane); pass them in a call after spawn"
+            )
+        request = pb.SpawnMeshRequest(
+            class_path=path,
+            init_args=init_args,
+            size=n,
+            resources=pb.Resources(amounts=validate_resources(resources or {})),
+            labels=dict(labels or {}),
+            name=name or "",
+            restart=policy.to_proto(),
+            per_process=per_process,
+            # The job's import path travels with the spawn: a node started elsewhere (without
+            # the job's environment) puts it first on its workers' PYTHONPATH.
+            python_path=_import_path(),
+            strategy=strategy,
+            reservation_id=reservation.reservation_id if reservation is not None else "",
+        )
+        info = await self.head.rpc(self._stub.SpawnMesh, request, timeout=None)
+        mesh = Mesh(
+            info.mesh_id,
+            info.name,
+            info.class_path,
+            [Member(m.actor_id, m.call_address, m.rank) for m in info.members],
+            list(info.members[0].endpoints) if info.members else [],
+            retry=policy.retry == "at_least_once",
+        )
+        saves = not isinstance(actor, str) and saves_state(actor)
+        self.supervisor.adopt(mesh, policy, supervise, saves)
+        self._meshes.append(mesh)
+        if reservation is not None:
+            self._reserved_in[mesh.mesh_id] = reservation.reservation_id
+        self.events.record("spawn", mesh=mesh.name, size=n, class_path=mesh.class_path)
+        log.info("spawned", mesh=mesh.name, size=n)
+        return mesh
+
+    async def reserve(
+        self,
+        n: int = 1,
+        *,
+        resources: Mapping[str, float] | None = None,
+        labels: Mapping[str, str] | None = None,
+        strategy: str = "SPREAD",
+        name: str | None = None,
+    ) -> Reservation:
+        """Hold ``n`` bundles of ``resources`` on nodes carrying ``labels``, placed at once by
+        ``strategy`` (as :meth:`spawn` places members), or none: a gang reserved ahead of
+        spawning, like a Ray placement group. Spawn into it with ``spawn(...,
+        reservation=r)``; ``await r.release()`` (or the job's end) frees it. Raises
+        :class:`PlacementError` saying what was missing."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"n must be a positive integer, got {n!r}")
+        if strategy not in STRATEGIES:
+            raise ConfigError(
+                f"unknown placement strategy {strategy!r}; say one of {', '.join(STRATEGIES)}"
+            )
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in (labels or {}).items()):
+            raise ConfigError(f"labels map strings to strings, got {labels!r}")
+        info = await self.head.rpc(
+            self._stub.Reserve,
+            pb.ReserveRequest(
+                bundles=n,
+                resources=pb.Resources(amounts=validate_resources(resources or {})),
+                labels=dict(labels or {}),
+                strategy=strategy,
+                name=name or "",
+            ),
+        )
+        r = Reservation(
+            info.reservation_id, info.name, dict(info.resources.amounts), list(info.node_ids), self
+        )
+        self._reservations.append(r)
+        self.events.record("reserve", reservation=r.name, bundles=n)
+        return r
+
+    async def release(self, reservation: Reservation) -> None:
+        """Free ``reservation`` and stop the actors spawned in it. Idempotent."""
+        for mesh in self._meshes:  # their members end with it: not a failure
+            if self._reserved_in.get(mesh.mesh_id) == reservation.reservation_id:
+                self.supervisor.forget(mesh)
+        await self.head.rpc(
+            self._stub.Release, pb.ReleaseRequest(reservation_id=reservation.reservation_id)
+        )
+        if reservation in self._reservations:
+            self._reservations.remove(reservation)
+
+    def write_trace(self, folder: str | os.PathLike[str]) -> str:
+        """Copy the job's event log so far to ``folder/events.jsonl`` and write its
+        Chrome/Perfetto trace beside it as ``trace.json``; returns the trace's path. (The
+        session's own ``trace.json`` is written when the job ends.)"""
+        os.makedirs(folder, exist_ok=True)
+        events = os.path.join(folder, "events.jsonl")
+        shutil.copyfile(self.events.path, events)
+        trace = os.path.join(folder, "trace.json")
+        export_trace(events, trace)
+        return trace
+
+    async def stop(self, mesh: Mesh) -> None:
+        """Stop every actor of ``mesh`` (its workers get SIGTERM). Idempotent."""
+        self.supervisor.forget(mesh)
+        await self.head.rpc(self._stub.StopMesh, pb.StopMeshRequest(mesh_id=mesh.mesh_id))
+
+    async def init_distributed(
+        self, mesh: Mesh, *, backend: str | None = None, timeout_s: float = 120.0
+    ) -> list[dict[str, Any]]:
+        """Make the members of ``mesh`` one ``torch.distributed`` process group, rank = mesh
+        rank: member 0 serves the rendezvous store on its host, then all join at once.
+        ``backend``: ``"gloo"`` or ``"nccl"`` (default: nccl where CUDA is available, else
+        gloo). Blocks until every member has joined, at most ``timeout_s``; returns what each
+        reports (rank, world_size, backend). Raises :class:`ConfigError` for a bad backend or
+        members that share a process, :class:`ActorError` when a member cannot join. Once per
+        process: not idempotent."""
+        return await init_distributed(self, mesh, backend, timeout_s)
+
+    async def checkpoint(self, mesh: Mesh) -> int:
+        """Save the state of every member of ``mesh`` (its class defines ``save_state``); a
+        member restarted later is given the last saved state through ``load_state``. Runs in
+        order with each member's other calls. Returns how many members were saved (a dead one
+        is skipped); raises :class:`ConfigError` when the class saves nothing."""
+        return await self.supervisor.checkpoint(mesh)
+
+    async def nodes(self) -> list[Any]:
+        return list((await self.head.rpc(self._stub.ListNodes, pb.Empty())).nodes)
+
+    async def actors(self) -> list[Any]:
+        return list((await self.head.rpc(self._stub.ListActors, pb.Empty())).actors)
+
+
+def _export_trace(session_dir: str) -> None:
+    try:
+        export_trace(
+            os.path.join(session_dir, "events.jsonl"), os.path.join(session_dir, "trace.json")
+        )
+    except (OSError, ConfigError) as exc:
+        log.warning("cannot write the job's trace", error=str(exc))
+
+
+def _import_path() -> list[str]:
+    """The driver's import path, which workers need to import actor classes by path: the
+    entries of ``sys.path`` that are existing folders, made absolute (a worker on another node
+    has another working folder), in order, each once. The interpreter's own folders (the
+    standard library, site-packages: anything under ``sys.prefix``, ``sys.exec_prefix`` or
+    ``sys.base_prefix``) are left out: a worker's interpreter has its own, and a node with
+    another Python must not have this one's put first."""
+    own = tuple(
+        os.path.join(os.path.abspath(p), "") for p in {sys.prefix, sys.exec_prefix, sys.base_prefix}
+    )
+    entries = (os.path.abspath(p) for p in sys.path if p and os.path.isdir(p))
+    return [p for p in dict.fromkeys(entries) if not os.path.join(p, "").startswith(own)]
+
+
+def _worker_pythonpath() -> str:
+    """The driver's import path as a ``PYTHONPATH`` value."""
+    return os.pathsep.join(_import_path())
+
+
+def _new_session() -> tuple[str, str]:
+    """A fresh job id and the local folder for its logs and event log."""
+    job_id = f"job-{secrets.token_hex(4)}"
+    return job_id, tempfile.mkdtemp(prefix=f"orchestr-{job_id}-")
+
+
+@contextlib.asynccontextmanager
+async def open_local_cluster(
+    config: Config | None = None,
+    *,
+    resources: dict[str, float] | None = None,
+    labels: dict[str, str] | None = None,
+) -> AsyncIterator[JobContext]:
+    """Start a head and a local node in this process, yield a :class:`JobContext`, and stop
+    everything (workers included) on exit, also when the body raises."""
+    config = config or load_config()
+    token = secrets.token_urlsafe(32)
+    job_id, session_dir = _new_session()
+    worker_env = {
+        "PYTHONPATH": _worker_pythonpath(),
+        "ORCHESTR_SESSION_DIR": session_dir,
+        "ORCHESTR_JOB_ID": job_id,
+    }
+    structlog.contextvars.bind_contextvars(job=job_id)
+    try:
+        async with HeadService(token, config) as head:
+            async with NodeService(
+                head.address,
+                token,
+                config,
+                resources=resources,
+                labels=labels,
+                worker_env=worker_env,
+            ):
+                async with job_session(
+                    head.address,
+                    token,
+                    config,
+                    job_id=job_id,
+                    session_dir=session_dir,
+                    metrics_address=head.metrics_address,
+                ) as ctx:
+                    yield ctx
+    finally:
+        structlog.contextvars.unbind_contextvars("job")
+
+
+@contextlib.asynccontextmanager
+async def job_session(
+    head_address: str,
+    token: str,
+    config: Config,
+    *,
+    job_id: str | None = None,
+    session_dir: str | None = None,
+    metrics_address: str | None = None,
+) -> AsyncIterator[JobContext]:
+    """A :class:`JobContext` for a job whose controller is this process, on the cluster whose
+    head is at ``head_address``: the embedded cluster's or a running one's. On exit it stops
+    the job's meshes, closes its connections and writes its trace."""
+    own_session = job_id is None or session_dir is None
+    if job_id is None or session_dir is None:
+        job_id, session_dir = _new_session()
+        structlog.contextvars.bind_contextvars(job=job_id)
+    install_stream_tls(config)
+    head_channel = ControlChannel(head_address, token, config)
+    try:
+        client = CallClient(token, config, actor_lookup(head_channel, config))
+        set_current_client(client)
+        ctx = JobContext(head_channel, client, config, job_id, session_dir)
+        ctx.metrics_address = metrics_address
+        ctx._host = asyncio.current_task()
+        client.record_spans(config.call_spans_per_s, ctx.events.record_calls)
+        try:
+            async with ctx.supervisor:
+                try:
+                    yield ctx
+                except asyncio.CancelledError:
+                    if ctx.supervisor.escalated is None or ctx._host is None:
+                        raise
+                    ctx._host.uncancel()
+                finally:
+                    ctx.supervisor.closing = True
+                if ctx.supervisor.escalated is not None:
+                    raise ctx.supervisor.escalated
+        finally:
+            announced = [task for _, task in ctx._announced.values()]
+            for task in announced:  # announced phases the job never entered
+                task.cancel()
+            await asyncio.gather(*announced, return_exceptions=True)
+            with contextlib.suppress(OrchestrError):
+                await asyncio.gather(*(ctx.stop(m) for m in ctx._meshes))
+                await asyncio.gather(*(ctx.release(r) for r in list(ctx._reservations)))
+            set_current_client(None)
+            await client.aclose()
+            fabric.shutdown()
+            ctx.events.close()
+            _export_trace(session_dir)
+    finally:
+        await head_channel.aclose()
+        if own_session:
+            structlog.contextvars.unbind_contextvars("job")
+
+
+def run(
+    main: Callable[[JobContext], Awaitable[T]],
+    *,
+    config: Config | None = None,
+    address: str | None = None,
+    token: str | None = None,
+) -> T:
+    """Run ``main(ctx)`` and return its result: on an embedded local cluster, or with
+    ``address`` (and its ``token``) on the running cluster whose head serves there.
+
+    Embedded, it starts a head and a node for the job's lifetime (uvloop when installed) and
+    stops them, with every worker, when ``main`` returns or raises. On a running cluster it
+    stops the job's meshes and leaves the cluster up.
+    """
+    if address is not None and not token:
+        raise ConfigError("a running cluster needs its token (ORCHESTR_TOKEN or the state dir's)")
+    if not inspect.iscoroutinefunction(main):
+        raise TypeError(f"orchestr.run needs an async function main(ctx), got {main!r}")
+
+    if not structlog.is_configured():
+        from orchestr._log import configure_logging
+
+        configure_logging(json=False, level="WARNING")
+
+    async def body() -> T:
+        if address is not None and token:
+            async with job_session(address, token, config or load_config()) as ctx:
+                return await main(ctx)
+        async with open_local_cluster(config) as ctx:
+            return await main(ctx)
+
+    return run_loop(body())

@@ -1,0 +1,432 @@
+"""The head's Prometheus endpoint: the text format, the aggregation, and scrapes of a real
+cluster over loopback (calls, errors, bytes, bad clients, a worker that does not answer)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import urllib.request
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+import orchestr as oc
+from orchestr._cluster import _metrics
+from orchestr._cluster._exposition import (
+    Family,
+    ScrapeReport,
+    cluster_families,
+    format_value,
+    render,
+    workers_to_scrape,
+)
+from orchestr._cluster._headstate import HeadState
+from orchestr._cluster._metrics import route
+from orchestr._cluster._stats import (
+    ActorStats,
+    EndpointStats,
+    TransportStats,
+    WorkerStats,
+    from_pb,
+    to_pb,
+)
+from orchestr.config import load_config
+from orchestr.errors import ConfigError
+from tests.runtime.actors import Counter, ExitsAtOnce
+
+# -- a small parser for the text exposition format ---------------------------------------------
+
+_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(,|$)')
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r"\\(.)", lambda m: {"n": "\n"}.get(m[1], m[1]), value)
+
+
+def parse(text: str) -> tuple[Samples, dict[str, str]]:
+    """Samples by (name, labels) and the type of each family; checks that every family has
+    one HELP and one TYPE line, before its samples, and that no series repeats."""
+    assert text.endswith("\n")
+    samples: Samples = {}
+    types: dict[str, str] = {}
+    helps: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            name = line.split(" ")[2]
+            assert name not in helps, f"two HELP lines for {name}"
+            helps.add(name)
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert name not in types, f"two TYPE lines for {name}"
+            types[name] = kind
+            continue
+        m = _SAMPLE.fullmatch(line)
+        assert m, f"not a sample line: {line!r}"
+        name, inner, value = m.groups()
+        assert name in types and name in helps, f"{name} has a sample before its HELP/TYPE"
+        labels: list[tuple[str, str]] = []
+        pos = 0
+        while inner and pos < len(inner):
+            lm = _LABEL.match(inner, pos)
+            assert lm, f"bad labels in {line!r}"
+            labels.append((lm[1], _unescape(lm[2])))
+            pos = lm.end()
+        key = (name, frozenset(labels))
+        assert key not in samples, f"series repeated: {line!r}"
+        samples[key] = float(value)
+    return samples, types
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+def matching(samples: Samples, name: str, **labels: str) -> list[float]:
+    want = set(labels.items())
+    return [v for (n, ls), v in samples.items() if n == name and want <= ls]
+
+
+# -- the text format ----------------------------------------------------------------------------
+
+
+def test_label_values_and_help_are_escaped() -> None:
+    family = Family("orchestr_x_total", "counter", 'back\\slash and\nnewline "quoted"')
+    family.add(3, mesh='a"b', actor="c\\d", endpoint="e\nf")
+    text = render([family])
+    assert text == (
+        '# HELP orchestr_x_total back\\\\slash and\\nnewline "quoted"\n'
+        "# TYPE orchestr_x_total counter\n"
+        'orchestr_x_total{mesh="a\\"b",actor="c\\\\d",endpoint="e\\nf"} 3\n'
+    )
+    samples, types = parse(text)
+    assert value(samples, "orchestr_x_total", mesh='a"b', actor="c\\d", endpoint="e\nf") == 3
+    assert types == {"orchestr_x_total": "counter"}
+
+
+def test_help_and_type_once_per_family_and_samples_sum() -> None:
+    calls = Family("orchestr_calls_total", "counter", "calls")
+    calls.add(1, actor="a")
+    calls.add(2, actor="b")
+    calls.add(4, actor="a")
+    nodes = Family("orchestr_nodes", "gauge", "nodes")
+    nodes.add(1)
+    empty = Family("orchestr_empty", "gauge", "no samples yet")
+    text = render([calls, nodes, empty])
+    assert text.count("# HELP orchestr_calls_total ") == 1
+    assert text.count("# TYPE orchestr_calls_total counter") == 1
+    samples, types = parse(text)
+    assert value(samples, "orchestr_calls_total", actor="a") == 5
+    assert value(samples, "orchestr_nodes") == 1
+    assert types["orchestr_empty"] == "gauge"
+    with pytest.raises(ValueError, match="appears twice"):
+        render([calls, calls])
+
+
+@pytest.mark.parametrize("name", ["1abc", "a-b", "", "a b"])
+def test_bad_metric_names_are_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="metric name"):
+        Family(name, "gauge", "x")
+
+
+@pytest.mark.parametrize("label", ["__reserved", "a-b", "1x"])
+def test_bad_label_names_are_refused(label: str) -> None:
+    with pytest.raises(ValueError, match="label name"):
+        Family("ok", "gauge", "x").add(1, **{label: "v"})
+
+
+@pytest.mark.parametrize(
+    ("number", "text"),
+    [(3, "3"), (2.5, "2.5"), (float("inf"), "+Inf"), (float("-inf"), "-Inf"), (0.0, "0.0")],
+)
+def test_values(number: float, text: str) -> None:
+    assert format_value(number) == text
+    assert format_value(float("nan")) == "NaN"
+
+
+# -- aggregation (sans-IO) ---------------------------------------------------------------------
+
+
+def _state() -> HeadState:
+    state = HeadState()
+    state.register_node("n1", "h:1", {"cpu": 4.0}, {}, 0.0)
+    state.register_node("n2", "h:2", {"cpu": 2.0}, {}, 0.0)
+    state.nodes["n2"].alive = False
+    ids = {0: "a-0", 1: "a-1"}
+    records = state.place("m-1", "gen", "x:Y", 2, {"cpu": 1.0}, {}, ids)
+    for r in records:
+        state.actor_started(r.actor_id, f"w-{r.rank}", "tcp://h:9", 1, ["go"])
+        r.control_address = "h:7000" if r.rank == 0 else "h:7001"
+    records[1].restarts = 2
+    state.place("m-2", "old", "x:Y", 1, {}, {}, {0: "a-2"})
+    state.actor_ended("a-2", stopped=False)
+    return state
+
+
+def test_workers_to_scrape_are_those_with_a_live_actor_each_once() -> None:
+    state = _state()
+    state.actors["a-1"].control_address = "h:7000"  # two actors in one worker
+    assert workers_to_scrape(state) == ["h:7000"]
+    state.nodes["n1"].alive = False  # missed its heartbeats
+    assert workers_to_scrape(state) == []
+    state.nodes["n1"].alive = True
+    state.actors["a-0"].state = "dead"
+    state.actors["a-1"].state = "restarting"
+    assert workers_to_scrape(state) == []
+
+
+def test_cluster_families_join_the_workers_with_the_heads_state() -> None:
+    state = _state()
+    w0 = WorkerStats(
+        "w-0",
+        [ActorStats("a-0", "gen[0]", 3, 1, [EndpointStats("go", 10, 2)])],
+        [
+            TransportStats("stream", "tcp", 100, 200),
+            TransportStats("buffer", "tcp", 0, 0, 0, 1),
+        ],
+    )
+    w1 = WorkerStats(
+        "w-1",
+        [
+            ActorStats("a-1", "gen[1]", 0, 0, [EndpointStats("go", 5, 0)]),
+            ActorStats("a-9", "lost[0]", 0, 0, []),  # the head does not know it (any more)
+        ],
+        [TransportStats("stream", "tcp", 1, 2), TransportStats("bulk", "shm", 64, 0, 1)],
+    )
+    text = render(cluster_families(state, [w0, w1], ScrapeReport(3, 2, 5)))
+    s, types = parse(text)
+    who = {"mesh": "gen", "mesh_id": "m-1"}
+    assert value(s, "orchestr_calls_total", **who, actor="gen[0]", endpoint="go") == 10
+    assert value(s, "orchestr_call_errors_total", **who, actor="gen[0]", endpoint="go") == 2
+    assert value(s, "orchestr_calls_total", **who, actor="gen[1]", endpoint="go") == 5
+    assert value(s, "orchestr_queue_depth", **who, actor="gen[0]") == 3
+    assert value(s, "orchestr_calls_in_flight", **who, actor="gen[0]") == 1
+    assert value(s, "orchestr_queue_depth", mesh="", mesh_id="", actor="lost[0]") == 0
+    tcp = {"kind": "stream", "transport": "tcp"}
+    assert value(s, "orchestr_transport_bytes_total", **tcp, direction="sent") == 101
+    assert value(s, "orchestr_transport_bytes_total", **tcp, direction="received") == 202
+    assert value(s, "orchestr_transport_ops_total", kind="bulk", transport="shm") == 1
+    assert value(s, "orchestr_transport_fallbacks_total", transport="tcp") == 1
+    assert value(s, "orchestr_nodes", state="alive") == 1
+    assert value(s, "orchestr_nodes", state="dead") == 1
+    assert value(s, "orchestr_actors", state="alive") == 2
+    assert value(s, "orchestr_actors", state="dead") == 1
+    assert value(s, "orchestr_actors", state="restarting") == 0
+    assert value(s, "orchestr_actor_restarts_total", mesh="gen", mesh_id="m-1") == 2
+    assert value(s, "orchestr_node_resources_free", node="n1", resource="cpu") == 2.0
+    assert value(s, "orchestr_node_resources_capacity", node="n1", resource="cpu") == 4.0
+    assert not matching(s, "orchestr_node_resources_free", node="n2")  # dead: left out
+    assert value(s, "orchestr_scrape_workers", result="failed") == 1
+    assert value(s, "orchestr_scrape_errors_total") == 5
+    assert types["orchestr_calls_total"] == "counter" and types["orchestr_nodes"] == "gauge"
+
+
+def test_worker_stats_survive_protobuf() -> None:
+    stats = WorkerStats(
+        "w-1",
+        [ActorStats("a-1", "gen[1]", 4, 1, [EndpointStats("go", 5, 1)])],
+        [TransportStats("buffer", "rdma", 1 << 40, 7, 3, 1)],
+    )
+    assert from_pb(to_pb(stats)) == stats
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", 200),
+        (b"GET /metrics?name[]=x HTTP/1.0\r\n\r\n", 200),
+        (b"POST /metrics HTTP/1.1\r\n\r\n", 405),
+        (b"HEAD /metrics HTTP/1.1\r\n\r\n", 405),
+        (b"GET / HTTP/1.1\r\n\r\n", 404),
+        (b"GET /metricsx HTTP/1.1\r\n\r\n", 404),
+        (b"\x16\x03\x01garbage\r\n\r\n", 400),
+        (b"GET /metrics\r\n\r\n", 400),
+        (b"GET /metrics HTTP/2.0\r\n\r\n", 400),
+    ],
+)
+def test_route(head: bytes, status: int) -> None:
+    assert route(head) == status
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        (b"", 401),
+        (b"Authorization: Bearer nope\r\n", 401),
+        (b"Authorization: Basic s3cret\r\n", 401),
+        (b"Authorization: Bearer s3cret\r\n", 200),
+        (b"authorization:Bearer s3cret  \r\n", 200),
+    ],
+)
+def test_route_with_a_metrics_token(headers: bytes, status: int) -> None:
+    head = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n"
+    assert route(head, "s3cret") == status
+    assert route(b"GET /nope HTTP/1.1\r\n\r\n", "s3cret") == 404  # no token needed to learn
+
+
+def test_metrics_port_setting() -> None:
+    assert load_config({}).metrics_port == 0
+    assert load_config({"ORCHESTR_METRICS_PORT": "-1"}).metrics_port == -1
+    assert load_config({"ORCHESTR_METRICS_PORT": "9464"}).metrics_port == 9464
+    for bad in ("-2", "65536"):
+        with pytest.raises(ConfigError, match="metrics_port must be from -1 to 65535"):
+            load_config({"ORCHESTR_METRICS_PORT": bad})
+    with pytest.raises(ConfigError, match="ORCHESTR_METRICS_PORT"):
+        load_config({"ORCHESTR_METRICS_PORT": "any"})
+
+
+# -- a real cluster, scraped over loopback -------------------------------------------------------
+
+
+async def scrape(ctx: oc.JobContext) -> tuple[Samples, str]:
+    def get() -> tuple[str, str]:
+        with urllib.request.urlopen(f"http://{ctx.metrics_address}/metrics", timeout=10) as r:
+            return r.read().decode(), r.headers["Content-Type"]
+
+    text, content_type = await asyncio.to_thread(get)
+    return parse(text)[0], content_type
+
+
+async def exchange(address: str | None, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``data`` raw, read the answer until the server closes; status, headers, body."""
+    assert address is not None
+    host, _, port = address.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(data)
+        async with asyncio.timeout(10):
+            raw = await reader.read()
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines)
+    assert int(headers["Content-Length"]) == len(body)
+    return int(status_line.split(" ")[1]), headers, body
+
+
+async def test_a_scrape_counts_the_calls_errors_and_bytes(ctx: oc.JobContext) -> None:
+    assert ctx.metrics_address is not None and ctx.metrics_address.startswith("127.0.0.1:")
+    mesh = await ctx.spawn(Counter, n=2, name="counters")
+    for _ in range(5):
+        await mesh[0].add.call_one(1)
+    await mesh.add.call(1)
+    for _ in range(2):
+        with pytest.raises(oc.ActorError):
+            await mesh[1].fail.call_one("no")
+    with pytest.raises(oc.ActorError):
+        await mesh[1].add.call_one(1, 2, 3)  # does not fit the signature
+    await mesh[0].tensor_sum.call_one(np.ones(1 << 19, dtype=np.float32))  # 2 MiB
+
+    s, content_type = await scrape(ctx)
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    mesh_id = mesh.mesh_id
+    r0 = {"mesh": "counters", "mesh_id": mesh_id, "actor": "counters[0]"}
+    r1 = {**r0, "actor": "counters[1]"}
+    assert value(s, "orchestr_calls_total", **r0, endpoint="add") == 6
+    assert value(s, "orchestr_call_errors_total", **r0, endpoint="add") == 0
+    assert value(s, "orchestr_calls_total", **r1, endpoint="add") == 2
+    assert value(s, "orchestr_call_errors_total", **r1, endpoint="add") == 1
+    assert value(s, "orchestr_calls_total", **r1, endpoint="fail") == 2
+    assert value(s, "orchestr_call_errors_total", **r1, endpoint="fail") == 2
+    assert value(s, "orchestr_calls_total", **r0, endpoint="tensor_sum") == 1
+    assert value(s, "orchestr_queue_depth", **r0) == 0
+    assert value(s, "orchestr_actors", state="alive") == 2
+    assert value(s, "orchestr_nodes", state="alive") == 1
+    assert value(s, "orchestr_actor_restarts_total", mesh="counters", mesh_id=mesh_id) == 0
+    assert value(s, "orchestr_scrape_workers", result="answered") == 2
+    assert value(s, "orchestr_scrape_errors_total") == 0
+    stream = {"kind": "stream", "transport": "tcp"}
+    assert value(s, "orchestr_transport_bytes_total", **stream, direction="received") > 0
+    assert value(s, "orchestr_transport_bytes_total", **stream, direction="sent") > 0
+    bulk = {"kind": "bulk", "transport": "shm"}
+    assert value(s, "orchestr_transport_bytes_total", **bulk, direction="received") >= 2 << 20
+    assert matching(s, "orchestr_node_resources_free", resource="cpu")
+
+
+async def test_queue_depth_shows_calls_waiting(ctx: oc.JobContext) -> None:
+    mesh = await ctx.spawn(Counter)
+    await mesh.get.call_one()  # connected
+    calls = [asyncio.ensure_future(mesh.sleep.call_one(d)) for d in (1.5, 0, 0, 0)]
+    await asyncio.sleep(0.1)  # the first sleeps, three wait behind it
+    s, _ = await scrape(ctx)
+    who = {"mesh": "Counter", "mesh_id": mesh.mesh_id, "actor": "Counter[0]"}
+    assert value(s, "orchestr_queue_depth", **who) == 3
+    assert value(s, "orchestr_calls_in_flight", **who) == 1
+    await asyncio.gather(*calls)
+
+
+@pytest.fixture
+async def quick_ctx(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[oc.JobContext]:
+    """A cluster whose metrics endpoint gives up on silent clients and workers quickly."""
+    monkeypatch.setattr(_metrics, "READ_TIMEOUT", 0.5)
+    monkeypatch.setattr(_metrics, "SCRAPE_TIMEOUT", 0.5)
+    async with oc.open_local_cluster() as job:
+        yield job
+
+
+async def test_bad_requests_get_answers_and_the_head_keeps_serving(
+    quick_ctx: oc.JobContext,
+) -> None:
+    ctx = quick_ctx
+    address = ctx.metrics_address
+    mesh = await ctx.spawn(Counter)
+    await mesh.add.call_one(1)
+    host, _, port = str(address).rpartition(":")
+    silent = await asyncio.open_connection(host, int(port))  # sends nothing at all
+    try:
+        status, headers, _ = await exchange(address, b"POST /metrics HTTP/1.1\r\n\r\nbody")
+        assert status == 405 and headers["Allow"] == "GET"
+        assert (await exchange(address, b"GET /nope HTTP/1.1\r\n\r\n"))[0] == 404
+        assert (await exchange(address, b"\x16\x03\x01\x00\xa5garbage\r\n\r\n"))[0] == 400
+        big = b"GET /metrics HTTP/1.1\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n"
+        assert (await exchange(address, big))[0] == 431
+        s, _ = await scrape(ctx)  # served while the silent client is still connected
+        assert matching(s, "orchestr_calls_total", actor="Counter[0]", endpoint="add") == [1]
+        async with asyncio.timeout(5):
+            answer = await silent[0].read()
+        assert answer.startswith(b"HTTP/1.1 408 ")
+    finally:
+        silent[1].close()
+    status, _, body = await exchange(address, b"GET /metrics HTTP/1.1\r\n\r\n")
+    assert status == 200 and b"orchestr_nodes" in body
+
+
+async def test_a_worker_that_does_not_answer_is_skipped(quick_ctx: oc.JobContext) -> None:
+    ctx = quick_ctx
+    mesh = await ctx.spawn(Counter, n=2, name="c")
+    await mesh.add.call(1)
+    pid = (await mesh[1].whoami.call_one())["pid"]
+    doomed = await ctx.spawn(ExitsAtOnce, name="doomed", supervise="handle")
+    with pytest.raises(oc.ActorDiedError):
+        await doomed.die.call_one(3)
+
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        s, _ = await scrape(ctx)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert value(s, "orchestr_scrape_workers", result="answered") == 1
+    assert value(s, "orchestr_scrape_workers", result="failed") == 1
+    assert value(s, "orchestr_scrape_errors_total") == 1
+    assert matching(s, "orchestr_calls_total", actor="c[0]", endpoint="add") == [1]
+    assert not matching(s, "orchestr_calls_total", actor="c[1]")
+    assert value(s, "orchestr_actors", state="dead") == 1  # the dead worker is not asked
+
+    s, _ = await scrape(ctx)
+    assert value(s, "orchestr_scrape_workers", result="answered") == 2
+    assert value(s, "orchestr_scrape_errors_total") == 1
+    assert matching(s, "orchestr_calls_total", actor="c[1]", endpoint="add") == [1]
+
+
+async def test_metrics_can_be_turned_off() -> None:
+    async with oc.open_local_cluster(load_config(metrics_port=-1)) as ctx:
+        assert ctx.metrics_address is None

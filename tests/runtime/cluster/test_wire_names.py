@@ -1,0 +1,83 @@
+"""Names that travel on the wire or sit in the head's store are pinned to public modules, so
+moving the file that defines a class changes none of them; a head database written before the
+layout moved still restores, and its actors can be made again from their records."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+from pathlib import Path
+
+import orchestr as oc
+import orchestr.roles as roles
+from orchestr._actor._actor import class_path
+from orchestr._call import _serde
+from orchestr._cluster._headstate import HeadState
+from orchestr._cluster._headstore import HeadStore
+
+PUBLIC = {"orchestr", "orchestr.roles", "orchestr.fabric"}
+#: Written by tests/runtime/cluster/data/make_head_before_layout.py on a daemon cluster, before any
+#: module moved: a Reward and a Generator (given a BackendSpec) with restart policies.
+BEFORE = Path(__file__).parent / "data" / "head-before-layout.sqlite"
+
+
+def _resolve(path: str) -> object:
+    module, _, qualname = path.partition(":")
+    return getattr(importlib.import_module(module), qualname)
+
+
+def test_every_registered_dataclass_and_role_travels_by_a_public_name() -> None:
+    assert oc.Versioned is not None  # load the lazily imported runtime names too
+    names = dict(_serde._dataclasses_by_type)
+    assert {"orchestr:Versioned", "orchestr.roles:Request", "orchestr.roles:WeightsRef"} <= set(
+        names.values()
+    )
+    for cls, name in names.items():
+        if not cls.__module__.startswith("orchestr"):
+            continue  # a test's own
+        assert name.partition(":")[0] in PUBLIC, name
+        assert _resolve(name) is cls, name
+    for actor in (roles.Generator, roles.Trainer, roles.Reward):
+        assert class_path(actor) == f"orchestr.roles:{actor.__name__}"
+        assert _resolve(class_path(actor)) is actor
+
+
+def test_a_dataclass_under_its_old_private_name_still_decodes() -> None:
+    spec = roles.BackendSpec(name="cpu")
+    fields = {"name": "cpu", "dtype": None, "compiled": False, "compile_options": {}}
+    assert _serde._dataclass_from_wire("orchestr.roles._backend:BackendSpec", fields) == spec
+    # never a class of another package, and never an import
+    assert _serde._by_old_name("elsewhere._backend:BackendSpec") is None
+
+
+async def test_a_head_store_from_before_the_move_restores_and_remakes_its_actors(
+    ctx: oc.JobContext, tmp_path: Path
+) -> None:
+    path = tmp_path / "head.sqlite"
+    shutil.copyfile(BEFORE, path)
+    path.chmod(0o600)
+    store = HeadStore(path)
+    try:
+        nodes, actors, meshes, reservations = store.load()
+    finally:
+        store.close()
+    state = HeadState()
+    state.restore(nodes, actors, now=0.0, reservations=reservations)
+    records = {a.name: a for a in state.actors.values()}
+    assert set(records) == {"Reward", "Generator"}
+    assert {m.class_path for m in meshes} == {
+        "orchestr.roles.reward:Reward",
+        "orchestr.roles.generator:Generator",
+    }
+    for name, record in records.items():
+        assert record.max_restarts == 2
+        assert _resolve(record.class_path) is getattr(roles, name)  # the old path still works
+        args, kwargs = _serde.decode(record.init_args)
+        if name == "Generator":
+            assert kwargs["backend"] == roles.BackendSpec(name="cpu")
+        # the head re-creates an actor from exactly these: its class path and arguments
+        mesh = await ctx.spawn(record.class_path, *args, **kwargs)
+        if name == "Reward":
+            assert await mesh.score.call_one([[[1, 2], [2, 1]]]) == [1.0]
+        else:
+            assert (await mesh.stats.call_one())["running"] == 0
