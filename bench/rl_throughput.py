@@ -5,7 +5,7 @@ the data plane's limit and Ray's way of syncing weights.
                                   [--peers ray|none]
 
 **The job.** On one embedded cluster (``orchestr.run``) ``run_grpo(ctx, GRPOConfig(train=config,
-mode=m))`` (:mod:`orchestr.roles.grpo`: two generators, one trainer, one reward actor, each
+mode=m))`` (:mod:`orchestr.roles.rl`: two generators, one trainer, one reward actor, each
 reserving a quarter of a CPU and running torch on one thread) trains the digit-reversal policy
 for each mode in ``--modes``, one after another on the same cores, each spawning and stopping
 its roles. ``config`` is ``DEMO_CONFIG`` (200 batches of 64 prompts x 8 samples, 16-digit

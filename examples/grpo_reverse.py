@@ -6,7 +6,7 @@
 Two generators sample completions with continuous batching, a reward mesh scores them, a
 trainer (or several, data parallel) takes GRPO steps, and the new weights go back to the
 generators over the data plane after every batch. ``--mode`` picks the schedule
-(:mod:`orchestr.roles.grpo`): ``sync`` alternates the phases; ``stream`` trains on groups as
+(:mod:`orchestr.roles.rl`): ``sync`` alternates the phases; ``stream`` trains on groups as
 they finish, at most ``--eta`` versions behind; ``stream+skew`` also sends the prompts a
 length ranker predicts to be long to a generator of their own.
 

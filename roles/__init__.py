@@ -15,8 +15,7 @@
   :func:`choose_backend` and :func:`register_backend`.
 """
 
-from . import _task as reverse_task
-from ._backend import (
+from ._common._backend import (
     Backend,
     BackendError,
     BackendSpec,
@@ -25,23 +24,31 @@ from ._backend import (
     choose_backend,
     register_backend,
 )
-from ._engine import Completion, Engine, EngineStats, Request
-from ._factory import build_model
-from ._grpo import group_advantages, grpo_loss
-from ._model import TinyLM, TinyLMConfig
-from ._reference import DEMO_CONFIG, SMALL_CONFIG, TrainConfig, train
-from ._update import UpdateConfig, grpo_update
-from ._weightplan import (
+from ._common._factory import build_model
+from ._common._model import TinyLM, TinyLMConfig
+from ._common._weightplan import (
     ChecksumMismatchError,
     ManifestMismatchError,
     StaleWeightsError,
     WeightSyncError,
 )
-from ._weights import WeightLoader, WeightPublisher, WeightsRef
-from .generator import Generator
-from .grpo import MODES, GRPOConfig, GRPOResult, LengthRanker, StepRecord, run_grpo
+from ._common._weights import WeightLoader, WeightPublisher, WeightsRef
+from .generator import Completion, Engine, EngineStats, Generator, Request
 from .reward import Reward
-from .trainer import Trainer
+from .rl import (
+    DEMO_CONFIG,
+    MODES,
+    SMALL_CONFIG,
+    GRPOConfig,
+    GRPOResult,
+    LengthRanker,
+    StepRecord,
+    TrainConfig,
+    reverse_task,
+    run_grpo,
+    train,
+)
+from .trainer import Trainer, UpdateConfig, group_advantages, grpo_loss, grpo_update
 
 __all__ = [
     "DEMO_CONFIG",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestr.roles import _task
+from orchestr.roles.rl import _task
 
 
 def length_ratio(prompt: Any, completion: Any) -> float:

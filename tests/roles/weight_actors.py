@@ -9,8 +9,8 @@ from torch import nn
 
 import orchestr as oc
 from orchestr._call._wire import traffic
-from orchestr.roles._weightplan import weight_tensors, weights_digest
-from orchestr.roles._weights import WeightLoader, WeightPublisher, WeightsRef
+from orchestr.roles._common._weightplan import weight_tensors, weights_digest
+from orchestr.roles._common._weights import WeightLoader, WeightPublisher, WeightsRef
 
 
 class Net(nn.Module):

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 import orchestr as oc
-from orchestr.roles._engine import Completion, Engine, Request
-from orchestr.roles.generator import Generator
-
-from .engine_actors import tiny_lm
+from orchestr.roles.generator._actor import Generator
+from orchestr.roles.generator._engine import Completion, Engine, Request
+from tests.roles.engine_actors import tiny_lm
 
 FACTORY = "tests.roles.engine_actors:tiny_lm"
 

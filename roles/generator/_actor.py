@@ -1,4 +1,4 @@
-"""The generator role: an actor around :class:`~orchestr.roles._engine.Engine`.
+"""The generator role: an actor around :class:`~orchestr.roles.Engine`.
 
 The engine loop is one background task owned by the actor: started on the first endpoint
 call, it steps while there is work (each step runs in a thread, so the actor keeps answering
@@ -27,13 +27,13 @@ import torch
 
 import orchestr as oc
 from orchestr.fabric import Buffer
+from orchestr.roles._common._backend import BackendSpec, choose_backend
+from orchestr.roles._common._factory import DEFAULT_MODEL, build_model
+from orchestr.roles._common._model import TinyLM
+from orchestr.roles._common._weightplan import weights_digest
+from orchestr.roles._common._weights import WeightLoader, WeightsRef
 
-from ._backend import BackendSpec, choose_backend
 from ._engine import Completion, Engine, Request
-from ._factory import DEFAULT_MODEL, build_model
-from ._model import TinyLM
-from ._weightplan import weights_digest
-from ._weights import WeightLoader, WeightsRef
 
 __all__ = ["Completion", "Generator", "Request"]
 
@@ -51,12 +51,12 @@ def _as_request(r: Any) -> Request:
 
 class Generator(oc.Actor):
     """Hosts a causal LM built by ``model_factory`` (``"module:callable"``, called with
-    ``model_kwargs`` after ``torch.manual_seed(seed)``; default :class:`~._model.TinyLM`) and
+    ``model_kwargs`` after ``torch.manual_seed(seed)``; default :class:`~orchestr.roles.TinyLM`) and
     serves requests with continuous batching of up to ``max_batch``. ``version`` is the
     initial weights' policy version; the other keywords go to :class:`Engine` (a TinyLM's
     ``pad_id`` and ``vocab_size`` are its own unless given). ``nice`` raises the worker
     process's niceness by that much (``os.nice``), to yield shared cores to other roles.
-    ``backend`` (a :class:`~._backend.BackendSpec` or a name, default the best this node
+    ``backend`` (a :class:`~orchestr.roles.BackendSpec` or a name, default the best this node
     has) says where and how the model runs."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)

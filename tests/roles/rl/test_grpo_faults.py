@@ -16,8 +16,8 @@ import pytest
 
 import orchestr as oc
 from orchestr.roles import MODES, SMALL_CONFIG, Generator, GRPOConfig, Trainer, run_grpo
-from orchestr.roles._faults import parse_kill
-from orchestr.roles._reference import step_requests
+from orchestr.roles.rl._faults import parse_kill
+from orchestr.roles.rl._reference import step_requests
 
 
 @pytest.mark.timeout(240)
@@ -69,7 +69,7 @@ def test_bad_kills_are_refused() -> None:
         GRPOConfig(train=SMALL_CONFIG, checkpoint_every=-1)
 
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 #: Each mode's learning test: the example's flags, its batches, and what it must reach.
 #: ``sync`` and ``stream`` (far off-policy: eta 4, three batches ahead, a smaller step for

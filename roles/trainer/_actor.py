@@ -10,7 +10,7 @@ A step takes scored completions as a generator made them (prompt, tokens, the be
 log-probs, the policy version) and runs :func:`~._update.grpo_update`, the code the
 single-process reference runs: GRPO's clipped ratio against the behaviour log-probs
 (:mod:`._grpo`), a few optimizer steps per batch. Weights leave by the data plane: :meth:`Trainer.publish` returns a small
-:class:`~._weights.WeightsRef` that generators load from directly.
+:class:`~orchestr.roles.WeightsRef` that generators load from directly.
 """
 
 from __future__ import annotations
@@ -22,14 +22,15 @@ from typing import Any
 import torch
 
 import orchestr as oc
+from orchestr.roles._common._backend import BackendSpec, choose_backend
+from orchestr.roles._common._factory import DEFAULT_MODEL, build_model
+from orchestr.roles._common._model import TinyLM
+from orchestr.roles._common._sampling import completion_logprobs, generate, pack, token_logprobs
+from orchestr.roles._common._weightplan import StaleWeightsError, weights_digest
+from orchestr.roles._common._weights import WeightPublisher, WeightsRef
 
-from ._backend import BackendSpec, choose_backend
-from ._factory import DEFAULT_MODEL, build_model
-from ._generate import completion_logprobs, generate, pack, token_logprobs
 from ._grpo import group_advantages
 from ._update import UpdateConfig, grpo_update, rank_and_world
-from ._weightplan import StaleWeightsError, weights_digest
-from ._weights import WeightPublisher, WeightsRef
 
 __all__ = ["Trainer", "build_model"]
 
@@ -71,8 +72,10 @@ class Trainer(oc.Actor):
     """A replica of the policy and its optimizer (AdamW with ``betas`` and ``weight_decay``);
     ``update`` (:class:`~._update.UpdateConfig` or a dict of its fields) says how each batch
     is trained on. ``max_staleness`` (η), when set, refuses a batch holding a sample older
-    than ``version - η``. ``backend`` (a :class:`~._backend.BackendSpec` or a name, default
-    the best this node has) says where and how the model runs."""
+    than ``version - η``. ``backend`` (a :class:`~orchestr.roles.BackendSpec` or a name,
+    default the best this node has) says where and how the model runs. ``pad_id`` pads
+    batches (a TinyLM's own unless given, else 0) and ``eos_id`` ends :meth:`greedy`'s
+    completions (None: only their lengths do); both are the model's vocabulary's."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -90,6 +93,8 @@ class Trainer(oc.Actor):
         torch_threads: int | None = None,
         bucket_bytes: int = 64 << 20,
         backend: BackendSpec | dict[str, Any] | str | None = None,
+        pad_id: int | None = None,
+        eos_id: int | None = None,
     ) -> None:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
@@ -110,6 +115,10 @@ class Trainer(oc.Actor):
             self.optimizer = torch.optim.AdamW(self.model.parameters(), **self.optimizer_args)  # type: ignore[arg-type]
         except (TypeError, ValueError) as exc:
             raise oc.ConfigError(f"bad trainer settings: {exc}") from exc
+        if pad_id is None and isinstance(self.model, TinyLM):
+            pad_id = self.model.cfg.pad_id
+        self.pad_id = 0 if pad_id is None else pad_id
+        self.eos_id = eos_id
         self.max_staleness = max_staleness
         self.version = 0
         self.bucket_bytes = bucket_bytes
@@ -121,7 +130,7 @@ class Trainer(oc.Actor):
     ) -> dict[str, float]:
         """Train on one batch and advance the version by one.
 
-        ``samples``: :class:`~._engine.Completion` objects (or dicts with ``prompt``,
+        ``samples``: :class:`~orchestr.roles.Completion` objects (or dicts with ``prompt``,
         ``tokens``, ``sample_logprobs`` and ``version``) each carrying a ``reward``
         (a ``(completion, reward)`` pair, or a dict with a ``reward`` key), whole groups of
         ``group_size`` consecutive samples of one prompt. ``advantage_scale`` 0 or -1 gives
@@ -144,7 +153,9 @@ class Trainer(oc.Actor):
             )
         rewards = torch.tensor([r[4] for r in rows], dtype=torch.float32)
         advantages = group_advantages(rewards, int(group_size), scale=float(advantage_scale))
-        gen = pack([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+        gen = pack(
+            [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], pad_id=self.pad_id
+        )
         stats = grpo_update(self.runner, self.optimizer, gen, advantages, self.update)
         stats.update(
             reward_mean=float(rewards.mean()),
@@ -171,7 +182,7 @@ class Trainer(oc.Actor):
         """Greedy completions of encoded ``prompts`` under the current weights (the
         held-out evaluation, with the weights being trained and no generator's time)."""
         self.runner.eval()
-        gen = generate(self.runner, prompts, max_new_tokens)
+        gen = generate(self.runner, prompts, max_new_tokens, pad_id=self.pad_id, eos_id=self.eos_id)
         return [gen.completion(i) for i in range(len(prompts))]
 
     @oc.endpoint
@@ -179,7 +190,9 @@ class Trainer(oc.Actor):
         """The current policy's log-prob of each token of each sample (a ``Completion`` or a
         dict of its fields; no reward needed), to compare with what a generator recorded."""
         rows = [_sample_row(s, need_reward=False) for s in samples]
-        gen = pack([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+        gen = pack(
+            [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], pad_id=self.pad_id
+        )
         self.runner.eval()
         with torch.no_grad():
             logp, _ = completion_logprobs(self.runner, gen.to(self.backend.device))

@@ -1,7 +1,7 @@
 """One GRPO update on a batch of completions: what the reference loop and the trainer both run.
 
-The single-process reference (:mod:`._reference`) and the :class:`~.trainer.Trainer` call the
-same :func:`grpo_update` on the same :class:`~._generate.Generation` layout, so a trainer fed
+The single-process reference (:mod:`orchestr.roles.rl._reference`) and the :class:`~._actor.Trainer` call the
+same :func:`grpo_update` on the same :class:`~orchestr.roles._common._sampling.Generation` layout, so a trainer fed
 the samples the reference drew takes bitwise the same steps. In data parallel each member
 holds whole groups; every mean is divided by the token count of the *whole* batch and the
 gradients are summed over the group, so the shards' sum is the whole batch's gradient (equal
@@ -15,7 +15,8 @@ import dataclasses
 import torch
 from torch import nn
 
-from ._generate import Generation, completion_logprobs
+from orchestr.roles._common._sampling import Generation, completion_logprobs
+
 from ._grpo import grpo_loss
 
 __all__ = ["UpdateConfig", "grpo_update", "rank_and_world"]

@@ -1,13 +1,14 @@
 """Sampling and greedy generation over any causal LM, and the per-token log-probs GRPO needs.
 
-The model is anything with ``forward(tokens[B, T]) -> logits[B, T, V]`` that ignores ``PAD``
-(masks it as a key and does not count it in positions, as :class:`._model.TinyLM` does).
+The model is anything with ``forward(tokens[B, T]) -> logits[B, T, V]`` that ignores its padding
+token ``pad_id`` (masks it as a key and does not count it in positions, as :class:`._model.TinyLM` does).
 Generation here is the simple reference: the whole sequence is recomputed for every new
 token. The continuous-batching engine builds on the same interface and keys and must give the
 same tokens.
 
 Layout: prompts are left-padded to the longest in the batch, so completions start at one
-column, ``prompt_width``; a row holds ``PAD`` after its ``EOS`` or limit. Since the model
+column, ``prompt_width``; a row holds ``pad_id`` after its stop token (``eos_id``) or its
+limit. Both ids are the caller's: they belong to the model's vocabulary, not to this module. Since the model
 ignores padding, a row's tokens do not depend on what else is in the batch.
 
 Randomness: each sample owns a ``torch.Generator`` seeded by :func:`sample_key`, from which
@@ -26,7 +27,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from ._seeding import derive_seed
-from ._task import EOS, PAD
 
 __all__ = [
     "Generation",
@@ -48,8 +48,8 @@ class Generation:
     """A batch of completions.
 
     ``tokens[N, prompt_width + L]``: prompts left-padded, completions from column
-    ``prompt_width``, ``PAD`` after each row's end. ``prompt_lengths[N]``: tokens per prompt.
-    ``lengths[N]``: generated tokens per row, ``EOS`` included. ``logprobs[N, L]``: the
+    ``prompt_width``, padding after each row's end. ``prompt_lengths[N]``: tokens per prompt.
+    ``lengths[N]``: generated tokens per row, the stop token included. ``logprobs[N, L]``: the
     behaviour log-prob of each generated token under the sampling distribution (temperature
     applied; 0 past a row's length; for greedy rows, the log-prob at temperature 1).
     """
@@ -77,7 +77,7 @@ class Generation:
         )
 
     def completion(self, i: int) -> list[int]:
-        """Row ``i``'s generated tokens, ``EOS`` included when it was said."""
+        """Row ``i``'s generated tokens, the stop token included when it was said."""
         start = self.prompt_width
         return [int(t) for t in self.tokens[i, start : start + int(self.lengths[i])]]
 
@@ -88,12 +88,15 @@ def generate(
     prompts: Sequence[Sequence[int]],
     max_new_tokens: Sequence[int],
     *,
+    pad_id: int,
+    eos_id: int | None,
     keys: Sequence[int] | None = None,
     temperature: float = 1.0,
 ) -> Generation:
     """Complete each encoded prompt, sampling with its key, or greedily when ``keys`` is None.
 
-    A row stops at ``EOS`` or after its own ``max_new_tokens``. Blocks on the computation;
+    A row stops at ``eos_id`` (None: never) or after its own ``max_new_tokens``; ``pad_id``
+    fills the rest. Blocks on the computation;
     raises ``ValueError`` for mismatched lengths, an empty prompt or a non-positive temperature.
     """
     n = len(prompts)
@@ -109,7 +112,7 @@ def generate(
     width = max((len(p) for p in prompts), default=0)
     limit = max(max_new_tokens, default=0)
     device = next(iter(model.parameters()), torch.empty(0)).device
-    tokens = torch.full((n, width + limit), PAD, dtype=torch.long)
+    tokens = torch.full((n, width + limit), pad_id, dtype=torch.long)
     for i, p in enumerate(prompts):
         tokens[i, width - len(p) : width] = torch.tensor(list(p), dtype=torch.long)
     tokens = tokens.to(device)
@@ -135,7 +138,8 @@ def generate(
         tokens[active, width + k] = tok
         logprobs[active, k] = logp.gather(1, tok[:, None]).squeeze(1)
         lengths[active] += 1
-        done[active] = (tok == EOS) | (lengths[active] >= caps[active])
+        stopped = lengths[active] >= caps[active]
+        done[active] = stopped if eos_id is None else (tok == eos_id) | stopped
     return Generation(
         tokens=tokens.cpu(),
         prompt_width=width,
@@ -149,9 +153,11 @@ def pack(
     prompts: Sequence[Sequence[int]],
     completions: Sequence[Sequence[int]],
     logprobs: Sequence[Sequence[float]],
+    *,
+    pad_id: int,
 ) -> Generation:
     """Lay out completions made elsewhere (a generator's, one by one) as a :class:`Generation`:
-    prompts left-padded to the longest, completions from column ``prompt_width``, ``PAD``
+    prompts left-padded to the longest, completions from column ``prompt_width``, ``pad_id``
     after. ``logprobs[i]`` are the behaviour log-probs of ``completions[i]``, one per token.
 
     Raises ``ValueError`` for mismatched lengths, an empty prompt or completion, or a
@@ -170,7 +176,7 @@ def pack(
             raise ValueError(f"sample {i} has {len(c)} tokens but {len(lp)} log-probs")
     width = max((len(p) for p in prompts), default=0)
     limit = max((len(c) for c in completions), default=0)
-    tokens = torch.full((n, width + limit), PAD, dtype=torch.long)
+    tokens = torch.full((n, width + limit), pad_id, dtype=torch.long)
     behaviour = torch.zeros(n, limit)
     for i, (p, c, lp) in enumerate(zip(prompts, completions, logprobs, strict=True)):
         tokens[i, width - len(p) : width] = torch.tensor(list(p), dtype=torch.long)
@@ -226,7 +232,7 @@ def completion_logprobs(
 
     Rows are grouped by prompt length and each group is cropped to its own prompt and longest
     completion, so the long tail's padding is not computed for the many short rows (about 3x
-    less work for the task's length mix). Valid because the model ignores ``PAD``.
+    less work for the task's length mix). Valid because the model ignores padding.
     """
     n, limit = gen.logprobs.shape
     width = gen.prompt_width

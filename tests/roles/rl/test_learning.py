@@ -9,18 +9,21 @@ import math
 import pytest
 import torch
 
-from orchestr.roles import _task
-from orchestr.roles._generate import (
+from orchestr.roles._common._model import TinyLM, TinyLMConfig
+from orchestr.roles._common._sampling import (
     completion_logprobs,
     generate,
     sample_key,
     token_logprobs,
 )
-from orchestr.roles._grpo import group_advantages, grpo_loss
-from orchestr.roles._model import TinyLM, TinyLMConfig
-from orchestr.roles._reference import SMALL_CONFIG, History, TrainConfig, train
-from orchestr.roles._seeding import derive_seed
-from orchestr.roles._task import BOS, EOS, PAD, SEP
+from orchestr.roles._common._seeding import derive_seed
+from orchestr.roles.rl import _task
+from orchestr.roles.rl._reference import SMALL_CONFIG, History, TrainConfig, train
+from orchestr.roles.rl._task import BOS, EOS, PAD, SEP
+from orchestr.roles.trainer._grpo import group_advantages, grpo_loss
+
+#: The task's own ids: sampling knows none of its own.
+TOKENS = {"pad_id": PAD, "eos_id": EOS}
 
 LENGTHS = _task.LengthDistribution()
 
@@ -168,16 +171,20 @@ def test_sampling_does_not_depend_on_the_batch(model: TinyLM) -> None:
     keys = [sample_key(1, 0, i, 0) for i in range(12)]
     enc = [_task.encode_prompt(p) for p in ps]
     caps = [_task.max_new_tokens(p) for p in ps]
-    batch = generate(model, enc, caps, keys=keys)
+    batch = generate(model, enc, caps, keys=keys, **TOKENS)
     order = list(reversed(range(12)))
     shuffled = generate(
-        model, [enc[i] for i in order], [caps[i] for i in order], keys=[keys[i] for i in order]
+        model,
+        [enc[i] for i in order],
+        [caps[i] for i in order],
+        keys=[keys[i] for i in order],
+        **TOKENS,
     )
     for pos, i in enumerate(order):
-        alone = generate(model, [enc[i]], [caps[i]], keys=[keys[i]])
+        alone = generate(model, [enc[i]], [caps[i]], keys=[keys[i]], **TOKENS)
         assert alone.completion(0) == batch.completion(i) == shuffled.completion(pos)
         assert batch.lengths[i] <= caps[i]
-    again = generate(model, enc, caps, keys=[sample_key(1, 0, i, 1) for i in range(12)])
+    again = generate(model, enc, caps, keys=[sample_key(1, 0, i, 1) for i in range(12)], **TOKENS)
     assert [again.completion(i) for i in range(12)] != [batch.completion(i) for i in range(12)]
 
 
@@ -189,6 +196,7 @@ def test_behaviour_logprobs_match_a_recomputation(model: TinyLM) -> None:
         [_task.max_new_tokens(p) for p in ps],
         keys=[sample_key(2, 0, i, 0) for i in range(16)],
         temperature=0.7,
+        **TOKENS,
     )
     full = token_logprobs(model, gen.tokens, gen.prompt_width, temperature=0.7) * gen.mask
     bucketed, entropy = completion_logprobs(model, gen, temperature=0.7)
@@ -203,7 +211,7 @@ def test_greedy_is_deterministic_and_stops_at_eos() -> None:
     m = TinyLM(TinyLMConfig(d_model=32, n_heads=2, d_ff=64))
     with torch.no_grad():
         m.head.bias[EOS] = 100.0  # a policy that always stops at once
-    gen = generate(m, [_task.encode_prompt((1, 2, 3))], [3])
+    gen = generate(m, [_task.encode_prompt((1, 2, 3))], [3], **TOKENS)
     assert gen.completion(0) == [EOS]
     assert gen.tokens[0, gen.prompt_width + 1 :].tolist() == [PAD, PAD]
     assert _task.reward((1, 2, 3), gen.completion(0)) == 0.0
@@ -212,11 +220,11 @@ def test_greedy_is_deterministic_and_stops_at_eos() -> None:
 def test_generate_errors(model: TinyLM) -> None:
     enc = [_task.encode_prompt((1,))]
     with pytest.raises(ValueError, match="max_new_tokens and keys"):
-        generate(model, enc, [1, 2])
+        generate(model, enc, [1, 2], **TOKENS)
     with pytest.raises(ValueError, match="temperature"):
-        generate(model, enc, [1], keys=[0], temperature=0.0)
+        generate(model, enc, [1], keys=[0], temperature=0.0, **TOKENS)
     with pytest.raises(ValueError, match="at least one token"):
-        generate(model, [[]], [1])
+        generate(model, [[]], [1], **TOKENS)
 
 
 # --- GRPO ------------------------------------------------------------------------------------

@@ -24,8 +24,8 @@ from orchestr.roles import (
     run_grpo,
     train,
 )
-from orchestr.roles._reference import step_requests
-from orchestr.roles._weightplan import weights_digest
+from orchestr.roles._common._weightplan import weights_digest
+from orchestr.roles.rl._reference import step_requests
 
 
 @pytest.mark.timeout(180)

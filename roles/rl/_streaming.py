@@ -8,7 +8,7 @@ import asyncio
 import collections
 from collections.abc import Callable, Sequence
 
-from ._engine import Completion, Request
+from orchestr.roles.generator import Completion, Request
 
 __all__ = ["LengthRanker", "SampleChannel"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import orchestr as oc
-from orchestr.roles import _task
-from orchestr.roles.reward import Reward, load_scorer
+from orchestr.roles.reward._actor import Reward, load_scorer
+from orchestr.roles.rl import _task
 
 
 async def test_the_default_scorer_is_the_tasks(ctx: oc.JobContext) -> None:

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import orchestr as oc
-from orchestr.roles import _task
-from orchestr.roles._engine import Completion, Engine
-from orchestr.roles._reference import TrainConfig, request_digits, step_requests
-from orchestr.roles.trainer import Trainer, build_model
+from orchestr.roles.generator._engine import Completion, Engine
+from orchestr.roles.rl import _task
+from orchestr.roles.rl._reference import TrainConfig, request_digits, step_requests
+from orchestr.roles.trainer._actor import Trainer, build_model
 
 SMALL = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64}
 CONFIG = TrainConfig(prompts_per_step=4, group_size=2, lengths=_task.LengthDistribution(6))
@@ -23,7 +23,7 @@ CONFIG = TrainConfig(prompts_per_step=4, group_size=2, lengths=_task.LengthDistr
 
 def _samples(step: int, version: int = 0) -> list[tuple[Completion, float]]:
     """Step ``step``'s scored completions from a fresh model (seed 3), stamped ``version``."""
-    model = build_model("orchestr.roles._model:TinyLM", SMALL, seed=3)
+    model = build_model("orchestr.roles:TinyLM", SMALL, seed=3)
     engine = Engine(model, max_batch=64, pad_id=_task.PAD, vocab_size=_task.VOCAB_SIZE)
     requests = step_requests(CONFIG, step)
     engine.submit(requests)

@@ -16,13 +16,20 @@ import orchestr as oc
 
 __all__ = ["DEFAULT_MODEL", "build_model", "import_object"]
 
-DEFAULT_MODEL = "orchestr.roles._model:TinyLM"
+DEFAULT_MODEL = "orchestr.roles:TinyLM"
+
+#: Names of objects under the private modules they had before the layout moved: a head's
+#: store keeps actors' constructor arguments (a scorer, a model factory) in this form.
+_MOVED = {
+    "orchestr.roles._model:TinyLM": "orchestr.roles:TinyLM",
+    "orchestr.roles._task:reward": "orchestr.roles:reverse_task.reward",
+}
 
 
 def import_object(path: str, what: str) -> Any:
     """The callable named ``"package.module:name"`` (``name`` may be dotted). Raises
     :class:`orchestr.ConfigError` that names ``what`` was asked for and what failed."""
-    module_name, sep, name = path.partition(":")
+    module_name, sep, name = _MOVED.get(path, path).partition(":")
     if not (sep and module_name and name):
         raise oc.ConfigError(f"a {what} is named 'package.module:callable', got {path!r}")
     try:

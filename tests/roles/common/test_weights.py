@@ -12,15 +12,15 @@ from hypothesis import given, settings
 
 import orchestr as oc
 from orchestr._call import _serde
-from orchestr.roles import _backend
-from orchestr.roles._backend import (
+from orchestr.roles._common import _backend
+from orchestr.roles._common._backend import (
     Backend,
     BackendError,
     BackendSpec,
     BackendUnavailableError,
     choose_backend,
 )
-from orchestr.roles._weightplan import (
+from orchestr.roles._common._weightplan import (
     BucketPlan,
     BucketSpec,
     ChecksumMismatchError,
@@ -33,9 +33,8 @@ from orchestr.roles._weightplan import (
     weight_tensors,
     weights_digest,
 )
-from orchestr.roles._weights import WeightLoader, WeightPublisher, WeightsRef
-
-from .weight_actors import Generator, Trainer, make_net
+from orchestr.roles._common._weights import WeightLoader, WeightPublisher, WeightsRef
+from tests.roles.weight_actors import Generator, Trainer, make_net
 
 # -- the bucket plan ----------------------------------------------------------------------------
 
@@ -376,7 +375,7 @@ def installed_backend(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: orchestr-meta\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(
         "[orchestr.backends]\n"
-        "meta = tests.roles.test_weights:MetaKind\n"
+        "meta = tests.roles.common.test_weights:MetaKind\n"
         "broken = tests.roles.no_such_module:Nothing\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))

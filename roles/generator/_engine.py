@@ -289,7 +289,7 @@ class Engine:
 
     def set_version(self, version: int, *, rewind: bool = False) -> None:
         """Make ``version`` current after the caller wrote its weights into the model in place
-        (as :class:`~._weights.WeightLoader` does). Versions never go back, unless ``rewind``
+        (as :class:`~orchestr.roles.WeightLoader` does). Versions never go back, unless ``rewind``
         says the policy itself went back (its trainer restarted from a checkpoint)."""
         if version < self._version and not rewind:
             raise ValueError(f"version {version} is older than the loaded {self._version}")

@@ -2,10 +2,10 @@
 
 Each step draws ``prompts_per_step`` prompts keyed by ``(seed, step, index)``, samples
 ``group_size`` completions of each from the current policy with keys
-``(seed, step, prompt, sample)`` through the generator's engine (:mod:`._engine`, the same
-code a :class:`~.generator.Generator` runs), scores them, normalises rewards within each prompt's group,
+``(seed, step, prompt, sample)`` through the generator's engine (:mod:`orchestr.roles.generator._engine`, the same
+code a :class:`~orchestr.roles.Generator` runs), scores them, normalises rewards within each prompt's group,
 and takes ``updates_per_step`` gradient steps on the clipped surrogate against the behaviour
-log-probs recorded while sampling (:func:`~._update.grpo_update`, the trainer's code). Greedy exact-match accuracy on the fixed evaluation set is
+log-probs recorded while sampling (:func:`~orchestr.roles.grpo_update`, the trainer's code). Greedy exact-match accuracy on the fixed evaluation set is
 measured before the first step, every ``eval_every`` steps and after the last.
 
 Same config, same history (wall times aside): model init, prompts and samples are all seeded,
@@ -20,13 +20,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from orchestr.roles._common._model import TinyLM, TinyLMConfig
+from orchestr.roles._common._sampling import Generation, generate, pack, sample_key
+from orchestr.roles.generator import Completion, Engine, Request
+from orchestr.roles.trainer import UpdateConfig, group_advantages, grpo_update
+
 from . import _task
-from ._engine import Completion, Engine, Request
-from ._generate import Generation, generate, pack, sample_key
-from ._grpo import group_advantages
-from ._model import TinyLM, TinyLMConfig
 from ._task import PAD
-from ._update import UpdateConfig, grpo_update
 
 __all__ = [
     "DEMO_CONFIG",
@@ -164,6 +164,8 @@ def evaluate(model: TinyLM, prompts: Sequence[_task.Prompt]) -> float:
         model,
         [_task.encode_prompt(p) for p in prompts],
         [_task.max_new_tokens(p) for p in prompts],
+        pad_id=_task.PAD,
+        eos_id=_task.EOS,
     )
     hits = sum(_task.accuracy(p, gen.completion(i)) for i, p in enumerate(prompts))
     return hits / len(prompts)
@@ -262,12 +264,13 @@ def request_digits(request: Request | Completion) -> _task.Prompt:
 
 
 def completions_batch(completions: Sequence[Completion]) -> Generation:
-    """``completions`` (in group order) laid out for :func:`~._update.grpo_update`, with the
+    """``completions`` (in group order) laid out for :func:`~orchestr.roles.grpo_update`, with the
     log-probs of the distribution they were sampled from as the behaviour policy."""
     return pack(
         [c.prompt for c in completions],
         [c.tokens for c in completions],
         [c.sample_logprobs for c in completions],
+        pad_id=_task.PAD,
     )
 
 

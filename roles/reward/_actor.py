@@ -2,7 +2,7 @@
 
 A scorer is any function ``(prompt, completion) -> float`` importable by path
 (``"package.module:function"``), so user scorers plug in without code in the runtime; the
-rule-based scorer of the example task (``orchestr.roles._task:reward``: the fraction of positions
+rule-based scorer of the example task (``orchestr.roles:reverse_task.reward``: the fraction of positions
 equal to the reversed prompt) is the default. Stateless: any member scores any sample, so the
 mesh is scaled by its size and called with ``choose`` or from a graph stage.
 """
@@ -14,12 +14,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import orchestr as oc
-
-from ._factory import import_object
+from orchestr.roles._common._factory import import_object
 
 __all__ = ["DEFAULT_SCORER", "Reward", "load_scorer"]
 
-DEFAULT_SCORER = "orchestr.roles._task:reward"
+DEFAULT_SCORER = "orchestr.roles:reverse_task.reward"
 
 Scorer = Callable[[Any, Any], float]
 

@@ -3,12 +3,12 @@
 Pre-norm blocks of causal self-attention and a GELU MLP, learned position embeddings, a final
 LayerNorm and an untied output head. The contract the rest of the system relies on is only
 ``forward(tokens: LongTensor[B, T]) -> logits[B, T, V]``: any ``nn.Module`` with that
-signature can be generated from (:mod:`._generate`) and trained (:mod:`._reference`).
+signature can be generated from (:mod:`._sampling`) and trained (:func:`orchestr.roles.grpo_update`).
 
-``PAD`` tokens are invisible: never attended to (a token still sees itself, so an all-padding
+Padding tokens (``pad_id``) are invisible: never attended to (a token still sees itself, so an all-padding
 prefix gives no NaNs) and not counted in positions, so a sequence's logits do not depend on the
 padding before or after it: left padding to a batch's longest prompt, or none, gives the same
-answer. Positions count from the prompt's ``SEP`` by default: the separator always has position
+answer. Positions count from the prompt's separator (``sep_id``) by default: the separator always has position
 ``sep_position``, its i-th predecessor ``sep_position - i`` and the i-th completion token
 ``sep_position + i``. Digit reversal is then a fixed mirror around one position, whatever the
 prompt's length; ``positions="from_start"`` counts from the first token instead, the usual
@@ -27,8 +27,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ._task import MAX_DIGITS, PAD, SEP, VOCAB_SIZE
-
 __all__ = ["TinyLM", "TinyLMConfig"]
 
 Positions = Literal["from_sep", "from_start"]
@@ -40,20 +38,23 @@ class TinyLMConfig:
 
     ``positions``: ``"from_sep"`` numbers tokens relative to the first ``sep_id`` in the row,
     which has position ``sep_position`` (every row must hold one); ``"from_start"`` numbers
-    them from the first non-``PAD`` token, under which the separator's position varies with
+    them from the first token that is not padding, under which the separator's position varies with
     the prompt's length.
+
+    The defaults fit the example task, :mod:`orchestr.roles.reverse_task` (14 tokens, prompts
+    of up to 16 digits, ``<sep>`` 11, ``<pad>`` 13); another task names its own.
     """
 
-    vocab_size: int = VOCAB_SIZE
-    max_positions: int = 2 * MAX_DIGITS + 4
+    vocab_size: int = 14
+    max_positions: int = 36
     d_model: int = 64
     n_heads: int = 4
     n_layers: int = 2
     d_ff: int = 256
-    pad_id: int | None = PAD
+    pad_id: int | None = 13
     positions: Positions = "from_sep"
-    sep_id: int = SEP
-    sep_position: int = MAX_DIGITS + 1
+    sep_id: int = 11
+    sep_position: int = 17
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -121,7 +122,7 @@ class TinyLM(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
 
     def positions(self, tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """``[B, T]`` position ids; ``PAD`` gets 0 (it is masked, so its id does not matter).
+        """``[B, T]`` position ids; padding gets 0 (it is masked, so its id does not matter).
 
         Raises ``ValueError`` when a real token falls outside the position table, or, for
         ``"from_sep"``, when a row has no separator.

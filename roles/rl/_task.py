@@ -13,7 +13,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
-from ._seeding import derive_seed
+from orchestr.roles._common._seeding import derive_seed
 
 __all__ = [
     "BOS",

@@ -64,16 +64,15 @@ from typing import Any, Literal
 import structlog
 
 import orchestr as oc
+from orchestr.roles._common._weights import WeightsRef
+from orchestr.roles.generator import Completion, Generator, Request
+from orchestr.roles.reward import DEFAULT_SCORER, Reward
+from orchestr.roles.trainer import Trainer
 
 from . import _task
-from ._engine import Completion, Request
 from ._faults import ROLES, FaultInjector, MemberWatch, lost_during, parse_kill
 from ._reference import DEMO_CONFIG, TrainConfig, group_requests, request_digits, step_requests
 from ._streaming import LengthRanker, SampleChannel
-from ._weights import WeightsRef
-from .generator import Generator
-from .reward import DEFAULT_SCORER, Reward
-from .trainer import Trainer
 
 __all__ = ["MODES", "GRPOConfig", "GRPOResult", "LengthRanker", "StepRecord", "run_grpo"]
 
@@ -92,7 +91,7 @@ class GRPOConfig:
     generators' OS scheduling priority: where roles share cores, the trainer (the critical
     path) runs at full speed and generation takes the cycles it leaves; on a machine of
     their own it changes nothing. ``scorer`` is the reward mesh's function (``"module:function"``,
-    see :mod:`.reward`).
+    see :mod:`orchestr.roles.reward._actor`).
 
     Each role's members are restarted up to ``max_restarts`` times each when they die (see
     "Failures" in the module docstring); the trainer's state is checkpointed to
@@ -358,6 +357,8 @@ class _Job:
             weight_decay=tc.weight_decay,
             update=dataclasses.asdict(tc.update),
             max_staleness=cfg.eta if cfg.mode != "sync" else 0,
+            pad_id=_task.PAD,
+            eos_id=_task.EOS,
             torch_threads=cfg.torch_threads,
             n=cfg.trainers,
             resources=res,

@@ -1,0 +1,7 @@
+"""The generator role: a continuous-batching engine (``_engine``, sans-IO) and the actor around
+it (``_actor``), which streams completions and loads new weights from a trainer."""
+
+from ._actor import Generator
+from ._engine import Completion, Engine, EngineStats, Request
+
+__all__ = ["Completion", "Engine", "EngineStats", "Generator", "Request"]

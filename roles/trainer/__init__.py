@@ -1,0 +1,8 @@
+"""The trainer role: GRPO's math (``_grpo``, sans-IO), one update on a batch (``_update``) and
+the actor (``_actor``) that holds the policy and its optimizer and publishes weights."""
+
+from ._actor import Trainer
+from ._grpo import group_advantages, grpo_loss
+from ._update import UpdateConfig, grpo_update
+
+__all__ = ["Trainer", "UpdateConfig", "group_advantages", "grpo_loss", "grpo_update"]
