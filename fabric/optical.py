@@ -26,7 +26,15 @@ from ._optical._conformance import check_ocs_driver
 from ._optical._costmodel import ReconfigCost, collective_demand
 from ._optical._manager import FabricManager, Hint, PlanRecord, RecordingRouter, hint_demand
 from ._optical._netns import NetnsError, NetnsFabric, netns_missing
-from ._optical._ocs import OcsDriver, OcsError
+from ._optical._netns_kernel import free_subnets
+from ._optical._ocs import (
+    InvalidProgramError,
+    OcsDriver,
+    OcsError,
+    PortFailedError,
+    StaleGenerationError,
+    VerifyError,
+)
 from ._optical._ocs_netns import NetnsOcs, NetnsRouter
 from ._optical._ocs_sim import SimOcs
 from ._optical._planfile import dump_topology, load_topology, topology_from_dict
@@ -42,6 +50,7 @@ __all__ = [
     "GreedyPlanner",
     "Hint",
     "Installed",
+    "InvalidProgramError",
     "NetnsError",
     "NetnsFabric",
     "NetnsOcs",
@@ -51,16 +60,20 @@ __all__ = [
     "Plan",
     "PlanRecord",
     "PlanRequest",
+    "PortFailedError",
     "ReconfigCost",
     "Reconfigurator",
     "RecordingRouter",
     "Router",
     "SimOcs",
+    "StaleGenerationError",
     "Topology",
     "TopologyError",
+    "VerifyError",
     "check_ocs_driver",
     "collective_demand",
     "dump_topology",
+    "free_subnets",
     "hint_demand",
     "load_topology",
     "netns_missing",

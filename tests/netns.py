@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from orchestr.fabric._optical._netns_kernel import free_subnets
+from orchestr.fabric.optical import free_subnets
 
 __all__ = ["PREFIX", "Topology", "require_netns"]
 

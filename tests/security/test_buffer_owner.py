@@ -18,8 +18,8 @@ import orchestr as oc
 from orchestr import fabric
 from orchestr.fabric._buffers._sidechannel import SideChannel
 from orchestr.fabric._registry import settings
+from tests.runtime.call.bulk_actors import Owner
 
-from ..fabric.actors import Owner
 from .conftest import Attacker
 
 REQUEST = struct.Struct("<4sBQQQQ")

@@ -24,7 +24,8 @@ from orchestr._control._grpc import ControlChannel
 from orchestr._control._tls import install_stream_tls
 from orchestr.config import Config, load_config
 from orchestr.errors import AuthenticationError, ConfigError
-from orchestr.fabric._streams._transport import TcpTransport, set_tls, tls_contexts
+from orchestr.fabric import connect_stream
+from orchestr.fabric.lowlevel import set_tls, tls_contexts
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 from tests.runtime.actors import Counter
@@ -263,7 +264,7 @@ async def test_a_call_client_that_distrusts_the_server_says_why(pki: Pki) -> Non
     try:
         install_stream_tls(tls_config(pki.distrusting))
         with pytest.raises(ConnectionError, match="TLS handshake with 127.0.0.1:.* failed"):
-            await TcpTransport().connect(server.url, asyncio.BufferedProtocol)
+            await connect_stream(server.url, asyncio.BufferedProtocol)
     finally:
         await server.aclose()
 

@@ -17,7 +17,7 @@ import torch
 
 import orchestr as oc
 from orchestr import fabric
-from tests.fabric.actors import Owner, Sink
+from tests.runtime.call.bulk_actors import Owner, Sink
 
 MiB = 1 << 20
 

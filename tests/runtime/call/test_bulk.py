@@ -7,7 +7,6 @@ import gc
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -17,8 +16,9 @@ import torch
 import orchestr as oc
 from orchestr import fabric
 from orchestr._call._wire import traffic
-from orchestr.fabric._buffers._segments import pool
-from tests.fabric.actors import Owner, Reader, Router, Sink
+from orchestr.errors import DescriptorError, ProtocolError
+from orchestr.fabric.lowlevel import pool
+from tests.runtime.call.bulk_actors import Owner, Reader, Router, Sink
 
 MiB = 1 << 20
 
@@ -55,7 +55,7 @@ async def test_results_and_arrays_come_back_through_shared_memory(ctx: oc.JobCon
     x = torch.randn(MiB)
     y = await sink.echo.call_one(x)
     assert torch.equal(x, y)
-    from tests.fabric.actors import shared_mapping_of
+    from tests.runtime.call.bulk_actors import shared_mapping_of
 
     worker_pid = await sink.pid.call_one()
     assert shared_mapping_of(y.data_ptr()).startswith(f"/memfd:orchestr.{worker_pid}.")
@@ -185,7 +185,7 @@ async def test_fallback_policy_for_buffers(ctx: oc.JobContext) -> None:
     buf = await owner.share.call_one(1024, 1.0)
     with pytest.raises(oc.FallbackError, match="rdma.*fallback policy is 'error'"):
         await buf.read_into(torch.empty(1024), transport="rdma", fallback="error")
-    from orchestr.fabric._buffers._transport import stats
+    from orchestr.fabric.lowlevel import buffer_stats as stats
 
     before = stats.get("shm").fallbacks if "shm" in stats else 0
     assert await buf.read_into(torch.empty(1024), transport="rdma", fallback="allow") == "shm"
@@ -301,26 +301,6 @@ async def test_a_message_that_fails_to_decode_gives_its_segments_back(
     assert (await sink.where.call_one(torch.ones(MiB)))[1] == MiB  # the connection lives on
 
 
-def test_finalizers_never_wait_for_the_pool_lock() -> None:
-    """Garbage collection can free a pooled tensor while this thread holds the pool's lock."""
-    from orchestr.fabric._buffers._segments import SegmentPool
-
-    local = SegmentPool()
-    _, done = local.empty(MiB)
-    finished = threading.Event()
-
-    def release_under_lock() -> None:
-        with local._lock:
-            done()  # what a finalizer does, run where the lock is already held
-        finished.set()
-
-    worker = threading.Thread(target=release_under_lock, daemon=True)
-    worker.start()
-    assert finished.wait(5), "a finalizer deadlocked on the pool lock"
-    assert local.stats()["held"] == 0
-    local.close()
-
-
 async def test_a_peer_cannot_claim_to_be_the_server_itself(ctx: oc.JobContext) -> None:
     """A connection that claims the server's own process key and shows the server's own probe
     (learned from an honest handshake) must not get shared memory."""
@@ -332,7 +312,7 @@ async def test_a_peer_cannot_claim_to_be_the_server_itself(ctx: oc.JobContext) -
     code = f"""
 import json
 from orchestr._call import _locality
-from orchestr.fabric._local import process_key
+from orchestr.fabric import process_key
 from tests import rawcall
 def hello(info):
     with rawcall.connect({address!r}) as sock:
@@ -353,7 +333,7 @@ print(json.dumps([honest, forged]))
 async def test_the_first_calls_on_a_connection_already_use_shared_memory(
     ctx: oc.JobContext,
 ) -> None:
-    from tests.fabric.actors import shared_mapping_of
+    from tests.runtime.call.bulk_actors import shared_mapping_of
 
     sinks = await ctx.spawn(Sink, n=2)
     first, second = sinks[0], sinks[1]
@@ -385,7 +365,7 @@ async def test_a_call_to_many_members_copies_a_large_argument_once(ctx: oc.JobCo
 
 
 async def test_past_the_pool_budget_large_values_go_into_the_frame() -> None:
-    from orchestr.fabric._buffers._transport import stats
+    from orchestr.fabric.lowlevel import buffer_stats as stats
 
     config = oc.load_config(shm_pool_bytes=2 * MiB)
     async with oc.open_local_cluster(config) as ctx:
@@ -405,3 +385,19 @@ async def test_past_the_pool_budget_large_values_go_into_the_frame() -> None:
         await eventually(lambda: pool.stats()["held"] == 0)
         mapping, _, _ = await sink.where.call_one(torch.ones(MiB // 4))
         assert mapping.startswith(me)  # the budget is free again
+
+
+async def test_descriptors_from_the_wrong_process_are_refused() -> None:
+    from orchestr._call._bulk import BulkLink
+    from orchestr.config import Config
+
+    link = BulkLink(Config(), asyncio.get_running_loop(), lambda items: None)
+    with pytest.raises(ProtocolError, match="before this connection agreed"):
+        link.view([os.getpid(), 3, 1, 1, 0], 8)
+    link.set_peer("aaaa:1:beef")
+    link.can_receive = True
+    with pytest.raises(DescriptorError, match="arrived from"):
+        link.view([os.getpid(), 3, 1, 1, 0], 8)
+    with pytest.raises(ProtocolError):
+        link.released("not a list")
+    link.released([[3, 1]])  # not a lease we made: ignored, not a crash

@@ -68,7 +68,7 @@ class Sink(oc.Actor):
 
     @oc.endpoint
     def pool_stats(self) -> dict[str, int]:
-        from orchestr.fabric._buffers._segments import pool
+        from orchestr.fabric.lowlevel import pool
 
         return pool.stats()
 

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from orchestr._job._events import read_events
-from orchestr.fabric._optical._netns import NetnsFabric, netns_missing
+from orchestr.fabric.optical import NetnsFabric, netns_missing
 
 pytestmark = pytest.mark.timeout(300)
 

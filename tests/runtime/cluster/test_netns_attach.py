@@ -12,10 +12,7 @@ import pytest
 
 import orchestr as oc
 from orchestr._cluster._fabric import open_fabric
-from orchestr.fabric._optical._manager import Hint
-from orchestr.fabric._optical._netns import NetnsFabric, netns_missing
-from orchestr.fabric._optical._ocs import InvalidProgramError
-from orchestr.fabric._optical._ocs_netns import NetnsOcs
+from orchestr.fabric.optical import Hint, InvalidProgramError, NetnsFabric, NetnsOcs, netns_missing
 
 pytestmark = pytest.mark.timeout(120)
 
