@@ -265,17 +265,16 @@ def actor_line(a: dict[str, Any]) -> str:
 
 async def _status(address: str, token: str) -> dict[str, Any]:
     from orchestr._control import _grpc
+    from orchestr._control._head_client import HeadClient
     from orchestr.config import load_config
-    from orchestr.protos import orchestr_pb2 as pb
-    from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
     channel = _grpc.ControlChannel(address, token, load_config())
     try:
-        stub = channel.stub(pb_grpc.HeadStub)
-        nodes = (await channel.rpc(stub.ListNodes, pb.Empty())).nodes
-        actors = (await channel.rpc(stub.ListActors, pb.Empty())).actors
+        head = HeadClient(channel)
+        nodes = await head.nodes()
+        actors = await head.actors()
         try:
-            jobs: list[Any] | None = list((await channel.rpc(stub.ListJobs, pb.Empty())).jobs)
+            jobs: list[Any] | None = await head.jobs()
         except ConfigError:  # an embedded cluster's head takes no submitted jobs
             jobs = None
     finally:
@@ -294,8 +293,8 @@ async def _status(address: str, token: str) -> dict[str, Any]:
                 "node_id": n.node_id,
                 "address": n.address,
                 "alive": n.alive,
-                "total": dict(n.total.amounts),
-                "free": dict(n.free.amounts),
+                "total": dict(n.total),
+                "free": dict(n.free),
                 "labels": dict(n.labels),
                 "last_heartbeat_unix": n.last_heartbeat_unix,
                 "transports": list(n.transports),

@@ -6,11 +6,14 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestr.errors import ConfigError, OrchestrError
 
 from ._jobs import _call
+
+if TYPE_CHECKING:
+    from orchestr._control._head_client import HeadClient
 
 
 def _demand(items: list[str]) -> list[tuple[str, str, float]]:
@@ -33,19 +36,13 @@ def _demand(items: list[str]) -> list[tuple[str, str, float]]:
 
 
 def fabric(args: argparse.Namespace) -> int:
-    from orchestr.protos import orchestr_pb2 as pb
-
-    async def go(channel: Any, stub: Any) -> Any:
+    async def go(head: HeadClient) -> Any:
         if args.fabric_command == "show":
-            reply = await channel.rpc(stub.FabricShow, pb.Empty())
-        elif args.fabric_command == "history":
-            reply = await channel.rpc(stub.FabricHistory, pb.FabricHistoryRequest(limit=args.limit))
-        else:
-            request = pb.FabricHintRequest(phase=args.phase, dry_run=not args.apply)
-            for src, dst, nbytes in _demand(args.demand):
-                request.demand.append(pb.SwitchTraffic(src=src, dst=dst, nbytes=nbytes))
-            reply = await channel.rpc(stub.FabricHint, request, timeout=None)
-        return json.loads(reply.json)
+            return await head.fabric_show()
+        if args.fabric_command == "history":
+            return await head.fabric_history(args.limit)
+        demand = _demand(args.demand)
+        return await head.fabric_hint(args.phase, demand=demand, dry_run=not args.apply)
 
     try:
         if args.fabric_command == "plan" and not args.demand:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import io
 import json
 import os
@@ -12,13 +13,17 @@ import time
 import zipfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestr._cluster import _daemon as _cluster
 from orchestr._cluster._submitted import MAX_PACKAGE_BYTES
 from orchestr.errors import ConfigError, ControlPlaneError, OrchestrError
 
 from ._daemons import head_address
+
+if TYPE_CHECKING:
+    from orchestr._control._convert import JobInfo
+    from orchestr._control._head_client import HeadClient
 
 T = TypeVar("T")
 
@@ -104,50 +109,32 @@ def _connect(args: argparse.Namespace) -> tuple[str, str]:
     return address, _cluster.cluster_token(state_dir)
 
 
-def _call(args: argparse.Namespace, fn: Callable[[Any, Any], Awaitable[T]]) -> T:
-    """Run ``fn(channel, stub)`` against the head ``args`` name."""
+def _call(args: argparse.Namespace, fn: Callable[[HeadClient], Awaitable[T]]) -> T:
+    """Run ``fn(head)`` against the head ``args`` name."""
     from orchestr._control._grpc import ControlChannel
+    from orchestr._control._head_client import HeadClient
     from orchestr.config import load_config
-    from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
     address, token = _connect(args)
 
     async def go() -> T:
         channel = ControlChannel(address, token, load_config())
         try:
-            return await fn(channel, channel.stub(pb_grpc.HeadStub))
+            return await fn(HeadClient(channel))
         finally:
             await channel.aclose()
 
     return asyncio.run(go())
 
 
-def _info(job: Any) -> dict[str, Any]:
-    return {
-        "job_id": job.job_id,
-        "entrypoint": job.entrypoint,
-        "args": list(job.args),
-        "state": job.state,
-        "exit_code": job.exit_code,
-        "submitted_unix": job.submitted_unix,
-        "ended_unix": job.ended_unix,
-        "pid": job.pid,
-        "reason": job.reason,
-    }
-
-
-async def _follow(channel: Any, stub: Any, job_id: str, follow: bool) -> Any:
+async def _follow(head: HeadClient, job_id: str, follow: bool) -> JobInfo:
     """Copy the job's output to stdout from the start; with ``follow``, until it ends.
     Returns the job's last state."""
-    from orchestr.protos import orchestr_pb2 as pb
-
     offset = 0
     lost_at: float | None = None
     while True:
         try:
-            got = await channel.rpc(
-                stub.GetJobLogs, pb.JobLogsRequest(job_id=job_id, offset=offset)
-            )
+            data, next_offset, job = await head.job_logs(job_id, offset)
         except ControlPlaneError as exc:
             # The head went away. A head daemon that restarts keeps the job (it runs on),
             # so keep asking for a while before giving up.
@@ -162,19 +149,17 @@ async def _follow(channel: Any, stub: Any, job_id: str, follow: bool) -> Any:
         if lost_at is not None:
             print("orchestr: the head is back", file=sys.stderr)
             lost_at = None
-        if got.data:
-            sys.stdout.buffer.write(got.data)
+        if data:
+            sys.stdout.buffer.write(data)
             sys.stdout.flush()
-            offset = got.offset
+            offset = next_offset
             continue
-        if not follow or got.job.state != "running":
-            return got.job
+        if not follow or job.state != "running":
+            return job
         await asyncio.sleep(FOLLOW_POLL_S)
 
 
 def submit(args: argparse.Namespace) -> int:
-    from orchestr.protos import orchestr_pb2 as pb
-
     job = Path(args.job)
     folder = Path(args.working_dir) if args.working_dir else job.parent
     try:
@@ -188,16 +173,13 @@ def submit(args: argparse.Namespace) -> int:
             ) from None
         data = package(folder, dotfiles=args.include_dotfiles, keep=job.resolve())
 
-        async def go(channel: Any, stub: Any) -> int:
-            request = pb.SubmitJobRequest(
-                package=data, entrypoint=entry.as_posix(), args=list(args.job_args)
-            )
-            info = await channel.rpc(stub.SubmitJob, request)
+        async def go(head: HeadClient) -> int:
+            info = await head.submit_job(data, entry.as_posix(), args.job_args)
             print(f"submitted {info.job_id} ({len(data)} bytes from {folder})", file=sys.stderr)
             if args.no_wait:
                 print(info.job_id)
                 return 0
-            last = await _follow(channel, stub, info.job_id, follow=True)
+            last = await _follow(head, info.job_id, follow=True)
             why = f": {last.reason}" if last.reason else ""
             print(f"{info.job_id} {last.state} (exit code {last.exit_code}){why}", file=sys.stderr)
             code: int = last.exit_code if last.state != "stopped" else 1
@@ -210,10 +192,8 @@ def submit(args: argparse.Namespace) -> int:
 
 
 def jobs(args: argparse.Namespace) -> int:
-    from orchestr.protos import orchestr_pb2 as pb
-
-    async def go(channel: Any, stub: Any) -> list[dict[str, Any]]:
-        return [_info(j) for j in (await channel.rpc(stub.ListJobs, pb.Empty())).jobs]
+    async def go(head: HeadClient) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(j) for j in await head.jobs()]
 
     try:
         listed = _call(args, go)
@@ -233,34 +213,29 @@ def jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _daemon_log(channel: Any, stub: Any, name: str | None, node: str) -> None:
+async def _daemon_log(head: HeadClient, name: str | None, node: str) -> None:
     """The daemon logs of the head's host, or of ``node``'s host: their names, or one of them
     from the start."""
-    from orchestr.protos import orchestr_pb2 as pb
-
     if not name:
-        got = await channel.rpc(stub.GetDaemonLog, pb.DaemonLogRequest(node_id=node))
-        print("\n".join(got.names) if got.names else "no daemon logs")
+        _, _, names = await head.daemon_log(node_id=node)
+        print("\n".join(names) if names else "no daemon logs")
         return
     offset = 0
     while True:
-        got = await channel.rpc(
-            stub.GetDaemonLog, pb.DaemonLogRequest(name=name, offset=offset, node_id=node)
-        )
-        if not got.data:
+        data, offset, _ = await head.daemon_log(name, offset, node)
+        if not data:
             return
-        sys.stdout.buffer.write(got.data)
-        offset = got.offset
+        sys.stdout.buffer.write(data)
 
 
 def logs(args: argparse.Namespace) -> int:
     try:
         if args.daemon is not None or args.job_id is None:
             name = args.daemon or None
-            _call(args, lambda channel, stub: _daemon_log(channel, stub, name, args.node or ""))
+            _call(args, lambda head: _daemon_log(head, name, args.node or ""))
             sys.stdout.flush()
             return 0
-        _call(args, lambda channel, stub: _follow(channel, stub, args.job_id, args.follow))
+        _call(args, lambda head: _follow(head, args.job_id, args.follow))
     except OrchestrError as exc:
         print(f"orchestr logs: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -268,10 +243,8 @@ def logs(args: argparse.Namespace) -> int:
 
 
 def job_stop(args: argparse.Namespace) -> int:
-    from orchestr.protos import orchestr_pb2 as pb
-
-    async def go(channel: Any, stub: Any) -> Any:
-        return await channel.rpc(stub.StopJob, pb.JobRequest(job_id=args.job_id), timeout=60)
+    async def go(head: HeadClient) -> JobInfo:
+        return await head.stop_job(args.job_id)
 
     try:
         info = _call(args, go)

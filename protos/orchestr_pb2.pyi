@@ -251,11 +251,121 @@ class FabricHistoryRequest(_message.Message):
     limit: int
     def __init__(self, limit: _Optional[int] = ...) -> None: ...
 
-class FabricReply(_message.Message):
-    __slots__ = ("json",)
-    JSON_FIELD_NUMBER: _ClassVar[int]
-    json: str
-    def __init__(self, json: _Optional[str] = ...) -> None: ...
+class CircuitCount(_message.Message):
+    __slots__ = ("a", "b", "count")
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    a: str
+    b: str
+    count: int
+    def __init__(self, a: _Optional[str] = ..., b: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class FabricPlan(_message.Message):
+    __slots__ = ("seq", "at_unix", "job_id", "phase", "add", "remove", "keep", "predicted_s_static", "predicted_s_with", "saving_s", "reconfig_cost_s", "port_changes", "commit", "reason", "status", "generation", "timings", "events", "dry_run", "demand")
+    class TimingsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    AT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    ADD_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_S_STATIC_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_S_WITH_FIELD_NUMBER: _ClassVar[int]
+    SAVING_S_FIELD_NUMBER: _ClassVar[int]
+    RECONFIG_COST_S_FIELD_NUMBER: _ClassVar[int]
+    PORT_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    at_unix: float
+    job_id: str
+    phase: str
+    add: _containers.RepeatedCompositeFieldContainer[CircuitCount]
+    remove: _containers.RepeatedCompositeFieldContainer[CircuitCount]
+    keep: _containers.RepeatedCompositeFieldContainer[CircuitCount]
+    predicted_s_static: float
+    predicted_s_with: float
+    saving_s: float
+    reconfig_cost_s: float
+    port_changes: int
+    commit: bool
+    reason: str
+    status: str
+    generation: int
+    timings: _containers.ScalarMap[str, float]
+    events: _containers.RepeatedScalarFieldContainer[str]
+    dry_run: bool
+    demand: _containers.RepeatedCompositeFieldContainer[SwitchTraffic]
+    def __init__(self, seq: _Optional[int] = ..., at_unix: _Optional[float] = ..., job_id: _Optional[str] = ..., phase: _Optional[str] = ..., add: _Optional[_Iterable[_Union[CircuitCount, _Mapping]]] = ..., remove: _Optional[_Iterable[_Union[CircuitCount, _Mapping]]] = ..., keep: _Optional[_Iterable[_Union[CircuitCount, _Mapping]]] = ..., predicted_s_static: _Optional[float] = ..., predicted_s_with: _Optional[float] = ..., saving_s: _Optional[float] = ..., reconfig_cost_s: _Optional[float] = ..., port_changes: _Optional[int] = ..., commit: _Optional[bool] = ..., reason: _Optional[str] = ..., status: _Optional[str] = ..., generation: _Optional[int] = ..., timings: _Optional[_Mapping[str, float]] = ..., events: _Optional[_Iterable[str]] = ..., dry_run: _Optional[bool] = ..., demand: _Optional[_Iterable[_Union[SwitchTraffic, _Mapping]]] = ...) -> None: ...
+
+class FabricPlans(_message.Message):
+    __slots__ = ("plans",)
+    PLANS_FIELD_NUMBER: _ClassVar[int]
+    plans: _containers.RepeatedCompositeFieldContainer[FabricPlan]
+    def __init__(self, plans: _Optional[_Iterable[_Union[FabricPlan, _Mapping]]] = ...) -> None: ...
+
+class OcsCircuit(_message.Message):
+    __slots__ = ("port_a", "port_b", "a", "b")
+    PORT_A_FIELD_NUMBER: _ClassVar[int]
+    PORT_B_FIELD_NUMBER: _ClassVar[int]
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    port_a: int
+    port_b: int
+    a: str
+    b: str
+    def __init__(self, port_a: _Optional[int] = ..., port_b: _Optional[int] = ..., a: _Optional[str] = ..., b: _Optional[str] = ...) -> None: ...
+
+class OcsState(_message.Message):
+    __slots__ = ("name", "radix", "wired", "circuits")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RADIX_FIELD_NUMBER: _ClassVar[int]
+    WIRED_FIELD_NUMBER: _ClassVar[int]
+    CIRCUITS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    radix: int
+    wired: int
+    circuits: _containers.RepeatedCompositeFieldContainer[OcsCircuit]
+    def __init__(self, name: _Optional[str] = ..., radix: _Optional[int] = ..., wired: _Optional[int] = ..., circuits: _Optional[_Iterable[_Union[OcsCircuit, _Mapping]]] = ...) -> None: ...
+
+class FabricState(_message.Message):
+    __slots__ = ("hosts", "accelerators", "switches", "endpoints", "circuit_gbps", "generation", "ocs")
+    class SwitchesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATORS_FIELD_NUMBER: _ClassVar[int]
+    SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    CIRCUIT_GBPS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    OCS_FIELD_NUMBER: _ClassVar[int]
+    hosts: int
+    accelerators: int
+    switches: _containers.ScalarMap[str, int]
+    endpoints: _containers.RepeatedScalarFieldContainer[str]
+    circuit_gbps: float
+    generation: int
+    ocs: _containers.RepeatedCompositeFieldContainer[OcsState]
+    def __init__(self, hosts: _Optional[int] = ..., accelerators: _Optional[int] = ..., switches: _Optional[_Mapping[str, int]] = ..., endpoints: _Optional[_Iterable[str]] = ..., circuit_gbps: _Optional[float] = ..., generation: _Optional[int] = ..., ocs: _Optional[_Iterable[_Union[OcsState, _Mapping]]] = ...) -> None: ...
 
 class RestartPolicy(_message.Message):
     __slots__ = ("max_restarts", "backoff_s", "backoff_max_s", "retry")

@@ -72,17 +72,17 @@ class HeadStub:
         self.FabricHint = channel.unary_unary(
                 '/orchestr.v1.Head/FabricHint',
                 request_serializer=orchestr__pb2.FabricHintRequest.SerializeToString,
-                response_deserializer=orchestr__pb2.FabricReply.FromString,
+                response_deserializer=orchestr__pb2.FabricPlan.FromString,
                 _registered_method=True)
         self.FabricShow = channel.unary_unary(
                 '/orchestr.v1.Head/FabricShow',
                 request_serializer=orchestr__pb2.Empty.SerializeToString,
-                response_deserializer=orchestr__pb2.FabricReply.FromString,
+                response_deserializer=orchestr__pb2.FabricState.FromString,
                 _registered_method=True)
         self.FabricHistory = channel.unary_unary(
                 '/orchestr.v1.Head/FabricHistory',
                 request_serializer=orchestr__pb2.FabricHistoryRequest.SerializeToString,
-                response_deserializer=orchestr__pb2.FabricReply.FromString,
+                response_deserializer=orchestr__pb2.FabricPlans.FromString,
                 _registered_method=True)
         self.GetActor = channel.unary_unary(
                 '/orchestr.v1.Head/GetActor',
@@ -313,17 +313,17 @@ def add_HeadServicer_to_server(servicer, server):
             'FabricHint': grpc.unary_unary_rpc_method_handler(
                     servicer.FabricHint,
                     request_deserializer=orchestr__pb2.FabricHintRequest.FromString,
-                    response_serializer=orchestr__pb2.FabricReply.SerializeToString,
+                    response_serializer=orchestr__pb2.FabricPlan.SerializeToString,
             ),
             'FabricShow': grpc.unary_unary_rpc_method_handler(
                     servicer.FabricShow,
                     request_deserializer=orchestr__pb2.Empty.FromString,
-                    response_serializer=orchestr__pb2.FabricReply.SerializeToString,
+                    response_serializer=orchestr__pb2.FabricState.SerializeToString,
             ),
             'FabricHistory': grpc.unary_unary_rpc_method_handler(
                     servicer.FabricHistory,
                     request_deserializer=orchestr__pb2.FabricHistoryRequest.FromString,
-                    response_serializer=orchestr__pb2.FabricReply.SerializeToString,
+                    response_serializer=orchestr__pb2.FabricPlans.SerializeToString,
             ),
             'GetActor': grpc.unary_unary_rpc_method_handler(
                     servicer.GetActor,
@@ -596,7 +596,7 @@ class Head:
             target,
             '/orchestr.v1.Head/FabricHint',
             orchestr__pb2.FabricHintRequest.SerializeToString,
-            orchestr__pb2.FabricReply.FromString,
+            orchestr__pb2.FabricPlan.FromString,
             options,
             channel_credentials,
             insecure,
@@ -623,7 +623,7 @@ class Head:
             target,
             '/orchestr.v1.Head/FabricShow',
             orchestr__pb2.Empty.SerializeToString,
-            orchestr__pb2.FabricReply.FromString,
+            orchestr__pb2.FabricState.FromString,
             options,
             channel_credentials,
             insecure,
@@ -650,7 +650,7 @@ class Head:
             target,
             '/orchestr.v1.Head/FabricHistory',
             orchestr__pb2.FabricHistoryRequest.SerializeToString,
-            orchestr__pb2.FabricReply.FromString,
+            orchestr__pb2.FabricPlans.FromString,
             options,
             channel_credentials,
             insecure,

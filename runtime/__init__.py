@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from . import fabric as fabric
     from . import protos as protos
     from ._actor._actor import Actor, endpoint
+    from ._control._convert import ActorInfo, NodeInfo
     from ._call._mesh import Endpoint, Mesh
     from ._call._serde import register
     from ._graph._channelstate import Staleness
@@ -76,6 +77,7 @@ __all__ = [
     "Actor",
     "ActorDiedError",
     "ActorError",
+    "ActorInfo",
     "AuthenticationError",
     "BrokenResourceError",
     "Buffer",
@@ -97,6 +99,7 @@ __all__ = [
     "Mesh",
     "MeshError",
     "MessageTooLargeError",
+    "NodeInfo",
     "OrchestrError",
     "PlacementError",
     "ProtocolError",
@@ -124,6 +127,8 @@ __all__ = [
 _LAZY = {
     "Actor": "._actor._actor",
     "endpoint": "._actor._actor",
+    "ActorInfo": "._control._convert",
+    "NodeInfo": "._control._convert",
     "Staleness": "._graph._channelstate",
     "JobContext": "._job._context",
     "open_local_cluster": "._job._context",

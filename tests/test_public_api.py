@@ -8,11 +8,11 @@ import orchestr.fabric.testing as fabric_testing
 import orchestr.roles
 
 EXPECTED = {
-    "Actor", "ActorDiedError", "ActorError", "AuthenticationError", "BrokenResourceError",
+    "Actor", "ActorDiedError", "ActorError", "ActorInfo", "AuthenticationError", "BrokenResourceError",
     "Buffer", "CallError", "CallTimeoutError", "ClosedResourceError", "Collective", "Config",
     "ConfigError",
     "ControlPlaneError", "DescriptorError", "Endpoint", "FallbackError", "JobContext", "Mesh",
-    "MeshError", "MessageTooLargeError", "OrchestrError", "PlacementError", "ProtocolError",
+    "MeshError", "MessageTooLargeError", "NodeInfo", "OrchestrError", "PlacementError", "ProtocolError",
     "SerializationError", "SpawnError", "StaleDescriptorError", "TransportError",
     "TransportUnavailableError", "__version__", "endpoint", "load_config",
     "open_local_cluster", "register", "run",

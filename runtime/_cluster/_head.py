@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import secrets
-import signal as _signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import structlog
 
-from orchestr._call._client import ActorLookup, ActorView
+from orchestr._control._convert import actor_to_pb, fabric_state_to_pb, node_to_pb, plan_to_pb
 from orchestr._control._grpc import ControlChannel, abort_with, add_port, make_server
+from orchestr._control._head_client import describe_exit
 from orchestr._log import read_daemon_log
 from orchestr.config import Config
 from orchestr.errors import (
-    ActorDiedError,
     ConfigError,
     ControlPlaneError,
     OrchestrError,
@@ -44,97 +42,9 @@ from ._submitted import JobManager, JobRecord, job_info
 if TYPE_CHECKING:
     from orchestr.fabric.optical import FabricManager
 
-__all__ = [
-    "HeadService",
-    "actor_info",
-    "actor_lookup",
-    "death_error",
-    "describe_exit",
-    "explain_death",
-]
+__all__ = ["HeadService"]
 
 log = structlog.get_logger("orchestr.head")
-
-
-def describe_exit(pid: int, exit_code: int, sig: int) -> str:
-    if sig:
-        try:
-            name = _signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        return f"worker process {pid} was killed by {name}"
-    return f"worker process {pid} exited with code {exit_code}"
-
-
-def death_error(info: Any) -> ActorDiedError:
-    """The :class:`ActorDiedError` an ``ActorInfo`` of an ended actor describes, with the
-    worker's last output (a fatal-error dump, a traceback) when it left one."""
-    label = f"{info.name}[{info.rank}]"
-    if info.state == "stopped":
-        return ActorDiedError(f"actor {label} was stopped", actor=label)
-    sig = _signal.Signals(info.signal).name if info.signal in _signal.valid_signals() else None
-    how = describe_exit(info.pid, info.exit_code, info.signal)
-    if info.state not in ("dead", "restarting"):  # alive again: the pid is the new worker's
-        how = how.replace(f"worker process {info.pid}", "its worker")
-    text = f"actor {label} died: {how}"
-    if info.last_output:
-        text += f"\n--- the worker's last output ---\n{info.last_output}"
-    return ActorDiedError(
-        text, actor=label, exit_code=None if info.signal else info.exit_code, signal=sig
-    )
-
-
-async def explain_death(
-    head: ControlChannel, actor_id: str, wait: float, *, address: str = "", restart_wait: float = 0
-) -> Any:
-    """Ask the head about ``actor_id`` after a connection to ``address`` broke: waits up to
-    ``wait`` s for the node's exit report, then (when ``restart_wait`` > 0 and the actor is
-    being restarted) up to ``restart_wait`` s for its new incarnation. Returns its ``ActorInfo``."""
-    return await head.rpc(
-        head.stub(pb_grpc.HeadStub).GetActor,
-        pb.GetActorRequest(
-            actor_id=actor_id,
-            wait_for_exit_s=wait,
-            wait_for_restart_s=restart_wait,
-            address=address,
-        ),
-        timeout=wait + restart_wait + 5,
-    )
-
-
-def actor_lookup(head: ControlChannel, config: Config) -> ActorLookup:
-    """How a process's call client asks the head what became of an actor."""
-
-    async def lookup(actor_id: str, address: str, restart_wait: float) -> ActorView:
-        info = await explain_death(
-            head, actor_id, config.death_report_wait, address=address, restart_wait=restart_wait
-        )
-        ended = info.state in ("dead", "stopped", "restarting") or info.restarts > 0
-        return ActorView(info.state, info.call_address, death_error(info) if ended else None)
-
-    return lookup
-
-
-def actor_info(a: ActorRecord, suspended: bool = False) -> pb.ActorInfo:
-    return pb.ActorInfo(
-        actor_id=a.actor_id,
-        mesh_id=a.mesh_id,
-        name=a.name,
-        rank=a.rank,
-        class_path=a.class_path,
-        node_id=a.node_id,
-        worker_id=a.worker_id,
-        call_address=a.call_address,
-        state=a.state,
-        pid=a.pid,
-        exit_code=a.exit_code,
-        signal=a.signal,
-        endpoints=a.endpoints,
-        restarts=a.restarts,
-        max_restarts=a.max_restarts,
-        last_output=a.last_output,
-        suspended=suspended,
-    )
 
 
 class HeadService(pb_grpc.HeadServicer):
@@ -319,7 +229,7 @@ class HeadService(pb_grpc.HeadServicer):
                     await self._changed.setdefault(record.actor_id, asyncio.Event()).wait()
 
     def _publish(self, kind: str, record: ActorRecord) -> None:
-        event = pb.ActorEvent(kind=kind, actor=actor_info(record))
+        event = pb.ActorEvent(kind=kind, actor=actor_to_pb(record))
         for queue in list(self._watchers):
             try:
                 queue.put_nowait(event)
@@ -329,7 +239,9 @@ class HeadService(pb_grpc.HeadServicer):
                 queue.put_nowait(None)
 
     # -- node-facing RPCs ----------------------------------------------------------------
-    async def RegisterNode(self, request: Any, context: Any) -> pb.RegisterNodeReply:
+    async def RegisterNode(
+        self, request: pb.RegisterNodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterNodeReply:
         try:
             validate_resources(dict(request.total.amounts))  # before anything is changed
         except ConfigError as exc:
@@ -373,13 +285,17 @@ class HeadService(pb_grpc.HeadServicer):
             log.info("node registered", node=request.node_id, address=request.address)
         return pb.RegisterNodeReply(epoch=self.epoch, stop_workers=stray)
 
-    async def Heartbeat(self, request: Any, context: Any) -> pb.HeartbeatReply:
+    async def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HeartbeatReply:
         known = self.state.heartbeat(
             request.node_id, self.state.now(), request.workers, request.suspended
         )
         return pb.HeartbeatReply(epoch=self.epoch, register_again=not known)
 
-    async def ReportWorkerExit(self, request: Any, context: Any) -> pb.Ack:
+    async def ReportWorkerExit(
+        self, request: pb.WorkerExit, context: grpc.aio.ServicerContext
+    ) -> pb.Ack:
         for record in self.state.worker_exited(
             request.worker_id, request.exit_code, request.signal, request.last_output
         ):
@@ -397,7 +313,9 @@ class HeadService(pb_grpc.HeadServicer):
         return pb.Ack()
 
     # -- driver-facing RPCs --------------------------------------------------------------
-    async def SpawnMesh(self, request: Any, context: Any) -> pb.MeshInfo:
+    async def SpawnMesh(
+        self, request: pb.SpawnMeshRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MeshInfo:
         mesh_id = f"m-{secrets.token_hex(4)}"
         name = request.name or request.class_path.rpartition(":")[2]
         try:
@@ -449,7 +367,7 @@ class HeadService(pb_grpc.HeadServicer):
             mesh_id=mesh_id,
             name=name,
             class_path=request.class_path,
-            members=[actor_info(r) for r in records],
+            members=[actor_to_pb(r) for r in records],
         )
 
     async def _start_member(
@@ -549,7 +467,9 @@ class HeadService(pb_grpc.HeadServicer):
 
         await asyncio.gather(*(stop(r) for r in records))
 
-    async def StopMesh(self, request: Any, context: Any) -> pb.Ack:
+    async def StopMesh(
+        self, request: pb.StopMeshRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Ack:
         await self._stop_members(self.state.mesh_members(request.mesh_id))
         mesh = self.meshes.get(request.mesh_id)
         if mesh is not None:
@@ -558,7 +478,9 @@ class HeadService(pb_grpc.HeadServicer):
         self.save()
         return pb.Ack()
 
-    async def Reserve(self, request: Any, context: Any) -> pb.ReservationInfo:
+    async def Reserve(
+        self, request: pb.ReserveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReservationInfo:
         name = request.name or "reservation"
         try:
             r = self.state.reserve(
@@ -580,7 +502,9 @@ class HeadService(pb_grpc.HeadServicer):
             node_ids=r.node_ids,
         )
 
-    async def Release(self, request: Any, context: Any) -> pb.Ack:
+    async def Release(
+        self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Ack:
         live = self.state.release(request.reservation_id)
         await self._stop_members(live)
         self.save()
@@ -599,26 +523,34 @@ class HeadService(pb_grpc.HeadServicer):
         assert self.fabric is not None
         return self.fabric
 
-    async def FabricHint(self, request: Any, context: Any) -> pb.FabricReply:
+    async def FabricHint(
+        self, request: pb.FabricHintRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FabricPlan:
         fabric = await self._fabric(context)
         try:
             reply = await fabric_hint(fabric, self.state, request)
         except OrchestrError as exc:
             await abort_with(context, exc)
-        return pb.FabricReply(json=json.dumps(reply))
+        return plan_to_pb(reply)
 
-    async def FabricShow(self, request: Any, context: Any) -> pb.FabricReply:
+    async def FabricShow(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext
+    ) -> pb.FabricState:
         fabric = await self._fabric(context)
-        return pb.FabricReply(json=json.dumps(fabric.show()))
+        return fabric_state_to_pb(fabric.show())
 
-    async def FabricHistory(self, request: Any, context: Any) -> pb.FabricReply:
+    async def FabricHistory(
+        self, request: pb.FabricHistoryRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FabricPlans:
         fabric = await self._fabric(context)
-        records = [r.to_json() for r in fabric.history]
+        records = list(fabric.history)
         if request.limit > 0:
             records = records[-request.limit :]
-        return pb.FabricReply(json=json.dumps(records))
+        return pb.FabricPlans(plans=[plan_to_pb(r) for r in records])
 
-    async def GetActor(self, request: Any, context: Any) -> pb.ActorInfo:
+    async def GetActor(
+        self, request: pb.GetActorRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ActorInfo:
         record = self.state.actors.get(request.actor_id)
         if record is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no actor {request.actor_id!r}")
@@ -637,7 +569,7 @@ class HeadService(pb_grpc.HeadServicer):
             await self._wait_while(
                 record, lambda r: r.state in ("restarting", "starting"), request.wait_for_restart_s
             )
-        return actor_info(record)
+        return actor_to_pb(record)
 
     # -- supervision ---------------------------------------------------------------------
     # -- jobs ------------------------------------------------------------------------------
@@ -653,7 +585,9 @@ class HeadService(pb_grpc.HeadServicer):
         assert self.jobs is not None
         return self.jobs
 
-    async def SubmitJob(self, request: Any, context: Any) -> pb.JobInfo:
+    async def SubmitJob(
+        self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JobInfo:
         jobs = await self._job_manager(context)
         try:
             record = await jobs.submit(request.package, request.entrypoint, list(request.args))
@@ -661,11 +595,13 @@ class HeadService(pb_grpc.HeadServicer):
             await abort_with(context, exc)
         return _job_proto(record)
 
-    async def ListJobs(self, request: Any, context: Any) -> pb.JobList:
+    async def ListJobs(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.JobList:
         jobs = await self._job_manager(context)
         return pb.JobList(jobs=[_job_proto(r) for r in jobs.jobs.values()])
 
-    async def GetJobLogs(self, request: Any, context: Any) -> pb.JobLogs:
+    async def GetJobLogs(
+        self, request: pb.JobLogsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JobLogs:
         jobs = await self._job_manager(context)
         try:
             record = jobs.get(request.job_id)
@@ -674,7 +610,9 @@ class HeadService(pb_grpc.HeadServicer):
             await abort_with(context, exc)
         return pb.JobLogs(data=data, offset=offset, job=_job_proto(record))
 
-    async def StopJob(self, request: Any, context: Any) -> pb.JobInfo:
+    async def StopJob(
+        self, request: pb.JobRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JobInfo:
         jobs = await self._job_manager(context)
         try:
             record = await jobs.stop(request.job_id)
@@ -682,7 +620,9 @@ class HeadService(pb_grpc.HeadServicer):
             await abort_with(context, exc)
         return _job_proto(record)
 
-    async def GetDaemonLog(self, request: Any, context: Any) -> pb.DaemonLog:
+    async def GetDaemonLog(
+        self, request: pb.DaemonLogRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DaemonLog:
         if request.node_id:  # a node's own host: the node serves its files
             node = self.state.nodes.get(request.node_id)
             if node is None:
@@ -710,7 +650,9 @@ class HeadService(pb_grpc.HeadServicer):
             await abort_with(context, exc)
         return pb.DaemonLog(data=data, offset=offset, names=names)
 
-    async def WatchActors(self, request: Any, context: Any) -> AsyncIterator[pb.ActorEvent]:
+    async def WatchActors(
+        self, request: pb.WatchActorsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ActorEvent]:
         queue: asyncio.Queue[pb.ActorEvent | None] = asyncio.Queue(maxsize=10_000)
         self._watchers.add(queue)
         await context.send_initial_metadata(())  # the watcher knows it is heard from now on
@@ -725,7 +667,9 @@ class HeadService(pb_grpc.HeadServicer):
             "with ListActors",
         )
 
-    async def RestartActor(self, request: Any, context: Any) -> pb.ActorInfo:
+    async def RestartActor(
+        self, request: pb.RestartActorRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ActorInfo:
         """Re-create a ``restarting`` actor with its constructor arguments, on its old node
         when that still fits, else on another."""
         try:
@@ -747,37 +691,25 @@ class HeadService(pb_grpc.HeadServicer):
             await abort_with(context, error)
         self.save()
         log.info("actor restarted", actor=record.label, restarts=record.restarts)
-        return actor_info(record)
+        return actor_to_pb(record)
 
-    async def AbandonActor(self, request: Any, context: Any) -> pb.Ack:
+    async def AbandonActor(
+        self, request: pb.AbandonActorRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Ack:
         record = self.state.abandon(request.actor_id)
         if record is not None:
             self._notify(record.actor_id)
             self.save()
         return pb.Ack()
 
-    async def ListNodes(self, request: Any, context: Any) -> pb.NodeList:
-        return pb.NodeList(
-            nodes=[
-                pb.NodeInfo(
-                    node_id=n.node_id,
-                    address=n.address,
-                    total=pb.Resources(amounts=n.total),
-                    free=pb.Resources(amounts=n.free),
-                    labels=n.labels,
-                    last_heartbeat_unix=n.last_heartbeat,
-                    alive=n.alive,
-                    transports=n.transports,
-                    devices=n.devices,
-                    workers=n.workers,
-                )
-                for n in self.state.nodes.values()
-            ]
-        )
+    async def ListNodes(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.NodeList:
+        return pb.NodeList(nodes=[node_to_pb(n) for n in self.state.nodes.values()])
 
-    async def ListActors(self, request: Any, context: Any) -> pb.ActorList:
+    async def ListActors(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext
+    ) -> pb.ActorList:
         actors = self.state.actors.values()
-        return pb.ActorList(actors=[actor_info(a, self.state.is_suspended(a)) for a in actors])
+        return pb.ActorList(actors=[actor_to_pb(a, self.state.is_suspended(a)) for a in actors])
 
 
 def _job_proto(record: JobRecord) -> pb.JobInfo:

@@ -26,6 +26,7 @@ import hmac
 
 import structlog
 
+from orchestr._control._convert import worker_stats_from_pb
 from orchestr._control._grpc import ControlChannel
 from orchestr.config import Config
 from orchestr.errors import ConfigError, OrchestrError
@@ -34,7 +35,7 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
 from ._exposition import CONTENT_TYPE, ScrapeReport, cluster_families, render, workers_to_scrape
 from ._headstate import HeadState
-from ._stats import WorkerStats, from_pb
+from ._stats import WorkerStats
 
 __all__ = ["MetricsServer"]
 
@@ -194,7 +195,7 @@ class MetricsServer:
         except OrchestrError as exc:
             log.warning("a worker did not answer for metrics", worker=address, error=str(exc))
             return None
-        return from_pb(reply)
+        return worker_stats_from_pb(reply)
 
     async def _forget_channels(self, live: set[str]) -> None:
         for address in [a for a in self._channels if a not in live]:

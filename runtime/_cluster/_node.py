@@ -24,6 +24,7 @@ import grpc
 import structlog
 
 from orchestr._control._grpc import ControlChannel, abort_with, add_port, make_server
+from orchestr._control._head_client import describe_exit
 from orchestr._log import LineCutter, RotatingFile, configure_logging, read_daemon_log
 from orchestr._loop import run_loop
 from orchestr.config import Config, config_environ, load_config
@@ -31,7 +32,6 @@ from orchestr.errors import ConfigError, OrchestrError, SpawnError
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
-from ._head import describe_exit
 from ._statedir import proc_stat
 
 __all__ = ["NodeService", "detect_fabric", "detect_resources", "merge_pythonpath"]
@@ -212,7 +212,9 @@ class NodeService(pb_grpc.NodeServicer):
             except OrchestrError as exc:
                 log.warning("heartbeat failed", error=str(exc))
 
-    async def GetDaemonLog(self, request: Any, context: Any) -> pb.DaemonLog:
+    async def GetDaemonLog(
+        self, request: pb.DaemonLogRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DaemonLog:
         if self.log_dir is None:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -228,11 +230,15 @@ class NodeService(pb_grpc.NodeServicer):
         return pb.DaemonLog(data=data, offset=offset, names=names)
 
     # -- workers -------------------------------------------------------------------------
-    async def StartWorker(self, request: Any, context: Any) -> pb.WorkerInfo:
+    async def StartWorker(
+        self, request: pb.StartWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.WorkerInfo:
         async with self._starting:  # a few processes start at a time; the rest wait here
             return await self._start_worker(request, context)
 
-    async def _start_worker(self, request: Any, context: Any) -> pb.WorkerInfo:
+    async def _start_worker(
+        self, request: pb.StartWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.WorkerInfo:
         worker_id = request.worker_id or f"w-{secrets.token_hex(6)}"
         env = dict(os.environ)
         env.update(config_environ(self.config))  # workers run under the node's settings
@@ -289,7 +295,9 @@ class NodeService(pb_grpc.NodeServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         raise AssertionError("unreachable")
 
-    async def RegisterWorker(self, request: Any, context: Any) -> pb.Ack:
+    async def RegisterWorker(
+        self, request: pb.WorkerInfo, context: grpc.aio.ServicerContext
+    ) -> pb.Ack:
         worker = self.workers.get(request.worker_id)
         if worker is None or worker.registered.done():
             await context.abort(
@@ -299,7 +307,9 @@ class NodeService(pb_grpc.NodeServicer):
         worker.registered.set_result(request)
         return pb.Ack()
 
-    async def StopWorker(self, request: Any, context: Any) -> pb.Ack:
+    async def StopWorker(
+        self, request: pb.StopWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Ack:
         worker = self.workers.get(request.worker_id)
         if worker is not None:
             await self._stop(worker, request.grace_s or self.config.worker_stop_grace)

@@ -1,8 +1,8 @@
-"""A worker's counters for the head's metrics, as plain data, and their protobuf form.
+"""A worker's counters for the head's metrics, as plain data.
 
-A worker answers the ``Stats`` RPC with :func:`worker_stats` turned into protobuf by
-:func:`to_pb`; the head turns the answers back with :func:`from_pb` and aggregates them in
-:mod:`._exposition`. Nothing here is read on the call path: the counters themselves are plain
+A worker answers the ``Stats`` RPC with :func:`worker_stats` (turned into protobuf by
+:func:`orchestr._control._convert.worker_stats_to_pb`); the head turns the answers back and
+aggregates them in :mod:`._exposition`. Nothing here is read on the call path: the counters themselves are plain
 integers bumped where the work happens (``_actorhost``, ``_wire``, ``_bulk`` and
 ``orchestr.fabric.lowlevel.buffer_stats``), and this module only reads them.
 """
@@ -14,16 +14,13 @@ from collections.abc import Iterable
 
 from orchestr._call import _wire
 from orchestr.fabric.lowlevel import buffer_stats
-from orchestr.protos import orchestr_pb2 as pb
 
 __all__ = [
     "ActorStats",
     "EndpointStats",
     "TransportStats",
     "WorkerStats",
-    "from_pb",
     "process_transports",
-    "to_pb",
 ]
 
 
@@ -86,53 +83,3 @@ def process_transports() -> list[TransportStats]:
 
 def worker_stats(worker_id: str, actors: Iterable[ActorStats]) -> WorkerStats:
     return WorkerStats(worker_id, list(actors), process_transports())
-
-
-def to_pb(stats: WorkerStats) -> pb.WorkerStats:
-    return pb.WorkerStats(
-        worker_id=stats.worker_id,
-        actors=[
-            pb.ActorStats(
-                actor_id=a.actor_id,
-                label=a.label,
-                queue_depth=a.queue_depth,
-                in_flight=a.in_flight,
-                endpoints=[
-                    pb.EndpointStats(endpoint=e.endpoint, calls=e.calls, errors=e.errors)
-                    for e in a.endpoints
-                ],
-            )
-            for a in stats.actors
-        ],
-        transports=[
-            pb.TransportStats(
-                kind=t.kind,
-                transport=t.transport,
-                bytes_sent=t.bytes_sent,
-                bytes_received=t.bytes_received,
-                ops=t.ops,
-                fallbacks=t.fallbacks,
-            )
-            for t in stats.transports
-        ],
-    )
-
-
-def from_pb(msg: pb.WorkerStats) -> WorkerStats:
-    return WorkerStats(
-        worker_id=msg.worker_id,
-        actors=[
-            ActorStats(
-                actor_id=a.actor_id,
-                label=a.label,
-                queue_depth=a.queue_depth,
-                in_flight=a.in_flight,
-                endpoints=[EndpointStats(e.endpoint, e.calls, e.errors) for e in a.endpoints],
-            )
-            for a in msg.actors
-        ],
-        transports=[
-            TransportStats(t.kind, t.transport, t.bytes_sent, t.bytes_received, t.ops, t.fallbacks)
-            for t in msg.transports
-        ],
-    )

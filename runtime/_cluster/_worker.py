@@ -14,8 +14,8 @@ import os
 import signal
 import sys
 import traceback
-from typing import Any
 
+import grpc
 import structlog
 
 from orchestr import fabric
@@ -46,7 +46,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         pb_grpc.add_WorkerServicer_to_server(self, self.server)  # type: ignore[no-untyped-call]
         self.port = add_port(self.server, f"{config.bind_host}:0", config)
 
-    async def CreateActor(self, request: Any, context: Any) -> pb.CreateActorReply:
+    async def CreateActor(
+        self, request: pb.CreateActorRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateActorReply:
         label = f"{request.name}[{request.rank}]"
         try:
             cls = load_actor_class(request.class_path, where=" in the worker")
@@ -82,20 +84,22 @@ class WorkerService(pb_grpc.WorkerServicer):
         )
         return pb.CreateActorReply(endpoints=sorted(instance._orchestr_endpoints))
 
-    async def Stats(self, request: Any, context: Any) -> pb.WorkerStats:
-        from . import _stats  # only the head's metrics scrape asks: not loaded at every start
+    async def Stats(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.WorkerStats:
+        # only the head's metrics scrape asks: not loaded at every start
+        from orchestr._control._convert import worker_stats_to_pb
+
+        from . import _stats
 
         actors = [host.stats() for host in self.calls.actors.values()]
-        return _stats.to_pb(_stats.worker_stats(self.worker_id, actors))
+        return worker_stats_to_pb(_stats.worker_stats(self.worker_id, actors))
 
 
 def _actor_lookup(head: ControlChannel, config: Config) -> ActorLookup:
-    """The head's :func:`~orchestr._cluster._head.actor_lookup`, whose module is imported when a call
-    first breaks: the head's state, store, jobs and metrics come with it, which a worker that
-    never sees a peer die would load at every start for nothing."""
+    """:func:`~orchestr._control._head_client.actor_lookup`, imported when a call first
+    breaks: a worker that never sees a peer die does not load the head's client for nothing."""
 
     async def lookup(actor_id: str, address: str, restart_wait: float) -> ActorView:
-        from ._head import actor_lookup
+        from orchestr._control._head_client import actor_lookup
 
         return await actor_lookup(head, config)(actor_id, address, restart_wait)
 

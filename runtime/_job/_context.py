@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import os
 import secrets
 import shutil
@@ -23,16 +22,16 @@ from orchestr._actor._distributed import init_distributed
 from orchestr._call import _serde
 from orchestr._call._client import CallClient, set_current_client
 from orchestr._call._mesh import Member, Mesh
-from orchestr._cluster._head import HeadService, actor_lookup
+from orchestr._cluster._head import HeadService
 from orchestr._cluster._headstate import STRATEGIES, validate_resources
 from orchestr._cluster._node import NodeService
+from orchestr._control._convert import ActorInfo, NodeInfo
 from orchestr._control._grpc import ControlChannel
+from orchestr._control._head_client import HeadClient, actor_lookup
 from orchestr._control._tls import install_stream_tls
 from orchestr._loop import run_loop
 from orchestr.config import Config, load_config
 from orchestr.errors import ConfigError, OrchestrError, SupervisionError
-from orchestr.protos import orchestr_pb2 as pb
-from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
 from ._events import EventLog, export_trace
 from ._phases import Collective, FabricHints, Phase, RecordingHints, make_phase
@@ -63,7 +62,7 @@ class JobContext:
         self.client = client
         self.config = config
         self.job_id = job_id
-        self._stub = head.stub(pb_grpc.HeadStub)
+        self._client = HeadClient(head)
         self._meshes: list[Mesh] = []
         self._reservations: list[Reservation] = []
         self._reserved_in: dict[str, str] = {}  # mesh id -> the reservation it was spawned in
@@ -150,7 +149,7 @@ class JobContext:
             return
         if self._fabric_on is None:  # ask the head once whether it runs a fabric manager
             try:
-                await self.head.rpc(self._stub.FabricShow, pb.Empty())
+                await self._client.fabric_show()
                 self._fabric_on = True
             except ConfigError as exc:
                 if "runs no fabric manager" not in str(exc):
@@ -158,12 +157,6 @@ class JobContext:
                 self._fabric_on = False
         if not self._fabric_on:
             return
-        request = pb.FabricHintRequest(
-            job_id=self.job_id,
-            phase=phase.name,
-            expected_s=phase.expected_s or 0.0,
-            lead_s=lead_s,
-        )
         ids = {m.name: m.mesh_id for m in self._meshes}  # the newest mesh of each name
         named = (
             {phase.traffic.mesh}
@@ -176,24 +169,30 @@ class JobContext:
                 "a phase names meshes this job has not spawned", phase=phase.name, meshes=unknown
             )
             self.events.record("fabric_hint_skipped", phase=phase.name, unknown_meshes=unknown)
+        collective: tuple[str, str, float] | None = None
+        traffic: list[tuple[str, str, float]] = []
         if isinstance(phase.traffic, Collective):
             if unknown:
                 return
-            request.collective = phase.traffic.kind
-            request.collective_mesh_id = ids[phase.traffic.mesh]
-            request.collective_bytes = phase.traffic.nbytes
+            collective = (phase.traffic.kind, ids[phase.traffic.mesh], phase.traffic.nbytes)
         else:
-            for (src, dst), nbytes in phase.traffic.items():
-                if src in ids and dst in ids:
-                    request.traffic.append(
-                        pb.MeshTraffic(src_mesh_id=ids[src], dst_mesh_id=ids[dst], nbytes=nbytes)
-                    )
-            if not request.traffic:
+            traffic = [
+                (ids[src], ids[dst], nbytes)
+                for (src, dst), nbytes in phase.traffic.items()
+                if src in ids and dst in ids
+            ]
+            if not traffic:
                 return
         start = time.time()
         began = time.perf_counter()
-        reply = await self.head.rpc(self._stub.FabricHint, request, timeout=None)
-        record = json.loads(reply.json)
+        record = await self._client.fabric_hint(
+            phase.name,
+            job_id=self.job_id,
+            traffic=traffic,
+            collective=collective,
+            expected_s=phase.expected_s or 0.0,
+            lead_s=lead_s,
+        )
         self.events.record_span(
             f"circuits for {phase.name}",
             start,
@@ -282,14 +281,14 @@ class JobContext:
                 "tensors and arrays cannot be constructor arguments (they would ride the control "
                 "plane); pass them in a call after spawn"
             )
-        request = pb.SpawnMeshRequest(
-            class_path=path,
-            init_args=init_args,
-            size=n,
-            resources=pb.Resources(amounts=validate_resources(resources or {})),
+        info = await self._client.spawn_mesh(
+            path,
+            init_args,
+            n,
+            resources=validate_resources(resources or {}),
             labels=dict(labels or {}),
             name=name or "",
-            restart=policy.to_proto(),
+            restart=policy,
             per_process=per_process,
             # The job's import path travels with the spawn: a node started elsewhere (without
             # the job's environment) puts it first on its workers' PYTHONPATH.
@@ -297,7 +296,6 @@ class JobContext:
             strategy=strategy,
             reservation_id=reservation.reservation_id if reservation is not None else "",
         )
-        info = await self.head.rpc(self._stub.SpawnMesh, request, timeout=None)
         mesh = Mesh(
             info.mesh_id,
             info.name,
@@ -337,19 +335,14 @@ class JobContext:
             )
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in (labels or {}).items()):
             raise ConfigError(f"labels map strings to strings, got {labels!r}")
-        info = await self.head.rpc(
-            self._stub.Reserve,
-            pb.ReserveRequest(
-                bundles=n,
-                resources=pb.Resources(amounts=validate_resources(resources or {})),
-                labels=dict(labels or {}),
-                strategy=strategy,
-                name=name or "",
-            ),
+        info = await self._client.reserve(
+            n,
+            resources=validate_resources(resources or {}),
+            labels=dict(labels or {}),
+            strategy=strategy,
+            name=name or "",
         )
-        r = Reservation(
-            info.reservation_id, info.name, dict(info.resources.amounts), list(info.node_ids), self
-        )
+        r = Reservation(info.reservation_id, info.name, info.resources, info.node_ids, self)
         self._reservations.append(r)
         self.events.record("reserve", reservation=r.name, bundles=n)
         return r
@@ -359,9 +352,7 @@ class JobContext:
         for mesh in self._meshes:  # their members end with it: not a failure
             if self._reserved_in.get(mesh.mesh_id) == reservation.reservation_id:
                 self.supervisor.forget(mesh)
-        await self.head.rpc(
-            self._stub.Release, pb.ReleaseRequest(reservation_id=reservation.reservation_id)
-        )
+        await self._client.release(reservation.reservation_id)
         if reservation in self._reservations:
             self._reservations.remove(reservation)
 
@@ -379,7 +370,7 @@ class JobContext:
     async def stop(self, mesh: Mesh) -> None:
         """Stop every actor of ``mesh`` (its workers get SIGTERM). Idempotent."""
         self.supervisor.forget(mesh)
-        await self.head.rpc(self._stub.StopMesh, pb.StopMeshRequest(mesh_id=mesh.mesh_id))
+        await self._client.stop_mesh(mesh.mesh_id)
 
     async def init_distributed(
         self, mesh: Mesh, *, backend: str | None = None, timeout_s: float = 120.0
@@ -400,11 +391,17 @@ class JobContext:
         is skipped); raises :class:`ConfigError` when the class saves nothing."""
         return await self.supervisor.checkpoint(mesh)
 
-    async def nodes(self) -> list[Any]:
-        return list((await self.head.rpc(self._stub.ListNodes, pb.Empty())).nodes)
+    async def nodes(self) -> list[NodeInfo]:
+        """The cluster's nodes as the head last heard of them (dead ones too, until pruned).
+        Blocks on one call to the head; raises :class:`ControlPlaneError` when it cannot be
+        reached. Cancel-safe: it changes nothing."""
+        return await self._client.nodes()
 
-    async def actors(self) -> list[Any]:
-        return list((await self.head.rpc(self._stub.ListActors, pb.Empty())).actors)
+    async def actors(self) -> list[ActorInfo]:
+        """Every actor the head records, of every job, in every state. Blocks on one call to
+        the head; raises :class:`ControlPlaneError` when it cannot be reached. Cancel-safe: it
+        changes nothing."""
+        return await self._client.actors()
 
 
 def _export_trace(session_dir: str) -> None:

@@ -22,17 +22,15 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, cast
 
-import grpc
 import structlog
 
 from orchestr._call import _serde
 from orchestr._call._client import CallClient
 from orchestr._call._mesh import Member, Mesh
-from orchestr._cluster._head import death_error
+from orchestr._control._convert import ActorInfo
 from orchestr._control._grpc import ControlChannel
+from orchestr._control._head_client import HeadClient, death_error
 from orchestr.errors import ActorDiedError, ConfigError, OrchestrError, SupervisionError
-from orchestr.protos import orchestr_pb2 as pb
-from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
 from ._events import EventLog
 
@@ -83,14 +81,6 @@ class RestartPolicy:
 
     def backoff(self, restarts: int) -> float:
         return float(min(self.backoff_max_s, self.backoff_s * 2 ** min(restarts, 30)))
-
-    def to_proto(self) -> pb.RestartPolicy:
-        return pb.RestartPolicy(
-            max_restarts=self.max_restarts,
-            backoff_s=self.backoff_s,
-            backoff_max_s=self.backoff_max_s,
-            retry=self.retry,
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +151,7 @@ class Supervisor:
         self.client = client
         self.events = events
         self.on_escalate = on_escalate
-        self._stub = head.stub(pb_grpc.HeadStub)
+        self._head = HeadClient(head)
         self._owned: dict[str, _Owned] = {}  # mesh id -> what we know of it
         self._saved: dict[str, bytes] = {}  # actor id -> its last saved state, encoded
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -257,9 +247,9 @@ class Supervisor:
         error: Exception | None = None
         loop = asyncio.get_running_loop()
         while not self.closing:
-            call = self._stub.WatchActors(pb.WatchActorsRequest(), metadata=self.head.metadata)
+            watch = self._head.watch()
             try:
-                await call.wait_for_connection()
+                await watch.connected()
                 if lost_at is not None:
                     await self._reconcile()
                     log.warning(
@@ -269,18 +259,16 @@ class Supervisor:
                     self.events.record("head_reconnected", after_s=loop.time() - lost_at)
                     lost_at = None
                 self._watching.set()
-                async for event in call:
-                    if event.kind == "died" and not self.closing:
-                        self._spawn(self._on_death(event.actor))
+                async for kind, actor in watch:
+                    if kind == "died" and not self.closing:
+                        self._spawn(self._on_death(actor))
                 error = None
             except asyncio.CancelledError:
-                call.cancel()
+                watch.cancel()
                 raise
-            except grpc.aio.AioRpcError as exc:
-                error = self.head.translate(exc, "WatchActors")
             except Exception as exc:
                 error = exc
-            call.cancel()
+            watch.cancel()
             if not self._watching.is_set():  # never connected: the job does not start
                 self._start_error = (
                     error
@@ -309,8 +297,7 @@ class Supervisor:
 
     async def _reconcile(self) -> None:
         """Take up the deaths of owned actors the head recorded while the stream was down."""
-        actors = await self.head.rpc(self._stub.ListActors, pb.Empty())
-        for info in actors.actors:
+        for info in await self._head.actors():
             if info.mesh_id in self._owned and info.state in ("restarting", "dead"):
                 self._spawn(self._on_death(info))
 
@@ -329,7 +316,7 @@ class Supervisor:
         root.__cause__ = exc
         self._escalate(root)
 
-    async def _on_death(self, info: Any) -> None:
+    async def _on_death(self, info: ActorInfo) -> None:
         # Calls in flight to the dead worker are settled now: one on a host cut off by a
         # partition gets no reset, and would wait for its deadline.
         self.client.worker_gone(info.call_address, f"{info.name}[{info.rank}] is {info.state}")
@@ -398,18 +385,14 @@ class Supervisor:
             raise ConfigError(f"a supervise hook returns one of {DECISIONS}, got {decision!r}")
         return cast(Decision, decision)
 
-    async def _restart(self, owned: _Owned, info: Any, failure: Failure) -> None:
+    async def _restart(self, owned: _Owned, info: ActorInfo, failure: Failure) -> None:
         delay = owned.policy.backoff(info.restarts)
         label = failure.error.actor
         await asyncio.sleep(delay)
         state = self._saved.get(info.actor_id, b"")
         try:
-            new = await self.head.rpc(
-                self._stub.RestartActor,
-                pb.RestartActorRequest(
-                    actor_id=info.actor_id, state=state, has_state=info.actor_id in self._saved
-                ),
-                timeout=None,
+            new = await self._head.restart_actor(
+                info.actor_id, state if info.actor_id in self._saved else None
             )
         except OrchestrError as exc:
             await self._abandon(info.actor_id)
@@ -432,7 +415,7 @@ class Supervisor:
 
     async def _abandon(self, actor_id: str) -> None:
         with contextlib.suppress(OrchestrError):
-            await self.head.rpc(self._stub.AbandonActor, pb.AbandonActorRequest(actor_id=actor_id))
+            await self._head.abandon_actor(actor_id)
 
     def _escalate(self, error: SupervisionError) -> None:
         self.events.record("error", source="supervision", message=str(error).splitlines()[0])

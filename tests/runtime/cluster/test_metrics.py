@@ -31,9 +31,8 @@ from orchestr._cluster._stats import (
     EndpointStats,
     TransportStats,
     WorkerStats,
-    from_pb,
-    to_pb,
 )
+from orchestr._control._convert import worker_stats_from_pb, worker_stats_to_pb
 from orchestr.config import load_config
 from orchestr.errors import ConfigError
 from tests.runtime.actors import Counter, ExitsAtOnce
@@ -233,7 +232,7 @@ def test_worker_stats_survive_protobuf() -> None:
         [ActorStats("a-1", "gen[1]", 4, 1, [EndpointStats("go", 5, 1)])],
         [TransportStats("buffer", "rdma", 1 << 40, 7, 3, 1)],
     )
-    assert from_pb(to_pb(stats)) == stats
+    assert worker_stats_from_pb(worker_stats_to_pb(stats)) == stats
 
 
 @pytest.mark.parametrize(

@@ -72,7 +72,7 @@ async def test_a_lost_nodes_actors_restart_on_a_surviving_node(tmp_path: Path) -
     # this node has one CPU; the far one all of the machine's: placement prefers it
     async with oc.open_local_cluster(config, resources={"cpu": 1}) as ctx:
         async with far_node(ctx, tmp_path / "far.log") as far:
-            near_id = next(n.node_id for n in await ctx.nodes() if n.total.amounts["cpu"] == 1)
+            near_id = next(n.node_id for n in await ctx.nodes() if n.total["cpu"] == 1)
             mesh = await ctx.spawn(
                 Where,
                 resources={"cpu": 0.5},
@@ -116,7 +116,7 @@ async def test_a_node_cut_off_and_back_stops_the_workers_it_lost(tmp_path: Path)
                     if node.alive and not _running(old_worker):
                         break
                     await asyncio.sleep(0.05)
-            assert node.free.amounts["cpu"] == node.total.amounts["cpu"]  # it holds nothing
+            assert node.free["cpu"] == node.total["cpu"]  # it holds nothing
             assert await mesh.pid.call_one() not in (old_worker, 0)  # the new one serves
             again = await ctx.spawn(Where, resources={"cpu": 2})  # only the far node fits
             (placed,) = [a for a in await ctx.actors() if a.mesh_id == again.mesh_id]

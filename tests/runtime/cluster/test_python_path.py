@@ -181,7 +181,7 @@ async def test_the_head_refuses_a_bad_python_path(ctx: oc.JobContext) -> None:
         assert cause.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert await ctx.actors() == []  # nothing was placed or started
     nodes = await ctx.nodes()
-    assert dict(nodes[0].free.amounts) == dict(nodes[0].total.amounts)
+    assert nodes[0].free == nodes[0].total
 
 
 def test_validate_python_path_accepts_a_good_one() -> None:

@@ -55,7 +55,7 @@ async def test_calls_to_a_silent_nodes_actors_end_when_the_head_gives_it_up(
                         if len(await ctx.nodes()) == 2:
                             break
                         await asyncio.sleep(0.05)
-                near = next(n.node_id for n in await ctx.nodes() if n.total.amounts["cpu"] == 1)
+                near = next(n.node_id for n in await ctx.nodes() if n.total["cpu"] == 1)
                 again = await ctx.spawn(
                     Where,
                     resources={"cpu": 0.5},

@@ -14,7 +14,7 @@ from tests.runtime.actors import Counter
 
 async def _free_cpu(ctx: oc.JobContext) -> float:
     (node,) = await ctx.nodes()
-    return float(node.free.amounts["cpu"])
+    return float(node.free["cpu"])
 
 
 async def test_spawn_into_a_reservation_and_release_it(ctx: oc.JobContext) -> None:
