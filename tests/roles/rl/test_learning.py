@@ -215,6 +215,22 @@ def test_greedy_is_deterministic_and_stops_at_eos() -> None:
     assert gen.completion(0) == [EOS]
     assert gen.tokens[0, gen.prompt_width + 1 :].tolist() == [PAD, PAD]
     assert _task.reward((1, 2, 3), gen.completion(0)) == 0.0
+    # the stop and padding ids are the caller's: sampling has none of its own
+    endless = generate(m, [_task.encode_prompt((1, 2, 3))], [3], pad_id=0, eos_id=None)
+    assert endless.completion(0) == [EOS, EOS, EOS]
+    other = generate(m, [_task.encode_prompt((1, 2))], [3], pad_id=0, eos_id=EOS)
+    assert other.completion(0) == [EOS] and other.tokens[0, other.prompt_width + 1 :].tolist() == [
+        0,
+        0,
+    ]
+
+
+def test_tinylm_defaults_fit_the_example_task() -> None:
+    """TinyLM imports nothing of the task; its defaults are the task's shape, checked here."""
+    cfg = TinyLMConfig()
+    assert (cfg.vocab_size, cfg.pad_id, cfg.sep_id) == (_task.VOCAB_SIZE, PAD, SEP)
+    assert cfg.sep_position == _task.MAX_DIGITS + 1  # the separator after the longest prompt
+    assert cfg.max_positions == 2 * _task.MAX_DIGITS + 4
 
 
 def test_generate_errors(model: TinyLM) -> None:

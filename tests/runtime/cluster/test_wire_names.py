@@ -4,6 +4,7 @@ layout moved still restores, and its actors can be made again from their records
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import shutil
 from pathlib import Path
@@ -12,8 +13,13 @@ import orchestr as oc
 import orchestr.roles as roles
 from orchestr._actor._actor import class_path
 from orchestr._call import _serde
+from orchestr._call._mesh import Member, Mesh
+from orchestr._cluster._head import HeadService
 from orchestr._cluster._headstate import HeadState
 from orchestr._cluster._headstore import HeadStore
+from orchestr._cluster._node import NodeService
+from orchestr._control._head_client import HeadClient
+from orchestr._job._context import job_session
 
 PUBLIC = {"orchestr", "orchestr.roles", "orchestr.fabric"}
 #: Written by tests/runtime/cluster/data/make_head_before_layout.py on a daemon cluster, before any
@@ -81,3 +87,31 @@ async def test_a_head_store_from_before_the_move_restores_and_remakes_its_actors
             assert await mesh.score.call_one([[[1, 2], [2, 1]]]) == [1.0]
         else:
             assert (await mesh.stats.call_one())["running"] == 0
+
+
+async def test_a_head_on_a_store_from_before_the_move_restarts_its_actors(tmp_path: Path) -> None:
+    """The durable head itself: it loads the old database, finds the old node gone, and the
+    owner's RestartActor re-creates each actor from its stored class path and arguments."""
+    path = tmp_path / "head.sqlite"
+    shutil.copyfile(BEFORE, path)
+    path.chmod(0o600)
+    config = oc.load_config(heartbeat_interval=0.1, heartbeat_timeout=0.5)
+    async with HeadService("token", config, store=HeadStore(path)) as head:
+        async with NodeService(head.address, "token", config, resources={"cpu": 2.0}) as node:
+            async with job_session(head.address, "token", config) as ctx:
+                client = HeadClient(ctx.head)
+                for _ in range(100):  # the old node misses its heartbeats: its actors wait
+                    old = [a for a in await client.actors() if a.name in ("Reward", "Generator")]
+                    if len(old) == 2 and all(a.state == "restarting" for a in old):
+                        break
+                    await asyncio.sleep(0.1)
+                assert sorted(a.state for a in old) == ["restarting", "restarting"]
+                for info in old:
+                    new = await client.restart_actor(info.actor_id, None)
+                    assert (new.state, new.node_id, new.restarts) == ("alive", node.node_id, 1)
+                    member = Member(new.actor_id, new.call_address, new.rank)
+                    mesh = Mesh(new.mesh_id, new.name, new.class_path, [member], new.endpoints)
+                    if new.name == "Reward":  # its scorer is named by its old private path
+                        assert await mesh.score.call_one([[[1, 2], [2, 1]]]) == [1.0]
+                    else:
+                        assert (await mesh.stats.call_one())["running"] == 0
