@@ -59,9 +59,9 @@ if TYPE_CHECKING:
     from . import fabric as fabric
     from . import protos as protos
     from ._actor._actor import Actor, endpoint
-    from ._control._convert import ActorInfo, NodeInfo
     from ._call._mesh import Endpoint, Mesh
     from ._call._serde import register
+    from ._control._convert import ActorInfo, NodeInfo
     from ._graph._channelstate import Staleness
     from ._graph._graph import Graph, GraphNode, Versioned
     from ._graph._run import GraphRun
