@@ -21,10 +21,11 @@ cabling plan (``orchestr start --head --fabric plan.toml``); jobs send it phase 
 
 from __future__ import annotations
 
-from ._optical._circuits import Circuit
+from ._optical._circuits import Circuit, Installed
 from ._optical._conformance import check_ocs_driver
 from ._optical._costmodel import ReconfigCost, collective_demand
-from ._optical._manager import FabricManager, Hint, PlanRecord, RecordingRouter, hint_demand
+from ._optical._elements import TopologyError
+from ._optical._manager import FabricManager, Hint, PlanRecord, hint_demand
 from ._optical._netns import NetnsError, NetnsFabric, netns_missing
 from ._optical._netns_kernel import free_subnets
 from ._optical._ocs import (
@@ -37,10 +38,12 @@ from ._optical._ocs import (
 )
 from ._optical._ocs_netns import NetnsOcs, NetnsRouter
 from ._optical._ocs_sim import SimOcs
-from ._optical._planfile import dump_topology, load_topology, topology_from_dict
-from ._optical._planner import CommitPolicy, GreedyPlanner, Installed, Plan, PlanRequest
-from ._optical._reconfig import Changes, Reconfigurator, Router
-from ._optical._topology import Topology, TopologyError
+from ._optical._plan import CommitPolicy, Plan, PlanRequest
+from ._optical._planner import GreedyPlanner
+from ._optical._reconfig import Changes, Reconfigurator
+from ._optical._routing import RecordingRouter, Router
+from ._optical._topology import Topology
+from ._optical._topology_file import dump_topology, load_topology, topology_from_dict
 
 __all__ = [
     "Changes",

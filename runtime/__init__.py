@@ -60,15 +60,17 @@ if TYPE_CHECKING:
     from . import protos as protos
     from ._actor._actor import Actor, endpoint
     from ._call._mesh import Endpoint, Mesh
-    from ._call._serde import register
+    from ._call._registry import register
     from ._control._convert import ActorInfo, NodeInfo
     from ._graph._channelstate import Staleness
-    from ._graph._graph import Graph, GraphNode, Versioned
+    from ._graph._graph import Graph, GraphNode
+    from ._graph._items import Versioned
     from ._graph._run import GraphRun
-    from ._job._context import JobContext, open_local_cluster, run
+    from ._job._context import JobContext
     from ._job._phases import Collective
+    from ._job._policy import Failure, RestartPolicy
     from ._job._reservation import Reservation
-    from ._job._supervise import Failure, RestartPolicy
+    from ._job._session import open_local_cluster, run
     from .fabric import Buffer
 
 __version__ = "0.1.0"
@@ -131,19 +133,19 @@ _LAZY = {
     "NodeInfo": "._control._convert",
     "Staleness": "._graph._channelstate",
     "JobContext": "._job._context",
-    "open_local_cluster": "._job._context",
-    "run": "._job._context",
+    "open_local_cluster": "._job._session",
+    "run": "._job._session",
     "Graph": "._graph._graph",
     "GraphNode": "._graph._graph",
-    "Versioned": "._graph._graph",
+    "Versioned": "._graph._items",
     "GraphRun": "._graph._run",
     "Endpoint": "._call._mesh",
     "Mesh": "._call._mesh",
     "Collective": "._job._phases",
     "Reservation": "._job._reservation",
-    "register": "._call._serde",
-    "Failure": "._job._supervise",
-    "RestartPolicy": "._job._supervise",
+    "register": "._call._registry",
+    "Failure": "._job._policy",
+    "RestartPolicy": "._job._policy",
     "Buffer": ".fabric",
 }
 #: Subpackages ``import orchestr`` used to load as a side effect; ``orchestr.fabric`` keeps

@@ -6,8 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from ._plancheck import _check_int
-from ._topology import (
+from ._elements import (
     Host,
     Link,
     Nic,
@@ -16,9 +15,10 @@ from ._topology import (
     PortRef,
     ReconfigLatency,
     Switch,
-    Topology,
     TopologyError,
 )
+from ._topology import Topology
+from ._topology_check import _check_int
 
 __all__ = ["OcsLayer", "fat_tree"]
 

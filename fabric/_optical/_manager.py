@@ -29,9 +29,11 @@ from ._circuits import Circuit, CircuitSet, Installed
 from ._costmodel import ReconfigCost, collective_demand
 from ._ocs import OcsDriver
 from ._ocs import circuit as ocs_circuit
-from ._planner import CommitPolicy, GreedyPlanner, Plan, Planner, PlanRequest
-from ._reconfig import Reconfigurator, Router
+from ._plan import CommitPolicy, Plan, Planner, PlanRequest
+from ._planner import GreedyPlanner
+from ._reconfig import Reconfigurator
 from ._reconfig_model import Changes, OcsChanges
+from ._routing import RecordingRouter, Router
 from ._topology import Topology
 
 __all__ = ["FabricManager", "Hint", "PlanRecord", "RecordingRouter", "hint_demand"]
@@ -119,20 +121,6 @@ def hint_demand(
             if s != d:
                 demand[(s, d)] += share
     return dict(demand)
-
-
-class RecordingRouter:
-    """A router for a fabric whose routes follow the circuits by themselves (a simulated one):
-    it records what it was asked, in order."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, frozenset[tuple[str, str]]]] = []
-
-    async def drain(self, pairs: frozenset[tuple[str, str]]) -> None:
-        self.calls.append(("drain", pairs))
-
-    async def undrain(self, pairs: frozenset[tuple[str, str]]) -> None:
-        self.calls.append(("undrain", pairs))
 
 
 class FabricManager:

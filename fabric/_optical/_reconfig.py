@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
-from typing import Literal, Protocol, TypeVar
+from typing import Literal, TypeVar
 
 import structlog
 
@@ -41,6 +41,7 @@ from ._reconfig_model import (
     Reserved,
     pair,
 )
+from ._routing import Router
 
 __all__ = [
     "Changes",
@@ -51,7 +52,6 @@ __all__ = [
     "Pair",
     "ReconfigEvent",
     "Reconfigurator",
-    "Router",
     "pair",
 ]
 
@@ -59,19 +59,6 @@ log = structlog.get_logger("orchestr.fabric")
 
 Status = Literal["applied", "unchanged", "refused", "rolled_back", "drained"]
 T = TypeVar("T")
-
-
-class Router(Protocol):
-    """Moves a pair's traffic between its circuits and the electrical path (which always
-    exists). Both calls block until the routes are in place and raise when they are not."""
-
-    async def drain(self, pairs: frozenset[Pair]) -> None:
-        """Route the pairs over the electrical path only."""
-        ...
-
-    async def undrain(self, pairs: frozenset[Pair]) -> None:
-        """Route the pairs over their live circuits (and the electrical path)."""
-        ...
 
 
 @dataclasses.dataclass(frozen=True)

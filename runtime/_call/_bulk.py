@@ -43,7 +43,7 @@ from orchestr.fabric.lowlevel import (
     pool,
 )
 
-from . import _serde, _wire
+from . import _registry, _serde, _wire
 from ._locality import is_u64
 
 __all__ = ["BulkLink", "fanout"]
@@ -321,4 +321,4 @@ class _RefusingSink(_Sink):
         )
 
 
-_serde.register_ext(Buffer, _serde.EXT_BUFFER, Buffer.to_wire, Buffer.from_wire)
+_registry.register_ext(Buffer, _registry.EXT_BUFFER, Buffer.to_wire, Buffer.from_wire)

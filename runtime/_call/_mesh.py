@@ -13,13 +13,13 @@ from typing import Any
 from orchestr.errors import MeshError
 from orchestr.fabric.lowlevel import check_fallback
 
-from . import _serde
+from . import _registry
 from ._bulk import fanout
 from ._client import current_client
 
 __all__ = ["EXT_MESH", "Endpoint", "Member", "Mesh"]
 
-EXT_MESH = _serde.EXT_MESH
+EXT_MESH = _registry.EXT_MESH
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,4 +217,4 @@ def _mesh_from_wire(data: Any) -> Mesh:
     )
 
 
-_serde.register_ext(Mesh, EXT_MESH, _mesh_to_wire, _mesh_from_wire)
+_registry.register_ext(Mesh, EXT_MESH, _mesh_to_wire, _mesh_from_wire)

@@ -22,7 +22,23 @@ import msgpack
 
 from orchestr.errors import OrchestrError, ProtocolError, SerializationError
 
+from ._arrays import count as count_of
+from ._arrays import ndarray_to_wire, tensor_to_wire
 from ._frames import padded
+from ._registry import (
+    _REGISTERED_BY,
+    _REGISTERED_FOR,
+    EXT_BYTES,
+    EXT_DATACLASS,
+    EXT_NDARRAY,
+    EXT_SHM_NDARRAY,
+    EXT_SHM_TENSOR,
+    EXT_TENSOR,
+    _dataclass_from_wire,
+    _dataclasses_by_type,
+    _ext_decoders,
+    _ext_encoders,
+)
 
 __all__ = [
     "OutOfBand",
@@ -31,66 +47,13 @@ __all__ = [
     "encode",
     "encode_parts",
     "lift_large",
-    "register",
-    "register_ext",
 ]
 
-EXT_TENSOR = 1
-EXT_NDARRAY = 2
-EXT_DATACLASS = 3
-EXT_BYTES = 4
-EXT_BUFFER = 5  # an orchestr.fabric.Buffer handle
-EXT_SHM_TENSOR = 6  # a tensor in a shared-memory segment of the sender (see _bulk)
-EXT_SHM_NDARRAY = 7
-EXT_MESH = 16  # an orchestr.Mesh handle (registered by _mesh)
 
 #: ``bytes`` at least this long in call arguments and results travel out of band.
 OUT_OF_BAND_BYTES = 16 * 1024
 
 T = TypeVar("T")
-
-#: Extension types that another module registers when it is imported, by code: decoding one
-#: imports that module first, so a process that has not needed it yet can still receive the
-#: value (a worker imports only what it serves; ``import orchestr`` loads its submodules
-#: lazily).
-_REGISTERED_BY = {EXT_BUFFER: "orchestr._call._bulk", EXT_MESH: "orchestr._call._mesh"}
-#: The same for sending, by the module that defines the type (a ``Mesh`` registers itself).
-_REGISTERED_FOR = {"orchestr.fabric": "orchestr._call._bulk"}  # Buffer (pinned there)
-
-_dataclasses_by_type: dict[type, str] = {}
-_dataclasses_by_name: dict[str, type] = {}
-_ext_encoders: dict[type, tuple[int, Callable[[Any], Any]]] = {}
-_ext_decoders: dict[int, Callable[[Any], Any]] = {}
-
-
-def register(cls: type[T]) -> type[T]:
-    """Allow instances of the dataclass ``cls`` in actor arguments and results.
-
-    Use as a class decorator. The class travels by import path, so the receiving process must be
-    able to import its module. Raises :class:`SerializationError` if ``cls`` is not a dataclass
-    or cannot be imported by name. Idempotent.
-    """
-    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
-        raise SerializationError(f"register() takes a dataclass, got {cls!r}")
-    if "<locals>" in cls.__qualname__:
-        raise SerializationError(
-            f"{cls.__qualname__} is defined inside a function and cannot be imported by other "
-            f"processes; define it at module level"
-        )
-    from orchestr._actor._actor import module_name
-
-    name = f"{module_name(cls.__module__)}:{cls.__qualname__}"
-    _dataclasses_by_type[cls] = name
-    _dataclasses_by_name[name] = cls
-    return cls
-
-
-def register_ext(
-    cls: type, code: int, to_wire: Callable[[Any], Any], from_wire: Callable[[Any], Any]
-) -> None:
-    """Internal: add an extension type (``to_wire`` returns a msgpack-able value)."""
-    _ext_encoders[cls] = (code, to_wire)
-    _ext_decoders[code] = from_wire
 
 
 class OutOfBand:
@@ -155,50 +118,6 @@ def _refuse(obj: object) -> SerializationError:
     )
 
 
-def _tensor_to_wire(obj: Any) -> msgpack.ExtType:
-    t = obj.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    shape = list(t.shape)
-    dtype = str(t.dtype).removeprefix("torch.")
-    import torch
-
-    flat = t.reshape(-1).view(torch.uint8)
-    buf = memoryview(flat.numpy()).cast("B")
-    enc = _current[-1]
-    if enc.bulk is not None and buf.nbytes >= enc.bulk.threshold:
-        where = enc.bulk.put(buf)  # None: no shared memory left for it; into the frame then
-        if where is not None:
-            return msgpack.ExtType(EXT_SHM_TENSOR, msgpack.packb([dtype, shape, where, buf.nbytes]))
-    offset = enc.add(buf)
-    return msgpack.ExtType(EXT_TENSOR, msgpack.packb([dtype, shape, offset, buf.nbytes]))
-
-
-def _ndarray_to_wire(obj: Any) -> msgpack.ExtType:
-    import numpy as np
-
-    if obj.dtype.hasobject:
-        raise SerializationError(
-            "numpy arrays of Python objects cannot be sent; use a numeric dtype"
-        )
-    arr = obj if obj.flags.c_contiguous else obj.copy(order="C")  # keeps 0-d arrays 0-d
-    buf = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
-    enc = _current[-1]
-    if enc.bulk is not None and buf.nbytes >= enc.bulk.threshold:
-        where = enc.bulk.put(buf)
-        if where is not None:
-            return msgpack.ExtType(
-                EXT_SHM_NDARRAY,
-                msgpack.packb([arr.dtype.str, list(arr.shape), where, buf.nbytes]),
-            )
-    offset = enc.add(buf)
-    return msgpack.ExtType(
-        EXT_NDARRAY, msgpack.packb([arr.dtype.str, list(arr.shape), offset, buf.nbytes])
-    )
-
-
 def _default(obj: Any) -> Any:
     t = type(obj)
     if t is OutOfBand:
@@ -223,12 +142,12 @@ def _default(obj: Any) -> Any:
         import torch
 
         if isinstance(obj, torch.Tensor):
-            return _tensor_to_wire(obj)
+            return tensor_to_wire(obj, _current[-1])
     if module == "numpy":
         import numpy as np
 
         if isinstance(obj, np.ndarray):
-            return _ndarray_to_wire(obj)
+            return ndarray_to_wire(obj, _current[-1])
         if isinstance(obj, np.bool_ | np.integer | np.floating):
             return obj.item()
     raise _refuse(obj)
@@ -342,7 +261,7 @@ class _Decoding:
         dtype = getattr(torch, str(dtype_name), None)
         if not isinstance(dtype, torch.dtype):
             raise ProtocolError(f"unknown tensor dtype {dtype_name!r}")
-        count = _count(shape)
+        count = count_of(shape)
         itemsize = torch.empty((), dtype=dtype).element_size()
         if count * itemsize != nbytes:
             raise ProtocolError(
@@ -367,7 +286,7 @@ class _Decoding:
             raise ProtocolError(f"unknown array dtype {dtype_str!r}") from exc
         if dtype.hasobject:
             raise ProtocolError("peer sent an array of Python objects")
-        count = _count(shape)
+        count = count_of(shape)
         if count * dtype.itemsize != nbytes:
             raise ProtocolError(
                 f"array of shape {shape} and dtype {dtype_str} needs {count * dtype.itemsize} bytes, descriptor says {nbytes}"
@@ -387,45 +306,6 @@ def _fields(data: bytes, n: int, ext_hook: Callable[[int, bytes], Any] | None = 
     if not isinstance(value, list) or len(value) != n:
         raise ProtocolError("malformed extension payload")
     return value
-
-
-def _count(shape: object) -> int:
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ProtocolError(f"malformed shape {shape!r}")
-    count = 1
-    for d in shape:
-        count *= d
-    return count
-
-
-def _by_old_name(name: str) -> type | None:
-    """The registered dataclass an older name means: one written as ``pkg._private:Name``
-    before ``Name`` was pinned to its public module ``pkg`` (a head's store keeps such names
-    across upgrades). Only names under the public module's package match."""
-    module, _, qualname = name.partition(":")
-    while "." in module:
-        module = module.rpartition(".")[0]
-        cls = _dataclasses_by_name.get(f"{module}:{qualname}")
-        if cls is not None:
-            return cls
-    return None
-
-
-def _dataclass_from_wire(name: object, fields: object) -> Any:
-    if not isinstance(name, str) or not isinstance(fields, dict):
-        raise ProtocolError("malformed dataclass payload")
-    # Only the registry: a name from the wire never makes this process import anything.
-    cls = _dataclasses_by_name.get(name) or _by_old_name(name)
-    if cls is None:
-        raise SerializationError(
-            f"dataclass {name} is not registered in this process; the module that defines it "
-            f"(with @orchestr.register) must be imported here first, for example by the "
-            f"actor's own module"
-        )
-    try:
-        return cls(**fields)
-    except TypeError as exc:
-        raise SerializationError(f"cannot rebuild {name}: {exc}") from exc
 
 
 _NO_BUFFERS = memoryview(b"")

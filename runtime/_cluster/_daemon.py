@@ -33,7 +33,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from orchestr._job._context import JobContext, job_session
+from orchestr._job._context import JobContext
+from orchestr._job._session import job_session
 from orchestr._log import RotatingFile, configure_logging
 from orchestr._loop import run_loop
 from orchestr.config import Config, load_config

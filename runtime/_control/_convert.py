@@ -18,7 +18,7 @@ from orchestr.protos import orchestr_pb2 as pb
 
 if TYPE_CHECKING:
     from orchestr._cluster._headstate import ActorRecord, NodeRecord
-    from orchestr._job._supervise import RestartPolicy
+    from orchestr._job._policy import RestartPolicy
     from orchestr.fabric.optical import PlanRecord
 
 __all__ = [

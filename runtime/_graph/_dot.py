@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from orchestr.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ._graph import Batched, Graph, GraphNode
+    from ._graph import Graph, GraphNode
+    from ._items import Batched
 
 __all__ = ["describe", "render", "to_dict", "to_dot"]
 

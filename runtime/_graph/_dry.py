@@ -15,11 +15,12 @@ from typing import Any
 from orchestr._actor._actor import Actor, class_path, endpoints_of, load_actor_class
 from orchestr._call._mesh import Endpoint, Member, Mesh
 from orchestr._cluster._headstate import validate_resources
-from orchestr._job._supervise import RestartPolicy, SuperviseHook, check_spawn_options
+from orchestr._job._policy import RestartPolicy, SuperviseHook, check_spawn_options
 from orchestr.config import Config, load_config
 from orchestr.errors import ConfigError, SpawnError
 
-from ._graph import Graph, GraphCaptured
+from ._graph import Graph
+from ._items import GraphCaptured
 
 __all__ = ["DryContext", "DryRunError", "NoGraphError", "capture_graph"]
 

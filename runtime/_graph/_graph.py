@@ -26,17 +26,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from orchestr._call._mesh import Endpoint
-from orchestr._call._serde import register
 from orchestr.errors import ConfigError
 
 from . import _dot as _graphdot
 from ._channelstate import Staleness
+from ._items import Batched, GraphCaptured
 
 if TYPE_CHECKING:
     from ._compiled import CompiledGraph
     from ._run import GraphRun
 
-__all__ = ["Batched", "Graph", "GraphCaptured", "GraphNode", "Versioned"]
+__all__ = ["Graph", "GraphNode"]
 
 CHOICES = ("least_loaded", "round_robin")
 DEFAULT_CAPACITY = 16
@@ -44,40 +44,6 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 
 Choice = Literal["least_loaded", "round_robin"] | Callable[[Any, int], int]
 Kind = Literal["source", "input", "map", "fanout", "merge"]
-
-
-@register
-@dataclasses.dataclass(frozen=True)
-class Versioned:
-    """A value with the version it was made with (for example, the policy version of a
-    rollout). A source item or an endpoint's result may be one; staleness bounds use it."""
-
-    __module__ = "orchestr"  # its name on the wire and in the head's store (pinned)
-
-    value: Any
-    version: int
-
-    def __post_init__(self) -> None:
-        if isinstance(self.version, bool) or not isinstance(self.version, int):
-            raise ConfigError(f"a version is an integer, got {self.version!r}")
-
-
-class GraphCaptured(BaseException):
-    """Internal: a dry-run job reached ``g.run``/``g.collect``; carries the graph. A
-    ``BaseException`` so that a job's ``except Exception`` does not swallow it."""
-
-    def __init__(self, graph: Graph) -> None:
-        super().__init__(f"graph {graph.name!r} captured")
-        self.graph = graph
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Batched:
-    """A node's output grouped into lists (see :meth:`GraphNode.batch`)."""
-
-    node: GraphNode
-    count: int | None
-    timeout_s: float | None
 
 
 @dataclasses.dataclass(eq=False)

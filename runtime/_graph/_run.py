@@ -18,7 +18,8 @@ import structlog
 from orchestr.errors import ClosedResourceError, ConfigError
 
 from ._channels import Edge, NodeOut, Token, first_error, nap
-from ._graph import Graph, GraphNode, Versioned
+from ._graph import Graph, GraphNode
+from ._items import Versioned
 from ._stage import StageRunner
 
 __all__ = ["GraphRun"]

@@ -22,7 +22,8 @@ from orchestr.errors import ActorDiedError
 
 from ._channels import Edge, NodeOut, Token, Work, first_error, nap
 from ._channelstate import Item, Receiver
-from ._graph import GraphNode, Versioned
+from ._graph import GraphNode
+from ._items import Versioned
 from ._route import Batcher, Router
 
 if TYPE_CHECKING:

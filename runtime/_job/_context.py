@@ -4,41 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
-import secrets
 import shutil
-import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, TypeVar
 
 import structlog
 
-from orchestr import fabric
 from orchestr._actor._actor import Actor, class_path, saves_state
 from orchestr._actor._distributed import init_distributed
 from orchestr._call import _serde
-from orchestr._call._client import CallClient, set_current_client
+from orchestr._call._client import CallClient
 from orchestr._call._mesh import Member, Mesh
-from orchestr._cluster._head import HeadService
 from orchestr._cluster._headstate import STRATEGIES, validate_resources
-from orchestr._cluster._node import NodeService
 from orchestr._control._convert import ActorInfo, NodeInfo
 from orchestr._control._grpc import ControlChannel
-from orchestr._control._head_client import HeadClient, actor_lookup
-from orchestr._control._tls import install_stream_tls
-from orchestr._loop import run_loop
-from orchestr.config import Config, load_config
-from orchestr.errors import ConfigError, OrchestrError, SupervisionError
+from orchestr._control._head_client import HeadClient
+from orchestr.config import Config
+from orchestr.errors import ConfigError, SupervisionError
 
 from ._events import EventLog, export_trace
+from ._paths import import_path
 from ._phases import Collective, FabricHints, Phase, RecordingHints, make_phase
+from ._policy import RestartPolicy, SuperviseHook, check_spawn_options
 from ._reservation import Reservation
-from ._supervise import RestartPolicy, SuperviseHook, Supervisor, check_spawn_options
+from ._supervise import Supervisor
 
-__all__ = ["JobContext", "open_local_cluster", "run"]
+__all__ = ["JobContext"]
 
 log = structlog.get_logger("orchestr.driver")
 
@@ -292,7 +285,7 @@ class JobContext:
             per_process=per_process,
             # The job's import path travels with the spawn: a node started elsewhere (without
             # the job's environment) puts it first on its workers' PYTHONPATH.
-            python_path=_import_path(),
+            python_path=import_path(),
             strategy=strategy,
             reservation_id=reservation.reservation_id if reservation is not None else "",
         )
@@ -402,169 +395,3 @@ class JobContext:
         the head; raises :class:`ControlPlaneError` when it cannot be reached. Cancel-safe: it
         changes nothing."""
         return await self._client.actors()
-
-
-def _export_trace(session_dir: str) -> None:
-    try:
-        export_trace(
-            os.path.join(session_dir, "events.jsonl"), os.path.join(session_dir, "trace.json")
-        )
-    except (OSError, ConfigError) as exc:
-        log.warning("cannot write the job's trace", error=str(exc))
-
-
-def _import_path() -> list[str]:
-    """The driver's import path, which workers need to import actor classes by path: the
-    entries of ``sys.path`` that are existing folders, made absolute (a worker on another node
-    has another working folder), in order, each once. The interpreter's own folders (the
-    standard library, site-packages: anything under ``sys.prefix``, ``sys.exec_prefix`` or
-    ``sys.base_prefix``) are left out: a worker's interpreter has its own, and a node with
-    another Python must not have this one's put first."""
-    own = tuple(
-        os.path.join(os.path.abspath(p), "") for p in {sys.prefix, sys.exec_prefix, sys.base_prefix}
-    )
-    entries = (os.path.abspath(p) for p in sys.path if p and os.path.isdir(p))
-    return [p for p in dict.fromkeys(entries) if not os.path.join(p, "").startswith(own)]
-
-
-def _worker_pythonpath() -> str:
-    """The driver's import path as a ``PYTHONPATH`` value."""
-    return os.pathsep.join(_import_path())
-
-
-def _new_session() -> tuple[str, str]:
-    """A fresh job id and the local folder for its logs and event log."""
-    job_id = f"job-{secrets.token_hex(4)}"
-    return job_id, tempfile.mkdtemp(prefix=f"orchestr-{job_id}-")
-
-
-@contextlib.asynccontextmanager
-async def open_local_cluster(
-    config: Config | None = None,
-    *,
-    resources: dict[str, float] | None = None,
-    labels: dict[str, str] | None = None,
-) -> AsyncIterator[JobContext]:
-    """Start a head and a local node in this process, yield a :class:`JobContext`, and stop
-    everything (workers included) on exit, also when the body raises."""
-    config = config or load_config()
-    token = secrets.token_urlsafe(32)
-    job_id, session_dir = _new_session()
-    worker_env = {
-        "PYTHONPATH": _worker_pythonpath(),
-        "ORCHESTR_SESSION_DIR": session_dir,
-        "ORCHESTR_JOB_ID": job_id,
-    }
-    structlog.contextvars.bind_contextvars(job=job_id)
-    try:
-        async with HeadService(token, config) as head:
-            async with NodeService(
-                head.address,
-                token,
-                config,
-                resources=resources,
-                labels=labels,
-                worker_env=worker_env,
-            ):
-                async with job_session(
-                    head.address,
-                    token,
-                    config,
-                    job_id=job_id,
-                    session_dir=session_dir,
-                    metrics_address=head.metrics_address,
-                ) as ctx:
-                    yield ctx
-    finally:
-        structlog.contextvars.unbind_contextvars("job")
-
-
-@contextlib.asynccontextmanager
-async def job_session(
-    head_address: str,
-    token: str,
-    config: Config,
-    *,
-    job_id: str | None = None,
-    session_dir: str | None = None,
-    metrics_address: str | None = None,
-) -> AsyncIterator[JobContext]:
-    """A :class:`JobContext` for a job whose controller is this process, on the cluster whose
-    head is at ``head_address``: the embedded cluster's or a running one's. On exit it stops
-    the job's meshes, closes its connections and writes its trace."""
-    own_session = job_id is None or session_dir is None
-    if job_id is None or session_dir is None:
-        job_id, session_dir = _new_session()
-        structlog.contextvars.bind_contextvars(job=job_id)
-    install_stream_tls(config)
-    head_channel = ControlChannel(head_address, token, config)
-    try:
-        client = CallClient(token, config, actor_lookup(head_channel, config))
-        set_current_client(client)
-        ctx = JobContext(head_channel, client, config, job_id, session_dir)
-        ctx.metrics_address = metrics_address
-        ctx._host = asyncio.current_task()
-        client.record_spans(config.call_spans_per_s, ctx.events.record_calls)
-        try:
-            async with ctx.supervisor:
-                try:
-                    yield ctx
-                except asyncio.CancelledError:
-                    if ctx.supervisor.escalated is None or ctx._host is None:
-                        raise
-                    ctx._host.uncancel()
-                finally:
-                    ctx.supervisor.closing = True
-                if ctx.supervisor.escalated is not None:
-                    raise ctx.supervisor.escalated
-        finally:
-            announced = [task for _, task in ctx._announced.values()]
-            for task in announced:  # announced phases the job never entered
-                task.cancel()
-            await asyncio.gather(*announced, return_exceptions=True)
-            with contextlib.suppress(OrchestrError):
-                await asyncio.gather(*(ctx.stop(m) for m in ctx._meshes))
-                await asyncio.gather(*(ctx.release(r) for r in list(ctx._reservations)))
-            set_current_client(None)
-            await client.aclose()
-            fabric.shutdown()
-            ctx.events.close()
-            _export_trace(session_dir)
-    finally:
-        await head_channel.aclose()
-        if own_session:
-            structlog.contextvars.unbind_contextvars("job")
-
-
-def run(
-    main: Callable[[JobContext], Awaitable[T]],
-    *,
-    config: Config | None = None,
-    address: str | None = None,
-    token: str | None = None,
-) -> T:
-    """Run ``main(ctx)`` and return its result: on an embedded local cluster, or with
-    ``address`` (and its ``token``) on the running cluster whose head serves there.
-
-    Embedded, it starts a head and a node for the job's lifetime (uvloop when installed) and
-    stops them, with every worker, when ``main`` returns or raises. On a running cluster it
-    stops the job's meshes and leaves the cluster up.
-    """
-    if address is not None and not token:
-        raise ConfigError("a running cluster needs its token (ORCHESTR_TOKEN or the state dir's)")
-    if not inspect.iscoroutinefunction(main):
-        raise TypeError(f"orchestr.run needs an async function main(ctx), got {main!r}")
-
-    if not structlog.is_configured():
-        from orchestr._log import configure_logging
-
-        configure_logging(json=False, level="WARNING")
-
-    async def body() -> T:
-        if address is not None and token:
-            async with job_session(address, token, config or load_config()) as ctx:
-                return await main(ctx)
-        async with open_local_cluster(config) as ctx:
-            return await main(ctx)
-
-    return run_loop(body())

@@ -13,10 +13,11 @@ from orchestr.errors import ConfigError
 from orchestr.fabric._optical._circuits import CircuitSet
 from orchestr.fabric._optical._costmodel import ReconfigCost
 from orchestr.fabric._optical._fattree import OcsLayer, fat_tree
-from orchestr.fabric._optical._manager import FabricManager, Hint, RecordingRouter, hint_demand
+from orchestr.fabric._optical._manager import FabricManager, Hint, hint_demand
 from orchestr.fabric._optical._ocs_sim import SimOcs
-from orchestr.fabric._optical._planfile import load_topology
-from orchestr.fabric._optical._planner import CommitPolicy
+from orchestr.fabric._optical._plan import CommitPolicy
+from orchestr.fabric._optical._routing import RecordingRouter
+from orchestr.fabric._optical._topology_file import load_topology
 
 PLAN = Path(__file__).resolve().parents[3] / "examples" / "fabric" / "small.toml"
 GB = 1e9

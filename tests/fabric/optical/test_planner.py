@@ -11,18 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestr.errors import ConfigError
+from orchestr.fabric._optical._circuits import Circuit, CircuitSet, Installed
 from orchestr.fabric._optical._costmodel import ReconfigCost, collective_demand, phase_time
-from orchestr.fabric._optical._planner import (
-    Circuit,
-    CircuitSet,
-    CommitPolicy,
-    GreedyPlanner,
-    Installed,
-    Plan,
-    Planner,
-    PlanRequest,
-    decide,
-)
+from orchestr.fabric._optical._plan import CommitPolicy, Plan, Planner, PlanRequest
+from orchestr.fabric._optical._planner import GreedyPlanner, decide
 
 GB = 1e9
 GBPS = 1e9 / 8

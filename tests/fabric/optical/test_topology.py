@@ -16,18 +16,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestr.errors import ConfigError
-from orchestr.fabric._optical._fattree import OcsLayer, fat_tree
-from orchestr.fabric._optical._planfile import dump_topology, load_topology, topology_from_dict
-from orchestr.fabric._optical._topology import (
+from orchestr.fabric._optical._elements import (
     CircuitCandidate,
     Host,
     Nic,
     PortRef,
     ReconfigLatency,
     Switch,
-    Topology,
     TopologyError,
 )
+from orchestr.fabric._optical._fattree import OcsLayer, fat_tree
+from orchestr.fabric._optical._topology import Topology
+from orchestr.fabric._optical._topology_file import dump_topology, load_topology, topology_from_dict
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "fabric" / "small.toml"
 

@@ -289,9 +289,9 @@ class _Opaque:
 async def test_a_message_that_fails_to_decode_gives_its_segments_back(
     ctx: oc.JobContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestr._call import _serde
+    from orchestr._call import _registry
 
-    monkeypatch.setitem(_serde._ext_encoders, _Opaque, (99, lambda o: 0))  # this process only
+    monkeypatch.setitem(_registry._ext_encoders, _Opaque, (99, lambda o: 0))  # this process only
     sink = await ctx.spawn(Sink)
     await sink.pid.call_one()  # the handshake settles on the first call
     for _ in range(3):

@@ -16,15 +16,8 @@ from hypothesis import strategies as st
 
 import orchestr
 from orchestr._call._frames import ALIGN, FrameDecoder, encode_frame
-from orchestr._call._serde import (
-    EXT_DATACLASS,
-    EXT_NDARRAY,
-    EXT_TENSOR,
-    decode,
-    decode_plain,
-    encode,
-    register,
-)
+from orchestr._call._registry import EXT_DATACLASS, EXT_NDARRAY, EXT_TENSOR, register
+from orchestr._call._serde import decode, decode_plain, encode
 from orchestr.errors import ProtocolError, SerializationError
 
 

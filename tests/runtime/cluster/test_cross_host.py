@@ -41,7 +41,7 @@ def _drop_host(ns: str) -> None:
     subprocess.run(["ip", "netns", "del", ns], check=False)  # takes the veth pair along
 
 
-def _import_path() -> str:
+def import_path() -> str:
     return os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
 
 
@@ -62,7 +62,7 @@ async def two_hosts() -> AsyncIterator[oc.JobContext]:
                 os.environ,
                 ORCHESTR_TOKEN=ctx.token,
                 ORCHESTR_BIND_HOST=ip_b,
-                PYTHONPATH=_import_path(),
+                PYTHONPATH=import_path(),
             )
             node = await asyncio.create_subprocess_exec(
                 "ip", "netns", "exec", ns, sys.executable, "-m", "orchestr._cluster._node",

@@ -15,8 +15,8 @@ import orchestr as oc
 from orchestr._cluster._fabric import open_fabric
 from orchestr._cluster._head import HeadService
 from orchestr._cluster._node import NodeService
-from orchestr._job._context import job_session
 from orchestr._job._events import read_events
+from orchestr._job._session import job_session
 from tests.runtime.actors import Counter
 
 PLAN = Path(__file__).resolve().parents[3] / "examples" / "fabric" / "small.toml"

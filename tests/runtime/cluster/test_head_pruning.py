@@ -12,7 +12,7 @@ from orchestr._cluster import _headstate
 from orchestr._cluster._head import HeadService
 from orchestr._cluster._headstore import HeadStore
 from orchestr._cluster._node import NodeService
-from orchestr._job._context import job_session
+from orchestr._job._session import job_session
 from tests.runtime.actors import Counter
 
 

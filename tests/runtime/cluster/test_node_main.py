@@ -16,7 +16,7 @@ from orchestr._cluster._node import parse_labels
 from tests.runtime.actors import Counter
 
 
-def _import_path() -> str:
+def import_path() -> str:
     return os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
 
 
@@ -45,7 +45,7 @@ async def test_node_main_joins_takes_a_mesh_and_stops_on_sigterm(tmp_path: Path)
     async with oc.open_local_cluster(labels={"host": "a"}) as ctx:
         env = dict(os.environ)
         env["ORCHESTR_TOKEN"] = ctx.token
-        env["PYTHONPATH"] = _import_path()
+        env["PYTHONPATH"] = import_path()
         log = (tmp_path / "node.log").open("wb")
         proc = await asyncio.create_subprocess_exec(
             sys.executable,

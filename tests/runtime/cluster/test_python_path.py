@@ -22,7 +22,7 @@ import orchestr as oc
 from orchestr._call import _serde
 from orchestr._cluster._headstate import validate_python_path
 from orchestr._cluster._node import merge_pythonpath
-from orchestr._job._context import _import_path, _worker_pythonpath
+from orchestr._job._paths import import_path, worker_pythonpath
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
@@ -207,10 +207,10 @@ def test_merge_pythonpath_puts_the_jobs_folders_first_once(tmp_path: Path) -> No
 def test_the_driver_sends_its_import_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(tmp_path / "absent"))
-    path = _import_path()
+    path = import_path()
     assert path[0] == str(tmp_path)  # the absent folder is left out
     assert all(os.path.isabs(p) and os.path.isdir(p) for p in path)
     assert len(path) == len(set(path))
-    assert _worker_pythonpath() == os.pathsep.join(path)
+    assert worker_pythonpath() == os.pathsep.join(path)
     # the interpreter's own folders stay behind: the workers' interpreter has its own
     assert not [p for p in path if p.startswith((sys.prefix, sys.base_prefix))]

@@ -12,14 +12,14 @@ from pathlib import Path
 import orchestr as oc
 import orchestr.roles as roles
 from orchestr._actor._actor import class_path
-from orchestr._call import _serde
+from orchestr._call import _registry, _serde
 from orchestr._call._mesh import Member, Mesh
 from orchestr._cluster._head import HeadService
 from orchestr._cluster._headstate import HeadState
 from orchestr._cluster._headstore import HeadStore
 from orchestr._cluster._node import NodeService
 from orchestr._control._head_client import HeadClient
-from orchestr._job._context import job_session
+from orchestr._job._session import job_session
 
 PUBLIC = {"orchestr", "orchestr.roles", "orchestr.fabric"}
 #: Written by tests/runtime/cluster/data/make_head_before_layout.py on a daemon cluster, before any
@@ -34,7 +34,7 @@ def _resolve(path: str) -> object:
 
 def test_every_registered_dataclass_and_role_travels_by_a_public_name() -> None:
     assert oc.Versioned is not None  # load the lazily imported runtime names too
-    names = dict(_serde._dataclasses_by_type)
+    names = dict(_registry._dataclasses_by_type)
     assert {"orchestr:Versioned", "orchestr.roles:Request", "orchestr.roles:WeightsRef"} <= set(
         names.values()
     )
@@ -51,9 +51,9 @@ def test_every_registered_dataclass_and_role_travels_by_a_public_name() -> None:
 def test_a_dataclass_under_its_old_private_name_still_decodes() -> None:
     spec = roles.BackendSpec(name="cpu")
     fields = {"name": "cpu", "dtype": None, "compiled": False, "compile_options": {}}
-    assert _serde._dataclass_from_wire("orchestr.roles._backend:BackendSpec", fields) == spec
+    assert _registry._dataclass_from_wire("orchestr.roles._backend:BackendSpec", fields) == spec
     # never a class of another package, and never an import
-    assert _serde._by_old_name("elsewhere._backend:BackendSpec") is None
+    assert _registry._by_old_name("elsewhere._backend:BackendSpec") is None
 
 
 async def test_a_head_store_from_before_the_move_restores_and_remakes_its_actors(

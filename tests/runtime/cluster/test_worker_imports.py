@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from orchestr._call import _serde
+from orchestr._call import _registry, _serde
 from orchestr._call._mesh import EXT_MESH, Member, Mesh
 
 
@@ -40,13 +40,13 @@ def test_import_orchestr_loads_the_rest_on_first_use() -> None:
         "import sys, orchestr; print('driver' if 'orchestr._job._context' in sys.modules else 'lazy'); "
         "print(orchestr.run.__module__, orchestr.fabric.__name__, 'run' in dir(orchestr))"
     )
-    assert run_fresh(code) == ["lazy", "orchestr._job._context", "orchestr.fabric", "True"]
+    assert run_fresh(code) == ["lazy", "orchestr._job._session", "orchestr.fabric", "True"]
 
 
 def test_extension_types_travel_before_their_module_is_imported() -> None:
     # A Mesh and a Buffer register their wire form when their modules load; a fresh process
     # that has imported neither still rebuilds the one and sends the other.
-    assert _serde._REGISTERED_BY[EXT_MESH] == "orchestr._call._mesh"
+    assert _registry._REGISTERED_BY[EXT_MESH] == "orchestr._call._mesh"
     mesh = Mesh("m-1", "counters", "pkg.mod:Counter", [Member("a-1", "tcp://h:1", 0)], ["add"])
     msg, _ = _serde.encode(mesh)
     code = (

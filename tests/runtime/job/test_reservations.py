@@ -8,7 +8,7 @@ import pytest
 import orchestr as oc
 from orchestr._cluster._head import HeadService
 from orchestr._cluster._node import NodeService
-from orchestr._job._context import job_session
+from orchestr._job._session import job_session
 from tests.runtime.actors import Counter
 
 

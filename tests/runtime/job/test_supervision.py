@@ -12,8 +12,8 @@ import pytest
 
 import orchestr as oc
 from orchestr._cluster._node import NodeService
-from orchestr._job._context import _worker_pythonpath
 from orchestr._job._events import read_events
+from orchestr._job._paths import worker_pythonpath
 from tests.runtime.supervised import BadRestore, Caller, Keeper
 
 AT_LEAST_ONCE = oc.RestartPolicy(max_restarts=3, backoff_s=0.05, retry="at_least_once")
@@ -271,7 +271,7 @@ async def test_a_restart_goes_to_another_node_when_its_own_is_full() -> None:
             ctx.config,
             resources={"cpu": 1},
             labels={"host": "b"},
-            worker_env={"PYTHONPATH": _worker_pythonpath()},
+            worker_env={"PYTHONPATH": worker_pythonpath()},
         ) as second,
     ):
         blocker = await ctx.spawn(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._topology import (
+from ._elements import (
     _KINDS,
     TIERS,
     Element,
@@ -24,9 +24,9 @@ from ._topology import (
     PortRef,
     ReconfigLatency,
     Switch,
-    Topology,
     TopologyError,
 )
+from ._topology import Topology
 
 __all__ = ["check_plan"]
 

@@ -32,7 +32,7 @@ Ports are written ``element:index`` (0-based); bandwidths are in Gbit/s. Plan fi
 
 ``latency`` and each of its keys are optional (defaults of :class:`~._topology.ReconfigLatency`).
 :func:`to_toml` (and :meth:`~._topology.Topology.to_toml`) writes the same schema with one inline
-table per line. Validation is the topology's own (:mod:`._plancheck`).
+table per line. Validation is the topology's own (:mod:`._topology_check`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._topology import (
+from ._elements import (
     Host,
     Link,
     Nic,
@@ -54,9 +54,9 @@ from ._topology import (
     PortRef,
     ReconfigLatency,
     Switch,
-    Topology,
     TopologyError,
 )
+from ._topology import Topology
 
 __all__ = ["dump_topology", "load_topology", "to_dict", "to_toml", "topology_from_dict"]
 
