@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import math
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -44,10 +44,7 @@ from ._wire import (
     traffic,
 )
 
-if TYPE_CHECKING:
-    from ._client import CallClient
-
-__all__ = ["Connection", "Pending"]
+__all__ = ["Connection", "ConnectionOwner", "Pending"]
 
 log = structlog.get_logger("orchestr.callpath")
 
@@ -96,16 +93,38 @@ class Pending:
         self.timer: asyncio.TimerHandle | None = None
 
 
+class ConnectionOwner(Protocol):
+    """What a connection needs of whoever opened it (the call client): the settings and token
+    it connects with, and where finished and broken calls go. The connection calls nothing
+    else of its owner; the owner drives the connection through :meth:`Connection.submit` and
+    :meth:`Connection.abort`."""
+
+    config: Config
+    token: str
+
+    def done(self, p: Pending, ok: bool = False) -> None:
+        """The call ``p`` left flight (``ok``: with a result, not an error)."""
+
+    def forget(self, conn: Connection) -> None:
+        """``conn`` broke: open a new one for the next call."""
+
+    def report_broken(
+        self, pending: list[Pending], exc: BaseException, *, sent: bool = True, address: str = ""
+    ) -> None:
+        """Settle ``pending``, whose connection broke with ``exc`` (``sent``: they may have
+        reached the worker)."""
+
+
 class Connection(FramedProtocol):
     """One caller-side connection to one worker's call server."""
 
-    def __init__(self, client: CallClient, address: str) -> None:
-        super().__init__(*frame_limits(client.config))
-        self.client = client
+    def __init__(self, owner: ConnectionOwner, address: str) -> None:
+        super().__init__(*frame_limits(owner.config))
+        self.owner = owner
         self.address = address
         self.pending: dict[int, Pending] = {}
         self.broken: BaseException | None = None
-        self.bulk = BulkLink(client.config, self.loop, self._send_release)
+        self.bulk = BulkLink(owner.config, self.loop, self._send_release)
         self.bulk.stream = address.partition("://")[0]
         peer = peer_of_address(address)
         local = False
@@ -139,7 +158,7 @@ class Connection(FramedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.connected = True
         super().connection_made(transport)
-        probe_idle_peer(transport, self.client.config)
+        probe_idle_peer(transport, self.owner.config)
 
     def submit(
         self,
@@ -156,7 +175,7 @@ class Connection(FramedProtocol):
         Raises :class:`TransportError`, sending nothing, when over ``max_unsent_bytes`` already
         wait for the peer: an actor that does not keep up (or is stopped) must not make its
         callers grow without bound."""
-        limit = self.client.config.max_unsent_bytes
+        limit = self.owner.config.max_unsent_bytes
         waiting = self.unsent() + self.held_bytes
         if waiting > limit:
             if sink is not None:
@@ -182,7 +201,7 @@ class Connection(FramedProtocol):
         """The server's answer to HELLO: check its proof before anything else is sent."""
         server_nonce = _handshake.nonce_of(info)
         identity = _handshake.identity(self.address)
-        token = self.client.token.encode()
+        token = self.owner.token.encode()
         expected = _handshake.proof(token, "server", identity, self.nonce, server_nonce)
         if not _handshake.proves(expected, _handshake.proof_of(info)):
             raise AuthenticationError(
@@ -200,7 +219,7 @@ class Connection(FramedProtocol):
     def _send_held(self) -> None:
         held, self.held = self.held or [], None
         self.held_bytes = 0
-        config = self.client.config
+        config = self.owner.config
         for message, parts, fallback in held:
             sink = None
             if message is not None:
@@ -220,7 +239,7 @@ class Connection(FramedProtocol):
             return
         pending = self.pending.pop(message[1], None)
         if pending is not None:
-            self.client.done(pending)
+            self.owner.done(pending)
             if not pending.future.done():
                 pending.future.set_exception(exc)
 
@@ -283,7 +302,7 @@ class Connection(FramedProtocol):
                 if isinstance(head, list) and len(head) == 3 and head[0] == OK:
                     pending = self.pending.pop(head[1], None) if isinstance(head[1], int) else None
                     if pending is not None:  # a result that cannot be decoded fails its call
-                        self.client.done(pending)
+                        self.owner.done(pending)
                         if not pending.future.done():
                             pending.future.set_exception(exc)
                         continue
@@ -295,7 +314,7 @@ class Connection(FramedProtocol):
                     self.abort(_connection_error(message, self.address))
                     return
                 continue  # the call already timed out or was cancelled
-            self.client.done(pending, kind == OK)
+            self.owner.done(pending, kind == OK)
             if pending.future.done():
                 continue
             if kind == OK:
@@ -328,7 +347,7 @@ class Connection(FramedProtocol):
         """Fail every pending call; the connection is not used again."""
         if self.broken is None:
             self.broken = exc
-            self.client.forget(self)
+            self.owner.forget(self)
         self.lost = True
         self.held = None
         self.held_bytes = 0
@@ -337,9 +356,9 @@ class Connection(FramedProtocol):
             self.transport = None
         pending, self.pending = self.pending, {}
         for p in pending.values():
-            self.client.done(p)
+            self.owner.done(p)
         if pending:
-            self.client.report_broken(
+            self.owner.report_broken(
                 list(pending.values()), exc, sent=self.connected, address=self.address
             )
 

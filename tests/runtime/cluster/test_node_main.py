@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import orchestr as oc
-from orchestr._cluster._node import parse_labels
+from orchestr._cluster._hostinfo import parse_labels
 from tests.runtime.actors import Counter
 
 
