@@ -25,7 +25,7 @@ from typing import Any
 
 from orchestr.errors import ConfigError, OrchestrError
 
-from ._headstate import ActorRecord, NodeRecord, Reservation
+from ._records import ActorRecord, NodeRecord, Reservation
 from ._statedir import check_private_file
 
 __all__ = ["STORE_FILE", "HeadStore", "MeshRecord", "StoreWriteError"]

@@ -17,7 +17,7 @@ from orchestr._cluster._stats import ActorStats, EndpointStats, TransportStats, 
 from orchestr.protos import orchestr_pb2 as pb
 
 if TYPE_CHECKING:
-    from orchestr._cluster._headstate import ActorRecord, NodeRecord
+    from orchestr._cluster._records import ActorRecord, NodeRecord
     from orchestr._job._policy import RestartPolicy
     from orchestr.fabric.optical import PlanRecord
 

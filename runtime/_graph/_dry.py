@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestr._actor._actor import Actor, class_path, endpoints_of, load_actor_class
 from orchestr._call._mesh import Endpoint, Member, Mesh
-from orchestr._cluster._headstate import validate_resources
+from orchestr._cluster._records import validate_resources
 from orchestr._job._policy import RestartPolicy, SuperviseHook, check_spawn_options
 from orchestr.config import Config, load_config
 from orchestr.errors import ConfigError, SpawnError

@@ -17,7 +17,7 @@ from orchestr._actor._distributed import init_distributed
 from orchestr._call import _serde
 from orchestr._call._client import CallClient
 from orchestr._call._mesh import Member, Mesh
-from orchestr._cluster._headstate import STRATEGIES, validate_resources
+from orchestr._cluster._records import STRATEGIES, validate_resources
 from orchestr._control._convert import ActorInfo, NodeInfo
 from orchestr._control._grpc import ControlChannel
 from orchestr._control._head_client import HeadClient

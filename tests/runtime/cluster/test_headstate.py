@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from orchestr._cluster._headstate import ActorRecord, HeadState, validate_resources
+from orchestr._cluster._headstate import HeadState
+from orchestr._cluster._records import ActorRecord, validate_resources
 from orchestr.errors import ConfigError, PlacementError, SpawnError
 
 T0 = 1000.0

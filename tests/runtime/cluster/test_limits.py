@@ -8,8 +8,9 @@ import math
 import pytest
 
 import orchestr as oc
-from orchestr._cluster._headstate import MAX_MESH_SIZE, HeadState, validate_resources
+from orchestr._cluster._headstate import HeadState
 from orchestr._cluster._node import NodeService
+from orchestr._cluster._records import MAX_MESH_SIZE, validate_resources
 from orchestr.errors import ConfigError
 from tests.runtime.actors import Counter, HangsInInit
 

@@ -20,8 +20,8 @@ import pytest
 
 import orchestr as oc
 from orchestr._call import _serde
-from orchestr._cluster._headstate import validate_python_path
 from orchestr._cluster._hostinfo import merge_pythonpath
+from orchestr._cluster._records import validate_python_path
 from orchestr._job._paths import import_path, worker_pythonpath
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
