@@ -33,7 +33,8 @@ from orchestr.roles._common._model import TinyLM
 from orchestr.roles._common._weightplan import weights_digest
 from orchestr.roles._common._weights import WeightLoader, WeightsRef
 
-from ._engine import Completion, Engine, Request
+from ._engine import Engine
+from ._types import Completion, Request
 
 __all__ = ["Completion", "Generator", "Request"]
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import time
 from collections.abc import Awaitable, Callable
@@ -24,7 +23,6 @@ from typing import Any
 from orchestr import fabric
 from orchestr.config import Config
 from orchestr.errors import (
-    ActorDiedError,
     AuthenticationError,
     BrokenResourceError,
     CallTimeoutError,
@@ -38,26 +36,11 @@ from orchestr.fabric.lowlevel import connection_sources
 
 from ._connection import Connection, Pending
 from ._locality import local_url_of_address
+from ._lookup import ActorLookup, ActorView, death_of, restarting
 from ._serde import lift_large
 from ._wire import CALL, SEND, pack_frame_sized
 
-__all__ = ["ActorLookup", "ActorView", "CallClient", "current_client", "set_current_client"]
-
-
-@dataclasses.dataclass(frozen=True)
-class ActorView:
-    """What the head says about an actor whose connection broke."""
-
-    #: ``alive``, ``starting``, ``restarting``, ``dead`` or ``stopped``.
-    state: str
-    #: Where it serves calls now (its new incarnation's address after a restart).
-    address: str
-    #: Why it (last) went away, as the error to raise; ``None`` when it never died.
-    died: ActorDiedError | None
-
-
-#: Asks the head about an actor: ``(actor_id, address the caller knew, restart wait in s)``.
-ActorLookup = Callable[[str, str, float], Awaitable[ActorView]]
+__all__ = ["CallClient", "current_client", "set_current_client"]
 
 
 class CallClient:
@@ -305,7 +288,7 @@ class CallClient:
             if p.future.done():
                 continue
             resend = p.retry or not sent
-            if p.actor_id not in views or (resend and _restarting(views[p.actor_id])):
+            if p.actor_id not in views or (resend and restarting(views[p.actor_id])):
                 views[p.actor_id] = await self._look_up(p.actor_id, address, resend)
             view = views[p.actor_id]
             if p.future.done():
@@ -327,7 +310,7 @@ class CallClient:
                     except OrchestrError as err:
                         p.future.set_exception(err)
                     continue
-            p.future.set_exception(_death(p, view, exc, moved))
+            p.future.set_exception(death_of(p, view, exc, moved))
 
     async def _look_up(self, actor_id: str, address: str, wait_restart: bool) -> ActorView | None:
         if self.lookup is None:
@@ -378,29 +361,3 @@ def current_client() -> CallClient:
             "(orchestr.run / orchestr run job.py) or from another actor"
         )
     return _current
-
-
-def _restarting(view: ActorView | None) -> bool:
-    return view is not None and view.state in ("restarting", "starting")
-
-
-def _death(p: Pending, view: ActorView | None, exc: BaseException, moved: bool) -> ActorDiedError:
-    """The error of a call whose actor went away, saying what became of the actor."""
-    where = f"{p.label}.{p.endpoint} failed: "
-    died = view.died if view is not None else None
-    if died is None:
-        text = f"lost the connection to the actor's worker ({exc})"
-    else:
-        text = str(died)
-    if moved:
-        text += "; it was restarted, but the call is not retried (the mesh's retry is at-most-once)"
-    elif _restarting(view):
-        text += "; it is being restarted"
-    err = ActorDiedError(
-        where + text,
-        actor=p.label,
-        exit_code=died.exit_code if died else None,
-        signal=died.signal if died else None,
-    )
-    err.__cause__ = exc
-    return err

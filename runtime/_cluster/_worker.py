@@ -22,7 +22,8 @@ from orchestr import fabric
 from orchestr._actor._actor import load_actor_class
 from orchestr._actor._host import ActorHost
 from orchestr._call import _serde
-from orchestr._call._client import ActorLookup, ActorView, CallClient, set_current_client
+from orchestr._call._client import CallClient, set_current_client
+from orchestr._call._lookup import ActorLookup, ActorView
 from orchestr._call._server import CallServer
 from orchestr._control._grpc import ControlChannel, abort_with, add_port, make_server
 from orchestr._control._tls import install_stream_tls

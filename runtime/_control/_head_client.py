@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from orchestr._call._client import ActorLookup, ActorView
+from orchestr._call._lookup import ActorLookup, ActorView
 from orchestr.config import Config
 from orchestr.errors import ActorDiedError
 from orchestr.protos import orchestr_pb2 as pb

@@ -11,7 +11,8 @@ import torch
 
 import orchestr as oc
 from orchestr.roles.generator._actor import Generator
-from orchestr.roles.generator._engine import Completion, Engine, Request
+from orchestr.roles.generator._engine import Engine
+from orchestr.roles.generator._types import Completion, Request
 from tests.roles.engine_actors import tiny_lm
 
 FACTORY = "tests.roles.engine_actors:tiny_lm"

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import orchestr as oc
-from orchestr.roles.generator._engine import Completion, Engine
+from orchestr.roles.generator._engine import Engine
+from orchestr.roles.generator._types import Completion
 from orchestr.roles.rl import _task
 from orchestr.roles.rl._reference import TrainConfig, request_digits, step_requests
 from orchestr.roles.trainer._actor import Trainer, build_model

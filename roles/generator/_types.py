@@ -1,0 +1,68 @@
+"""What a generator is asked and answers: a :class:`Request`, its :class:`Completion`, and the
+engine's :class:`EngineStats`. Registered dataclasses, pinned to ``orchestr.roles``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from orchestr import register
+
+__all__ = ["Completion", "EngineStats", "Request"]
+
+
+@register
+@dataclasses.dataclass
+class Request:
+    """One prompt to complete. ``temperature`` 0 decodes greedily; ``stop_token`` (else the
+    engine's ``eos_id``) ends the completion when sampled (it is included in ``tokens``)."""
+
+    __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
+
+    id: str
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    seed: int | None = None
+    stop_token: int | None = None
+
+
+@register
+@dataclasses.dataclass
+class Completion:
+    """A finished request. Lists are per generated token (see the module docstring).
+    ``finish_reason`` is ``"stop"``, ``"length"`` or ``"cancelled"``. Times are seconds from
+    submission: ``queue_s`` to admission, ``ttft_s`` to the first token (NaN when none),
+    ``latency_s`` to the end; ``steps`` is the number of decode steps it took part in."""
+
+    __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
+
+    id: str
+    prompt: list[int]
+    tokens: list[int]
+    logprobs: list[float]
+    sample_logprobs: list[float]
+    versions: list[int]
+    version: int
+    finish_reason: str
+    queue_s: float
+    ttft_s: float
+    latency_s: float
+    steps: int
+
+
+@register
+@dataclasses.dataclass
+class EngineStats:
+    __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
+
+    version: int
+    paused: bool
+    waiting: int
+    running: int
+    finished: int
+    steps: int
+    tokens: int
+    #: seconds spent inside step() doing work, and tokens per such second
+    busy_s: float
+    tokens_per_s: float
+    mean_batch: float
