@@ -157,3 +157,14 @@ def test_the_rules_catch_what_they_forbid() -> None:
         assert _broken(*fine) is None, fine
     # relative imports resolve: the roles package's own modules import each other so
     assert ("orchestr.roles.generator._actor", 4) in _imports("orchestr.roles.generator")
+
+
+def test_no_module_is_over_400_lines() -> None:
+    """A module that grows past 400 lines holds more than one concept: split it."""
+    long = {
+        str(path.relative_to(ROOT)): n
+        for name, (path, _) in MODULES.items()
+        if not name.startswith(("tests", "orchestr.protos"))
+        and (n := len(path.read_text().splitlines())) > 400
+    }
+    assert not long, long

@@ -8,7 +8,8 @@
 """
 
 from . import _task as reverse_task
-from ._grpo import MODES, GRPOConfig, GRPOResult, LengthRanker, StepRecord, run_grpo
+from ._config import MODES, GRPOConfig, GRPOResult, StepRecord
+from ._grpo import LengthRanker, run_grpo
 from ._reference import DEMO_CONFIG, SMALL_CONFIG, TrainConfig, train
 
 __all__ = [

@@ -6,8 +6,6 @@ know the cluster token (:mod:`._handshake`) and settles how large values travel
 from __future__ import annotations
 
 import asyncio
-import math
-import socket
 from typing import Any, Protocol
 
 import structlog
@@ -41,6 +39,7 @@ from ._wire import (
     FramedProtocol,
     frame_limits,
     pack_frame,
+    probe_idle_peer,
     traffic,
 )
 
@@ -361,32 +360,6 @@ class Connection(FramedProtocol):
             self.owner.report_broken(
                 list(pending.values()), exc, sent=self.connected, address=self.address
             )
-
-
-def probe_idle_peer(transport: asyncio.BaseTransport, config: Config) -> None:
-    """Have the kernel probe the peer of an idle TCP connection (keepalive, every
-    ``heartbeat_interval``), so that a host that went silent (a link down, a power cut: no
-    reset ever comes) breaks the connection and the calls waiting on it are settled, instead of
-    each waiting for its deadline. The probes give up later than the head gives the node up
-    (``heartbeat_timeout`` and two heartbeats more), so that by then the head can say what
-    became of its actors. The worker's kernel answers them even while its actors are busy."""
-    sock = transport.get_extra_info("socket")
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return
-    interval = max(1, math.ceil(config.heartbeat_interval))
-    probes = math.ceil(config.heartbeat_timeout / interval) + 2
-    options = [
-        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
-        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), interval),
-        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), interval),
-        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), probes),
-    ]
-    try:
-        for level, name, value in options:
-            if name is not None:  # not every platform lets the timings be set
-                sock.setsockopt(level, name, min(value, 32767))
-    except OSError as exc:
-        log.warning("cannot enable keepalive on a call connection", error=str(exc))
 
 
 def _connection_error(message: list[Any], address: str) -> OrchestrError:

@@ -16,7 +16,11 @@ Messages (msgpack arrays):
 from __future__ import annotations
 
 import asyncio
+import math
+import socket
 from typing import Any, cast
+
+import structlog
 
 from orchestr.config import Config
 from orchestr.errors import MessageTooLargeError
@@ -41,9 +45,12 @@ __all__ = [
     "Moved",
     "pack_frame",
     "pack_frame_sized",
+    "probe_idle_peer",
     "stream_counters",
     "stream_scheme",
 ]
+
+log = structlog.get_logger("orchestr.callpath")
 
 HELLO, CALL, SEND, OK, ERR, WELCOME, READY, RELEASE, CHALLENGE, AUTH = range(10)
 
@@ -209,3 +216,29 @@ class FramedProtocol(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.decoder.get_buffer(sizehint)
+
+
+def probe_idle_peer(transport: asyncio.BaseTransport, config: Config) -> None:
+    """Have the kernel probe the peer of an idle TCP connection (keepalive, every
+    ``heartbeat_interval``), so that a host that went silent (a link down, a power cut: no
+    reset ever comes) breaks the connection and the calls waiting on it are settled, instead of
+    each waiting for its deadline. The probes give up later than the head gives the node up
+    (``heartbeat_timeout`` and two heartbeats more), so that by then the head can say what
+    became of its actors. The worker's kernel answers them even while its actors are busy."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    interval = max(1, math.ceil(config.heartbeat_interval))
+    probes = math.ceil(config.heartbeat_timeout / interval) + 2
+    options = [
+        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), interval),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), interval),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), probes),
+    ]
+    try:
+        for level, name, value in options:
+            if name is not None:  # not every platform lets the timings be set
+                sock.setsockopt(level, name, min(value, 32767))
+    except OSError as exc:
+        log.warning("cannot enable keepalive on a call connection", error=str(exc))

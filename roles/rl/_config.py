@@ -1,0 +1,185 @@
+"""The GRPO job's settings (:class:`GRPOConfig`) and what it reports: a :class:`StepRecord` per
+batch and the :class:`GRPOResult`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import orchestr as oc
+from orchestr.roles.reward import DEFAULT_SCORER
+
+from ._faults import parse_kill
+from ._reference import DEMO_CONFIG, TrainConfig
+
+Mode = Literal["sync", "stream", "stream+skew"]
+
+
+MODES: tuple[str, ...] = ("sync", "stream", "stream+skew")
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+    """The job: ``train`` (what the single-process reference runs too) plus how the roles are
+    laid out and scheduled. ``eta`` and ``lookahead`` apply to the stream modes;
+    ``long_generators`` to ``stream+skew``. ``torch_threads`` is each role's thread count;
+    ``cpu`` the share of a node's CPUs each actor reserves. ``generator_nice`` lowers the
+    generators' OS scheduling priority: where roles share cores, the trainer (the critical
+    path) runs at full speed and generation takes the cycles it leaves; on a machine of
+    their own it changes nothing. ``scorer`` is the reward mesh's function (``"module:function"``,
+    see :mod:`orchestr.roles.reward._actor`).
+
+    Each role's members are restarted up to ``max_restarts`` times each when they die (see
+    "Failures" in the module docstring); the trainer's state is checkpointed to
+    ``checkpoint_dir`` (default: a temporary folder removed at the end) every
+    ``checkpoint_every`` batches, and 0 means never, so a trainer's death fails the job.
+    ``kill`` injects faults to test this: ``"ROLE[RANK]@STEP[:PHASE]"`` strings
+    (:func:`~._faults.parse_kill`), drawn with ``kill_seed``, on a cluster on this machine."""
+
+    train: TrainConfig = DEMO_CONFIG
+    mode: Mode = "sync"
+    generators: int = 2
+    trainers: int = 1
+    rewards: int = 1
+    eta: int = 1
+    lookahead: int = 1
+    long_generators: int = 1
+    max_batch: int = 512
+    torch_threads: int = 1
+    cpu: float = 0.25
+    generator_nice: int = 10
+    scorer: str = DEFAULT_SCORER
+    max_restarts: int = 3
+    checkpoint_every: int = 10
+    checkpoint_dir: str | None = None
+    kill: tuple[str, ...] = ()
+    kill_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise oc.ConfigError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+        if min(self.generators, self.trainers, self.rewards, self.max_batch) < 1:
+            raise oc.ConfigError("generators, trainers, rewards and max_batch must be >= 1")
+        if self.eta < 0 or self.lookahead < 0:
+            raise oc.ConfigError(f"eta ({self.eta}) and lookahead ({self.lookahead}) must be >= 0")
+        if self.mode == "stream+skew" and not 1 <= self.long_generators < self.generators:
+            raise oc.ConfigError(
+                f"stream+skew needs 1 <= long_generators < generators, got "
+                f"{self.long_generators} of {self.generators}"
+            )
+        for name in ("max_restarts", "checkpoint_every", "kill_seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise oc.ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if isinstance(self.kill, str):
+            raise oc.ConfigError(f"kill is a tuple of ROLE@STEP strings, got {self.kill!r}")
+        kills = [parse_kill(k) for k in self.kill]
+        phases = _SYNC_PHASES if self.mode == "sync" else _STREAM_PHASES
+        for k in kills:
+            if k.step >= self.train.steps:
+                raise oc.ConfigError(f"kill {k}: the job trains batches 0-{self.train.steps - 1}")
+            if k.phase is not None and k.phase not in phases:
+                raise oc.ConfigError(
+                    f"kill {k}: {self.mode} mode has no phase {k.phase!r} in a batch; say one "
+                    f"of {', '.join(phases)}"
+                )
+            if k.phase == "eval" and not evaluates(self.train, k.step):
+                raise oc.ConfigError(f"kill {k}: batch {k.step} ends without an evaluation")
+        if any(k.role == "trainer" for k in kills) and self.trainers > 1:
+            raise oc.ConfigError(
+                "a data-parallel trainer mesh is not restarted (its process group cannot be "
+                "joined again yet), so a kill of a trainer needs trainers=1"
+            )
+        if self.train.prompts_per_step % self.trainers:
+            raise oc.ConfigError(
+                f"prompts_per_step ({self.train.prompts_per_step}) must split evenly over "
+                f"{self.trainers} trainers (each takes whole groups)"
+            )
+
+
+#: The controller's phases within one batch, by mode (``wait``: for the channel's groups).
+_SYNC_PHASES = ("generate", "score", "train", "sync", "eval")
+
+
+_STREAM_PHASES = ("wait", "train", "sync", "eval")
+
+
+def evaluates(tc: TrainConfig, step: int) -> bool:
+    """Whether batch ``step`` ends with a held-out evaluation."""
+    return step + 1 == tc.steps or (step + 1) % tc.eval_every == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """One trained batch. ``version_lag`` is the mean over its samples of the trainer's
+    version minus the sample's (oldest token's) version, ``max_lag`` the largest;
+    ``samples_per_s`` counts trained samples over the run so far; ``accuracy`` is set on
+    evaluation steps."""
+
+    step: int
+    version: int
+    reward: float
+    version_lag: float
+    max_lag: int
+    mean_length: float
+    dropped: int
+    samples_per_s: float
+    wall_s: float
+    loss: float
+    clip_frac: float
+    approx_kl: float
+    entropy: float
+    accuracy: float | None = None
+
+
+@dataclasses.dataclass
+class GRPOResult:
+    config: GRPOConfig
+    steps: list[StepRecord]
+    evals: list[tuple[int, float, float]]  # (version, accuracy, wall_s)
+    wall_s: float
+    generator_idle_frac: float
+    trainer_idle_frac: float
+    #: ``seconds`` (median load time of one generator, first load excluded), ``bytes``
+    #: and the ``transports`` the loads read over
+    weight_sync: dict[str, Any]
+    dropped_groups: int
+    routed_long: int = 0
+    #: trainer 0's weights digest at the end, and whether every trainer's was the same
+    final_digest: str = ""
+    trainer_digests_equal: bool = True
+    #: What deaths cost: ``restarts`` per role, ``redrawn_groups`` (lost with a generator, or
+    #: voided by a trainer's rollback, and generated again), ``rescored_samples`` (lost with
+    #: a reward worker and scored again), ``rolled_back_batches`` (trained, then undone by
+    #: a trainer's restart from its checkpoint), ``checkpoints`` and the ``kills`` injected.
+    faults: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def mean_reward(self, last: int | None = None) -> float:
+        rows = self.steps[-last:] if last else self.steps
+        return sum(r.reward for r in rows) / len(rows)
+
+    def time_to_reward(self, target: float, window: int = 10) -> float | None:
+        """Seconds until the mean reward of the last ``window`` batches first reached
+        ``target``; None if it never did."""
+        for i in range(len(self.steps)):
+            rows = self.steps[max(0, i + 1 - window) : i + 1]
+            if len(rows) == window and sum(r.reward for r in rows) / window >= target:
+                return self.steps[i].wall_s
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        """The figures the benchmark reports."""
+        samples = sum(1 for _ in self.steps) * self.config.train.prompts_per_step
+        samples *= self.config.train.group_size
+        return {
+            "samples_per_s": samples / self.wall_s if self.wall_s else 0.0,
+            "time_to_reward_0_8_s": self.time_to_reward(0.8),
+            "generator_idle_frac": self.generator_idle_frac,
+            "trainer_idle_frac": self.trainer_idle_frac,
+            "final_accuracy": self.evals[-1][1] if self.evals else None,
+            "last50_reward": self.mean_reward(50),
+            "dropped_groups": self.dropped_groups,
+            "routed_long": self.routed_long,
+            "wall_s": self.wall_s,
+            **self.faults,
+        }

@@ -1,0 +1,361 @@
+"""The GRPO job's controller state: its roles' meshes, what each member holds, the steps it has
+recorded, and the calls every schedule makes (spawn, weights, scoring, training, evaluation),
+with the hooks that hear of each role's deaths."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import structlog
+
+import orchestr as oc
+from orchestr.roles._common._weights import WeightsRef
+from orchestr.roles.generator import Completion, Generator
+from orchestr.roles.reward import Reward
+from orchestr.roles.trainer import Trainer
+
+from . import _task
+from ._config import GRPOConfig, StepRecord
+from ._faults import ROLES, FaultInjector, MemberWatch, lost_during, parse_kill
+from ._recovery import checkpoint, ready, recover_generator
+from ._reference import request_digits
+
+__all__ = ["Job", "first_of", "group_key", "groups_of"]
+
+log = structlog.get_logger("orchestr.roles.grpo")
+
+
+def groups_of(samples: Sequence[Any], size: int) -> list[list[Any]]:
+    return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
+
+
+class Job:
+    def __init__(
+        self,
+        ctx: oc.JobContext,
+        config: GRPOConfig,
+        on_step: Callable[[StepRecord], None] | None,
+        on_phase: Callable[[str], None] | None,
+    ) -> None:
+        self.ctx = ctx
+        self.cfg = config
+        self.tc = config.train
+        self.on_step = on_step
+        self.on_phase = on_phase
+        self._phase = "starting"
+        self.steps: list[StepRecord] = []
+        self.evals: list[tuple[int, float, float]] = []
+        self.sync_times: list[float] = []
+        self.sync_bytes = 0
+        #: Bytes of the published weights (the parameters'), known from the first publish.
+        self.weight_bytes = 0
+        self.sync_transports: set[str] = set()
+        self.trainer_busy = 0.0
+        self.held_out = _task.eval_prompts(self.tc.eval_size, self.tc.lengths)
+        self.start = 0.0
+        self.trained_samples = 0
+        self.dropped = 0  # stream modes: groups past the staleness bound
+        self.routed_long = 0  # stream+skew: groups sent to the long pool
+        # -- failures
+        sizes = {"generator": config.generators, "trainer": config.trainers}
+        sizes["reward"] = config.rewards
+        self.watch = {role: [MemberWatch() for _ in range(sizes[role])] for role in ROLES}
+        self.trainer_watch = self.watch["trainer"][0]
+        self.recovery = asyncio.Lock()  # one recovery at a time
+        #: The weights every generator should hold: the last published ref, and the trainer's
+        #: epoch it was published under.
+        self.current_ref: WeightsRef | None = None
+        self.ref_epoch = 0
+        self.restarts = dict.fromkeys(ROLES, 0)
+        self.redrawn = 0
+        self.rescored = 0
+        self.rolled_back = 0
+        self.checkpoints = 0
+        #: Stream modes: puts the groups of these keys ("step/index") back in the queue.
+        self.requeue_keys: Callable[[list[str]], None] | None = None
+        #: Stream modes: drops everything scored and not trained (a rollback voids it).
+        self.void_scored: Callable[[], None] | None = None
+        self.background: set[asyncio.Task[None]] = set()
+        self.failure: BaseException | None = None
+        self.failed = asyncio.Event()
+        self.checkpoint_dir = config.checkpoint_dir
+        self.own_checkpoint_dir = False
+        self.checkpoint_base = ""
+        #: The last checkpoint known to hold the job's trainer state.
+        self.checkpoint_path: str | None = None
+        self.step_epoch = 0  # the trainer's epoch when the batch in progress began
+        self.digests: list[str] = []  # every trainer's at the end
+        kills = [parse_kill(k) for k in config.kill]
+        self.injector = FaultInjector(ctx, kills, config.kill_seed) if kills else None
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        if name != self._phase:
+            self._phase = name
+            if self.on_phase is not None:
+                self.on_phase(name)
+            if self.injector is not None:
+                self.injector.on_phase(name)
+
+    def begin_step(self, step: int) -> None:
+        if self.injector is not None:
+            self.injector.on_step(step)
+
+    @property
+    def trainer_restarts(self) -> bool:
+        return self.cfg.trainers == 1 and self.cfg.checkpoint_every > 0
+
+    async def spawn(self) -> None:
+        tc, cfg = self.tc, self.cfg
+        model = dataclasses.asdict(tc.model)
+        res = {"cpu": cfg.cpu}
+        policy = oc.RestartPolicy(max_restarts=cfg.max_restarts)
+        self.gens = await self.ctx.spawn(
+            Generator,
+            seed=tc.seed,
+            max_batch=cfg.max_batch,
+            model_kwargs=model,
+            torch_threads=cfg.torch_threads,
+            nice=cfg.generator_nice,
+            n=cfg.generators,
+            resources=res,
+            restart=policy,
+            supervise=self._hook("generator"),
+        )
+        self.trainers = await self.ctx.spawn(
+            Trainer,
+            model_kwargs=model,
+            seed=tc.seed,
+            lr=tc.lr,
+            betas=tc.betas,
+            weight_decay=tc.weight_decay,
+            update=dataclasses.asdict(tc.update),
+            max_staleness=cfg.eta if cfg.mode != "sync" else 0,
+            pad_id=_task.PAD,
+            eos_id=_task.EOS,
+            torch_threads=cfg.torch_threads,
+            n=cfg.trainers,
+            resources=res,
+            restart=policy if self.trainer_restarts else None,
+            supervise=self._hook("trainer") if self.trainer_restarts else _trainer_cannot_restart,
+        )
+        self.rewards = await self.ctx.spawn(
+            Reward,
+            cfg.scorer,
+            n=cfg.rewards,
+            resources=res,
+            restart=policy,
+            supervise=self._hook("reward"),
+        )
+        if cfg.trainers > 1:
+            await self.ctx.init_distributed(self.trainers)
+        if self.injector is not None:
+            meshes = {"generator": self.gens, "trainer": self.trainers, "reward": self.rewards}
+            self.injector.meshes = meshes
+        for i, watch in enumerate(self.watch["generator"]):
+            watch.token = (await self.gens[i].reset.call_one())["token"]
+        if self.trainer_restarts:
+            self.checkpoint_base = self._checkpoint_base()
+            while self.checkpoint_path is None:  # a restarted trainer starts from version 0 too
+                epoch = self.trainer_watch.epoch
+                try:
+                    await checkpoint(self, 0, epoch)
+                except oc.OrchestrError as exc:
+                    if not await lost_during([self.trainer_watch], [epoch], exc):
+                        raise
+
+    def _checkpoint_base(self) -> str:
+        if self.checkpoint_dir is None:
+            self.checkpoint_dir = tempfile.mkdtemp(prefix="orchestr-grpo-")
+            self.own_checkpoint_dir = True
+        os.makedirs(self.checkpoint_dir, exist_ok=True)
+        return os.path.join(os.path.abspath(self.checkpoint_dir), "trainer")
+
+    async def stop(self) -> None:
+        for task in self.background:
+            task.cancel()
+        await asyncio.gather(*self.background, return_exceptions=True)
+        if self.injector is not None:
+            await self.injector.aclose()
+        for mesh in (self.gens, self.trainers, self.rewards):
+            await self.ctx.stop(mesh)
+        if self.own_checkpoint_dir and self.checkpoint_dir is not None:
+            shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+
+    def faults(self) -> dict[str, Any]:
+        return {
+            "restarts": dict(self.restarts),
+            "redrawn_groups": self.redrawn,
+            "rescored_samples": self.rescored,
+            "rolled_back_batches": self.rolled_back,
+            "checkpoints": self.checkpoints,
+            "kills": list(self.injector.done) if self.injector is not None else [],
+        }
+
+    # -- failures ----------------------------------------------------------------------------
+    def _hook(self, role: str) -> Callable[[oc.Failure], None]:
+        """The ``supervise`` hook of ``role``'s mesh: it runs as the death is heard, before the
+        restart is asked for, and leaves the decision to the restart policy."""
+
+        def on_failure(failure: oc.Failure) -> None:
+            self.watch[role][failure.rank].lost()
+            if not failure.can_restart:
+                return  # the policy escalates: the job fails with the death
+            self.restarts[role] += 1
+            if role == "generator":
+                self._background(recover_generator(self, failure.rank))
+
+        return on_failure
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.background.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.background.discard(task)
+        if not task.cancelled() and task.exception() is not None and self.failure is None:
+            self.failure = task.exception()
+            self.failed.set()
+
+    async def generator_stats(self) -> list[dict[str, Any]]:
+        """Every generator's counters, asked again of one that dies meanwhile."""
+
+        async def one(i: int) -> dict[str, Any]:
+            watch = self.watch["generator"][i]
+            while True:
+                await ready(self, watch)
+                epoch = watch.epoch
+                try:
+                    stats: dict[str, Any] = await self.gens[i].stats.call_one()
+                    return stats
+                except oc.OrchestrError as exc:
+                    if not await lost_during([watch], [epoch], exc):
+                        raise
+
+        return list(await asyncio.gather(*(one(i) for i in range(self.cfg.generators))))
+
+    # -- shared pieces -----------------------------------------------------------------------
+    async def sync_weights(self) -> int:
+        """Publish the trainer's weights and load them into every generator."""
+        return await self.load(await self.publish())
+
+    async def publish(self) -> WeightsRef:
+        self.phase = "sync"
+        ref: WeightsRef = await self.trainers[0].publish.call_one()
+        # from the trainer the batch began with, unless it died meanwhile (then the batch is
+        # rolled back, and loads of this ref count as lost)
+        self.current_ref, self.ref_epoch = ref, self.step_epoch
+        return ref
+
+    async def load(self, ref: WeightsRef) -> int:
+        self.weight_bytes = ref.nbytes
+        # every generator reads the whole of the weights from the publishing trainer
+        traffic = {(self.trainers.name, self.gens.name): ref.nbytes * len(self.gens)}
+        async with self.ctx.phase("weight_sync", traffic=traffic):
+            loads = [self.load_one(i, ref) for i in range(self.cfg.generators)]
+            reports = [r for r in await asyncio.gather(*loads) if r is not None]
+        if ref.version > 0:  # the first load also allocates the loaders' buffers
+            self.sync_times.extend(r["seconds"] for r in reports)
+        if reports:
+            self.sync_bytes = int(reports[0]["bytes"])
+        self.sync_transports.update(t for r in reports for t in r["transports"])
+        return int(ref.version)
+
+    async def load_one(self, i: int, ref: WeightsRef) -> dict[str, Any] | None:
+        """Load ``ref`` into generator ``i``; None when it or the trainer died meanwhile (its
+        recovery, or the rollback, loads the current weights)."""
+        watch = self.watch["generator"][i]
+        trainer_epoch = self.ref_epoch  # the publisher's
+        async with watch.lock:
+            if not watch.up.is_set() or ref is not self.current_ref:
+                # being recovered, it loads the current weights itself; or a newer ref (or
+                # the trainer's restored one) replaced this one meanwhile
+                return None
+            epochs = [watch.epoch, trainer_epoch]
+            try:
+                report: dict[str, Any] = await self.gens[i].sync_weights.call_one(ref)
+            except Exception as exc:
+                if await lost_during([watch, self.trainer_watch], epochs, exc):
+                    return None
+                raise
+            return report
+
+    async def score(self, completions: Sequence[Completion]) -> list[float]:
+        pairs = [[list(request_digits(c)), c.tokens] for c in completions]
+        watches = self.watch["reward"]
+        while True:
+            epochs = [w.epoch for w in watches]
+            try:
+                rewards: list[float] = await self.rewards.score.choose(pairs)
+                return rewards
+            except Exception as exc:
+                if not await lost_during(watches, epochs, exc):
+                    raise
+                # scoring is pure: the same pairs again, on the restarted worker
+                self.rescored += len(pairs)
+
+    async def train(self, groups: list[list[tuple[Completion, float]]]) -> dict[str, Any]:
+        self.phase = "train"
+        n = self.cfg.trainers
+        per = len(groups) // n
+        shards = [[s for g in groups[i * per : (i + 1) * per] for s in g] for i in range(n)]
+        grads = oc.Collective("all_reduce", self.trainers.name, self.weight_bytes)
+        async with self.ctx.phase("training", traffic=grads if n > 1 else None):
+            stats = await asyncio.gather(
+                *(
+                    self.trainers[i].train_step.call_one(
+                        shards[i], self.tc.group_size, self.tc.advantage_scale
+                    )
+                    for i in range(n)
+                )
+            )
+        self.trainer_busy += max(s["busy_s"] for s in stats)
+        return dict(stats[0])
+
+    async def evaluate(self, version: int) -> float:
+        self.phase = "eval"
+        prompts = [_task.encode_prompt(p) for p in self.held_out]
+        caps = [_task.max_new_tokens(p) for p in self.held_out]
+        completions = await self.trainers[0].greedy.call_one(prompts, caps)
+        hits = sum(_task.accuracy(p, c) for p, c in zip(self.held_out, completions, strict=True))
+        accuracy = hits / len(self.held_out)
+        self.evals.append((version, accuracy, time.perf_counter() - self.start))
+        return accuracy
+
+
+def group_key(request_id: str) -> str:
+    """A request's group: ``"step/index"`` of ``"step/index/sample"``."""
+    return request_id.rsplit("/", 1)[0]
+
+
+def _trainer_cannot_restart(failure: oc.Failure) -> None:
+    raise oc.ConfigError(
+        "a data-parallel trainer mesh is not restarted (its process group cannot be joined "
+        "again yet), nor a trainer without checkpoints (checkpoint_every=0)"
+    )
+
+
+async def first_of(awaitable: Any, tasks: Sequence[asyncio.Task[None]]) -> Any:
+    """Await ``awaitable``, raising at once if a background task failed meanwhile."""
+    main = asyncio.ensure_future(awaitable)
+    while True:
+        await asyncio.wait([main, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        if main.done():
+            return main.result()
+        for t in tasks:
+            if t.done():
+                main.cancel()
+                t.result()  # raises the task's error
+                raise RuntimeError("a stream task ended early")

@@ -1,0 +1,136 @@
+"""Recovering the GRPO job from its roles' deaths: waiting for a restarted member, bringing a
+restarted generator up to the current weights, checkpointing the trainer, and rolling the job
+back to the trainer's last checkpoint when the trainer died."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import TYPE_CHECKING
+
+import structlog
+
+import orchestr as oc
+
+from ._faults import MemberWatch, lost_during
+
+if TYPE_CHECKING:
+    from ._job import Job
+
+__all__ = ["checkpoint", "ready", "recover_generator", "renew_generator", "rollback"]
+
+log = structlog.get_logger("orchestr.roles.grpo")
+
+
+async def ready(job: Job, watch: MemberWatch) -> None:
+    """Wait until ``watch``'s member is up to date (its recovery done); raises the error
+    of a recovery that failed."""
+    while not watch.up.is_set():
+        if job.failure is not None:
+            raise job.failure
+        waits = [
+            asyncio.ensure_future(watch.up.wait()),
+            asyncio.ensure_future(job.failed.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+    if job.failure is not None:
+        raise job.failure
+
+
+async def recover_generator(job: Job, i: int) -> None:
+    watch = job.watch["generator"][i]
+    epoch = watch.epoch
+    async with job.recovery:
+        if watch.epoch == epoch:  # else it died again: the newer recovery does it
+            await renew_generator(job, i, epoch)
+
+
+async def renew_generator(job: Job, i: int, epoch: int) -> None:
+    """Bring generator ``i`` (whose work since ``epoch`` began is void) up to date: its
+    groups are drawn again, it drops what it holds and loads the current weights."""
+    watch, trainer = job.watch["generator"][i], job.trainer_watch
+    async with watch.lock:  # no submit or weight load to it in flight
+        lost = list(watch.assigned)
+        watch.assigned.clear()
+        if lost and job.requeue_keys is not None:
+            job.requeue_keys(lost)
+            job.redrawn += len(lost)
+        while watch.epoch == epoch:
+            ref, ref_epoch = job.current_ref, job.ref_epoch
+            try:
+                # the first call waits for the restarted worker
+                watch.token = (await job.gens[i].reset.call_one())["token"]
+                if ref is not None:
+                    await job.gens[i].sync_weights.call_one(ref)
+                break
+            except Exception as exc:
+                if watch.epoch != epoch:
+                    return  # it died again: the next recovery does it
+                if isinstance(exc, oc.ActorDiedError):
+                    await asyncio.sleep(0.5)  # still being restarted
+                    continue
+                if ref is not job.current_ref or await lost_during([trainer], [ref_epoch], exc):
+                    break  # the weights' publisher died: the rollback loads them all
+                raise
+        if watch.epoch == epoch:
+            watch.up.set()
+
+
+async def rollback(job: Job, step: int) -> int:
+    """The trainer died: restore it from its last checkpoint, void every sample made
+    since (each generator drops what it holds and loads the restored weights, the stream
+    modes' scored groups are drawn again) and forget the batches after the checkpoint.
+    Returns the restored version: the batch to go on from."""
+    trainer = job.trainer_watch
+    async with job.recovery:
+        while True:
+            epoch = trainer.epoch
+            try:
+                path = job.checkpoint_path
+                version = int(await job.trainers[0].restore.call_one(path))
+                ref = await job.trainers[0].publish.call_one()
+            except Exception as exc:
+                if isinstance(exc, oc.ActorDiedError) or trainer.epoch != epoch:
+                    await asyncio.sleep(0.5)  # still being restarted, or died again
+                    continue
+                raise
+            job.current_ref, job.ref_epoch = ref, epoch
+            # every generator's work is void from here, all at once: no group made under
+            # the undone versions reaches the channel after it is emptied
+            epochs = [watch.lost() for watch in job.watch["generator"]]
+            if job.void_scored is not None:
+                job.void_scored()
+            for i, generator_epoch in enumerate(epochs):
+                await renew_generator(job, i, generator_epoch)
+            if trainer.epoch == epoch:
+                break
+    undone = sum(1 for r in job.steps if r.step >= version)
+    job.rolled_back += undone
+    job.steps = [r for r in job.steps if r.step < version]
+    job.evals = [e for e in job.evals if e[0] <= version]
+    log.warning("trainer restored from its checkpoint", version=version, undone=undone)
+    return version
+
+
+async def checkpoint(job: Job, version: int, epoch: int) -> None:
+    """Checkpoint the trainer at ``version`` to a file of its own. It becomes the one a
+    restart restores only when the trainer lived through the call (``epoch``): a call
+    that reached a restarted trainer wrote that one's state, which is not the job's."""
+    path = f"{job.checkpoint_base}-v{version}.pt"
+    await job.trainers[0].checkpoint.call_one(path)
+    if job.trainer_watch.epoch != epoch:
+        return
+    previous, job.checkpoint_path = job.checkpoint_path, path
+    job.checkpoints += 1
+    if previous is not None and previous != path:
+        await asyncio.to_thread(_remove, previous)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
