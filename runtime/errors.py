@@ -1,13 +1,20 @@
-"""The orchestr exception tree. Every error the runtime raises derives from :class:`OrchestrError`.
+"""The orchestr exception tree, drawn once. Every error orchestr raises derives from
+:class:`OrchestrError`. The classes here are ``orchestr``'s; the rest are defined beside what
+raises them and exported by their package (``orchestr.fabric.optical``, ``orchestr.roles``),
+marked with it below. ``tests/test_errors.py`` keeps this drawing and the classes in step.
 
 ::
 
     OrchestrError
     ├── ConfigError                  a setting or environment variable has a bad value
+    │   ├── TopologyError                a cabling plan is invalid (fabric.optical)
+    │   ├── DryRunError                  ``orchestr graph`` could not run the job's main
+    │   └── NoGraphError                 ... or the job built no graph
     ├── SerializationError           a value cannot be sent (unsupported type, bad registration)
     ├── MessageTooLargeError         a message is over ``Config.max_message_bytes``
     ├── ProtocolError                a peer sent a malformed frame
     ├── AuthenticationError          a missing or wrong cluster token, or a refused TLS peer
+    │   └── WrongInstanceError           a request signed for another server instance (internal)
     ├── ClosedResourceError          we closed the connection/cluster and then used it
     ├── BrokenResourceError          the peer went away (connection reset, EOF)
     ├── TransportError               a data-plane connection or transfer failed
@@ -16,14 +23,36 @@
     │   └── DescriptorError              a buffer descriptor is malformed, forged, out of bounds
     │       └── StaleDescriptorError         ... or names a released buffer
     ├── ControlPlaneError            a control-plane (gRPC) request failed
+    ├── StoreWriteError              the head's database refused a write (a full disk)
     ├── SpawnError                   an actor could not be created
     │   └── PlacementError           no node satisfies the requested resources or labels
     ├── MeshError                    a call mode does not fit the mesh (e.g. call_one on 4 actors)
-    └── CallError                    an actor call did not produce a result
-        ├── ActorError               the remote endpoint raised; carries type, message, traceback
-        ├── ActorDiedError           the hosting worker exited or was killed during the call
-        │   └── SupervisionError         ... and its owner escalated: the job fails
-        └── CallTimeoutError         the call's deadline passed (also a ``TimeoutError``)
+    ├── CallError                    an actor call did not produce a result
+    │   ├── ActorError               the remote endpoint raised; carries type, message, traceback
+    │   ├── ActorDiedError           the hosting worker exited or was killed during the call
+    │   │   └── SupervisionError         ... and its owner escalated: the job fails
+    │   └── CallTimeoutError         the call's deadline passed (also a ``TimeoutError``)
+    ├── OcsError                     an optical circuit switch refused or failed (fabric.optical)
+    │   ├── InvalidProgramError          a bad port, a busy port, a circuit not live; nothing
+    │   │                                applied (also a ``ValueError``)
+    │   ├── PortFailedError              a port the program touches has failed
+    │   ├── StaleGenerationError         the generation is not newer than the switch's
+    │   ├── VerifyError                  the live circuits differ from the expected ones
+    │   └── NetnsError                   the emulated fabric's kernel side failed
+    ├── InvariantError               a reconfiguration broke a safety invariant: a bug (also an
+    │                                ``AssertionError``; fabric.optical, internal)
+    ├── WeightSyncError              weights could not be synced (roles)
+    │   ├── ManifestMismatchError        the model's tensors differ from the published ones
+    │   │                                (also a ``ValueError``)
+    │   ├── ChecksumMismatchError        a bucket arrived corrupted
+    │   └── StaleWeightsError            the weights or a sample are older than allowed
+    └── BackendError                 a torch backend is unknown or badly set (roles; also a
+        │                            ``ValueError``)
+        └── BackendUnavailableError      ... or cannot run on this node
+
+Two signals are not errors and stay outside the tree: ``GraphCaptured`` (a ``BaseException``
+that carries a dry run's graph past a job's ``except Exception``) and the OCS conformance
+suite's failed check (caught inside the suite, which reports every failure at once).
 
 Errors translated from a lower layer (grpc, sockets) keep it as ``__cause__``.
 """

@@ -9,16 +9,8 @@ that arrives late, after a newer program, changes nothing. Drivers: ``sim`` (in-
 (ports are interfaces, a circuit is a link between two of them). Every driver passes
 :func:`orchestr.fabric._optical._conformance.check_ocs_driver`.
 
-Errors (all :class:`~orchestr.errors.OrchestrError`)::
-
-    OcsError                      the switch refused or failed a request
-    ├── InvalidProgramError       a port out of range or used twice, a busy port, a circuit
-    │                             that is not live; nothing was applied (also a ValueError)
-    ├── PortFailedError           a port the program touches has failed; nothing was applied
-    ├── StaleGenerationError      the generation is not newer than the switch's; nothing applied
-    └── VerifyError               the switch's live circuits differ from the expected ones
-
-A closed driver raises :class:`~orchestr.errors.ClosedResourceError`.
+Its errors are :class:`OcsError` and its subclasses (drawn in :mod:`orchestr.errors` with the
+rest of the tree); a closed driver raises :class:`~orchestr.errors.ClosedResourceError`.
 """
 
 from __future__ import annotations
