@@ -44,7 +44,8 @@ lint: setup
 	rm -rf build/typecheck && mkdir -p build/typecheck/orchestr
 	cp -rs $(CURDIR)/runtime/. build/typecheck/orchestr/
 	for p in fabric roles cli protos; do ln -s $(CURDIR)/$$p build/typecheck/orchestr/$$p; done
-	cd build/typecheck && $(CURDIR)/$(PY) -m mypy --config-file $(CURDIR)/pyproject.toml -p orchestr
+	ln -s $(CURDIR)/tests build/typecheck/tests
+	cd build/typecheck && $(CURDIR)/$(PY) -m mypy --config-file $(CURDIR)/pyproject.toml -p orchestr -p tests
 
 protos: setup
 	$(PY) protos/generate.py

@@ -40,7 +40,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 def read_frame(sock: socket.socket) -> list[Any]:
     n, extra = struct.unpack("<IQ", _recv_exact(sock, 12))
     body = _recv_exact(sock, n + extra)
-    return msgpack.unpackb(body[:n])  # type: ignore[no-any-return]
+    return msgpack.unpackb(body[:n])
 
 
 def closed(sock: socket.socket) -> bool:

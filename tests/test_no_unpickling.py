@@ -23,7 +23,8 @@ def _problems(path: pathlib.Path) -> list[str]:
             names = [a.name.split(".")[0] for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
             names = [node.module.split(".")[0]]
-        found += [f"{path}:{node.lineno} imports {n}" for n in names if n in UNSAFE_MODULES]
+        line = getattr(node, "lineno", 0)
+        found += [f"{path}:{line} imports {n}" for n in names if n in UNSAFE_MODULES]
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)

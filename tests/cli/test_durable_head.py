@@ -79,7 +79,11 @@ def test_head_killed_and_restarted_mid_job(
     started = cli("submit", "--no-wait", *sd, str(wd / "job.py"))
     assert started.returncode == 0, started.stderr
     job_id = started.stdout.strip()
-    logs = lambda: cli("logs", *sd, job_id).stdout  # noqa: E731
+
+    def logs() -> str:
+        out: str = cli("logs", *sd, job_id).stdout
+        return out
+
     _poll("the job's calls", lambda: "calls 10" in logs())
     before = next(j for j in json.loads(cli("jobs", "--json", *sd).stdout) if j["job_id"] == job_id)
     actors = {a["actor_id"]: a for a in _status(sd)["actors"] if a["state"] == "alive"}

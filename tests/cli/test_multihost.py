@@ -110,7 +110,7 @@ class Job:
     def result(self) -> dict[str, Any]:
         lines = [x for x in self.out if x.startswith("RESULT ")]
         assert lines, f"the job printed no result{self.tail()}"
-        return json.loads(lines[-1][len("RESULT ") :])  # type: ignore[no-any-return]
+        return json.loads(lines[-1][len("RESULT ") :])
 
     def tail(self) -> str:
         out, err = "".join(self.out)[-3000:], "".join(self.err)[-5000:]
@@ -141,13 +141,13 @@ class Cluster:
     def status(self) -> dict[str, Any]:
         done = self.cli("head", "status", "--json")
         assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)  # type: ignore[no-any-return]
+        return json.loads(done.stdout)
 
     def node(self, host: str) -> dict[str, Any]:
         """The newest record the head has of the node on ``host`` (by its label)."""
         nodes = [n for n in self.status()["nodes"] if n["labels"].get("host") == host]
         assert nodes, f"the head knows no node on {host}"
-        return max(nodes, key=lambda n: n["last_heartbeat_unix"])  # type: ignore[no-any-return]
+        return max(nodes, key=lambda n: n["last_heartbeat_unix"])
 
     def wait_node(self, host: str, alive: bool, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+from typing import Any
 
 
 def _read_all(sock: socket.socket, wait: float) -> tuple[bytes, bool]:
@@ -38,7 +39,7 @@ def _read_all(sock: socket.socket, wait: float) -> tuple[bytes, bool]:
         return data, False
 
 
-def send(args: dict) -> dict:
+def send(args: dict[str, Any]) -> dict[str, Any]:
     with socket.create_connection(("127.0.0.1", args["port"]), timeout=10) as sock:
         try:
             sock.sendall(bytes.fromhex(args["data"]))
@@ -58,7 +59,7 @@ def _is_closed(sock: socket.socket) -> bool:
         return True
 
 
-def hold(args: dict) -> dict:
+def hold(args: dict[str, Any]) -> dict[str, Any]:
     socks = [socket.create_connection(("127.0.0.1", args["port"])) for _ in range(args["count"])]
     time.sleep(args["first"])
     first = sum(_is_closed(s) for s in socks)
@@ -69,7 +70,7 @@ def hold(args: dict) -> dict:
     return {"closed_first": first, "closed_then": then}
 
 
-def serve(args: dict) -> dict:
+def serve(args: dict[str, Any]) -> dict[str, Any]:
     received: list[list[str]] = []
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -115,11 +116,14 @@ def serve(args: dict) -> dict:
             conn.sendall(bytes.fromhex(args["greet"]))
         if args.get("relay"):
             upstream = socket.create_connection(("127.0.0.1", args["relay"]))
-            pair = [(conn, upstream, record), (upstream, conn, None)]
+            pair: list[tuple[socket.socket, socket.socket | None, list[str] | None]] = [
+                (conn, upstream, record),
+                (upstream, conn, None),
+            ]
         else:
             pair = [(conn, None, record)]
-        for src, dst, record in pair:
-            t = threading.Thread(target=pipe, args=(src, dst, record), daemon=True)
+        for src, dst, into in pair:
+            t = threading.Thread(target=pipe, args=(src, dst, into), daemon=True)
             t.start()
             threads.append(t)
     for t in threads:

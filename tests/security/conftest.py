@@ -63,9 +63,9 @@ class Attacker:
         )
         out, err = await asyncio.wait_for(proc.communicate(), 120)
         assert proc.returncode == 0, err.decode()
-        return json.loads(out.decode().splitlines()[-1])  # type: ignore[no-any-return]
+        return json.loads(out.decode().splitlines()[-1])
 
-    async def serving(self, port: int, seconds: float, **args: Any) -> asyncio.Task[dict]:
+    async def serving(self, port: int, seconds: float, **args: Any) -> asyncio.Task[dict[str, Any]]:
         """Start a fake server as ``nobody`` on ``port``; returns once it listens. Await the
         task for what it received."""
         proc = await asyncio.create_subprocess_exec(
@@ -83,7 +83,7 @@ class Attacker:
         async def finish() -> dict[str, Any]:
             out, err = await asyncio.wait_for(proc.communicate(), seconds + 30)
             assert proc.returncode == 0, err.decode()
-            return json.loads(out.decode().splitlines()[-1])  # type: ignore[no-any-return]
+            return json.loads(out.decode().splitlines()[-1])
 
         return asyncio.ensure_future(finish())
 

@@ -18,6 +18,7 @@ import orchestr as oc
 from orchestr import fabric
 from orchestr.fabric._buffers._sidechannel import SideChannel
 from orchestr.fabric._registry import settings
+from tests.procinfo import stop
 from tests.runtime.call.bulk_actors import Owner
 
 from .conftest import Attacker
@@ -87,7 +88,7 @@ async def test_a_transfer_from_a_stopped_owner_fails_instead_of_hanging() -> Non
         pid = await owner.pid.call_one()
         out = torch.empty(1 << 18)
         assert await handle.read_into(out, transport="tcp") == "tcp"
-        os.kill(pid, signal.SIGSTOP)
+        stop(pid)
         try:
             with pytest.raises(oc.TransportError, match="made no progress"):
                 await handle.read_into(out, transport="tcp")

@@ -283,7 +283,7 @@ class _FakeVerbs:
         class QP(_Bag):
             def __init__(self, pd: Any, init: Any) -> None:
                 super().__init__(init=init, qp_num=len(fake.qps) + 1)
-                fake.qps[self.qp_num] = self
+                fake.qps[self.qp_num] = self  # type: ignore[attr-defined]
 
             def to_rts(self, attr: Any) -> None:
                 self.peer = attr.dest_qp_num
@@ -303,7 +303,7 @@ class _FakeVerbs:
                     src, dst = (sge.addr, wr.raddr) if wr.opcode == 0 else (wr.raddr, sge.addr)
                     fake.memmove(dst, src, sge.length)
                 status = 0 if ok else fake.REM_ACCESS_ERR
-                self.init.scq.done.append(_Bag(status=status, wr_id=wr.wr_id))
+                self.init.scq.done.append(_Bag(status=status, wr_id=wr.wr_id))  # type: ignore[attr-defined]
 
         class SendWR(_Bag):
             def set_wr_rdma(self, rkey: int, addr: int) -> None:

@@ -45,7 +45,7 @@ def peer() -> Iterator[Callable[..., list[object]]]:
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(json.dumps(list(fields)) + "\n")
         proc.stdin.flush()
-        return json.loads(proc.stdout.readline())  # type: ignore[no-any-return]
+        return json.loads(proc.stdout.readline())
 
     yield ask
     proc.kill()

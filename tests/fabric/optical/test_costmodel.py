@@ -91,7 +91,7 @@ def test_collective_s_dispatches_and_checks() -> None:
     assert collective_s("all_reduce", 4, GB, GB) == ring_all_reduce_s(4, GB, GB)
     assert collective_s("all_to_all", 4, GB, GB) == all_to_all_s(4, GB, GB)
     with pytest.raises(ConfigError, match="collective kind"):
-        collective_s("gather", 4, GB, GB)  # type: ignore[arg-type]
+        collective_s("gather", 4, GB, GB)
     with pytest.raises(ConfigError, match="at least one member"):
         ring_all_reduce_s(0, GB, GB)
     with pytest.raises(ConfigError, match="bandwidth"):
@@ -122,7 +122,7 @@ def test_collective_demand_all_to_all() -> None:
         ("b", "a"): 6.0,
     }
     with pytest.raises(ConfigError, match="collective kind"):
-        collective_demand("scatter", {"a": 1}, 1.0)  # type: ignore[arg-type]
+        collective_demand("scatter", {"a": 1}, 1.0)
     with pytest.raises(ConfigError, match="member count"):
         collective_demand("all_to_all", {"a": -1}, 1.0)
 

@@ -29,7 +29,7 @@ def manager(sim: SimOcs, router: RecordingRouter, **kw: object) -> FabricManager
         "reconfig_cost": ReconfigCost(fixed_s=0.01, per_change_s=0.0),
     }
     args.update(kw)
-    return FabricManager(load_topology(PLAN), {"ocs0": sim}, router, **args)  # type: ignore[arg-type]
+    return FabricManager(load_topology(PLAN), {"ocs0": sim}, router, **args)
 
 
 def test_hint_demand_from_meshes_and_collectives() -> None:

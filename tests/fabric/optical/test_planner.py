@@ -34,7 +34,7 @@ def request(
         "reconfig_cost": CHEAP,
     }
     args.update(kw)
-    return PlanRequest(demand=demand, budgets=budgets, **args)  # type: ignore[arg-type]
+    return PlanRequest(demand=demand, budgets=budgets, **args)
 
 
 def old(*pairs: tuple[str, str], since: float = 0.0) -> list[Installed]:

@@ -58,14 +58,15 @@ def test_example_loads() -> None:
 
 def test_queries_name_unknown_things() -> None:
     topo = load_topology(EXAMPLE)
-    for call, name in [
+    cases: list[tuple[Callable[[], object], str]] = [
         (lambda: topo.tor_of("h9"), "'h9'"),
         (lambda: topo.hosts_under("h0"), "no switch 'h0'"),
         (lambda: topo.host_of("h0:8"), "'h0:8'"),
         (lambda: topo.host_of("tor0:0"), "'tor0:0'"),
         (lambda: topo.ocs_reach("tor0"), "no OCS 'tor0'"),
         (lambda: topo.circuit_budgets([PortRef("tor0", 6)]), "tor0:6"),
-    ]:
+    ]
+    for call, name in cases:
         with pytest.raises(TopologyError, match=re.escape(name)):
             call()
 
@@ -536,13 +537,14 @@ def test_fat_tree_options() -> None:
     assert len(topo.hosts) == 40 and len(topo.accelerators) == 160
     assert topo.switch("p0-tor0").ports == 12
     assert topo.path("p0-t0-h0", "p0-t0-h1").hop_gbps == (200, 200)
-    for bad, message in [
+    cases: list[tuple[Callable[[], object], str]] = [
         (lambda: fat_tree(3), "k must be an even integer"),
         (lambda: fat_tree(4, hosts_per_tor=0), "hosts_per_tor is 0"),
         (lambda: fat_tree(4, ocs=OcsLayer(count=3, uplinks=2)), "uplinks=2 is below count=3"),
         (lambda: fat_tree(4, ocs=OcsLayer(uplinks=2, radix=8)), "radix 8 is too small"),
         (lambda: fat_tree(4, nic_gbps=0), "NIC p0-t0-h0/nic0: bandwidth (Gbit/s) is 0"),
-    ]:
+    ]
+    for bad, message in cases:
         with pytest.raises(TopologyError, match=re.escape(message)):
             bad()
 

@@ -238,9 +238,9 @@ async def test_inproc_flow_control_and_limits() -> None:
     listener = await listen_stream("inproc://", accept)
     client = await connect_stream(listener.url, Flow)
     assert isinstance(client, Flow)
-    assert client.tx.get_write_buffer_limits() == (256 << 10, 1 << 20)  # type: ignore[attr-defined]
-    client.tx.set_write_buffer_limits(high=1000)  # type: ignore[attr-defined]
-    assert client.tx.get_write_buffer_limits() == (250, 1000)  # type: ignore[attr-defined]
+    assert client.tx.get_write_buffer_limits() == (256 << 10, 1 << 20)
+    client.tx.set_write_buffer_limits(high=1000)
+    assert client.tx.get_write_buffer_limits() == (250, 1000)
     await asyncio.sleep(0)
     servers[0].tx.pause_reading()
     client.tx.write(b"z" * 1000)

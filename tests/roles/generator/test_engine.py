@@ -39,7 +39,7 @@ def fake_clock() -> Callable[[], float]:
 
 def run(engine: Engine) -> list[tuple[int, Completion]]:
     """Step until idle; (step number from 1, completion) in finishing order."""
-    out = []
+    out: list[tuple[int, Completion]] = []
     for n in itertools.count(1):
         if not engine.has_work():
             return out

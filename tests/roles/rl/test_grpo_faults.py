@@ -22,7 +22,7 @@ from orchestr.roles.rl._reference import step_requests
 
 @pytest.mark.timeout(240)
 async def test_sync_mode_ends_with_the_same_weights_after_each_role_was_killed(
-    ctx: oc.JobContext, tmp_path
+    ctx: oc.JobContext, tmp_path: pathlib.Path
 ) -> None:
     tc = dataclasses.replace(SMALL_CONFIG, steps=10, eval_every=5, seed=3)
     config = GRPOConfig(

@@ -121,7 +121,7 @@ def test_length_ranker_learns_lengths_and_balances_the_pools() -> None:
 
 def test_bad_job_configs_are_refused() -> None:
     with pytest.raises(oc.ConfigError, match="mode must be one of"):
-        GRPOConfig(mode="async")  # type: ignore[arg-type]
+        GRPOConfig(mode="async")
     with pytest.raises(oc.ConfigError, match="long_generators"):
         GRPOConfig(mode="stream+skew", generators=1)
     with pytest.raises(oc.ConfigError, match="split evenly"):

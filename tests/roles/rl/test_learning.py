@@ -122,7 +122,7 @@ def test_derive_seed() -> None:
     assert derive_seed("prompt", 1, 2) != derive_seed("prompt", 12)
     assert 0 <= derive_seed("x", 2**70) < 2**63
     with pytest.raises(TypeError, match="ints"):
-        derive_seed("prompt", 1.0)  # type: ignore[arg-type]
+        derive_seed("prompt", 1.0)
 
 
 # --- model and generation --------------------------------------------------------------------

@@ -58,7 +58,7 @@ async def test_results_and_arrays_come_back_through_shared_memory(ctx: oc.JobCon
     from tests.runtime.call.bulk_actors import shared_mapping_of
 
     worker_pid = await sink.pid.call_one()
-    assert shared_mapping_of(y.data_ptr()).startswith(f"/memfd:orchestr.{worker_pid}.")
+    assert str(shared_mapping_of(y.data_ptr())).startswith(f"/memfd:orchestr.{worker_pid}.")
     a = np.arange(MiB, dtype=np.float64)
     mapping, total, dtype = await sink.where_array.call_one(a)
     assert mapping.startswith("/memfd:orchestr.") and total == a.sum() and dtype == "float64"
@@ -187,7 +187,7 @@ async def test_fallback_policy_for_buffers(ctx: oc.JobContext) -> None:
         await buf.read_into(torch.empty(1024), transport="rdma", fallback="error")
     from orchestr.fabric.lowlevel import buffer_stats as stats
 
-    before = stats.get("shm").fallbacks if "shm" in stats else 0
+    before = stats["shm"].fallbacks if "shm" in stats else 0
     assert await buf.read_into(torch.empty(1024), transport="rdma", fallback="allow") == "shm"
     assert stats["shm"].fallbacks == before + 1
     with pytest.raises(oc.ConfigError):
@@ -343,7 +343,7 @@ async def test_the_first_calls_on_a_connection_already_use_shared_memory(
     # the very first answer from that actor is large: it waits for the caller's READY
     y = await second.make.call_one(MiB, 2.0)
     worker = await second.pid.call_one()
-    assert shared_mapping_of(y.data_ptr()).startswith(f"/memfd:orchestr.{worker}.")
+    assert str(shared_mapping_of(y.data_ptr())).startswith(f"/memfd:orchestr.{worker}.")
     assert float(y.sum()) == 2.0 * MiB
 
 

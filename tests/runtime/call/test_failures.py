@@ -60,7 +60,7 @@ async def test_spawn_errors_are_clear(ctx: oc.JobContext) -> None:
     with pytest.raises(oc.SpawnError, match="defined inside a function"):
         await ctx.spawn(Local)
     with pytest.raises(oc.SpawnError, match="not an orchestr.Actor subclass"):
-        await ctx.spawn(int)  # type: ignore[arg-type]
+        await ctx.spawn(int)
     # failed spawns leave nothing running and the cluster still works
     assert [a.state for a in await ctx.actors() if a.name == "BrokenInit"] == ["stopped", "stopped"]
     mesh = await ctx.spawn(Counter)

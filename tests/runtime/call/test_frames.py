@@ -292,9 +292,9 @@ def check_decoder_against_reference(data: bytes, cuts: list[int], max_bytes: int
         assert got == expected[: len(got)]
     else:
         assert got == expected
-    for (msg, extra), (want_msg, want_extra) in zip(got, expected, strict=False):
-        assert len(msg) == len(want_msg)
-        assert len(extra) == len(want_extra)
+    for (got_msg, got_extra), (want_msg, want_extra) in zip(got, expected, strict=False):
+        assert len(got_msg) == len(want_msg)
+        assert len(got_extra) == len(want_extra)
 
 
 @settings(max_examples=200, deadline=None)

@@ -50,7 +50,12 @@ def test_every_registered_dataclass_and_role_travels_by_a_public_name() -> None:
 
 def test_a_dataclass_under_its_old_private_name_still_decodes() -> None:
     spec = roles.BackendSpec(name="cpu")
-    fields = {"name": "cpu", "dtype": None, "compiled": False, "compile_options": {}}
+    fields: dict[str, object] = {
+        "name": "cpu",
+        "dtype": None,
+        "compiled": False,
+        "compile_options": {},
+    }
     assert _registry._dataclass_from_wire("orchestr.roles._backend:BackendSpec", fields) == spec
     # never a class of another package, and never an import
     assert _registry._by_old_name("elsewhere._backend:BackendSpec") is None

@@ -95,7 +95,7 @@ def test_window_is_backpressure() -> None:
 
 def test_staleness_drops_or_requeues_and_counts() -> None:
     for policy in ("drop", "requeue"):
-        receiver = Receiver(staleness=Staleness(eta=1, policy=policy))  # type: ignore[arg-type]
+        receiver = Receiver(staleness=Staleness(eta=1, policy=policy))
         receiver.set_version(5)
         got = receiver.receive(Item(0, "old", version=3))
         got += receiver.receive(Item(1, "ok", version=4))
@@ -113,11 +113,11 @@ def test_staleness_drops_or_requeues_and_counts() -> None:
 def test_bad_settings_are_refused() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ConfigError):
-            Sender(bad)  # type: ignore[arg-type]
+            Sender(bad)
     with pytest.raises(ConfigError):
         Staleness(eta=-1)
     with pytest.raises(ConfigError):
-        Staleness(eta=1, policy="keep")  # type: ignore[arg-type]
+        Staleness(eta=1, policy="keep")
     receiver = Receiver()
     receiver.commit(0)
     with pytest.raises(ValueError, match="committed already"):

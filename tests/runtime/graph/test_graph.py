@@ -39,7 +39,7 @@ def test_validation_errors_are_clear() -> None:
     g = oc.Graph("rl")
     src = g.source("prompts", range(4))
     with pytest.raises(oc.ConfigError, match="unknown choice 'fastest'.*least_loaded"):
-        g.map("gen", gens.generate, src, choice="fastest")  # type: ignore[arg-type]
+        g.map("gen", gens.generate, src, choice="fastest")
     with pytest.raises(oc.ConfigError, match="capacity must be an integer >= 1, got 0"):
         g.map("gen", gens.generate, src, capacity=0)
     with pytest.raises(oc.ConfigError, match="needs count=, timeout_s= or both"):
@@ -47,7 +47,7 @@ def test_validation_errors_are_clear() -> None:
     with pytest.raises(oc.ConfigError, match="batch of 32 .* can never fill.*capacity=16"):
         src.batch(count=32)
     with pytest.raises(oc.ConfigError, match="needs a mesh endpoint such as `mesh.generate`"):
-        g.map("gen", Stage.double, src)  # type: ignore[arg-type]
+        g.map("gen", Stage.double, src)
     other = oc.Graph("other")
     foreign = other.source("prompts", [])
     with pytest.raises(oc.ConfigError, match="belongs to graph 'other', not 'rl'"):
@@ -64,13 +64,13 @@ def test_validation_errors_are_clear() -> None:
     with pytest.raises(oc.ConfigError, match="'requeue' .* its input 'prompts' is a source"):
         g.map("learn", gens.score, src, staleness=oc.Staleness(1, "requeue"))
     with pytest.raises(oc.ConfigError, match="staleness policy must be"):
-        oc.Staleness(1, "later")  # type: ignore[arg-type]
+        oc.Staleness(1, "later")
     with pytest.raises(oc.ConfigError, match="retries must be an integer >= 0"):
         g.map("x", gens.score, src, retries=-1)
     with pytest.raises(oc.ConfigError, match="needs an iterable"):
         g.source("n", 5)
     with pytest.raises(oc.ConfigError, match="a version is an integer"):
-        oc.Versioned("v", "1")  # type: ignore[arg-type]
+        oc.Versioned("v", "1")
     g.output(src)
     with pytest.raises(oc.ConfigError, match="already has an output named 'prompts'"):
         g.output(src)

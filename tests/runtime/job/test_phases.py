@@ -15,7 +15,7 @@ from tests.runtime.actors import Counter
 
 def _load(path: str) -> dict[str, list[dict[str, object]]]:
     with open(path) as f:
-        return json.load(f)  # type: ignore[no-any-return]
+        return json.load(f)
 
 
 async def test_phases_reach_the_hints_first_and_land_in_the_log_and_trace() -> None:
@@ -76,12 +76,12 @@ def test_bad_phase_declarations_are_refused(
     name: str, traffic: object, expected_s: object, match: str
 ) -> None:
     with pytest.raises(oc.ConfigError, match=match):
-        make_phase(name, traffic, expected_s)  # type: ignore[arg-type]
+        make_phase(name, traffic, expected_s)
 
 
 def test_bad_collectives_are_refused() -> None:
     with pytest.raises(oc.ConfigError, match="collective kind"):
-        oc.Collective("gossip", "gen", 1)  # type: ignore[arg-type]
+        oc.Collective("gossip", "gen", 1)
     with pytest.raises(oc.ConfigError, match="names its mesh"):
         oc.Collective("broadcast", "", 1)
     with pytest.raises(oc.ConfigError, match="non-negative"):

@@ -48,7 +48,7 @@ async def test_a_reservation_that_does_not_fit_holds_nothing(ctx: oc.JobContext)
     with pytest.raises(oc.ConfigError, match="unknown placement strategy"):
         await ctx.reserve(1, strategy="NEAR")
     with pytest.raises(oc.ConfigError, match="must come from ctx.reserve"):
-        await ctx.spawn(Counter, reservation="r-123")  # type: ignore[arg-type]
+        await ctx.spawn(Counter, reservation="r-123")
 
 
 async def test_the_jobs_end_releases_its_reservations() -> None:

@@ -194,7 +194,7 @@ def test_policy_and_hook_validation() -> None:
     with pytest.raises(oc.ConfigError, match="max_restarts"):
         oc.RestartPolicy(max_restarts=-1)
     with pytest.raises(oc.ConfigError, match="retry must be"):
-        oc.RestartPolicy(retry="exactly_once")  # type: ignore[arg-type]
+        oc.RestartPolicy(retry="exactly_once")
     with pytest.raises(oc.ConfigError, match="backoff_s"):
         oc.RestartPolicy(backoff_s=-1)
     with pytest.raises(oc.ConfigError, match="checkpoint_s"):
@@ -204,9 +204,9 @@ def test_policy_and_hook_validation() -> None:
 
 async def test_spawn_rejects_bad_supervision_arguments(ctx: oc.JobContext) -> None:
     with pytest.raises(oc.ConfigError, match="supervise must be one of"):
-        await ctx.spawn(Keeper, 1, supervise="ignore")  # type: ignore[arg-type]
+        await ctx.spawn(Keeper, 1, supervise="ignore")
     with pytest.raises(oc.ConfigError, match="restart must be an orchestr.RestartPolicy"):
-        await ctx.spawn(Keeper, 1, restart={"max_restarts": 1})  # type: ignore[arg-type]
+        await ctx.spawn(Keeper, 1, restart={"max_restarts": 1})
 
 
 async def test_random_kills_during_a_stream_of_calls(ctx: oc.JobContext) -> None:
