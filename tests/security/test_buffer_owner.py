@@ -18,6 +18,7 @@ import orchestr as oc
 from orchestr import fabric
 from orchestr.fabric._buffers._sidechannel import SideChannel
 from orchestr.fabric._registry import settings
+from tests.cluster import open_cluster
 from tests.procinfo import stop
 from tests.runtime.call.bulk_actors import Owner
 
@@ -82,7 +83,7 @@ async def test_a_wrong_key_gets_no_bytes(attacker: Attacker) -> None:
 
 async def test_a_transfer_from_a_stopped_owner_fails_instead_of_hanging() -> None:
     config = oc.load_config(transfer_stall_timeout=1.0)
-    async with oc.open_local_cluster(config) as ctx:
+    async with open_cluster(config) as ctx:
         owner = await ctx.spawn(Owner)
         handle = await owner.share.call_one(1 << 18, 1.0)
         pid = await owner.pid.call_one()

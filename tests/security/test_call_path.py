@@ -13,6 +13,7 @@ import msgpack
 import pytest
 
 import orchestr as oc
+from tests.cluster import open_cluster
 
 from .. import rawcall
 from ..procinfo import rss_mib
@@ -76,7 +77,7 @@ async def test_nothing_is_imported_for_an_unauthenticated_peer(
         # a call before any handshake
         rawcall.frame([1, 1, "a-x", "add", [_dataclass(f"{PLANTED}:X")], {}]),
     ]
-    async with oc.open_local_cluster() as ctx:
+    async with open_cluster() as ctx:
         target = await ctx.spawn(Target)
         port = _port(target.members[0].address)
         for data in attacks:
@@ -91,7 +92,7 @@ async def test_nothing_is_imported_for_an_unauthenticated_peer(
 async def test_nested_extensions_before_authentication_close_the_connection(
     attacker: Attacker,
 ) -> None:
-    async with oc.open_local_cluster() as ctx:
+    async with open_cluster() as ctx:
         target = await ctx.spawn(Target)
         port = _port(target.members[0].address)
         pid = await target.pid.call_one()
@@ -105,7 +106,7 @@ async def test_nested_extensions_before_authentication_close_the_connection(
 async def test_a_frame_header_before_authentication_allocates_nothing(
     attacker: Attacker,
 ) -> None:
-    async with oc.open_local_cluster() as ctx:
+    async with open_cluster() as ctx:
         target = await ctx.spawn(Target)
         port = _port(target.members[0].address)
         pid = await target.pid.call_one()
@@ -124,7 +125,7 @@ async def test_a_frame_header_before_authentication_allocates_nothing(
 
 async def test_unauthenticated_connections_time_out_and_are_capped(attacker: Attacker) -> None:
     config = oc.load_config(handshake_timeout=2.0, max_pending_handshakes=8)
-    async with oc.open_local_cluster(config) as ctx:
+    async with open_cluster(config) as ctx:
         target = await ctx.spawn(Target)
         port = _port(target.members[0].address)
         held = asyncio.ensure_future(attacker.run("hold", port=port, count=20, first=0.5, then=6.0))
@@ -142,7 +143,7 @@ async def test_a_fake_worker_learns_nothing_that_works(attacker: Attacker) -> No
     """Another user holds a port a caller dials (say, of a worker that exited): it answers
     with a made-up challenge. The caller refuses it and sends nothing but its nonce; what it
     sent gets nobody into a real worker."""
-    async with oc.open_local_cluster() as ctx:
+    async with open_cluster() as ctx:
         target = await ctx.spawn(Target)
         member = target.members[0]
         port = await _free_port()
@@ -166,7 +167,7 @@ async def test_a_fake_worker_learns_nothing_that_works(attacker: Attacker) -> No
 async def test_a_handshake_relayed_to_another_worker_fails(attacker: Attacker) -> None:
     """The fake server passes the caller's connection through to one of the cluster's real
     workers: that worker's proof names its own address, not the one the caller dialled."""
-    async with oc.open_local_cluster() as ctx:
+    async with open_cluster() as ctx:
         target = await ctx.spawn(Target)
         member = target.members[0]
         port = await _free_port()

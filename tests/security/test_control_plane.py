@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-import orchestr as oc
+from tests.cluster import open_cluster
 
 from ..cli.test_cluster import cli, start_cluster, state_dir  # noqa: F401 (a fixture)
 from ..procinfo import rss_mib
@@ -40,7 +40,7 @@ asyncio.run(main())
 
 
 async def test_an_unsigned_request_is_refused_before_its_body_is_read() -> None:
-    async with oc.open_local_cluster() as ctx:  # the head runs in this process
+    async with open_cluster() as ctx:  # the head runs in this process
         before = rss_mib()
         proc = await asyncio.create_subprocess_exec(
             sys.executable,

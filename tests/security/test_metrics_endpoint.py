@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-import orchestr as oc
+from tests.cluster import open_cluster
 from tests.runtime.cluster.test_metrics import exchange
 
 from ..cli.test_cluster import start_cluster, state_dir  # noqa: F401 (a fixture)
@@ -30,7 +30,7 @@ def _get(url: str, token: str | None = None) -> int:
 
 
 async def test_idle_connections_do_not_lock_scrapers_out(attacker: Attacker) -> None:
-    async with oc.open_local_cluster() as ctx:
+    async with open_cluster() as ctx:
         address = str(ctx.metrics_address)
         port = int(address.rpartition(":")[2])
         held = asyncio.ensure_future(attacker.run("hold", port=port, count=40, first=1.0, then=0.1))

@@ -10,13 +10,14 @@ import signal
 import pytest
 
 import orchestr as oc
+from tests.cluster import open_cluster
 from tests.procinfo import rss_mib
 from tests.runtime.actors import Counter
 
 
 async def test_broadcasts_to_a_stopped_actor_stop_at_the_bound() -> None:
     config = oc.load_config(max_unsent_bytes=8 << 20)
-    async with oc.open_local_cluster(config) as ctx:
+    async with open_cluster(config) as ctx:
         mesh = await ctx.spawn(Counter)
         pid = (await mesh.whoami.call_one())["pid"]
         payload = b"x" * (512 << 10)

@@ -18,6 +18,7 @@ from orchestr import fabric
 from orchestr._call._wire import traffic
 from orchestr.errors import DescriptorError, ProtocolError
 from orchestr.fabric.lowlevel import pool
+from tests.cluster import open_cluster
 from tests.runtime.call.bulk_actors import Owner, Reader, Router, Sink
 
 MiB = 1 << 20
@@ -201,7 +202,7 @@ async def test_a_failed_shared_memory_handshake_falls_back_loudly(
 
     # a probe the worker cannot map: the handshake must notice and say why
     monkeypatch.setattr(_locality, "probe", lambda: [os.getpid(), 987654, 1])
-    async with oc.open_local_cluster() as ctx:
+    async with open_cluster() as ctx:
         sink = await ctx.spawn(Sink)
         worker = await sink.pid.call_one()
         x = torch.ones(2 * MiB)
@@ -223,7 +224,7 @@ async def test_a_failed_shared_memory_handshake_falls_back_loudly(
         big = torch.ones(20 * MiB)
         assert (await sink.where.call_one(big))[1] == 20.0 * MiB
     config = oc.load_config(transport_fallback="error")
-    async with oc.open_local_cluster(config) as ctx:
+    async with open_cluster(config) as ctx:
         sink = await ctx.spawn(Sink)
         await sink.pid.call_one()
         with pytest.raises(oc.FallbackError, match="fallback policy is 'error'"):
@@ -233,7 +234,7 @@ async def test_a_failed_shared_memory_handshake_falls_back_loudly(
 
 async def test_received_bytes_are_counted() -> None:
     before = traffic["received"]
-    async with oc.open_local_cluster() as ctx:
+    async with open_cluster() as ctx:
         sink = await ctx.spawn(Sink)
         await sink.pid.call_one()  # the handshake settles on the first call
         await sink.echo.call_one(b"x" * 100_000)
@@ -242,7 +243,7 @@ async def test_received_bytes_are_counted() -> None:
 
 async def test_calls_on_one_host_can_ride_shared_memory_streams() -> None:
     config = oc.load_config(local_call_transport="shm")
-    async with oc.open_local_cluster(config) as ctx:
+    async with open_cluster(config) as ctx:
         sink = await ctx.spawn(Sink)
         await sink.pid.call_one()  # the handshake settles on the first call
         for n in (10, 100_000, 2 * MiB):  # inline, out of band, and a shared-memory value
@@ -251,7 +252,7 @@ async def test_calls_on_one_host_can_ride_shared_memory_streams() -> None:
         assert row["stream"] == "shm" and row["bulk"] == "shm" and row["fallback"] is None
         inbound = [r for r in await sink.connections.call_one() if r["direction"] == "in"]
         assert [r["stream"] for r in inbound] == ["shm"]
-    async with oc.open_local_cluster() as ctx:  # the default: tcp
+    async with open_cluster() as ctx:  # the default: tcp
         sink = await ctx.spawn(Sink)
         await sink.pid.call_one()
         [row] = [r for r in fabric.connections() if r["direction"] == "out"]
@@ -263,7 +264,7 @@ async def test_bulk_values_have_a_limit_of_their_own(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(_locality, "probe", lambda: [os.getpid(), 987654, 1])  # keep it inline
     config = oc.load_config(max_bulk_bytes=4 * MiB, inline_max_bytes=MiB)
-    async with oc.open_local_cluster(config) as ctx:
+    async with open_cluster(config) as ctx:
         sink = await ctx.spawn(Sink)
         await sink.pid.call_one()
         assert (await sink.where.call_one(torch.ones(MiB // 2)))[1] == MiB / 2
@@ -368,7 +369,7 @@ async def test_past_the_pool_budget_large_values_go_into_the_frame() -> None:
     from orchestr.fabric.lowlevel import buffer_stats as stats
 
     config = oc.load_config(shm_pool_bytes=2 * MiB)
-    async with oc.open_local_cluster(config) as ctx:
+    async with open_cluster(config) as ctx:
         sink = await ctx.spawn(Sink)
         worker = await sink.pid.call_one()
         me = f"/memfd:orchestr.{os.getpid()}."

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 import orchestr as oc
+from tests.cluster import open_cluster
 from tests.runtime.actors import Caller, Counter
 
 
@@ -107,7 +108,7 @@ async def test_deadline_names_actor_endpoint_and_deadline(ctx: oc.JobContext) ->
 
 async def test_default_deadline_comes_from_config() -> None:
     config = oc.load_config(call_timeout=0.3)
-    async with oc.open_local_cluster(config) as ctx:
+    async with open_cluster(config) as ctx:
         mesh = await ctx.spawn(Counter)
         with pytest.raises(oc.CallTimeoutError, match="0.3 s"):
             await mesh.sleep.call_one(30)

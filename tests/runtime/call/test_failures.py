@@ -15,6 +15,7 @@ from orchestr._control._grpc import ControlChannel
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 from tests import rawcall
+from tests.cluster import open_cluster
 from tests.runtime.actors import BrokenInit, Counter, ExitsAtOnce, Point
 
 
@@ -68,7 +69,7 @@ async def test_spawn_errors_are_clear(ctx: oc.JobContext) -> None:
 
 
 async def test_placement_by_resources_and_labels() -> None:
-    async with oc.open_local_cluster(
+    async with open_cluster(
         resources={"cpu": 2.0, "memory": 1e9, "gpu": 0.0, "tpu": 1.0}, labels={"zone": "a"}
     ) as ctx:
         mesh = await ctx.spawn(Counter, n=2, resources={"cpu": 1, "tpu": 0.5}, labels={"zone": "a"})
@@ -117,7 +118,7 @@ async def test_tensors_arrays_and_dataclasses_round_trip(ctx: oc.JobContext) -> 
 
 async def test_oversized_message_names_limit_and_setting() -> None:
     config = oc.load_config(max_message_bytes=1 << 20)
-    async with oc.open_local_cluster(config) as ctx:
+    async with open_cluster(config) as ctx:
         mesh = await ctx.spawn(Counter)
         with pytest.raises(
             oc.MessageTooLargeError, match="1048576 bytes.*ORCHESTR_MAX_MESSAGE_BYTES"
@@ -188,14 +189,14 @@ async def test_control_plane_requires_the_token(ctx: oc.JobContext) -> None:
 
 async def test_control_plane_size_limit() -> None:
     config = oc.load_config(max_message_bytes=1 << 16)
-    async with oc.open_local_cluster(config) as ctx:
+    async with open_cluster(config) as ctx:
         with pytest.raises(oc.ControlPlaneError, match="ORCHESTR_MAX_MESSAGE_BYTES"):
             await ctx.spawn(Counter, "x" * (1 << 17))
 
 
 async def test_services_bind_to_loopback_and_nodes_heartbeat() -> None:
     config = oc.load_config(heartbeat_interval=0.1)
-    async with oc.open_local_cluster(config) as ctx:
+    async with open_cluster(config) as ctx:
         mesh = await ctx.spawn(Counter, n=2)
         (node,) = await ctx.nodes()
         assert node.address.startswith("127.0.0.1:") and ctx.head.address.startswith("127.0.0.1:")

@@ -17,6 +17,7 @@ import torch
 
 import orchestr as oc
 from orchestr import fabric
+from tests.cluster import open_cluster
 from tests.runtime.call.bulk_actors import Owner, Sink
 
 MiB = 1 << 20
@@ -57,7 +58,7 @@ async def two_hosts() -> AsyncIterator[oc.JobContext]:
     try:
         _make_host(ns, here, there, ip_a, ip_b)
         config = oc.load_config(bind_host=ip_a)
-        async with oc.open_local_cluster(config, labels={"host": "a"}) as ctx:
+        async with open_cluster(config, labels={"host": "a"}) as ctx:
             env = dict(
                 os.environ,
                 ORCHESTR_TOKEN=ctx.token,

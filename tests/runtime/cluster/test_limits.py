@@ -12,11 +12,12 @@ from orchestr._cluster._headstate import HeadState
 from orchestr._cluster._node import NodeService
 from orchestr._cluster._records import MAX_MESH_SIZE, validate_resources
 from orchestr.errors import ConfigError
+from tests.cluster import open_cluster
 from tests.runtime.actors import Counter, HangsInInit
 
 
 async def test_a_constructor_that_never_returns_fails_the_spawn() -> None:
-    async with oc.open_local_cluster(oc.load_config(actor_init_timeout=1.0)) as ctx:
+    async with open_cluster(oc.load_config(actor_init_timeout=1.0)) as ctx:
         with pytest.raises(oc.SpawnError, match=r"not created within 1 s.*ACTOR_INIT_TIMEOUT"):
             await ctx.spawn(HangsInInit)
         assert all(a.state != "alive" for a in await ctx.actors())

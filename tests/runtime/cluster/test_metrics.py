@@ -35,6 +35,7 @@ from orchestr._cluster._stats import (
 from orchestr._control._convert import worker_stats_from_pb, worker_stats_to_pb
 from orchestr.config import load_config
 from orchestr.errors import ConfigError
+from tests.cluster import open_cluster
 from tests.runtime.actors import Counter, ExitsAtOnce
 
 # -- a small parser for the text exposition format ---------------------------------------------
@@ -368,7 +369,7 @@ async def quick_ctx(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[oc.JobCont
     """A cluster whose metrics endpoint gives up on silent clients and workers quickly."""
     monkeypatch.setattr(_metrics, "READ_TIMEOUT", 0.5)
     monkeypatch.setattr(_metrics, "SCRAPE_TIMEOUT", 0.5)
-    async with oc.open_local_cluster() as job:
+    async with open_cluster() as job:
         yield job
 
 
@@ -427,5 +428,5 @@ async def test_a_worker_that_does_not_answer_is_skipped(quick_ctx: oc.JobContext
 
 
 async def test_metrics_can_be_turned_off() -> None:
-    async with oc.open_local_cluster(load_config(metrics_port=-1)) as ctx:
+    async with open_cluster(load_config(metrics_port=-1)) as ctx:
         assert ctx.metrics_address is None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import orchestr as oc
+from tests.cluster import open_cluster
 
 
 class Where(oc.Actor):
@@ -70,7 +71,7 @@ async def test_a_lost_nodes_actors_restart_on_a_surviving_node(tmp_path: Path) -
         return "restart"
 
     # this node has one CPU; the far one all of the machine's: placement prefers it
-    async with oc.open_local_cluster(config, resources={"cpu": 1}) as ctx:
+    async with open_cluster(config, resources={"cpu": 1}) as ctx:
         async with far_node(ctx, tmp_path / "far.log") as far:
             near_id = next(n.node_id for n in await ctx.nodes() if n.total["cpu"] == 1)
             mesh = await ctx.spawn(
@@ -97,7 +98,7 @@ async def test_a_lost_nodes_actors_restart_on_a_surviving_node(tmp_path: Path) -
 
 async def test_a_node_cut_off_and_back_stops_the_workers_it_lost(tmp_path: Path) -> None:
     config = oc.load_config(heartbeat_interval=0.2, heartbeat_timeout=1.5)
-    async with oc.open_local_cluster(config, resources={"cpu": 1}) as ctx:
+    async with open_cluster(config, resources={"cpu": 1}) as ctx:
         async with far_node(ctx, tmp_path / "far.log") as far:
             mesh = await ctx.spawn(
                 Where,

@@ -13,6 +13,7 @@ import pytest
 
 import orchestr as oc
 from orchestr._cluster._hostinfo import parse_labels
+from tests.cluster import open_cluster
 from tests.runtime.actors import Counter
 
 
@@ -42,7 +43,7 @@ async def _wait_for_nodes(
 
 
 async def test_node_main_joins_takes_a_mesh_and_stops_on_sigterm(tmp_path: Path) -> None:
-    async with oc.open_local_cluster(labels={"host": "a"}) as ctx:
+    async with open_cluster(labels={"host": "a"}) as ctx:
         env = dict(os.environ)
         env["ORCHESTR_TOKEN"] = ctx.token
         env["PYTHONPATH"] = import_path()

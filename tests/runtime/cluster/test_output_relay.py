@@ -8,6 +8,7 @@ import pytest
 
 import orchestr as oc
 from orchestr._log import LineCutter
+from tests.cluster import open_cluster
 from tests.runtime.actors import Chatty, Environ
 
 
@@ -24,7 +25,7 @@ def test_lines_are_split_and_long_ones_cut_with_a_marker() -> None:
 async def test_a_line_over_64_kib_does_not_wedge_the_worker(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    async with oc.open_local_cluster(oc.load_config(call_timeout=30)) as ctx:
+    async with open_cluster(oc.load_config(call_timeout=30)) as ctx:
         chatty = await ctx.spawn(Chatty)
         assert await chatty.say.call_one(1 << 20) == 1 << 20  # 1 MiB in one line
         assert await chatty.say.call_one(100_000, 20) == 2_000_000  # more than a pipe holds
@@ -39,10 +40,10 @@ async def test_workers_keep_grpc_cores_info_lines_out_of_the_jobs_output(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
-    async with oc.open_local_cluster() as ctx:
+    async with open_cluster() as ctx:
         env = await ctx.spawn(Environ)
         assert await env.get.call_one("GRPC_VERBOSITY") == "ERROR"
     monkeypatch.setenv("GRPC_VERBOSITY", "DEBUG")  # one who asks for more gets it
-    async with oc.open_local_cluster() as ctx:
+    async with open_cluster() as ctx:
         env = await ctx.spawn(Environ)
         assert await env.get.call_one("GRPC_VERBOSITY") == "DEBUG"

@@ -25,6 +25,7 @@ from orchestr._cluster._records import validate_python_path
 from orchestr._job._paths import import_path, worker_pythonpath
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
+from tests.cluster import open_cluster
 
 JOB_MODULE = """
 import os
@@ -105,7 +106,7 @@ async def test_a_node_of_its_own_imports_the_jobs_classes_by_the_path_they_bring
     node_cwd = tmp_path / "node"
     node_cwd.mkdir()
     missing = str(tmp_path / "not-on-the-node")
-    async with oc.open_local_cluster(labels={"host": "near"}) as ctx:
+    async with open_cluster(labels={"host": "near"}) as ctx:
         head = ctx.head.stub(pb_grpc.HeadStub)
         with (tmp_path / "node.log").open("wb") as log:
             async with _far_node(ctx, node_cwd, log) as node:

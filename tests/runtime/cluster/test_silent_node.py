@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import orchestr as oc
+from tests.cluster import open_cluster
 
 
 class Where(oc.Actor):
@@ -36,7 +37,7 @@ async def test_calls_to_a_silent_nodes_actors_end_when_the_head_gives_it_up(
         heartbeat_interval=0.2, heartbeat_timeout=1.5, call_timeout=CALL_TIMEOUT_S
     )
     # this node has one CPU; the far one, below, all of the machine's: placement prefers it
-    async with oc.open_local_cluster(config, resources={"cpu": 1}) as ctx:
+    async with open_cluster(config, resources={"cpu": 1}) as ctx:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTR_")}
         env.update(
             ORCHESTR_TOKEN=ctx.token,
@@ -87,7 +88,7 @@ async def test_calls_to_a_silent_nodes_actors_end_when_the_head_gives_it_up(
 
 async def test_an_address_reported_gone_is_used_again_when_the_head_vouches_for_it() -> None:
     # (a new worker may be given the port of one that died)
-    async with oc.open_local_cluster() as ctx:
+    async with open_cluster() as ctx:
         mesh = await ctx.spawn(Where)
         pid = await mesh.pid.call_one()
         ctx.client.worker_gone(mesh.members[0].address, "a test says so")

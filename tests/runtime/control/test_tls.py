@@ -17,7 +17,6 @@ from urllib.parse import urlsplit
 import pytest
 import structlog
 
-import orchestr as oc
 from orchestr._call._server import CallServer
 from orchestr._cluster._head import HeadService
 from orchestr._control._grpc import ControlChannel
@@ -28,6 +27,7 @@ from orchestr.fabric import connect_stream
 from orchestr.fabric.lowlevel import set_tls, tls_contexts
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
+from tests.cluster import open_cluster
 from tests.runtime.actors import Counter
 from tests.tlsutil import CertAuthority, TlsFiles
 
@@ -277,7 +277,7 @@ def worker_logs(session_dir: str) -> str:
 async def test_calls_ride_mutual_tls_in_an_embedded_cluster(pki: Pki) -> None:
     config = tls_config(pki.good)
     assert config.local_call_transport == "tcp"
-    async with oc.open_local_cluster(config) as ctx:
+    async with open_cluster(config) as ctx:
         mesh = await ctx.spawn(Counter, 1)
         assert await mesh.add.call_one(2) == 3
         blob = os.urandom(300_000)  # many TLS records, inline in the frame

@@ -21,6 +21,7 @@ from orchestr._call._mesh import Member
 from orchestr._graph._dry import DryRunError, NoGraphError, capture_graph
 from orchestr._graph._route import Batcher, Router
 from orchestr._job._events import read_events
+from tests.cluster import open_cluster
 from tests.runtime.graph_actors import Stage
 
 on_cluster = pytest.mark.asyncio(loop_scope="module")
@@ -193,7 +194,7 @@ async def test_dry_run_captures_the_first_graph() -> None:
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def cluster() -> AsyncIterator[tuple[oc.JobContext, oc.Mesh, oc.Mesh]]:
-    async with oc.open_local_cluster() as ctx:
+    async with open_cluster() as ctx:
         two, one = await asyncio.gather(ctx.spawn(Stage, n=2), ctx.spawn(Stage, name="solo"))
         yield ctx, two, one
 

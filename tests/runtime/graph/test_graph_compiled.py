@@ -14,6 +14,7 @@ import pytest_asyncio
 
 import orchestr as oc
 from orchestr._graph._dry import capture_graph
+from tests.cluster import open_cluster
 from tests.runtime.graph_actors import Ordered
 
 on_cluster = pytest.mark.asyncio(loop_scope="module")
@@ -21,7 +22,7 @@ on_cluster = pytest.mark.asyncio(loop_scope="module")
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def cluster() -> AsyncIterator[tuple[oc.JobContext, oc.Mesh, oc.Mesh]]:
-    async with oc.open_local_cluster() as ctx:
+    async with open_cluster() as ctx:
         four, one = await asyncio.gather(
             ctx.spawn(Ordered, n=4, name="four", resources={"cpu": 0.25}),
             ctx.spawn(Ordered, name="one", resources={"cpu": 0.25}),

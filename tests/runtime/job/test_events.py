@@ -13,6 +13,7 @@ import pytest
 import orchestr as oc
 from orchestr._job._events import EventLog, export_trace, read_events
 from orchestr.errors import ConfigError
+from tests.cluster import open_cluster
 from tests.runtime.actors import Counter
 
 
@@ -96,7 +97,7 @@ def _load_trace(path: pathlib.Path) -> list[dict[str, Any]]:
 
 
 async def test_calls_from_the_job_are_spans_in_its_log_and_trace() -> None:
-    async with oc.open_local_cluster() as ctx:
+    async with open_cluster() as ctx:
         mesh = await ctx.spawn(Counter, n=2, name="traced")
         await mesh.add.call(1)
         with pytest.raises(oc.ActorError):

@@ -10,6 +10,7 @@ import pytest
 import orchestr as oc
 from orchestr._job._events import read_events
 from orchestr._job._phases import RecordingHints, make_phase
+from tests.cluster import open_cluster
 from tests.runtime.actors import Counter
 
 
@@ -19,7 +20,7 @@ def _load(path: str) -> dict[str, list[dict[str, object]]]:
 
 
 async def test_phases_reach_the_hints_first_and_land_in_the_log_and_trace() -> None:
-    async with oc.open_local_cluster() as ctx:
+    async with open_cluster() as ctx:
         hints = ctx.hints
         assert isinstance(hints, RecordingHints)
         counters = await ctx.spawn(Counter, name="gen", n=2)

@@ -14,6 +14,7 @@ import orchestr as oc
 from orchestr._cluster._node import NodeService
 from orchestr._job._events import read_events
 from orchestr._job._paths import worker_pythonpath
+from tests.cluster import open_cluster
 from tests.runtime.supervised import BadRestore, Caller, Keeper
 
 AT_LEAST_ONCE = oc.RestartPolicy(max_restarts=3, backoff_s=0.05, retry="at_least_once")
@@ -138,7 +139,7 @@ async def test_a_handled_death_leaves_the_survivors_usable(ctx: oc.JobContext) -
 async def test_the_root_fails_the_job_with_the_remote_fatal_error() -> None:
     reached = False
     with pytest.raises(oc.SupervisionError) as info:
-        async with asyncio.timeout(30), oc.open_local_cluster() as ctx:
+        async with asyncio.timeout(30), open_cluster() as ctx:
             mesh = await ctx.spawn(Keeper, 1, name="fragile")
             mesh.crash.broadcast()
             await asyncio.sleep(25)  # the job is cancelled long before this ends
@@ -154,7 +155,7 @@ async def test_the_root_fails_the_job_with_the_remote_fatal_error() -> None:
 async def test_restarts_run_out_then_the_job_fails() -> None:
     policy = oc.RestartPolicy(max_restarts=1, backoff_s=0.05)
     with pytest.raises(oc.SupervisionError, match=r"(?s)exited with code 9.*max_restarts=1"):
-        async with asyncio.timeout(30), oc.open_local_cluster() as ctx:
+        async with asyncio.timeout(30), open_cluster() as ctx:
             mesh = await ctx.spawn(Keeper, 1, name="twice", restart=policy, supervise=None)
             for _ in range(2):
                 mesh.exit_hard.broadcast(9)
@@ -164,7 +165,7 @@ async def test_restarts_run_out_then_the_job_fails() -> None:
 
 async def test_hook_escalation_and_hook_errors_fail_the_job() -> None:
     with pytest.raises(oc.SupervisionError, match="the supervise hook escalated it"):
-        async with asyncio.timeout(30), oc.open_local_cluster() as ctx:
+        async with asyncio.timeout(30), open_cluster() as ctx:
             mesh = await ctx.spawn(Keeper, 1, restart=AT_LEAST_ONCE, supervise="escalate")
             mesh.exit_hard.broadcast(1)
             await asyncio.sleep(25)
@@ -173,7 +174,7 @@ async def test_hook_escalation_and_hook_errors_fail_the_job() -> None:
         raise KeyError("no plan for this")
 
     with pytest.raises(oc.SupervisionError, match="hook of Keeper raised KeyError"):
-        async with asyncio.timeout(30), oc.open_local_cluster() as ctx:
+        async with asyncio.timeout(30), open_cluster() as ctx:
             mesh = await ctx.spawn(Keeper, 1, supervise=broken)
             mesh.exit_hard.broadcast(1)
             await asyncio.sleep(25)
@@ -182,7 +183,7 @@ async def test_hook_escalation_and_hook_errors_fail_the_job() -> None:
 async def test_a_restart_that_cannot_restore_fails_loudly() -> None:
     policy = oc.RestartPolicy(max_restarts=2, backoff_s=0.05)
     with pytest.raises(oc.SupervisionError, match="load_state raised RuntimeError") as info:
-        async with asyncio.timeout(30), oc.open_local_cluster() as ctx:
+        async with asyncio.timeout(30), open_cluster() as ctx:
             mesh = await ctx.spawn(BadRestore, restart=policy)
             await ctx.checkpoint(mesh)
             os.kill(await mesh.pid.call_one(), signal.SIGKILL)
@@ -264,7 +265,7 @@ async def test_members_sharing_a_process_live_and_die_together(ctx: oc.JobContex
 async def test_a_restart_goes_to_another_node_when_its_own_is_full() -> None:
     async with (
         asyncio.timeout(60),
-        oc.open_local_cluster(resources={"cpu": 1}, labels={"host": "a"}) as ctx,
+        open_cluster(resources={"cpu": 1}, labels={"host": "a"}) as ctx,
         NodeService(
             ctx.head_address,
             ctx.token,
