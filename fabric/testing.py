@@ -25,7 +25,9 @@ async def check_transport(scheme: str, *, url: str | None = None) -> dict[str, l
     """Run the conformance checks for ``scheme``; returns the checks passed per shape
     (``"stream"``, ``"buffer"``). Raises AssertionError naming a failed check, and
     :class:`TransportUnavailableError` (with the backend's reason) when the scheme exists but
-    cannot run here, or is unknown."""
+    cannot run here, or is unknown.
+
+    Blocks and is cancel-safe as the checks it runs are."""
     passed: dict[str, list[str]] = {}
     if scheme in stream_transports():
         passed["stream"] = await check_stream_transport(scheme, url=url)

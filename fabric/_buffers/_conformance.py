@@ -133,7 +133,10 @@ def _forge(buf: Buffer, scheme: str, **changes: Any) -> Buffer:
 
 
 async def check_buffer_transport(scheme: str) -> list[str]:
-    """Run every one-sided check against backend ``scheme``; returns the names passed."""
+    """Run every one-sided check against backend ``scheme``; returns the names passed.
+
+    Blocks on owner processes it starts and the transfers; raises AssertionError naming the
+    check that failed. Cancel-safe: the owners are stopped however it ends."""
     passed: list[str] = []
     owner: _Remote | _Local = _Local() if scheme == "inproc" else _Remote()
     await owner.start()

@@ -122,6 +122,11 @@ class Buffer:
         the natural one for where the owner is); ``fallback`` is ``"allow"`` or ``"error"``
         (default: the job's ``ORCHESTR_TRANSPORT_FALLBACK``). Bound it with
         ``asyncio.timeout``; a cancelled transfer leaves ``dst`` partly written.
+        Blocks on the transfer (a copy between processes, or the owner's side channel); raises
+        :class:`TransportError` (:class:`TransportUnavailableError`, :class:`FallbackError` under the
+        policy, or an owner that made no progress for ``ORCHESTR_TRANSFER_STALL_TIMEOUT``),
+        :class:`StaleDescriptorError` for a released buffer, :class:`DescriptorError` for a span out
+        of bounds. Not cancel-safe: a cancelled transfer leaves ``dst`` partly written.
         """
         view, _, _ = as_bytes(dst, writable=True)
         t, desc = self._choose(transport, fallback)
@@ -137,7 +142,10 @@ class Buffer:
         fallback: str | None = None,
     ) -> str:
         """Copy all of ``src`` into this buffer starting at byte ``offset``; returns the
-        transport used."""
+        transport used.
+
+        Blocks on the transfer and raises as :meth:`read_into` does. Not cancel-safe: a cancelled
+        transfer leaves this buffer partly written."""
         view, _, _ = as_bytes(src, writable=False)
         t, desc = self._choose(transport, fallback)
         await t.write_from(desc, offset, view)

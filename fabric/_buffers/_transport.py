@@ -130,9 +130,16 @@ class BufferTransport(Protocol):
         """Make ``region`` unreachable: later transfers fail with StaleDescriptorError."""
         ...
 
-    async def read_into(self, desc: Descriptor, offset: int, dst: memoryview) -> None: ...
+    async def read_into(self, desc: Descriptor, offset: int, dst: memoryview) -> None:
+        """Copy ``len(dst)`` bytes from ``offset`` of the region ``desc`` names into ``dst``. Blocks on
+        the transfer; raises :class:`TransportError` (or a subclass) when it fails, with ``dst``
+        partly written: not cancel-safe."""
+        ...
 
-    async def write_from(self, desc: Descriptor, offset: int, src: memoryview) -> None: ...
+    async def write_from(self, desc: Descriptor, offset: int, src: memoryview) -> None:
+        """Copy ``src`` into the region ``desc`` names at ``offset``. Blocks and raises as
+        :meth:`read_into`; not cancel-safe (the region is left partly written)."""
+        ...
 
 
 class OneSided:
@@ -146,12 +153,17 @@ class OneSided:
         raise NotImplementedError
 
     async def read_into(self, desc: Descriptor, offset: int, dst: memoryview) -> None:
+        """Copy ``len(dst)`` bytes from ``offset`` of the region ``desc`` names into ``dst``. Blocks on
+        the transfer; raises :class:`TransportError` (or a subclass) when it fails, with ``dst``
+        partly written: not cancel-safe."""
         if dst.readonly:
             raise ValueError("read_into needs a writable destination")
         await self.move(False, desc, offset, dst)
         count(self.scheme, read=dst.nbytes)
 
     async def write_from(self, desc: Descriptor, offset: int, src: memoryview) -> None:
+        """Copy ``src`` into the region ``desc`` names at ``offset``. Blocks and raises as
+        :meth:`read_into`; not cancel-safe (the region is left partly written)."""
         await self.move(True, desc, offset, src)
         count(self.scheme, written=src.nbytes)
 

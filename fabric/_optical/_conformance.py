@@ -170,6 +170,7 @@ async def check_ocs_driver(make_driver: MakeDriver, *, deadline_s: float = 30.0)
     """Run every check on a fresh driver; returns the failures (empty: the driver conforms).
 
     Blocks on the drivers; each check has ``deadline_s``. Never raises for a driver's fault.
+    Cancel-safe: each driver is closed however its check ends.
     """
     failures: list[str] = []
     for check in CHECKS:

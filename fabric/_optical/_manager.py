@@ -254,7 +254,13 @@ class FabricManager:
         )
 
     async def hint(self, hint: Hint) -> PlanRecord:
-        """Plan for ``hint`` and, when the plan is worth it, apply it. One hint at a time."""
+        """Plan for ``hint`` and, when the plan is worth it, apply it. One hint at a time.
+
+        Blocks on the plan and the reconfiguration (reserve, drain, program, verify,
+        undrain); returns its :class:`PlanRecord`, whose ``status`` says what happened: a
+        switch's failure is recorded there, rolled back, not raised. Raises :class:`ConfigError`
+        for traffic between switches no OCS reaches, or of negative bytes. Not cancel-safe: a transaction cancelled
+        mid-way is rolled back by the next one."""
         async with self._lock:
             await self._sync()
             plan = self.plan(hint)

@@ -124,9 +124,14 @@ class NetnsFabric:
         self.close()
 
     async def __aenter__(self) -> NetnsFabric:
+        """Create the namespaces, bridge and links (blocks on ``ip``/``tc`` in a thread); raises
+        :class:`NetnsError` with nothing left behind. Not cancel-safe: the thread finishes
+        the set-up, which ``__aexit__`` then undoes."""
         return await asyncio.to_thread(self.__enter__)
 
     async def __aexit__(self, *exc_info: object) -> None:
+        """Remove everything this fabric made; blocks on ``ip``; raises nothing. Cancel-safe: the
+        thread finishes the removal."""
         await asyncio.to_thread(self.close)
 
     def open(self) -> NetnsFabric:

@@ -125,18 +125,23 @@ class OcsDriver(Protocol):
         """The generation last applied and the live circuits, read from the switch.
 
         A circuit through a failed port is not live. Cancel-safe and idempotent.
+        Blocks on reading the switch; raises :class:`OcsError` when it cannot be read.
         """
         ...
 
     async def verify(self, generation: int, expected: Collection[Circuit]) -> None:
         """Check that the switch is at ``generation`` with exactly the circuits ``expected``
         live (a hardware driver may also check optical power); raises :class:`VerifyError`.
-        Cancel-safe and idempotent."""
+        Cancel-safe and idempotent.
+
+        Blocks on reading the switch."""
         ...
 
     async def aclose(self) -> None:
         """Release the driver; later calls raise ``ClosedResourceError``. Idempotent. The
-        switch keeps its circuits."""
+        switch keeps its circuits.
+
+        Blocks on the switch's connection closing; cancel-safe."""
         ...
 
 

@@ -88,18 +88,25 @@ class NetnsOcs:
     ) -> None:
         """See :meth:`~orchestr.fabric._optical._ocs.OcsDriver.program`. Blocks on ``ip``/``tc`` in a
         worker thread (milliseconds per circuit); a kernel failure part-way undoes what was
-        done and raises :class:`~orchestr.fabric._optical._netns.NetnsError`."""
+        done and raises :class:`~orchestr.fabric._optical._netns.NetnsError`.
+
+        Not cancel-safe while programming: a cancelled program may be applied in part; the next
+        program's generation fences it."""
         self._check_open()
         await asyncio.to_thread(self._program, generation, connect, disconnect)
 
     async def circuits(self) -> tuple[int, frozenset[Circuit]]:
+        """See :meth:`OcsDriver.circuits`: blocks on reading the links back; cancel-safe;
+        raises :class:`ClosedResourceError` once closed."""
         self._check_open()
         return await asyncio.to_thread(self._read)
 
     async def verify(self, generation: int, expected: Collection[Circuit]) -> None:
         """Reads the switch back: raises :class:`~orchestr.fabric._optical._ocs.VerifyError` unless it
         is at ``generation`` with exactly ``expected`` live, each link up with a carrier at
-        both ends."""
+        both ends.
+
+        Blocks on reading the links; cancel-safe."""
         found, live = await self.circuits()
         want = frozenset(circuit(a, b) for a, b in expected)
         if found != generation or live != want:
@@ -111,7 +118,9 @@ class NetnsOcs:
             )
 
     async def aclose(self) -> None:
-        """Later calls raise ``ClosedResourceError``; the circuits stay. Idempotent."""
+        """Later calls raise ``ClosedResourceError``; the circuits stay. Idempotent.
+
+        Blocks on nothing; cancel-safe."""
         self._closed = True
 
     # -- in a worker thread --------------------------------------------------------------------
@@ -204,11 +213,17 @@ class NetnsRouter:
         self._fabric = fabric
 
     async def drain(self, pairs: frozenset[Pair]) -> None:
-        """Route each pair over the bridge."""
+        """Route each pair over the bridge.
+
+        Blocks on ``ip route`` in each pair's namespaces; raises :class:`NetnsError`. Cancel-safe
+        in that a repeated drain converges."""
         await asyncio.to_thread(self._move, pairs, onto_circuit=False)
 
     async def undrain(self, pairs: frozenset[Pair]) -> None:
-        """Route each pair over the circuit between its hosts."""
+        """Route each pair over the circuit between its hosts.
+
+        Blocks and raises as :meth:`drain`; cancel-safe as it is (a repeated undrain
+        converges)."""
         await asyncio.to_thread(self._move, pairs, onto_circuit=True)
 
     def _move(self, pairs: frozenset[Pair], *, onto_circuit: bool) -> None:

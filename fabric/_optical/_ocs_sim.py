@@ -111,6 +111,9 @@ class SimOcs:
     async def program(
         self, generation: int, connect: Sequence[Circuit], disconnect: Sequence[Circuit]
     ) -> None:
+        """Apply a program (see :meth:`OcsDriver.program`). Blocks on the modelled latency and
+        acknowledgement; raises as the contract says. Not cancel-safe: the switch applies a
+        program it received even when the caller gave up waiting (the generation fences it)."""
         self._check_open()
         made, cut = check_program(self._radix, self._live, connect, disconnect)
         check_generation(generation, self._generation)
@@ -129,11 +132,15 @@ class SimOcs:
             self._pending.discard(ack)
 
     async def circuits(self) -> tuple[int, frozenset[Circuit]]:
+        """The generation and live circuits (see :meth:`OcsDriver.circuits`). Blocks on the
+        modelled command delay; raises :class:`ClosedResourceError` once closed; cancel-safe."""
         self._check_open()
         await asyncio.sleep(0)
         return self._generation, self._live
 
     async def verify(self, generation: int, expected: Collection[Circuit]) -> None:
+        """See :meth:`OcsDriver.verify`: blocks on the modelled command delay; raises
+        :class:`VerifyError`; cancel-safe."""
         self._check_open()
         await asyncio.sleep(0)
         want = frozenset(circuit(a, b) for a, b in expected)
@@ -146,6 +153,8 @@ class SimOcs:
             )
 
     async def aclose(self) -> None:
+        """Stop the simulated switch's timers; later calls raise :class:`ClosedResourceError`.
+        Blocks on nothing; idempotent and cancel-safe."""
         if self._closed:
             return
         self._closed = True

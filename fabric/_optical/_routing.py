@@ -16,11 +16,16 @@ class Router(Protocol):
     exists). Both calls block until the routes are in place and raise when they are not."""
 
     async def drain(self, pairs: frozenset[Pair]) -> None:
-        """Route the pairs over the electrical path only."""
+        """Route the pairs over the electrical path only.
+
+        Blocks until the routes are in place; raises (the router's error) when they are not.
+        Repeating a drain is harmless, so a cancelled one is retried."""
         ...
 
     async def undrain(self, pairs: frozenset[Pair]) -> None:
-        """Route the pairs over their live circuits (and the electrical path)."""
+        """Route the pairs over their live circuits (and the electrical path).
+
+        Blocks, raises and may be cancelled as :meth:`drain`."""
         ...
 
 
@@ -32,7 +37,9 @@ class RecordingRouter:
         self.calls: list[tuple[str, frozenset[tuple[str, str]]]] = []
 
     async def drain(self, pairs: frozenset[tuple[str, str]]) -> None:
+        """Record the drain; blocks on nothing, raises nothing, cancel-safe."""
         self.calls.append(("drain", pairs))
 
     async def undrain(self, pairs: frozenset[tuple[str, str]]) -> None:
+        """Record the undrain; blocks on nothing, raises nothing, cancel-safe."""
         self.calls.append(("undrain", pairs))

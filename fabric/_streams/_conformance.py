@@ -289,7 +289,10 @@ _CHECKS: tuple[tuple[str, Callable[[str, str], Awaitable[str]]], ...] = (
 async def check_stream_transport(scheme: str, *, url: str | None = None) -> list[str]:
     """Run every stream check against the backend registered for ``scheme``, listening on
     ``url`` (default: :data:`DEFAULT_URLS`). Returns the names of the checks passed; raises
-    AssertionError naming the check that failed and what happened."""
+    AssertionError naming the check that failed and what happened.
+
+    Blocks on the connections and a peer process it starts. Cancel-safe: everything it
+    opened is closed however it ends."""
     if scheme not in stream_transports():
         raise ValueError(f"no stream transport registered for {scheme!r}")
     if url is None:

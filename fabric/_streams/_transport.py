@@ -45,18 +45,26 @@ class Listener(Protocol):
     @property
     def url(self) -> str: ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Stop accepting connections; those accepted live on. Blocks until the listener is
+        closed; raises nothing; idempotent and cancel-safe."""
+        ...
 
 
 class StreamTransport(Protocol):
     """What a stream backend provides."""
 
     async def connect(self, url: str, factory: ProtocolFactory) -> asyncio.BaseProtocol:
-        """Open a connection to ``url``; returns the protocol once connected."""
+        """Open a connection to ``url``; returns the protocol once connected.
+
+        Blocks on the connection (and the TLS handshake when TLS is set); raises ``OSError``
+        (``ConnectionError`` naming a failed TLS handshake). Cancel-safe: nothing is left open."""
         ...
 
     async def listen(self, url: str, factory: ProtocolFactory) -> Listener:
-        """Start accepting connections; the listener's ``url`` has the bound port."""
+        """Start accepting connections; the listener's ``url`` has the bound port.
+
+        Blocks on binding; raises ``OSError`` (an address in use). Cancel-safe."""
         ...
 
 
@@ -91,10 +99,16 @@ def _backend(url: str) -> StreamTransport:
 
 
 async def connect_stream(url: str, factory: ProtocolFactory) -> asyncio.BaseProtocol:
+    """Connect to ``url`` with the stream backend its scheme names; returns the protocol once
+    connected. Blocks and raises as :meth:`StreamTransport.connect`, and
+    ``ValueError`` for a scheme with no backend. Cancel-safe."""
     return await _backend(url).connect(url, factory)
 
 
 async def listen_stream(url: str, factory: ProtocolFactory) -> Listener:
+    """Listen at ``url`` with the stream backend its scheme names; the listener's ``url`` has
+    the bound port. Blocks and raises as :meth:`StreamTransport.listen`, and
+    ``ValueError`` for a scheme with no backend. Cancel-safe."""
     return await _backend(url).listen(url, factory)
 
 
@@ -108,6 +122,8 @@ class _TcpListener:
         return self._url
 
     async def aclose(self) -> None:
+        """Stop accepting connections; those accepted live on. Blocks until the listener is
+        closed; raises nothing; idempotent and cancel-safe."""
         self._server.close()
         await self._server.wait_closed()
 
@@ -178,6 +194,8 @@ class TcpTransport:
     :func:`set_tls` installed it."""
 
     async def connect(self, url: str, factory: ProtocolFactory) -> asyncio.BaseProtocol:
+        """Blocks on the connection (and the TLS handshake when TLS is set); raises ``OSError``
+        (``ConnectionError`` naming a failed TLS handshake). Cancel-safe: nothing is left open."""
         _, host, port = split_url(url)
         tls = _tls
         extra: dict[str, Any] = {}
@@ -210,6 +228,7 @@ class TcpTransport:
         return protocol
 
     async def listen(self, url: str, factory: ProtocolFactory) -> Listener:
+        """Blocks on binding; raises ``OSError`` (an address in use). Cancel-safe."""
         _, host, port = split_url(url)
         tls = _tls
         extra: dict[str, Any] = {}

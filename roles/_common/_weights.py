@@ -245,7 +245,9 @@ class WeightLoader:
 
     async def forget(self) -> None:
         """Forget which version is loaded (the weights stay as they are): the next load takes
-        any version, an older one or the one loaded included. Waits for a load in progress."""
+        any version, an older one or the one loaded included. Waits for a load in progress.
+
+        Blocks on a load in progress; raises nothing; cancel-safe."""
         async with self._lock:
             self.version = None
 

@@ -118,7 +118,9 @@ class Generator(oc.Actor):
     async def submit(self, requests: list[Any]) -> None:
         """Queue requests (``Request`` or dicts of its fields); their completions arrive
         through :meth:`next_completed`. Blocks at most for the step in progress. Raises
-        ``ValueError`` for a bad request, and then queues none of them."""
+        ``ValueError`` for a bad request, and then queues none of them.
+
+        Cancel-safe: the requests are queued, all of them, or none."""
         reqs = [_as_request(r) for r in requests]
         self._ensure_running()
         async with self._lock:
@@ -134,7 +136,10 @@ class Generator(oc.Actor):
         :meth:`reset` last returned), ``[]`` at once when this generator is not that one
         any more (it was reset again, or restarted): a reader left over from before cannot
         take completions meant for the work given since. Cancel-safe: a cancelled call
-        takes nothing."""
+        takes nothing.
+
+        Blocks until a completion exists or ``timeout_s`` passes; raises
+        :class:`ClosedResourceError` when the generator closes."""
         if max_n < 1:
             raise ValueError(f"max_n must be at least 1, got {max_n}")
         self._ensure_running()
@@ -157,7 +162,11 @@ class Generator(oc.Actor):
     async def generate(self, requests: list[Any]) -> list[Completion]:
         """Submit ``requests`` and return their completions in request order, when all are
         done. They do not appear in :meth:`next_completed`. Cancelling the call cancels the
-        requests still running."""
+        requests still running.
+
+        Blocks until the last request has finished; raises ``ValueError`` for a bad request
+        (none is queued), :class:`ClosedResourceError` when the generator closes meanwhile and
+        ``RuntimeError`` when it is reset."""
         reqs = [_as_request(r) for r in requests]
         self._ensure_running()
         loop = asyncio.get_running_loop()
@@ -178,7 +187,10 @@ class Generator(oc.Actor):
     @oc.endpoint(concurrent=True)
     async def cancel(self, request_id: str) -> Completion:
         """Stop a waiting or running request; returns what it generated so far. Raises
-        ``KeyError`` for an id that is neither."""
+        ``KeyError`` for an id that is neither.
+
+        Blocks at most for the step in progress. Cancel-safe: the request is cancelled or not,
+        and a repeated call says which."""
         self._ensure_running()
         async with self._lock:
             return self._engine.cancel(request_id)
@@ -188,7 +200,11 @@ class Generator(oc.Actor):
         """Load a state dict whose values are tensors or :class:`orchestr.Buffer` handles
         (read into staging tensors shaped like the model's, before anything is copied) and
         make ``version`` current. Tokens of the next step carry it; pause first for a clean
-        cut. Raises ``ValueError`` if the state does not fit (weights unchanged)."""
+        cut. Raises ``ValueError`` if the state does not fit (weights unchanged).
+
+        Blocks on the reads and the step in progress. A cancellation during the reads applies
+        nothing; once the copy runs (in a worker thread) it finishes, and ``version`` becomes
+        current although the call was cancelled."""
         self._ensure_running()
         own = self._engine.model.state_dict()
         tensors: dict[str, torch.Tensor] = {}
@@ -208,14 +224,17 @@ class Generator(oc.Actor):
     async def sync_weights(self, ref: WeightsRef) -> dict[str, Any]:
         """Load the version ``ref`` names straight from its publisher's buffers (bucketed
         reads over the data plane, each bucket's checksum verified before anything is
-        copied) and make it current. Waits for the step in progress; requests in flight keep
+        copied) and make it current. Blocks on the step in progress (waits for it to end); requests in flight keep
         going under the new weights, their next tokens carrying the new version.
 
         Returns ``version``, ``loaded`` (False when that version was already current),
         ``seconds`` (the load itself), ``wait_s`` (for the step in progress before it),
         ``bytes`` and the ``transports`` the reads used. Raises the loader's
         errors (:class:`StaleWeightsError`, :class:`ChecksumMismatchError`, ...) with the
-        weights unchanged."""
+        weights unchanged.
+
+        Cancel-safe: the reads are checked before the copy, and the copy runs without a pause,
+        so a cancelled call loaded all of the version or none of it."""
         self._ensure_running()
         if not isinstance(ref, WeightsRef):
             raise TypeError(f"sync_weights takes a WeightsRef, got {type(ref).__name__}")
@@ -243,7 +262,10 @@ class Generator(oc.Actor):
         :meth:`sync_weights` loads the version it is given, an older one included. A
         controller calls it on a generator that restarted, or on all of them when the trainer
         went back to a checkpoint. :meth:`generate` calls still waiting fail. Returns how many
-        requests were dropped, and a new token for :meth:`next_completed`'s ``since``."""
+        requests were dropped, and a new token for :meth:`next_completed`'s ``since``.
+
+        Blocks on the step in progress; raises nothing. Cancel-safe only before it starts: once
+        it runs, the requests are dropped."""
         self._ensure_running()
         async with self._lock:
             self._token = secrets.token_hex(8)
@@ -262,7 +284,9 @@ class Generator(oc.Actor):
 
     @oc.endpoint(concurrent=True)
     async def digest(self) -> dict[str, Any]:
-        """The weights' digest (equal to the trainer's when bitwise equal) and version."""
+        """The weights' digest (equal to the trainer's when bitwise equal) and version.
+
+        Blocks on hashing the weights (between steps); raises nothing; cancel-safe."""
         async with self._lock:
             return {
                 "digest": weights_digest(self._model),
@@ -273,14 +297,18 @@ class Generator(oc.Actor):
     @oc.endpoint(concurrent=True)
     async def pause(self) -> None:
         """Stop stepping after the step in progress (returns when it has ended). Running
-        requests keep their tokens and continue after :meth:`resume`. Idempotent."""
+        requests keep their tokens and continue after :meth:`resume`. Idempotent.
+
+        Blocks on the step in progress; raises nothing; cancel-safe (the pause holds either way)."""
         self._ensure_running()
         async with self._lock:
             self._engine.pause()
 
     @oc.endpoint(concurrent=True)
     async def resume(self) -> None:
-        """Continue stepping under the current weights. Idempotent."""
+        """Continue stepping under the current weights. Idempotent.
+
+        Blocks on nothing; raises nothing; cancel-safe."""
         self._ensure_running()
         async with self._lock:
             self._engine.resume()
@@ -288,14 +316,18 @@ class Generator(oc.Actor):
 
     @oc.endpoint(concurrent=True)
     async def stats(self) -> dict[str, Any]:
-        """The engine's counters plus ``ready`` (completions waiting for next_completed)."""
+        """The engine's counters plus ``ready`` (completions waiting for next_completed).
+
+        Blocks on nothing; raises nothing; cancel-safe."""
         async with self._lock:
             return {**dataclasses.asdict(self._engine.stats()), "ready": len(self._ready)}
 
     @oc.endpoint(concurrent=True)
     async def aclose(self) -> None:
         """Cancel the engine loop (after its step in progress) and fail waiting calls with
-        ``ClosedResourceError``. Idempotent."""
+        ``ClosedResourceError``. Idempotent.
+
+        Blocks on the step in progress; raises nothing."""
         self._closed = True
         task, self._task = self._task, None
         if task is not None:

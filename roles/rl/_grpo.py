@@ -78,7 +78,12 @@ async def run_grpo(
     return the history. ``on_step`` sees each batch as it is trained on (its evaluation
     included) and ``on_phase`` each change of the controller's phase (``generate``,
     ``score``, ``train``, ``sync``, ``eval``, ``wait``); ``GRPOResult`` carries the figures
-    :mod:`bench.rl_throughput` reports, and what deaths of the roles' workers cost."""
+    :mod:`bench.rl_throughput` reports, and what deaths of the roles' workers cost.
+
+    Blocks until the last batch is trained and evaluated. Raises :class:`ConfigError` for a
+    bad config, and :class:`SupervisionError` when a role's deaths exhaust its restarts (or
+    the trainer dies with no checkpoint). Not cancel-safe: a cancelled run stops its roles
+    but returns no history."""
     job = Job(ctx, config, on_step, on_phase)
     try:
         await job.spawn()

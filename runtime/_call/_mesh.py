@@ -174,7 +174,13 @@ class Endpoint:
         return self._send(members[(start + best) % len(members)], args, kwargs)
 
     async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        """Call every member and yield results in the order they finish."""
+        """Call every member and yield results in the order they finish.
+
+        Blocks on the next result to finish; raises a member's failure (:class:`ActorError`,
+        :class:`ActorDiedError`, :class:`CallTimeoutError`) when it is its turn, and
+        :class:`MeshError` for an empty mesh. Leaving the loop early (``break``, an error,
+        cancellation) cancels the calls not yet read: their results are dropped, and an endpoint
+        already running on its actor runs to its end there."""
         if not self.mesh.members:
             raise MeshError(f"mesh {self.mesh.name!r} is empty")
         with fanout():

@@ -202,7 +202,10 @@ class Graph:
         head is packed once. ``execute(value)`` then starts a step and returns its future at
         once, so step N+1 is dispatched while step N runs. ``step_timeout_s`` is each step's
         deadline (default: the endpoints' own, ``Config.call_timeout`` unless set). Raises :class:`ConfigError` for a graph that does
-        not repeat per step (sources, merges, batches)."""
+        not repeat per step (sources, merges, batches).
+
+        Blocks on opening a connection to every member. Cancel-safe: a cancelled compile leaves
+        no plan, only connections the call client reuses."""
         if getattr(ctx, "orchestr_dry_run", False):
             raise GraphCaptured(self)
         from ._compiled import compile_graph

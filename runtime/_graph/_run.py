@@ -166,6 +166,8 @@ class GraphRun:
         self._edges += self._outputs.values()
 
     async def __aenter__(self) -> GraphRun:
+        """Start every node's task. Raises :class:`ConfigError` when the graph is running already;
+        blocks on nothing, so there is nothing to cancel."""
         if self.graph.running:
             raise ConfigError(f"graph {self.graph.name!r} is running already; one run at a time")
         self.events.record("graph", name=self.graph.name, description=self.graph.describe())
@@ -184,6 +186,8 @@ class GraphRun:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        """Cancel what is still running and wait for every task to end; then raises the graph's
+        failure when the block itself did not raise. Blocks until the tasks have ended."""
         for task in self._tasks:
             task.cancel()
         try:
@@ -260,13 +264,18 @@ class GraphRun:
 
     async def wait(self) -> None:
         """Block until every node has finished (every source exhausted, every item through);
-        outputs must be read meanwhile. Raises the graph's failure."""
+        outputs must be read meanwhile. Raises the graph's failure.
+
+        Cancel-safe: cancelling the wait leaves the graph running."""
         while not self._finished and self._error is None:
             await nap(self._wake)
         self._check()
 
     async def collect(self) -> dict[str, list[Any]]:
-        """Read every output to its end, then wait for the graph to finish."""
+        """Read every output to its end, then wait for the graph to finish.
+
+        Blocks until the graph has finished; raises the graph's failure (the first node's).
+        Not cancel-safe: results read before a cancellation are lost to the caller."""
         out: dict[str, list[Any]] = {}
 
         async def read(name: str) -> None:

@@ -95,7 +95,11 @@ class JobContext:
         """Run the block as phase ``name`` (``generation``, ``training``, ``weight_sync``,
         ``idle`` or the job's own word), declaring the traffic it expects: bytes between meshes
         ``{("trainer", "generator"): n}`` or an :class:`orchestr.Collective`. The fabric hints
-        hear of it before the block starts; the event log and trace get a span."""
+        hear of it before the block starts; the event log and trace get a span.
+
+        Entering blocks on the fabric manager's plan when ``Config.fabric`` is ``managed``
+        (a head without a fabric manager is asked once); raises :class:`ConfigError` for a bad
+        name or traffic. Cancel-safe: a cancelled block ends its phase's span."""
         phase = make_phase(name, traffic, expected_s)
         announced = self._announced.pop(name, None)
         if announced is not None and traffic is None:
@@ -253,6 +257,7 @@ class JobContext:
 
         Raises :class:`PlacementError`, or :class:`SpawnError` with the remote traceback when
         an import or ``__init__`` fails. Not idempotent.
+        Not cancel-safe: members started before a cancellation live on until the job ends.
         """
         path = actor if isinstance(actor, str) else class_path(actor)
         policy = check_spawn_options(restart, supervise, per_process)
@@ -319,7 +324,10 @@ class JobContext:
         ``strategy`` (as :meth:`spawn` places members), or none: a gang reserved ahead of
         spawning, like a Ray placement group. Spawn into it with ``spawn(...,
         reservation=r)``; ``await r.release()`` (or the job's end) frees it. Raises
-        :class:`PlacementError` saying what was missing."""
+        :class:`PlacementError` saying what was missing.
+
+        Blocks on one call to the head. Not cancel-safe: cancelled after the head made the
+        reservation, the job never learns its id, and its resources stay held."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"n must be a positive integer, got {n!r}")
         if strategy not in STRATEGIES:
@@ -341,7 +349,10 @@ class JobContext:
         return r
 
     async def release(self, reservation: Reservation) -> None:
-        """Free ``reservation`` and stop the actors spawned in it. Idempotent."""
+        """Free ``reservation`` and stop the actors spawned in it. Idempotent.
+
+        Blocks on one call to the head; raises :class:`ControlPlaneError` when it cannot be
+        reached. Cancel-safe: call it again."""
         for mesh in self._meshes:  # their members end with it: not a failure
             if self._reserved_in.get(mesh.mesh_id) == reservation.reservation_id:
                 self.supervisor.forget(mesh)
@@ -361,7 +372,10 @@ class JobContext:
         return trace
 
     async def stop(self, mesh: Mesh) -> None:
-        """Stop every actor of ``mesh`` (its workers get SIGTERM). Idempotent."""
+        """Stop every actor of ``mesh`` (its workers get SIGTERM). Idempotent.
+
+        Blocks until the head has stopped them; raises :class:`ControlPlaneError` when it
+        cannot be reached. Cancel-safe: call it again."""
         self.supervisor.forget(mesh)
         await self._client.stop_mesh(mesh.mesh_id)
 
@@ -374,14 +388,19 @@ class JobContext:
         gloo). Blocks until every member has joined, at most ``timeout_s``; returns what each
         reports (rank, world_size, backend). Raises :class:`ConfigError` for a bad backend or
         members that share a process, :class:`ActorError` when a member cannot join. Once per
-        process: not idempotent."""
+        process: not idempotent.
+
+        Not cancel-safe: members that joined stay in a group the others never reach."""
         return await init_distributed(self, mesh, backend, timeout_s)
 
     async def checkpoint(self, mesh: Mesh) -> int:
         """Save the state of every member of ``mesh`` (its class defines ``save_state``); a
         member restarted later is given the last saved state through ``load_state``. Runs in
         order with each member's other calls. Returns how many members were saved (a dead one
-        is skipped); raises :class:`ConfigError` when the class saves nothing."""
+        is skipped); raises :class:`ConfigError` when the class saves nothing.
+
+        Blocks on every member's ``save_state`` call. Cancel-safe: a member's state saved
+        before the cancellation is kept, and the rest keep their previous one."""
         return await self.supervisor.checkpoint(mesh)
 
     async def nodes(self) -> list[NodeInfo]:

@@ -29,5 +29,7 @@ class Reservation:
         return len(self.node_ids)
 
     async def release(self) -> None:
-        """Stop the actors spawned in it and free its resources. Idempotent."""
+        """Stop the actors spawned in it and free its resources. Idempotent.
+
+        Blocks and raises as :meth:`JobContext.release` does; cancel-safe."""
         await self._ctx.release(self)
