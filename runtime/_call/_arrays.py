@@ -1,10 +1,13 @@
 """Tensors and numpy arrays on the wire: their bytes go out of band, or through a shared-memory
-segment when the connection has one (see :mod:`._bulk`); the frame carries dtype, shape and
-where the bytes are."""
+segment when the connection has one; the frame carries dtype, shape and where the bytes are.
+
+The segments are the call path's (:mod:`._bulk`), reached through :class:`BulkSink` when
+encoding and :class:`BulkSource` when decoding: the serializer calls them, and never the other
+way round, so values flow one way from :mod:`._serde` to the bulk link."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 
@@ -15,7 +18,7 @@ from ._registry import EXT_NDARRAY, EXT_SHM_NDARRAY, EXT_SHM_TENSOR, EXT_TENSOR
 if TYPE_CHECKING:
     from ._serde import _Encoding
 
-__all__ = ["count", "ndarray_to_wire", "tensor_to_wire"]
+__all__ = ["BulkSink", "BulkSource", "count", "ndarray_to_wire", "tensor_to_wire"]
 
 
 def tensor_to_wire(obj: Any, enc: _Encoding) -> msgpack.ExtType:
@@ -67,3 +70,28 @@ def count(shape: object) -> int:
     for d in shape:
         count *= d
     return count
+
+
+class BulkSink(Protocol):
+    """Where a message's large tensors and arrays go instead of its frame (the call path's
+    shared-memory segments, :mod:`._bulk`). The serializer calls it; it never calls the
+    serializer back."""
+
+    threshold: int
+
+    def put(self, buf: memoryview) -> list[int] | None:
+        """Take ``buf``; returns where the receiver finds it, or ``None`` to leave it in the
+        frame (no shared memory left for it)."""
+        ...
+
+    def abandon(self) -> None:
+        """The message failed to encode: give back everything ``put`` took for it."""
+        ...
+
+
+class BulkSource(Protocol):
+    """What a received message's shared-memory descriptors are read through."""
+
+    def view(self, wire: list[Any], nbytes: int) -> Any:
+        """The ``nbytes`` at descriptor ``wire``, as a uint8 numpy array over the segment."""
+        ...

@@ -22,8 +22,8 @@ import msgpack
 
 from orchestr.errors import OrchestrError, ProtocolError, SerializationError
 
+from ._arrays import BulkSink, BulkSource, ndarray_to_wire, tensor_to_wire
 from ._arrays import count as count_of
-from ._arrays import ndarray_to_wire, tensor_to_wire
 from ._frames import padded
 from ._registry import (
     _REGISTERED_BY,
@@ -90,7 +90,7 @@ class _Encoding:
 
     __slots__ = ("buffers", "bulk", "retained", "size")
 
-    def __init__(self, bulk: Any = None) -> None:
+    def __init__(self, bulk: BulkSink | None = None) -> None:
         #: Where values of at least ``bulk.threshold`` bytes go instead of the frame.
         self.bulk = bulk
         self.buffers: list[memoryview] = []
@@ -165,11 +165,10 @@ def encode(obj: object) -> tuple[bytes, list[memoryview]]:
     return msg, buffers
 
 
-def encode_parts(obj: object, bulk: Any = None) -> tuple[bytes, list[memoryview], bool]:
+def encode_parts(obj: object, bulk: BulkSink | None = None) -> tuple[bytes, list[memoryview], bool]:
     """Like :func:`encode`, and also whether the receiver only copies out of the buffers.
 
-    ``bulk`` (a sink with ``threshold`` and ``put(view) -> where``, or ``None`` to leave the
-    value in the frame) takes tensors and arrays of at least ``threshold`` bytes instead of the
+    ``bulk`` (a :class:`BulkSink`, or ``None`` to leave every value in the frame) takes tensors and arrays of at least ``threshold`` bytes instead of the
     frame; on failure its ``abandon()`` is called.
     """
     enc = _Encoding(bulk)
@@ -204,7 +203,7 @@ MAX_EXT_DEPTH = 32
 class _Decoding:
     __slots__ = ("bulk", "depth", "extra")
 
-    def __init__(self, extra: memoryview, bulk: Any = None) -> None:
+    def __init__(self, extra: memoryview, bulk: BulkSource | None = None) -> None:
         self.extra = extra
         self.depth = 0
         #: Maps shared-memory descriptors: ``bulk.view(where, nbytes) -> uint8 array``.
@@ -219,6 +218,11 @@ class _Decoding:
                 f"{self.extra.nbytes} bytes of buffers"
             )
         return self.extra[offset : offset + nbytes]
+
+    def _shared(self, where: list[Any], nbytes: int) -> Any:
+        if self.bulk is None:  # checked when the descriptor arrived; never true here
+            raise ProtocolError("a shared-memory value arrived where none is accepted")
+        return self.bulk.view(where, nbytes)
 
     def ext_hook(self, code: int, data: bytes) -> Any:
         if code == EXT_TENSOR:
@@ -268,7 +272,7 @@ class _Decoding:
                 f"tensor of shape {shape} and dtype {dtype_name} needs {count * itemsize} bytes, descriptor says {nbytes}"
             )
         if type(offset) is _Shared:
-            array = self.bulk.view(offset.where, nbytes)
+            array = self._shared(offset.where, nbytes)
             return torch.from_numpy(array).view(dtype).reshape(shape)
         view = self.view(offset, nbytes)
         if nbytes == 0:
@@ -292,7 +296,7 @@ class _Decoding:
                 f"array of shape {shape} and dtype {dtype_str} needs {count * dtype.itemsize} bytes, descriptor says {nbytes}"
             )
         if type(offset) is _Shared:
-            return self.bulk.view(offset.where, nbytes).view(dtype).reshape(shape)
+            return self._shared(offset.where, nbytes).view(dtype).reshape(shape)
         view = self.view(offset, nbytes)
         array = np.frombuffer(view, dtype=dtype).reshape(shape)
         return array.copy() if view.readonly else array
@@ -311,7 +315,9 @@ def _fields(data: bytes, n: int, ext_hook: Callable[[int, bytes], Any] | None = 
 _NO_BUFFERS = memoryview(b"")
 
 
-def decode(msg: bytes | memoryview, extra: memoryview = _NO_BUFFERS, bulk: Any = None) -> Any:
+def decode(
+    msg: bytes | memoryview, extra: memoryview = _NO_BUFFERS, bulk: BulkSource | None = None
+) -> Any:
     """Unpack one message; tensors and arrays are views into ``extra`` (no copy), or into
     shared memory that ``bulk`` maps.
 

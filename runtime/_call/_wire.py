@@ -27,6 +27,7 @@ from orchestr.errors import MessageTooLargeError
 from orchestr.fabric.lowlevel import RingEnd, StreamEnd
 
 from . import _serde
+from ._arrays import BulkSink
 from ._frames import FrameDecoder, encode_frame
 from ._handshake import HANDSHAKE_MAX_BYTES
 
@@ -101,14 +102,14 @@ def _nbytes(parts: list[bytes | memoryview]) -> int:
 
 
 def pack_frame(
-    message: list[Any], limit: int, bulk: Any = None, config: Config | None = None
+    message: list[Any], limit: int, bulk: BulkSink | None = None, config: Config | None = None
 ) -> list[bytes | memoryview]:
     """Encode one message; see :func:`pack_frame_sized`."""
     return pack_frame_sized(message, limit, bulk, config)[0]
 
 
 def pack_frame_sized(
-    message: list[Any], limit: int, bulk: Any = None, config: Config | None = None
+    message: list[Any], limit: int, bulk: BulkSink | None = None, config: Config | None = None
 ) -> tuple[list[bytes | memoryview], int]:
     """Encode one message, and say how many bytes of it are large values kept in the frame
     (counted only with ``config``). Raises SerializationError / MessageTooLargeError at the
