@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, TypeVar
 
@@ -25,8 +24,9 @@ from orchestr.config import Config
 from orchestr.errors import ConfigError, SupervisionError
 
 from ._events import EventLog, export_trace
+from ._hints import tell_fabric
 from ._paths import import_path
-from ._phases import Collective, FabricHints, Phase, RecordingHints, make_phase
+from ._phases import FabricHints, Phase, RecordingHints, make_phase
 from ._policy import RestartPolicy, SuperviseHook, check_spawn_options
 from ._reservation import Reservation
 from ._supervise import Supervisor
@@ -107,7 +107,7 @@ class JobContext:
         if announced is not None:
             await announced[1]  # the circuits planned in its lead time (or their failure)
         else:
-            await self._tell_fabric(phase)
+            await tell_fabric(self, phase)
         self.hints.upcoming(phase)
         self._phases.append(phase)
         try:
@@ -134,78 +134,8 @@ class JobContext:
         previous = self._announced.pop(name, None)
         if previous is not None:
             previous[1].cancel()
-        task = asyncio.ensure_future(self._tell_fabric(phase, float(lead_s or 0.0)))
+        task = asyncio.ensure_future(tell_fabric(self, phase, float(lead_s or 0.0)))
         self._announced[name] = (phase, task)
-
-    async def _tell_fabric(self, phase: Phase, lead_s: float = 0.0) -> None:
-        """Send ``phase``'s traffic to the cluster's fabric manager (``Config.fabric`` is
-        ``managed`` and the head runs one) and wait for the circuits it plans; the plan, its
-        decision and the reconfiguration's steps go to the event log on the ``fabric`` track.
-        A head without a fabric manager is asked once."""
-        if self.config.fabric != "managed" or phase.traffic is None:
-            return
-        if self._fabric_on is None:  # ask the head once whether it runs a fabric manager
-            try:
-                await self._client.fabric_show()
-                self._fabric_on = True
-            except ConfigError as exc:
-                if "runs no fabric manager" not in str(exc):
-                    raise
-                self._fabric_on = False
-        if not self._fabric_on:
-            return
-        ids = {m.name: m.mesh_id for m in self._meshes}  # the newest mesh of each name
-        named = (
-            {phase.traffic.mesh}
-            if isinstance(phase.traffic, Collective)
-            else {m for pair in phase.traffic for m in pair}
-        )
-        unknown = sorted(named - set(ids))
-        if unknown:  # a hint is advice: the phase runs, the log says what was left out
-            log.warning(
-                "a phase names meshes this job has not spawned", phase=phase.name, meshes=unknown
-            )
-            self.events.record("fabric_hint_skipped", phase=phase.name, unknown_meshes=unknown)
-        collective: tuple[str, str, float] | None = None
-        traffic: list[tuple[str, str, float]] = []
-        if isinstance(phase.traffic, Collective):
-            if unknown:
-                return
-            collective = (phase.traffic.kind, ids[phase.traffic.mesh], phase.traffic.nbytes)
-        else:
-            traffic = [
-                (ids[src], ids[dst], nbytes)
-                for (src, dst), nbytes in phase.traffic.items()
-                if src in ids and dst in ids
-            ]
-            if not traffic:
-                return
-        start = time.time()
-        began = time.perf_counter()
-        record = await self._client.fabric_hint(
-            phase.name,
-            job_id=self.job_id,
-            traffic=traffic,
-            collective=collective,
-            expected_s=phase.expected_s or 0.0,
-            lead_s=lead_s,
-        )
-        self.events.record_span(
-            f"circuits for {phase.name}",
-            start,
-            time.perf_counter() - began,
-            track="fabric",
-            kind="fabric_plan",
-            phase=phase.name,
-            lead_s=lead_s,
-            status=record["status"],
-            commit=record["commit"],
-            reason=record["reason"],
-            generation=record["generation"],
-            add=record["add"],
-            remove=record["remove"],
-            timings=record["timings"],
-        )
 
     #: ``host:port`` of the head's Prometheus endpoint (``GET /metrics``); ``None`` when the
     #: head serves none (``ORCHESTR_METRICS_PORT=-1``) or is not this job's own.
