@@ -17,7 +17,7 @@ import torch
 
 import orchestr as oc
 from orchestr import fabric
-from tests.cluster import open_cluster
+from tests.cluster import check_leaks, resources
 from tests.runtime.call.bulk_actors import Owner, Sink
 
 MiB = 1 << 20
@@ -55,10 +55,13 @@ async def two_hosts() -> AsyncIterator[oc.JobContext]:
     octet = int(tag[:2], 16) % 200 + 20
     ip_a, ip_b = f"10.{octet}.77.1", f"10.{octet}.77.2"
     node: asyncio.subprocess.Process | None = None
+    before = resources()
     try:
         _make_host(ns, here, there, ip_a, ip_b)
         config = oc.load_config(bind_host=ip_a)
-        async with open_cluster(config, labels={"host": "a"}) as ctx:
+        # the second node stops after the cluster (its workers with the job), so the leak
+        # check comes after both
+        async with oc.open_local_cluster(config, labels={"host": "a"}) as ctx:
             env = dict(
                 os.environ,
                 ORCHESTR_TOKEN=ctx.token,
@@ -81,6 +84,7 @@ async def two_hosts() -> AsyncIterator[oc.JobContext]:
             async with asyncio.timeout(20):
                 await node.wait()
         _drop_host(ns)
+    await check_leaks(before)
 
 
 async def test_large_values_cross_hosts_in_the_frame(two_hosts: oc.JobContext) -> None:
