@@ -88,12 +88,18 @@ def ensure_token(state_dir: Path, name: str = TOKEN_FILE) -> str:
     read or that is empty."""
     private_dir(state_dir)
     path = state_dir / name
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return read_token(state_dir, name)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_urlsafe(32) + "\n")
+    if not os.path.lexists(path):
+        # written whole under a name of its own, then linked into place: a reader never sees
+        # it half written, and of two processes making it at once one link wins
+        draft = state_dir / f".{name}.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32) + "\n")
+            with contextlib.suppress(FileExistsError):
+                os.link(draft, path)
+        finally:
+            draft.unlink()
     return read_token(state_dir, name)
 
 
@@ -200,8 +206,10 @@ async def serve_head(
     Its state lives in ``head.sqlite``: a head started again on the same state directory takes
     up the nodes, actors and jobs of the one before. With ``fabric_plan`` it runs the fabric
     manager, its OCS driven by ``ocs_driver`` (see :func:`open_fabric`)."""
+    # one head per state directory, held for this one's life; taken first, so a second head
+    # started at the same moment is told so rather than finding a token half made
+    lock = HeadLock(private_dir(state_dir))
     token = ensure_token(state_dir)
-    lock = HeadLock(state_dir)  # one head per state directory, held for this one's life
     metrics_token = os.environ.get("ORCHESTR_METRICS_TOKEN") or ensure_token(
         state_dir, METRICS_TOKEN_FILE
     )

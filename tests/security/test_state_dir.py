@@ -133,3 +133,21 @@ def test_logs_are_never_read_or_written_through_a_link(tmp_path: pathlib.Path) -
     with pytest.raises(OSError):
         RotatingFile(str(logs / "evil.jsonl"))
     assert secret.read_text() == '{"secret": 1}\n'
+
+
+def test_heads_made_at_once_agree_on_one_whole_token(tmp_path: pathlib.Path) -> None:
+    """A token file appears whole: processes that make it at the same moment all read the one
+    that won, never an empty one."""
+    state = tmp_path / "state"
+    code = (
+        "import sys; from pathlib import Path; from orchestr._cluster._daemon import ensure_token;"
+        " print(ensure_token(Path(sys.argv[1])))"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(state)], stdout=subprocess.PIPE)
+        for _ in range(8)
+    ]
+    tokens = {p.communicate(timeout=60)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(tokens) == 1 and len(tokens.pop()) >= 32
+    assert sorted(p.name for p in state.iterdir()) == ["token"]  # no draft left behind
