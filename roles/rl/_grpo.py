@@ -53,8 +53,6 @@ import math
 import time
 from collections.abc import Callable
 
-import structlog
-
 import orchestr as oc
 
 from ._config import MODES, GRPOConfig, GRPOResult, StepRecord
@@ -63,8 +61,6 @@ from ._modes import run_stream, run_sync
 from ._streaming import LengthRanker
 
 __all__ = ["MODES", "GRPOConfig", "GRPOResult", "LengthRanker", "StepRecord", "run_grpo"]
-
-log = structlog.get_logger("orchestr.roles.grpo")
 
 
 async def run_grpo(

@@ -13,8 +13,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import structlog
-
 import orchestr as oc
 from orchestr.roles._common._weights import WeightsRef
 from orchestr.roles.generator import Completion, Generator
@@ -28,8 +26,6 @@ from ._recovery import checkpoint, ready, recover_generator
 from ._reference import request_digits
 
 __all__ = ["Job", "first_of", "group_key", "groups_of"]
-
-log = structlog.get_logger("orchestr.roles.grpo")
 
 
 def groups_of(samples: Sequence[Any], size: int) -> list[list[Any]]:

@@ -8,8 +8,6 @@ import asyncio
 import collections
 import dataclasses
 
-import structlog
-
 from orchestr.roles._common._weights import WeightsRef
 from orchestr.roles.generator import Completion, Request
 
@@ -21,8 +19,6 @@ from ._steps import finish_step, record, run_steps
 from ._streaming import LengthRanker, SampleChannel
 
 __all__ = ["generate_on", "run_stream", "run_sync"]
-
-log = structlog.get_logger("orchestr.roles.grpo")
 
 
 # -- sync --------------------------------------------------------------------------------

@@ -9,8 +9,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 import orchestr as oc
 from orchestr.roles.generator import Completion
 
@@ -22,8 +20,6 @@ if TYPE_CHECKING:
     from ._job import Job
 
 __all__ = ["finish_step", "record", "run_steps"]
-
-log = structlog.get_logger("orchestr.roles.grpo")
 
 
 def record(

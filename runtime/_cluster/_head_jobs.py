@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import grpc
-import structlog
 
 from orchestr._control._convert import fabric_state_to_pb, plan_to_pb
 from orchestr._control._grpc import abort_with
@@ -26,8 +25,6 @@ if TYPE_CHECKING:
 
 
 __all__ = ["FabricRpcs", "JobRpcs"]
-
-log = structlog.get_logger("orchestr.head")
 
 
 class JobRpcs(HeadBase):
