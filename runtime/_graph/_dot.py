@@ -69,12 +69,29 @@ def node_dict(node: GraphNode) -> dict[str, Any]:
             out["choice"] = _choice(node)
         if node.staleness is not None:
             out["staleness"] = {"eta": node.staleness.eta, "policy": node.staleness.policy}
+        if node.version_of is not None:
+            out["version_of"] = _name(node.version_of)
     return out
 
 
 def to_dict(graph: Graph) -> dict[str, Any]:
     outputs = {name: node.name for name, node in graph.outputs.items()}
-    return {"name": graph.name, "nodes": [node_dict(n) for n in graph.nodes], "outputs": outputs}
+    out = {"name": graph.name, "nodes": [node_dict(n) for n in graph.nodes], "outputs": outputs}
+    if graph.output_staleness:
+        out["output_staleness"] = {
+            name: {"eta": bound.eta, "policy": bound.policy}
+            for name, bound in graph.output_staleness.items()
+        }
+    return out
+
+
+def _name(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", None) or repr(fn))
+
+
+def _output(graph: Graph, name: str) -> str:
+    bound = graph.output_staleness.get(name)
+    return f" (staleness eta={bound.eta} {bound.policy})" if bound is not None else ""
 
 
 def _detail(node: GraphNode) -> str:
@@ -94,6 +111,8 @@ def _detail(node: GraphNode) -> str:
     opts.append("ordered" if node.ordered else "unordered")
     if node.staleness is not None:
         opts.append(f"staleness eta={node.staleness.eta} {node.staleness.policy}")
+    if node.version_of is not None:
+        opts.append(f"version_of {_name(node.version_of)}")
     opts.append(f"retries {node.retries} within {node.retry_timeout_s:g} s")
     return f"{what} {', '.join(opts)}"
 
@@ -106,7 +125,8 @@ def describe(graph: Graph) -> str:
     for node in nodes:
         lines.append(f"  {node.name:<{width}}  {_detail(node)}; capacity {node.capacity}")
     for name, node in outputs.items():
-        lines.append(f"  output {name}" + (f" <- {node.name}" if name != node.name else ""))
+        source = f" <- {node.name}" if name != node.name else ""
+        lines.append(f"  output {name}{source}{_output(graph, name)}")
     return "\n".join(lines)
 
 
@@ -161,7 +181,8 @@ def to_dot(graph: Graph) -> str:
             )
     for name, node in graph.outputs.items():
         sink = f"output:{name}"
-        out.append(f"  {_q(sink)} [shape=note, label={_q('output ' + name)}];")
+        note = f"output {name}{_output(graph, name)}"
+        out.append(f"  {_q(sink)} [shape=note, label={_q(note)}];")
         out.append(f"  {_q(node.name)} -> {_q(sink)} [style=dashed];")
     out.append("}")
     return "\n".join(out) + "\n"

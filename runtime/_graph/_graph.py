@@ -20,7 +20,6 @@ context of ``orchestr graph`` in :mod:`._dry`.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -30,6 +29,7 @@ from orchestr.errors import ConfigError
 
 from . import _dot as _graphdot
 from ._channelstate import Staleness
+from ._checks import check_int, check_name, check_seconds, check_staleness
 from ._items import Batched, GraphCaptured
 
 if TYPE_CHECKING:
@@ -40,7 +40,6 @@ __all__ = ["Graph", "GraphNode"]
 
 CHOICES = ("least_loaded", "round_robin")
 DEFAULT_CAPACITY = 16
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 
 Choice = Literal["least_loaded", "round_robin"] | Callable[[Any, int], int]
 Kind = Literal["source", "input", "map", "fanout", "merge"]
@@ -64,6 +63,7 @@ class GraphNode:
     inflight_per_member: int = 2
     retries: int = 3
     retry_timeout_s: float = 30.0
+    version_of: Callable[[Any], int] | None = None
 
     def batch(self, *, count: int | None = None, timeout_s: float | None = None) -> Batched:
         """This node's output grouped into lists of ``count`` items, or of what arrived within
@@ -75,7 +75,7 @@ class GraphNode:
                 f"would never be full"
             )
         if count is not None:
-            _check_int(count, "batch count", 1)
+            check_int(count, "batch count", 1)
             if count > self.capacity:
                 raise ConfigError(
                     f"a batch of {count} from {self.name!r} can never fill: its output holds at "
@@ -83,7 +83,7 @@ class GraphNode:
                     f"count"
                 )
         if timeout_s is not None:
-            _check_seconds(timeout_s, "batch timeout_s")
+            check_seconds(timeout_s, "batch timeout_s")
         return Batched(self, count, timeout_s)
 
     @property
@@ -99,10 +99,12 @@ class Graph:
     raise :class:`ConfigError` at once. Run it with :meth:`run` or :meth:`collect`."""
 
     def __init__(self, name: str) -> None:
-        _check_name(name, "a graph")
+        check_name(name, "a graph")
         self.name = name
         self._nodes: dict[str, GraphNode] = {}
         self._outputs: dict[str, GraphNode] = {}
+        #: The staleness bound of each output that has one (see :meth:`output`).
+        self.output_staleness: dict[str, Staleness] = {}
         self.running = False
 
     @property
@@ -142,6 +144,7 @@ class Graph:
         inflight_per_member: int = 2,
         retries: int = 3,
         retry_timeout_s: float = 30.0,
+        version_of: Callable[[Any], int] | None = None,
     ) -> GraphNode:
         """Call ``endpoint`` on one member per input item (a list per batch): the member
         ``choice`` picks, ``"least_loaded"`` (fewest of this graph's calls in flight),
@@ -153,7 +156,7 @@ class Graph:
         backoff, or to another one), up to ``retries`` times within ``retry_timeout_s``;
         then the graph fails with :class:`ActorDiedError`; any other call error fails it at
         once. An output keeps its input's version unless the endpoint returns a
-        :class:`Versioned`.
+        :class:`Versioned` or ``version_of(result)`` (run in the controller) gives one.
 
         ``staleness`` bounds the input's age: an item whose version is below the run's
         version (:meth:`GraphRun.set_version`) minus ``eta`` is dropped (policy ``"drop"``)
@@ -167,7 +170,7 @@ class Graph:
             )
         return self._stage(
             "map", name, endpoint, input, capacity, ordered, staleness, inflight_per_member,
-            retries, retry_timeout_s, choice,
+            retries, retry_timeout_s, choice, version_of,
         )  # fmt: skip
 
     def fanout(
@@ -182,13 +185,15 @@ class Graph:
         inflight_per_member: int = 1,
         retries: int = 3,
         retry_timeout_s: float = 30.0,
+        version_of: Callable[[Any], int] | None = None,
     ) -> GraphNode:
         """Call ``endpoint`` on every member of its mesh per input item; the output item is
         the list of their results in rank order (fan-in). Options as for :meth:`map`; a
-        member that died is retried on that member only."""
+        member that died is retried on that member only; ``version_of`` applies to each
+        member's result, and the output's version is their oldest."""
         return self._stage(
             "fanout", name, endpoint, input, capacity, ordered, staleness, inflight_per_member,
-            retries, retry_timeout_s, "least_loaded",
+            retries, retry_timeout_s, "least_loaded", version_of,
         )  # fmt: skip
 
     def input(self, name: str = "input") -> GraphNode:
@@ -227,16 +232,26 @@ class Graph:
         batched = tuple(Batched(n, None, None) for n in inputs)
         return self._add(GraphNode(self, name, "merge", inputs=batched, capacity=capacity))
 
-    def output(self, node: GraphNode, name: str | None = None) -> GraphNode:
+    def output(
+        self, node: GraphNode, name: str | None = None, *, staleness: Staleness | None = None
+    ) -> GraphNode:
         """Mark ``node`` as an output named ``name`` (default: the node's name), to read with
         :meth:`GraphRun.results` and to collect. Once any node is marked, only marked nodes
-        are outputs; the other ends of the graph are drained."""
+        are outputs; the other ends of the graph are drained.
+
+        ``staleness`` bounds the age of what the reader takes, as a stage's bound does its
+        input, but checked as each value is read: a trainer reading its next batch gets
+        nothing older than ``set_version``'s version minus ``eta``. With ``"requeue"`` a stale
+        value goes back through the map or fan-out ``node`` to be made again."""
         self._check_open()
         self._own(node, "output")
         name = node.name if name is None else name
-        _check_name(name, "an output")
+        check_name(name, "an output")
         if name in self._outputs:
             raise ConfigError(f"graph {self.name!r} already has an output named {name!r}")
+        if staleness is not None:
+            check_staleness(f"output {name!r}", staleness, node)
+            self.output_staleness[name] = staleness
         self._outputs[name] = node
         return node
 
@@ -297,6 +312,7 @@ class Graph:
         retries: int,
         retry_timeout_s: float,
         choice: Choice,
+        version_of: Callable[[Any], int] | None,
     ) -> GraphNode:
         if not isinstance(endpoint, Endpoint):
             what = getattr(endpoint, "__qualname__", type(endpoint).__name__)
@@ -310,36 +326,29 @@ class Graph:
         self._own(inlet.node, name)
         if not isinstance(ordered, bool):
             raise ConfigError(f"stage {name!r}: ordered is True or False, got {ordered!r}")
-        if staleness is not None and not isinstance(staleness, Staleness):
+        if staleness is not None:
+            check_staleness(f"stage {name!r}", staleness, inlet.node)
+        if version_of is not None and not callable(version_of):
             raise ConfigError(
-                f"stage {name!r}: staleness is an orchestr.Staleness(eta, policy), got "
-                f"{staleness!r}"
+                f"stage {name!r}: version_of is a function (result) -> version, got {version_of!r}"
             )
-        if staleness is not None and staleness.policy == "requeue":
-            if inlet.node.kind not in ("map", "fanout"):
-                raise ConfigError(
-                    f"stage {name!r}: staleness policy 'requeue' sends a stale item back "
-                    f"through the stage that made it, but its input {inlet.node.name!r} is a "
-                    f"{inlet.node.kind}; use policy 'drop', or take the input straight from a "
-                    f"map"
-                )
-        _check_int(inflight, f"stage {name!r}: inflight_per_member", 1)
-        _check_int(retries, f"stage {name!r}: retries", 0)
-        _check_seconds(retry_timeout_s, f"stage {name!r}: retry_timeout_s")
+        check_int(inflight, f"stage {name!r}: inflight_per_member", 1)
+        check_int(retries, f"stage {name!r}: retries", 0)
+        check_seconds(retry_timeout_s, f"stage {name!r}: retry_timeout_s")
         node = GraphNode(
             self, name, kind, (inlet,), endpoint, None, capacity, ordered, choice, staleness,
-            inflight, retries, float(retry_timeout_s),
+            inflight, retries, float(retry_timeout_s), version_of,
         )  # fmt: skip
         return self._add(node)
 
     def _add(self, node: GraphNode) -> GraphNode:
         self._check_open()
-        _check_name(node.name, "a node")
+        check_name(node.name, "a node")
         if node.name in self._nodes:
             raise ConfigError(
                 f"graph {self.name!r} already has a node named {node.name!r}; names are unique"
             )
-        _check_int(node.capacity, f"{node.name!r}: capacity", 1)
+        check_int(node.capacity, f"{node.name!r}: capacity", 1)
         self._nodes[node.name] = node
         return node
 
@@ -360,21 +369,3 @@ class Graph:
             raise ConfigError(
                 f"graph {self.name!r} is running; declare every node before g.run/g.collect"
             )
-
-
-def _check_name(name: Any, what: str) -> None:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ConfigError(
-            f"{what} name is 1-64 letters, digits, '_', '.' or '-', starting with a letter or "
-            f"'_'; got {name!r}"
-        )
-
-
-def _check_int(value: Any, what: str, least: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"{what} must be an integer >= {least}, got {value!r}")
-
-
-def _check_seconds(value: Any, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ConfigError(f"{what} must be a positive number of seconds, got {value!r}")

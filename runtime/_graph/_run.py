@@ -18,9 +18,10 @@ import structlog
 from orchestr.errors import ClosedResourceError, ConfigError
 
 from ._channels import Edge, NodeOut, Token, first_error, nap
+from ._channelstate import Item, Receiver
 from ._graph import Graph, GraphNode
 from ._items import Versioned
-from ._stage import StageRunner
+from ._stage import StageRunner, send_back
 
 __all__ = ["GraphRun"]
 
@@ -133,6 +134,7 @@ class GraphRun:
         self._outputs: dict[str, Edge] = {}
         self._runners: list[_Runner] = []
         self._stages: dict[GraphNode, StageRunner] = {}
+        self._checks: dict[str, Receiver] = {}  # the outputs with a staleness bound
         self._build()
 
     def _build(self) -> None:
@@ -145,10 +147,16 @@ class GraphRun:
                 edge = Edge(src.name, node.name, src.capacity, wakes[src], wakes[node])
                 outs[src].append(edge)
                 ins[node].append(edge)
+        bounded: list[tuple[GraphNode, Edge]] = []
         for name, node in self.graph.outputs.items():
             edge = Edge(node.name, f"output:{name}", node.capacity, wakes[node], self._wake)
             outs[node].append(edge)
             self._outputs[name] = edge
+            staleness = self.graph.output_staleness.get(name)
+            if staleness is not None:
+                self._checks[name] = Receiver(ordered=False, staleness=staleness)
+                if staleness.policy == "requeue":
+                    bounded.append((node, edge))
         for node in self.graph.nodes:
             self._edges += ins[node]
             out = NodeOut(outs[node], wakes[node])
@@ -163,6 +171,8 @@ class GraphRun:
                 if node.staleness is not None and node.staleness.policy == "requeue":
                     stage.producer = self._stages[node.inputs[0].node]
                     stage.producer.requeue_edges.append(stage.in_edge)
+        for node, edge in bounded:  # an output's reader sends stale values back
+            self._stages[node].requeue_edges.append(edge)
         self._edges += self._outputs.values()
 
     async def __aenter__(self) -> GraphRun:
@@ -238,6 +248,8 @@ class GraphRun:
         self.version = version
         for stage in self._stages.values():
             stage.set_version(version)
+        for check in self._checks.values():
+            check.set_version(version)
 
     def results(self, output: GraphNode | str, *, versioned: bool = False) -> ResultStream:
         """The values of ``output`` (an output node or its output name) as they come out; with
@@ -247,7 +259,7 @@ class GraphRun:
         if name in self._readers:
             raise ConfigError(f"output {name!r} already has a reader; an output has one")
         self._readers.add(name)
-        return ResultStream(self, self._outputs[name], versioned)
+        return ResultStream(self, name, versioned)
 
     def _output_name(self, output: GraphNode | str) -> str:
         names = {n: node for n, node in self.graph.outputs.items()}
@@ -300,10 +312,13 @@ class GraphRun:
 class ResultStream:
     """An async iterator over one output of a :class:`GraphRun`."""
 
-    def __init__(self, run: GraphRun, edge: Edge, versioned: bool) -> None:
+    def __init__(self, run: GraphRun, name: str, versioned: bool) -> None:
         self._run = run
-        self._edge = edge
+        self._edge = run._outputs[name]
         self._versioned = versioned
+        self._check = run._checks.get(name)
+        node = run.graph.outputs[name]
+        self._producer = run._stages.get(node)
 
     def __aiter__(self) -> ResultStream:
         return self
@@ -318,6 +333,10 @@ class ResultStream:
                     f"ended; read results inside `async with g.run(ctx)`"
                 )
             item = edge.take_nowait()
+            if item is not None and self._check is not None:
+                item = self._fresh(item)
+                if item is None:
+                    continue  # dropped or sent back: take the next one
             if item is not None:
                 edge.ack(item.seq)
                 value = item.value.value
@@ -325,3 +344,20 @@ class ResultStream:
             if edge.closed:
                 raise StopAsyncIteration
             await nap(self._run._wake)
+
+    def _fresh(self, item: Item) -> Item | None:
+        """``item`` if it is within the output's staleness bound; else it is dropped or sent
+        back (counted on the output's edge) and ``None`` is returned."""
+        check, edge = self._check, self._edge
+        assert check is not None
+        dropped = check.dropped
+        fresh = check.receive(item)
+        if check.dropped > dropped:
+            edge.stats.dropped_stale += check.dropped - dropped
+            edge.ack(item.seq, delivered=False)
+        for stale in check.take_requeued():
+            send_back(stale, edge, self._producer, self._run.graph.name, edge.name)
+        if not fresh:
+            return None
+        check.commit(item.seq)
+        return item

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from orchestr.errors import ActorDiedError
+from orchestr.errors import ActorDiedError, ConfigError
 
 from ._channels import Edge, NodeOut, Token, Work, first_error, nap
 from ._channelstate import Item, Receiver
@@ -29,7 +29,7 @@ from ._route import Batcher, Router
 if TYPE_CHECKING:
     from ._run import GraphRun
 
-__all__ = ["MAX_REQUEUES", "StageRunner"]
+__all__ = ["MAX_REQUEUES", "StageRunner", "send_back"]
 
 log = structlog.get_logger("orchestr.graph")
 
@@ -149,22 +149,7 @@ class StageRunner:
         return Work(values, min(versions) if versions else None, [i.seq for i in items])
 
     def _send_back(self, stale: Item) -> None:
-        origin = stale.value.origin
-        stats = self.in_edge.stats
-        if self.producer is None or origin is None or origin.requeues >= MAX_REQUEUES:
-            stats.dropped_stale += 1
-            log.warning(
-                "stale item dropped after requeues",
-                graph=self.graph_run.graph.name,
-                stage=self.node.name,
-                version=stale.version,
-                requeues=MAX_REQUEUES,
-            )
-        else:
-            stats.requeued += 1
-            again = Work(origin.value, origin.version, [], origin.requeues + 1, self.in_edge)
-            self.producer.requeue(again)
-        self.in_edge.ack(stale.seq, delivered=False)
+        send_back(stale, self.in_edge, self.producer, self.graph_run.graph.name, self.node.name)
 
     # -- slots and calls ----------------------------------------------------------------
 
@@ -257,7 +242,7 @@ class StageRunner:
                 value, version = await self._fanout(loop, work)
             else:
                 result = await self._with_retries(loop, work, member, fixed=False)
-                value, version = _unwrap(result, work.version)
+                value, version = self._unwrap(result, work.version)
             await self._emit(work, value, version)
         except Exception as exc:
             self.graph_run.fail(exc, self.node.name)
@@ -274,7 +259,7 @@ class StageRunner:
                 ]
         except BaseExceptionGroup as group:
             raise first_error(group) from None
-        pairs = [_unwrap(c.result(), None) for c in calls]
+        pairs = [self._unwrap(c.result(), None) for c in calls]
         versions = [v for _, v in pairs if v is not None]
         return [v for v, _ in pairs], min(versions) if versions else work.version
 
@@ -293,8 +278,37 @@ class StageRunner:
                     self.in_edge.ack(seq)
                 self.results.commit(item.seq)
 
+    def _unwrap(self, result: Any, version: int | None) -> tuple[Any, int | None]:
+        if isinstance(result, Versioned):
+            return result.value, result.version
+        if self.node.version_of is not None:
+            made = self.node.version_of(result)
+            if isinstance(made, bool) or not isinstance(made, int):
+                raise ConfigError(
+                    f"stage {self.node.name!r}: version_of returned {made!r}; a version is an "
+                    f"integer"
+                )
+            return result, made
+        return result, version
 
-def _unwrap(result: Any, version: int | None) -> tuple[Any, int | None]:
-    if isinstance(result, Versioned):
-        return result.value, result.version
-    return result, version
+
+def send_back(
+    stale: Item, edge: Edge, producer: StageRunner | None, graph: str, where: str
+) -> None:
+    """``stale`` (taken from ``edge``) goes back through ``producer`` to be made again, or is
+    dropped after :data:`MAX_REQUEUES`; either way its slot on ``edge`` frees."""
+    origin = stale.value.origin
+    stats = edge.stats
+    if producer is None or origin is None or origin.requeues >= MAX_REQUEUES:
+        stats.dropped_stale += 1
+        log.warning(
+            "stale item dropped after requeues",
+            graph=graph,
+            stage=where,
+            version=stale.version,
+            requeues=MAX_REQUEUES,
+        )
+    else:
+        stats.requeued += 1
+        producer.requeue(Work(origin.value, origin.version, [], origin.requeues + 1, edge))
+    edge.ack(stale.seq, delivered=False)

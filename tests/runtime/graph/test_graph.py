@@ -343,6 +343,59 @@ async def test_staleness_drop_and_requeue_are_counted(cluster: Cluster) -> None:
     assert (stats["sent"], stats["requeued"], stats["dropped_stale"]) == (12, 9, 3)
 
 
+def test_an_output_bound_and_version_of_are_checked_and_shown() -> None:
+    gens = fake_mesh()
+    g = oc.Graph("rl")
+    src = g.source("prompts", range(4))
+    with pytest.raises(oc.ConfigError, match="version_of is a function"):
+        g.map("gen", gens.generate, src, version_of=3)
+    gen = g.map("gen", gens.generate, src, version_of=len)
+    with pytest.raises(oc.ConfigError, match="output 'prompts': staleness policy 'requeue'"):
+        g.output(src, staleness=oc.Staleness(1, "requeue"))
+    with pytest.raises(oc.ConfigError, match="staleness is an orchestr.Staleness"):
+        g.output(gen, staleness=3)
+    g.output(gen, "rollouts", staleness=oc.Staleness(0, "requeue"))
+    assert "output rollouts <- gen (staleness eta=0 requeue)" in g.describe()
+    assert "version_of len" in g.describe()
+    assert g.to_dict()["output_staleness"] == {"rollouts": {"eta": 0, "policy": "requeue"}}
+    assert "output rollouts (staleness eta=0 requeue)" in g.to_dot()
+
+
+@on_cluster
+async def test_an_output_bounds_what_its_reader_takes_as_it_reads(cluster: Cluster) -> None:
+    ctx, two, one = cluster
+    await one.reset.call_one()
+    g = oc.Graph("bounded")
+    gen = g.map("gen", one.generate, g.source("prompts", range(6)))  # version = call number
+    g.output(gen, staleness=oc.Staleness(0, "requeue"))
+    async with g.run(ctx) as run:
+        run.set_version(3)  # the first generations are stale: made again, newer
+        out = [pair async for pair in run.results("gen", versioned=True)]
+    assert sorted(v for v, _ in out) == list(range(6))
+    assert all(version >= 3 for _, version in out)
+    stats = run.stats()["gen->output:gen"]
+    assert stats["requeued"] >= 3 and stats["dropped_stale"] == 0 and stats["delivered"] == 6
+
+    # each value is checked as it is read, against the version set by then: values that
+    # waited in the output's buffer while the version moved on are dropped
+    g = oc.Graph("by_read")
+    made = g.map("made", two.step, g.source("xs", range(6)), version_of=lambda r: r[1])
+    g.output(made, staleness=oc.Staleness(1, "drop"))
+    async with g.run(ctx) as run:
+        stream = run.results(made, versioned=True)
+        first = await anext(stream)
+        await run.wait()  # the rest are made and wait in the output's buffer
+        run.set_version(5)
+        rest = [pair async for pair in stream]
+    assert first[1] == 0 and [v for _, v in rest] == [4, 5]
+    assert run.stats()["made->output:made"]["dropped_stale"] == 3
+
+    g = oc.Graph("bad_version")
+    g.map("made", two.double, g.source("xs", range(2)), version_of=str)
+    with pytest.raises(oc.ConfigError, match="version_of returned '0'; a version is an integer"):
+        await g.collect(ctx)
+
+
 @on_cluster
 async def test_a_remote_error_fails_the_graph_with_its_traceback(cluster: Cluster) -> None:
     ctx, two, _ = cluster
