@@ -2,7 +2,8 @@
 
 - :func:`run_grpo` (``_grpo``): generators, a reward mesh and trainers on one of three
   schedules (``sync``, ``stream``, ``stream+skew``), surviving the loss of any member
-  (``_faults``); the stream modes' length ranker and sample channel are in ``_streaming``;
+  (``_faults``); the stream modes run on a graph (``_stream``), stream+skew's length ranker
+  is in ``_streaming``;
 - :func:`train` (``_reference``): the single-process reference loop ``sync`` reproduces;
 - ``_task``: digit reversal, the example task (tokens, prompts, the reward, the evaluation).
 """

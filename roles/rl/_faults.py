@@ -50,11 +50,6 @@ class MemberWatch:
         self.up = asyncio.Event()
         self.up.set()
         self.lock = asyncio.Lock()
-        #: Stream modes: the epoch each group ("step/index") routed to this member and not yet
-        #: complete was routed under.
-        self.assigned: dict[str, int] = {}
-        #: Generators: what its last ``reset`` returned, naming the incarnation and its work.
-        self.token: str | None = None
         self._changed = asyncio.Event()
 
     def lost(self) -> int:

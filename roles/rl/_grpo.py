@@ -9,11 +9,14 @@
     (:func:`~._reference.train`), so the run reproduces it up to float rounding between batch
     shapes.
 ``stream``
-    generators run ahead by ``lookahead`` batches; completions are scored as they finish and
-    whole groups queue in a channel that the trainer draws each batch from, oldest first. The
-    channel enforces the staleness bound η: a group whose oldest token's policy version is
-    below ``trainer version - eta`` is dropped (counted) and its prompt drawn again later, so
-    every trained sample satisfies ``version >= trainer version - eta``. Weights reach the
+    generators run ahead by ``lookahead`` batches, on an :class:`orchestr.Graph`
+    (:mod:`._stream`): prompt groups flow to the generators' ``generate`` and whole groups
+    wait in an output that the trainer draws each batch from, in the order they finished. The
+    output enforces the staleness bound η (``oc.Staleness(eta, "requeue")``, checked as the
+    trainer takes each group): a group whose oldest token's policy version is below ``trainer
+    version - eta`` is drawn again under the newest weights (counted), so every trained
+    sample satisfies ``version >= trainer version - eta``. Each batch is scored as it is
+    taken. Weights reach the
     generators after every batch while they keep generating: requests in flight finish under
     the new version (AReaL's interruptible generation; the per-token behaviour log-probs keep
     the ratio exact).
@@ -32,8 +35,12 @@ new incarnation exists (a ``supervise`` hook), so it can tell the dead one's wor
 one's (:class:`~._faults.MemberWatch`):
 
 - a generator: the groups it held are drawn again (counted), and the restarted generator loads
-  the current weights before it gets work. In sync mode the redrawn samples are the same ones
-  (they are keyed by seed, step, prompt and sample), so the run is the run without the death.
+  the current weights. In sync mode it loads them before it gets work, and the redrawn samples
+  are the same ones (they are keyed by seed, step, prompt and sample), so the run is the run
+  without the death. In the stream modes the graph sends the groups again at once, to the
+  other generators while the dead one is backed off; a group the restarted one draws before
+  its load carries the version it was made with (its initial weights, version 0, are the
+  trainer's), so the staleness bound sends it back if it is too old.
 - a reward worker: the samples being scored are scored again on the restarted one.
 - the trainer (a mesh of one): it is restored from its last checkpoint (taken every
   ``checkpoint_every`` batches), the batches after it are undone (counted), every generator
@@ -57,7 +64,8 @@ import orchestr as oc
 
 from ._config import MODES, GRPOConfig, GRPOResult, StepRecord
 from ._job import Job
-from ._modes import run_stream, run_sync
+from ._modes import run_sync
+from ._stream import run_stream
 from ._streaming import LengthRanker
 
 __all__ = ["MODES", "GRPOConfig", "GRPOResult", "LengthRanker", "StepRecord", "run_grpo"]

@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orchestr as oc
@@ -74,10 +74,12 @@ class Job:
         self.rescored = 0
         self.rolled_back = 0
         self.checkpoints = 0
-        #: Stream modes: puts the groups of these keys ("step/index") back in the queue.
-        self.requeue_keys: Callable[[list[str]], None] | None = None
-        #: Stream modes: drops everything scored and not trained (a rollback voids it).
-        self.void_scored: Callable[[], None] | None = None
+        #: Stream modes: the generators take their work from a graph, which sends a group
+        #: again when its generator dies (so a restarted one is not reset).
+        self.generators_in_graph = False
+        #: Stream modes: ends the graph's run, whose groups a rollback voids (the next run
+        #: draws them again).
+        self.void_scored: Callable[[], Awaitable[None]] | None = None
         self.background: set[asyncio.Task[None]] = set()
         self.failure: BaseException | None = None
         self.failed = asyncio.Event()
@@ -159,8 +161,6 @@ class Job:
         if self.injector is not None:
             meshes = {"generator": self.gens, "trainer": self.trainers, "reward": self.rewards}
             self.injector.meshes = meshes
-        for i, watch in enumerate(self.watch["generator"]):
-            watch.token = (await self.gens[i].reset.call_one())["token"]
         if self.trainer_restarts:
             self.checkpoint_base = self._checkpoint_base()
             while self.checkpoint_path is None:  # a restarted trainer starts from version 0 too

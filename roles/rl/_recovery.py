@@ -47,24 +47,23 @@ async def recover_generator(job: Job, i: int) -> None:
     epoch = watch.epoch
     async with job.recovery:
         if watch.epoch == epoch:  # else it died again: the newer recovery does it
-            await renew_generator(job, i, epoch)
+            # a restarted generator holds nothing; one the graph feeds may have its
+            # redelivered work already, which a reset would fail
+            await renew_generator(job, i, epoch, reset=not job.generators_in_graph)
 
 
-async def renew_generator(job: Job, i: int, epoch: int) -> None:
-    """Bring generator ``i`` (whose work since ``epoch`` began is void) up to date: its
-    groups are drawn again, it drops what it holds and loads the current weights."""
+async def renew_generator(job: Job, i: int, epoch: int, *, reset: bool = True) -> None:
+    """Bring generator ``i`` (whose work since ``epoch`` began is void) up to date: with
+    ``reset`` it drops what it holds (and may then load older weights); it loads the
+    current weights."""
     watch, trainer = job.watch["generator"][i], job.trainer_watch
-    async with watch.lock:  # no submit or weight load to it in flight
-        lost = list(watch.assigned)
-        watch.assigned.clear()
-        if lost and job.requeue_keys is not None:
-            job.requeue_keys(lost)
-            job.redrawn += len(lost)
+    async with watch.lock:  # no weight load to it in flight
         while watch.epoch == epoch:
             ref, ref_epoch = job.current_ref, job.ref_epoch
             try:
                 # the first call waits for the restarted worker
-                watch.token = (await job.gens[i].reset.call_one())["token"]
+                if reset or ref is None:
+                    await job.gens[i].reset.call_one()
                 if ref is not None:
                     await job.gens[i].sync_weights.call_one(ref)
                 break
@@ -83,8 +82,9 @@ async def renew_generator(job: Job, i: int, epoch: int) -> None:
 
 async def rollback(job: Job, step: int) -> int:
     """The trainer died: restore it from its last checkpoint, void every sample made
-    since (each generator drops what it holds and loads the restored weights, the stream
-    modes' scored groups are drawn again) and forget the batches after the checkpoint.
+    since (each generator drops what it holds and loads the restored weights; the stream
+    modes' graph run ends, and the next draws its groups again) and forget the batches after
+    the checkpoint.
     Returns the restored version: the batch to go on from."""
     trainer = job.trainer_watch
     async with job.recovery:
@@ -101,10 +101,10 @@ async def rollback(job: Job, step: int) -> int:
                 raise
             job.current_ref, job.ref_epoch = ref, epoch
             # every generator's work is void from here, all at once: no group made under
-            # the undone versions reaches the channel after it is emptied
+            # the undone versions is taken once the graph's run has ended
             epochs = [watch.lost() for watch in job.watch["generator"]]
             if job.void_scored is not None:
-                job.void_scored()
+                await job.void_scored()
             for i, generator_epoch in enumerate(epochs):
                 await renew_generator(job, i, generator_epoch)
             if trainer.epoch == epoch:

@@ -1,16 +1,14 @@
-"""The stream modes' two sans-IO-ish pieces: the output-length ranker that routes predicted-long
-prompts (StreamRL's skewness-aware dispatch) and the channel of scored groups that enforces the
-staleness bound."""
+"""The stream+skew mode's output-length ranker, which routes predicted-long prompts to their own
+generators (StreamRL's skewness-aware dispatch); sans-IO."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from orchestr.roles.generator import Completion, Request
+from orchestr.roles.generator import Request
 
-__all__ = ["LengthRanker", "SampleChannel"]
+__all__ = ["LengthRanker"]
 
 
 class LengthRanker:
@@ -51,43 +49,3 @@ class LengthRanker:
             long[i] = True
             taken += costs[i]
         return long
-
-
-class SampleChannel:
-    """Complete, scored groups waiting for the trainer, oldest first, under the staleness
-    bound: :meth:`take` drops every group older than ``min_version`` as it meets it."""
-
-    def __init__(self) -> None:
-        self._groups: collections.deque[tuple[int, list[tuple[Completion, float]]]] = (
-            collections.deque()
-        )
-        self._ready = asyncio.Condition()
-        self.dropped = 0
-
-    async def put(self, group: list[tuple[Completion, float]]) -> None:
-        async with self._ready:
-            self._groups.append((min(c.version for c, _ in group), group))
-            self._ready.notify_all()
-
-    def drain(self) -> list[list[tuple[Completion, float]]]:
-        """Take every group out, oldest first (none is counted as dropped)."""
-        groups = [g for _, g in self._groups]
-        self._groups.clear()
-        return groups
-
-    async def take(
-        self, n: int, min_version: int, on_drop: Callable[[list[tuple[Completion, float]]], None]
-    ) -> list[list[tuple[Completion, float]]]:
-        out: list[list[tuple[Completion, float]]] = []
-        async with self._ready:
-            while len(out) < n:
-                while self._groups and len(out) < n:
-                    version, group = self._groups.popleft()
-                    if version < min_version:
-                        self.dropped += 1
-                        on_drop(group)
-                    else:
-                        out.append(group)
-                if len(out) < n:
-                    await self._ready.wait()
-        return out

@@ -121,6 +121,13 @@ def test_each_mode_learns_through_the_example_while_each_role_is_killed(
     lags = [r["max_lag"] for r in batches]
     rewards = [r["reward"] for r in batches]
     evals = [r["accuracy"] for r in rows if r["kind"] == "eval"]
+    if mode != "sync":
+        # the rollouts run on a graph; the trainer's rollback ended a run and a new one
+        # went on (the groups of the first drawn again)
+        events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+        runs = [e for e in events if e["kind"] == "graph"]
+        assert {e["name"] for e in runs} == {f"grpo-{mode.replace('+', '-')}"}, drawn
+        assert len(runs) >= 2 and len(runs) == sum(e["kind"] == "graph_end" for e in events)
     if mode == "stream+skew":
         assert max(lags) <= 1, drawn  # eta 1, across the rollback too
         assert summary["routed_long"] > 0
