@@ -14,7 +14,7 @@ from types import ModuleType
 import orchestr
 from orchestr._log import configure_logging
 
-from . import _daemons, _fabric, _jobs
+from . import _daemons, _fabric, _jobs, _models
 
 
 def load_job(path: str) -> ModuleType:
@@ -223,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(func=_daemons.status)
     _jobs.add_parsers(sub, STATE_DIR_HELP)
     _fabric.add_parsers(sub, STATE_DIR_HELP)
+    _models.add_parsers(sub)
     transports = sub.add_parser(
         "transports", help="list the data-plane transports this host can use, and why not"
     )

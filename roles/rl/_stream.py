@@ -175,15 +175,18 @@ class Rollouts:
             holder.result()  # raises why it did not start
 
     async def stop(self, *, redraw: bool = True) -> None:
-        """End the run, if one is going: what its graph held is drawn again by the next one
-        (counted as redrawn). Blocks until the run's tasks have ended."""
+        """End the run, if one is going: with ``redraw`` what its graph held is drawn again by
+        the next one (counted as redrawn). Blocks until the run's tasks have ended."""
         holder, run = self._holder, self.run
         if holder is None or run is None:
             return
         self._stop.set()
         await asyncio.gather(holder, return_exceptions=True)
-        for edge in run.stats().values():
+        stats = run.stats()
+        for edge in stats.values():
             self.ended.update(edge)
+        # sent again by the graph after their generator died, or by the next run
+        self.job.redrawn += stats["prompts->generate"]["redelivered"]
         if redraw:
             self.job.redrawn += len(self.fed)
         self.again.extendleft(reversed([*self.fed.values(), *self.queued]))

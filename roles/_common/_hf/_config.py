@@ -1,0 +1,183 @@
+"""A Hugging Face format ``config.json``, read into one checked dataclass for the decoder
+families orchestr runs (``llama``, ``qwen2``). Both spellings of the rotary settings are
+read: ``rope_theta`` + ``rope_scaling`` (transformers 4) and ``rope_parameters`` (5)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+import orchestr as oc
+
+__all__ = ["FAMILIES", "ModelConfig", "RopeScaling", "read_config"]
+
+#: ``model_type`` -> what the family fixes: bias on q/k/v, and the tied-embeddings default.
+FAMILIES: dict[str, dict[str, bool]] = {
+    "llama": {"qkv_bias": False, "tie": False},
+    "qwen2": {"qkv_bias": True, "tie": False},
+}
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """How the rotary frequencies are scaled: ``default`` (none), ``linear`` (positions
+    divided by ``factor``) or ``llama3`` (long wavelengths stretched by ``factor``, short
+    ones kept, a smooth band between)."""
+
+    type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """What the model code needs of a checkpoint's ``config.json``."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling
+    max_position_embeddings: int
+    qkv_bias: bool
+    tie_word_embeddings: bool
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], where: str = "config.json") -> ModelConfig:
+        """Check ``raw`` (a parsed ``config.json``); raises :class:`ConfigError` naming the
+        file and the field for anything orchestr cannot run."""
+        model_type = raw.get("model_type")
+        if model_type not in FAMILIES:
+            raise oc.ConfigError(
+                f"{where}: model_type {model_type!r} is not supported; orchestr runs "
+                f"{', '.join(sorted(FAMILIES))}"
+            )
+        family = FAMILIES[model_type]
+        act = raw.get("hidden_act", "silu")
+        if act != "silu":
+            raise oc.ConfigError(f"{where}: hidden_act {act!r} is not supported (only silu)")
+        if raw.get("use_sliding_window"):
+            raise oc.ConfigError(f"{where}: sliding-window attention is not supported")
+        if raw.get("mlp_bias") or (model_type == "llama" and raw.get("attention_bias")):
+            raise oc.ConfigError(
+                f"{where}: biases on the MLP or attention output are not supported"
+            )
+        ints = {}
+        for name in (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads",
+        ):  # fmt: skip
+            ints[name] = _positive_int(raw, name, where)
+        heads = ints["num_attention_heads"]
+        kv_heads = _positive_int(raw, "num_key_value_heads", where, default=heads)
+        if heads % kv_heads:
+            raise oc.ConfigError(
+                f"{where}: num_attention_heads ({heads}) is not a multiple of "
+                f"num_key_value_heads ({kv_heads})"
+            )
+        default_head = ints["hidden_size"] // heads
+        head_dim = _positive_int(raw, "head_dim", where, default=default_head)
+        if head_dim % 2:
+            raise oc.ConfigError(
+                f"{where}: head_dim must be even for rotary embeddings, got {head_dim}"
+            )
+        theta, scaling = _rope(raw, where)
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        return cls(
+            model_type=model_type,
+            **ints,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=_positive_float(raw, "rms_norm_eps", where, default=1e-6),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=_positive_int(
+                raw, "max_position_embeddings", where, default=2048
+            ),
+            qkv_bias=family["qkv_bias"],
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", family["tie"])),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=tuple(int(i) for i in eos_ids),
+            pad_token_id=raw.get("pad_token_id"),
+        )
+
+
+def read_config(folder: str | os.PathLike[str]) -> ModelConfig:
+    """The checked config of the checkpoint in ``folder``."""
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        raise oc.ConfigError(f"{folder}: no config.json; is this a model folder?") from None
+    except (OSError, ValueError) as exc:
+        raise oc.ConfigError(f"{path}: not readable JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise oc.ConfigError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    return ModelConfig.from_dict(raw, path)
+
+
+def _rope(raw: dict[str, Any], where: str) -> tuple[float, RopeScaling]:
+    params = raw.get("rope_parameters")
+    if params is None:
+        params = dict(raw.get("rope_scaling") or {})
+        params.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
+    if not isinstance(params, dict):
+        raise oc.ConfigError(f"{where}: rope_parameters must be an object, got {params!r}")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise oc.ConfigError(
+            f"{where}: rope scaling {kind!r} is not supported; orchestr runs "
+            f"{', '.join(ROPE_TYPES)}"
+        )
+    theta = _positive_float(params, "rope_theta", where, default=10000.0)
+    if kind == "default":
+        return theta, RopeScaling()
+    factor = _positive_float(params, "factor", where)
+    if kind == "linear":
+        return theta, RopeScaling("linear", factor)
+    return theta, RopeScaling(
+        "llama3",
+        factor,
+        _positive_float(params, "low_freq_factor", where),
+        _positive_float(params, "high_freq_factor", where),
+        _positive_int(params, "original_max_position_embeddings", where),
+    )
+
+
+def _positive_int(raw: dict[str, Any], name: str, where: str, default: int | None = None) -> int:
+    value = raw.get(name, default)
+    if value is None:
+        raise oc.ConfigError(f"{where}: {name} is missing")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise oc.ConfigError(f"{where}: {name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _positive_float(
+    raw: dict[str, Any], name: str, where: str, default: float | None = None
+) -> float:
+    value = raw.get(name, default)
+    if value is None:
+        raise oc.ConfigError(f"{where}: {name} is missing")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise oc.ConfigError(f"{where}: {name} must be a positive number, got {value!r}")
+    if not math.isfinite(value):
+        raise oc.ConfigError(f"{where}: {name} must be finite, got {value!r}")
+    return float(value)

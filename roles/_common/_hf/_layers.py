@@ -1,0 +1,203 @@
+"""orchestr's own torch modules for Llama/Qwen2-style decoders, named as Hugging Face names
+their tensors (``model.layers.3.self_attn.q_proj.weight``) so a checkpoint loads as it is.
+
+The model is built to be cut: each layer's attention (:class:`Attention`) and feed-forward
+part (:class:`MLP`) are separate modules with explicit inputs (hidden states, positions, the
+attention mask), so they can run in different processes. Rotary embeddings (:class:`Rotary`)
+are computed from positions in float32, as the reference does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._config import ModelConfig, RopeScaling
+
+__all__ = ["MLP", "Attention", "CausalLM", "DecoderLayer", "RMSNorm", "Rotary", "causal_mask"]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def inverse_frequencies(dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """The rotary inverse frequencies of a head of ``dim``, after ``scaling``."""
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if scaling.type == "linear":
+        return inv / scaling.factor
+    if scaling.type == "llama3":
+        old = scaling.original_max_position_embeddings
+        low_wavelen = old / scaling.low_freq_factor
+        high_wavelen = old / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+        smooth = (old / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
+        blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, blended, scaled)
+    return inv
+
+
+class Rotary(nn.Module):
+    """cos and sin of each position's rotation, ``[batch, seq, head_dim]``, in float32."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dim, self.theta, self.scaling = cfg.head_dim, cfg.rope_theta, cfg.rope_scaling
+        self._inv: dict[torch.device, torch.Tensor] = {}
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inv = self._inv.get(positions.device)
+        if inv is None:
+            inv = self._inv[positions.device] = inverse_frequencies(
+                self.dim, self.theta, self.scaling
+            ).to(positions.device)
+        freqs = positions.float()[..., None] * inv
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos + turned * sin).to(x.dtype)
+
+
+def causal_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """``[batch, 1, width, width]``: query ``i`` sees keys ``j <= i`` within its length."""
+    idx = torch.arange(width, device=lengths.device)
+    causal = idx[None, :] <= idx[:, None]
+    valid = idx[None, :] < lengths[:, None]
+    return (causal[None] & valid[:, None, :])[:, None]
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with rotary positions: ``forward(hidden, cos, sin,
+    mask)`` over ``[batch, seq, hidden]``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+        )  # fmt: skip
+        bias = cfg.qkv_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def project(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values, ``[batch, heads, seq, head_dim]``, rotated."""
+        b, t, _ = hidden.shape
+        q = self.q_proj(hidden).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = cos[:, None], sin[:, None]
+        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """The output projection of softmax attention of ``q`` over ``k``/``v``."""
+        group = self.heads // self.kv_heads
+        if group > 1:
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        b, _, t, _ = out.shape
+        merged: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return merged
+
+    def forward(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        return self.attend(*self.project(hidden, cos, sin), mask)
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, mask)
+        out: torch.Tensor = hidden + self.mlp(self.post_attention_layernorm(hidden))
+        return out
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg)
+
+
+class CausalLM(nn.Module):
+    """A decoder and its head: ``forward(tokens, lengths=None, positions=None)`` gives
+    logits ``[batch, seq, vocab]`` for right-padded ``tokens`` (``lengths`` per row; default
+    every row full). Positions default to ``0 .. seq-1``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Decoder(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        b, t = tokens.shape
+        if lengths is None:
+            lengths = torch.full((b,), t, device=tokens.device)
+        if positions is None:
+            positions = torch.arange(t, device=tokens.device).expand(b, t)
+        cos, sin = self.model.rotary(positions)
+        mask = causal_mask(lengths, t)
+        hidden = self.model.embed_tokens(tokens)
+        for layer in self.model.layers:
+            hidden = layer(hidden, cos, sin, mask)
+        logits: torch.Tensor = self.lm_head(self.model.norm(hidden))
+        return logits

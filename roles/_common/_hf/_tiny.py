@@ -1,0 +1,180 @@
+"""Tiny checkpoints of each family, made locally (nothing is downloaded): a Hugging Face format
+folder with ``config.json``, safetensors weights (random init; sharded on request),
+``tokenizer.json`` (a byte-level BPE trained with the ``tokenizers`` library on text this
+module generates) and ``tokenizer_config.json`` with a ChatML chat template. Tests, examples
+and benchmarks use them; ``orchestr model make-tiny`` is the command."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import (
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+
+import orchestr as oc
+
+from ._config import FAMILIES, ModelConfig
+from ._layers import CausalLM
+
+__all__ = ["ARCHS", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "make_tiny"]
+
+ARCHS = tuple(FAMILIES)
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_WORDS = (
+    "the a model token layer block cache prefix request reply reverse digits of number and "
+    "to in is what please user assistant system you answer short long first last train serve"
+).split()
+_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+def corpus(seed: int, lines: int = 3000) -> list[str]:
+    """Text to train the tokenizer on: digit strings and their reversals, short sentences."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(lines):
+        digits = " ".join(str(rng.randrange(10)) for _ in range(rng.randint(1, 12)))
+        out.append(f"reverse {digits} -> {' '.join(reversed(digits.split()))}")
+        out.append(" ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 14))) + ".")
+    return out
+
+
+def train_tokenizer(vocab_size: int, seed: int) -> Tokenizer:
+    """A byte-level BPE pre-tokenized as Qwen2's and Llama 3's are: NFC, then a regex split
+    (contractions, letter runs, single digits, punctuation, whitespace), then bytes."""
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(seed), trainer=trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    return tok
+
+
+def make_tiny(
+    arch: str,
+    folder: str | os.PathLike[str],
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int | None = None,
+    vocab: int = 512,
+    rope_theta: float = 10000.0,
+    tie: bool | None = None,
+    shards: int = 1,
+    seed: int = 0,
+) -> str:
+    """Write a randomly initialised ``arch`` checkpoint (``llama`` or ``qwen2``) to
+    ``folder`` (made if missing; it must hold no checkpoint yet) and return its path. Qwen2
+    ties its embeddings unless ``tie`` says otherwise; ``shards`` > 1 splits the weights into
+    that many files with an index. Raises :class:`ConfigError` for a bad argument."""
+    if arch not in ARCHS:
+        raise oc.ConfigError(f"unknown arch {arch!r}; use one of {', '.join(ARCHS)}")
+    folder = os.fspath(folder)
+    if os.path.exists(os.path.join(folder, "config.json")):
+        raise oc.ConfigError(f"{folder} already holds a checkpoint; give an empty folder")
+    if shards < 1:
+        raise oc.ConfigError(f"shards must be at least 1, got {shards}")
+    tokenizer = train_tokenizer(vocab, seed)
+    raw = {
+        "architectures": [_CLASSES[arch]],
+        "model_type": arch,
+        "vocab_size": tokenizer.get_vocab_size(),
+        "hidden_size": hidden,
+        "intermediate_size": intermediate or 2 * hidden + hidden // 2,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": hidden // heads,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": rope_theta,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": arch == "qwen2" if tie is None else tie,
+        "bos_token_id": tokenizer.token_to_id("<s>"),
+        "eos_token_id": tokenizer.token_to_id("<|im_end|>"),
+        "pad_token_id": tokenizer.token_to_id("<pad>"),
+        "torch_dtype": "float32",
+    }
+    cfg = ModelConfig.from_dict(raw)  # checks the sizes
+    torch.manual_seed(seed)
+    model = CausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.05)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        del state["lm_head.weight"]
+    os.makedirs(folder, exist_ok=True)
+    _save(state, folder, shards)
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(raw, f, indent=2)
+    tokenizer.save(os.path.join(folder, "tokenizer.json"))
+    tok_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<pad>",
+        "model_max_length": 4096,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(tok_config, f, indent=2)
+    return folder
+
+
+def _save(state: dict[str, torch.Tensor], folder: str, shards: int) -> None:
+    if shards == 1:
+        save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        return
+    names = sorted(state)
+    weight_map = {}
+    for i in range(shards):
+        part = names[i::shards]
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({n: state[n] for n in part}, os.path.join(folder, file), {"format": "pt"})
+        weight_map.update(dict.fromkeys(part, file))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+        json.dump(index, f, indent=2)
