@@ -1,0 +1,264 @@
+"""The engine's scheduler over the paged KV cache, sans-IO (no torch, no clock): it runs the
+same on virtual time in a simulator as behind the torch executor.
+
+Each :meth:`Scheduler.schedule` picks what the next model step computes, within a budget of
+tokens shared by decodes and prefill chunks (chunked prefill: a long prompt is computed a
+chunk per step and never stalls the running decodes):
+
+1. the running sequences first, in admission order: each the tokens it has not computed yet
+   (one for a decode), as far as the budget goes. When the pool has no block for one, the
+   sequence admitted last is preempted (its blocks freed, its KV to be recomputed) until it
+   fits;
+2. then waiting sequences, first come first served, while the batch and the budget have room
+   and nothing was preempted in this step: each takes the longest cached prefix of full
+   blocks (a prefix hit; never its last token, which must be computed for its logits) and
+   blocks for the chunk it computes now.
+
+:meth:`Scheduler.update` records what the step computed and the token each sequence that
+reached its end sampled, enters the blocks that became full into the prefix cache, and
+finishes sequences at a stop token or their token limit. A finished or cancelled sequence
+gives its blocks back at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from ._blocks import BlockPool, hash_block
+
+__all__ = ["Scheduler", "Seq", "Step"]
+
+Status = Literal["waiting", "running", "finished"]
+
+
+@dataclasses.dataclass(eq=False)
+class Seq:
+    """One request in the scheduler: its tokens so far and its place in the KV cache."""
+
+    id: str
+    prompt: list[int]
+    max_tokens: int
+    stop_ids: frozenset[int] = frozenset()
+    #: Keeps this request's cached blocks apart from other requests' (``None``: shared).
+    cache_salt: str | None = None
+    output: list[int] = dataclasses.field(default_factory=list)
+    #: Tokens whose keys and values are in the cache.
+    num_computed: int = 0
+    blocks: list[int] = dataclasses.field(default_factory=list)
+    #: The keys of its full blocks entered (or found) in the prefix cache, in order.
+    keys: list[bytes] = dataclasses.field(default_factory=list)
+    #: Tokens found in the prefix cache at its last admission.
+    cached_tokens: int = 0
+    status: Status = "waiting"
+    finish_reason: str | None = None
+    preemptions: int = 0
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+
+@dataclasses.dataclass
+class Step:
+    """What one model step computes: ``(sequence, tokens)`` from each one's ``num_computed``;
+    a sequence whose chunk reaches its last token samples one."""
+
+    scheduled: list[tuple[Seq, int]]
+    preempted: list[Seq]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+    def samples(self, seq: Seq, n: int) -> bool:
+        return seq.num_computed + n == seq.num_tokens
+
+
+class Scheduler:
+    """Continuous batching over a :class:`BlockPool`: at most ``max_batch`` running
+    sequences and ``token_budget`` tokens per step. ``extra_keys`` (the model, the weight
+    version) go into every block key, so blocks of other weights never match."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        *,
+        max_batch: int,
+        token_budget: int,
+        extra_keys: Sequence[Any] = (),
+    ) -> None:
+        if max_batch < 1 or token_budget < 1:
+            raise ValueError(
+                f"max_batch and token_budget must be >= 1: {max_batch}, {token_budget}"
+            )
+        self.pool = pool
+        self.max_batch = max_batch
+        self.token_budget = token_budget
+        self.extra_keys = tuple(extra_keys)
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self.queries = 0  # prompt tokens looked up in the prefix cache
+        self.hits = 0  # of which found there
+        self.preemptions = 0
+
+    # -- requests ----------------------------------------------------------------------------
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.pool.block_size)
+
+    def add(self, seq: Seq) -> None:
+        """Queue ``seq``. Raises ``ValueError`` when it could never fit: its prompt and
+        token limit need more blocks than the whole pool has."""
+        if not seq.prompt:
+            raise ValueError(f"request {seq.id!r} has an empty prompt")
+        if seq.max_tokens < 1:
+            raise ValueError(f"request {seq.id!r}: max_tokens must be >= 1, got {seq.max_tokens}")
+        need = self.blocks_for(len(seq.prompt) + seq.max_tokens)
+        if need > self.pool.num_blocks:
+            raise ValueError(
+                f"request {seq.id!r} can never fit: {len(seq.prompt)} prompt tokens and up to "
+                f"{seq.max_tokens} more need {need} blocks of {self.pool.block_size} tokens; "
+                f"the cache has {self.pool.num_blocks}"
+            )
+        seq.status = "waiting"
+        self.waiting.append(seq)
+
+    def finish(self, seq: Seq, reason: str) -> None:
+        """End ``seq`` (``stop``, ``length``, ``cancelled``, ...) and free its blocks."""
+        if seq.status == "finished":
+            return
+        if seq.status == "running":
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self._free(seq)
+        seq.status, seq.finish_reason = "finished", reason
+
+    # -- steps -------------------------------------------------------------------------------
+    def schedule(self) -> Step:
+        budget = self.token_budget
+        scheduled: list[tuple[Seq, int]] = []
+        preempted: list[Seq] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            while not self._grow(seq, seq.num_computed + n):
+                victim = self.running.pop()  # admitted last; never one already scheduled
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status != "running":
+                break
+            scheduled.append((seq, n))
+            budget -= n
+            i += 1
+        while self.waiting and not preempted and budget > 0:
+            if len(self.running) >= self.max_batch:
+                break
+            seq = self.waiting[0]
+            n = self._admit(seq, budget)
+            if n == 0:
+                break  # no room for it now: first come, first served
+            self.waiting.popleft()
+            self.running.append(seq)
+            scheduled.append((seq, n))
+            budget -= n
+        return Step(scheduled, preempted)
+
+    def update(self, step: Step, sampled: Mapping[str, int]) -> list[Seq]:
+        """Record ``step``: every scheduled sequence computed its tokens; one that reached its
+        end appended ``sampled[id]``. Returns the sequences that finished."""
+        finished = []
+        for seq, n in step.scheduled:
+            if seq.status != "running":
+                continue  # cancelled since
+            reached = step.samples(seq, n)
+            seq.num_computed += n
+            self._cache_full(seq)
+            if not reached:
+                continue
+            token = sampled[seq.id]
+            seq.output.append(token)
+            if token in seq.stop_ids:
+                self.finish(seq, "stop")
+            elif len(seq.output) >= seq.max_tokens:
+                self.finish(seq, "length")
+            else:
+                continue
+            finished.append(seq)
+        return finished
+
+    # -- the cache ---------------------------------------------------------------------------
+    def _extra(self, seq: Seq) -> tuple[Any, ...]:
+        return (*self.extra_keys, seq.cache_salt)
+
+    def _admit(self, seq: Seq, budget: int) -> int:
+        """Give ``seq`` its cached prefix and blocks for its first chunk; the chunk's size, or
+        0 when the pool cannot hold it now (nothing changes then)."""
+        size, tokens = self.pool.block_size, seq.tokens
+        hits: list[int] = []
+        keys: list[bytes] = []
+        parent: bytes | None = None
+        for b in range((len(tokens) - 1) // size):  # the last token is always computed
+            key = hash_block(parent, tokens[b * size : (b + 1) * size], self._extra(seq))
+            block = self.pool.lookup(key)
+            if block is None:
+                break
+            hits.append(block)
+            keys.append(key)
+            parent = key
+        computed = len(hits) * size
+        n = min(len(tokens) - computed, budget)
+        need = self.blocks_for(computed + n) - len(hits)
+        free_hits = sum(1 for b in hits if self.pool.refs[b] == 0)
+        if need > self.pool.num_free - free_hits:
+            return 0
+        self.pool.take(hits)
+        seq.blocks = hits + self.pool.allocate(need)
+        seq.keys, seq.num_computed, seq.cached_tokens = keys, computed, computed
+        seq.status = "running"
+        self.queries += len(tokens)
+        self.hits += computed
+        return n
+
+    def _grow(self, seq: Seq, tokens: int) -> bool:
+        need = self.blocks_for(tokens) - len(seq.blocks)
+        if need > self.pool.num_free:
+            return False
+        if need > 0:
+            seq.blocks += self.pool.allocate(need)
+        return True
+
+    def _cache_full(self, seq: Seq) -> None:
+        size = self.pool.block_size
+        full = seq.num_computed // size
+        if full <= len(seq.keys):
+            return
+        tokens = seq.tokens
+        parent = seq.keys[-1] if seq.keys else None
+        first, keys = len(seq.keys), []
+        prev = parent
+        for b in range(first, full):
+            prev = hash_block(prev, tokens[b * size : (b + 1) * size], self._extra(seq))
+            keys.append(prev)
+        self.pool.commit(seq.blocks[first:full], keys, parent, tokens[first * size : full * size])
+        seq.keys += keys
+
+    def _preempt(self, seq: Seq) -> None:
+        self._free(seq)
+        seq.status, seq.num_computed = "waiting", 0
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _free(self, seq: Seq) -> None:
+        self.pool.release(reversed(seq.blocks))  # the tail is evicted first
+        seq.blocks, seq.keys = [], []

@@ -1,0 +1,189 @@
+"""The paged KV cache's block pool and the scheduler over it, sans-IO: prefix hits, chunked
+prefill, preemption, admission control, and a property test that every block comes back."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestr.roles.generator._blocks import (
+    AllBlocksCleared,
+    BlockPool,
+    BlockRemoved,
+    BlockStored,
+    hash_block,
+)
+from orchestr.roles.generator._scheduler import Scheduler, Seq, Step
+
+
+def run(sched: Scheduler, rng: random.Random, steps: int = 10_000) -> list[Step]:
+    """Drive ``sched`` with random sampled tokens until nothing is left; the steps taken."""
+    done: list[Step] = []
+    for _ in range(steps):
+        if not sched.running and not sched.waiting:
+            return done
+        step = sched.schedule()
+        assert step.scheduled, "a step with work left scheduled nothing"
+        assert step.num_tokens <= sched.token_budget
+        sampled = {s.id: rng.randrange(50) for s, n in step.scheduled if step.samples(s, n)}
+        sched.update(step, sampled)
+        check_blocks(sched)
+        done.append(step)
+    raise AssertionError("the scheduler did not drain")
+
+
+def check_blocks(sched: Scheduler) -> None:
+    pool = sched.pool
+    held = [b for s in sched.running for b in s.blocks]
+    for b in range(pool.num_blocks):
+        assert pool.refs[b] == held.count(b)
+    assert pool.num_free == sum(1 for r in pool.refs if r == 0)
+    for s in sched.running:
+        assert len(s.blocks) >= sched.blocks_for(s.num_computed)
+    for s in sched.waiting:
+        assert not s.blocks and s.num_computed == 0
+
+
+def test_a_shared_prefix_is_computed_once_and_hits_count_whole_blocks() -> None:
+    pool = BlockPool(64, 4)
+    sched = Scheduler(pool, max_batch=8, token_budget=64, extra_keys=("m", 0))
+    prefix = list(range(10))  # two full blocks and two tokens
+    first = Seq("a", [*prefix, 90], 3)
+    sched.add(first)
+    run(sched, random.Random(0))
+    assert (first.cached_tokens, sched.hits, sched.queries) == (0, 0, 11)
+    second = Seq("b", [*prefix, 91, 92], 2)
+    sched.add(second)
+    step = sched.schedule()
+    assert second.cached_tokens == 8  # the third block differs; a part-block is a miss
+    assert step.scheduled == [(second, 4)] and (sched.hits, sched.queries) == (8, 23)
+    # a prompt that is all cached still computes its last token
+    same = Seq("c", prefix[:8], 2)
+    sched.add(same)
+    assert sched.schedule().scheduled[-1] == (same, 4) and same.cached_tokens == 4
+    # another salt, or other weights, never share blocks
+    salted = Seq("d", [*prefix, 90], 2, cache_salt="tenant-2")
+    sched.add(salted)
+    sched.schedule()
+    assert salted.cached_tokens == 0
+    other = Scheduler(pool, max_batch=8, token_budget=64, extra_keys=("m", 1))
+    newer = Seq("e", [*prefix, 90], 2)
+    other.add(newer)
+    other.schedule()
+    assert newer.cached_tokens == 0
+
+
+def test_events_name_the_blocks_their_parents_and_tokens() -> None:
+    pool = BlockPool(4, 2)
+    sched = Scheduler(pool, max_batch=4, token_budget=16)
+    seq = Seq("a", [1, 2, 3, 4, 5], 1)
+    sched.add(seq)
+    run(sched, random.Random(1))
+    (stored,) = pool.take_events()
+    k1 = hash_block(None, [1, 2], [None])
+    k2 = hash_block(k1, [3, 4], [None])
+    assert stored == BlockStored([k1, k2], None, [1, 2, 3, 4], 2)
+    # new work takes the free blocks: the cached ones go, the tail of the sequence first
+    sched.add(Seq("b", [7, 8, 9, 7, 8, 9, 7], 1))
+    sched.schedule()
+    removed = [e for e in pool.take_events() if isinstance(e, BlockRemoved)]
+    assert [k for e in removed for k in e.block_hashes] == [k2, k1]
+    assert not pool.clear_cache()  # blocks in use
+    sched.finish(sched.running[0], "cancelled")
+    assert pool.clear_cache() and pool.take_events() == [AllBlocksCleared()]
+    assert pool.cached == {}
+
+
+def test_chunked_prefill_shares_the_budget_with_running_decodes() -> None:
+    sched = Scheduler(BlockPool(64, 4), max_batch=4, token_budget=8)
+    short = Seq("short", [1, 2], 20)
+    sched.add(short)
+    sched.update(sched.schedule(), {"short": 5})
+    sched.add(Seq("long", list(range(30)), 2))
+    chunks = []
+    while len(short.output) < 5:
+        step = sched.schedule()
+        assert step.scheduled[0] == (short, 1)  # the decode goes first, every step
+        chunks.append(step.scheduled[1][1])
+        sched.update(step, {s.id: 7 for s, n in step.scheduled if step.samples(s, n)})
+    assert chunks == [7, 7, 7, 7]
+
+
+def test_preemption_recomputes_the_last_admitted_and_admission_refuses_the_impossible() -> None:
+    pool = BlockPool(6, 2)
+    sched = Scheduler(pool, max_batch=4, token_budget=32)
+    with pytest.raises(ValueError, match=r"can never fit: 6 prompt tokens .* need 7 blocks"):
+        sched.add(Seq("big", list(range(6)), 8))
+    a, b = Seq("a", [1, 2, 3], 6), Seq("b", [4, 5, 6], 6)
+    sched.add(a)
+    sched.add(b)
+    steps = run(sched, random.Random(2))
+    assert sched.preemptions >= 1 and b.preemptions >= 1 and a.preemptions == 0
+    assert any(b in s.preempted for s in steps)
+    assert len(a.output) == len(b.output) == 6
+    assert pool.num_free == pool.num_blocks
+
+
+def test_cancel_frees_at_once_and_stop_tokens_finish() -> None:
+    pool = BlockPool(16, 4)
+    sched = Scheduler(pool, max_batch=4, token_budget=16)
+    a, b = Seq("a", list(range(9)), 10, stop_ids=frozenset({3})), Seq("b", [1], 10)
+    sched.add(a)
+    sched.add(b)
+    step = sched.schedule()
+    sched.finish(b, "cancelled")
+    done = sched.update(step, {"a": 3, "b": 1})
+    assert done == [a] and a.finish_reason == "stop" and b.output == []
+    assert pool.num_free == 16 and not sched.running
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    blocks=st.integers(4, 40),
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    budget=st.integers(1, 64),
+    max_batch=st.integers(1, 6),
+)
+def test_every_block_comes_back_whatever_the_workload(
+    seed: int, blocks: int, block_size: int, budget: int, max_batch: int
+) -> None:
+    """Random prompts (some sharing prefixes), limits, stop tokens and cancellations: at
+    every step each block's count is its holders', and at the end every block is free."""
+    rng = random.Random(seed)
+    pool = BlockPool(blocks, block_size)
+    sched = Scheduler(pool, max_batch=max_batch, token_budget=budget)
+    prefixes = [[rng.randrange(50) for _ in range(rng.randint(1, 12))] for _ in range(3)]
+    seqs = []
+    for i in range(rng.randint(1, 12)):
+        prompt = [*rng.choice(prefixes)[: rng.randint(1, 12)], rng.randrange(50)]
+        seq = Seq(str(i), prompt, rng.randint(1, 10), stop_ids=frozenset({rng.randrange(50)}))
+        try:
+            sched.add(seq)
+        except ValueError:
+            assert sched.blocks_for(len(prompt) + seq.max_tokens) > blocks
+            continue
+        seqs.append(seq)
+    for _ in range(10_000):
+        if not sched.running and not sched.waiting:
+            break
+        if rng.random() < 0.05:
+            live = [s for s in seqs if s.status != "finished"]
+            sched.finish(rng.choice(live), "cancelled")
+            check_blocks(sched)
+            continue
+        step = sched.schedule()
+        assert step.scheduled and step.num_tokens <= budget
+        sampled = {s.id: rng.randrange(50) for s, n in step.scheduled if step.samples(s, n)}
+        sched.update(step, sampled)
+        check_blocks(sched)
+    assert all(s.status == "finished" for s in seqs)
+    assert pool.num_free == blocks and all(r == 0 for r in pool.refs)
+    assert sched.hits <= sched.queries
+    for s in seqs:
+        if s.finish_reason == "length":
+            assert len(s.output) == s.max_tokens
+        assert s.cached_tokens < s.num_tokens
