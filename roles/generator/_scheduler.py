@@ -55,6 +55,9 @@ class Seq:
     status: Status = "waiting"
     finish_reason: str | None = None
     preemptions: int = 0
+    #: Whether the blocks it fills enter the prefix cache (not once its keys and values mix
+    #: two weight versions; again after it is recomputed).
+    cacheable: bool = True
 
     @property
     def tokens(self) -> list[int]:
@@ -128,6 +131,11 @@ class Scheduler:
             )
         seq.status = "waiting"
         self.waiting.append(seq)
+
+    def preempt_all(self) -> None:
+        """Preempt every running sequence: each is recomputed from scratch (new weights)."""
+        while self.running:
+            self._preempt(self.running.pop())
 
     def finish(self, seq: Seq, reason: str) -> None:
         """End ``seq`` (``stop``, ``length``, ``cancelled``, ...) and free its blocks."""
@@ -224,7 +232,7 @@ class Scheduler:
         self.pool.take(hits)
         seq.blocks = hits + self.pool.allocate(need)
         seq.keys, seq.num_computed, seq.cached_tokens = keys, computed, computed
-        seq.status = "running"
+        seq.status, seq.cacheable = "running", True
         self.queries += len(tokens)
         self.hits += computed
         return n
@@ -240,7 +248,7 @@ class Scheduler:
     def _cache_full(self, seq: Seq) -> None:
         size = self.pool.block_size
         full = seq.num_computed // size
-        if full <= len(seq.keys):
+        if full <= len(seq.keys) or not seq.cacheable:
             return
         tokens = seq.tokens
         parent = seq.keys[-1] if seq.keys else None

@@ -112,17 +112,25 @@ class Attention(nn.Module):
         cos, sin = cos[:, None], sin[:, None]
         return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
-    def attend(
+    def core(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        """The output projection of softmax attention of ``q`` over ``k``/``v``."""
+        """Softmax attention of ``q`` ``[batch, heads, t, head_dim]`` over ``k``/``v``
+        ``[batch, kv_heads, s, head_dim]`` where ``mask`` ``[.., t, s]`` allows, the heads
+        merged: ``[batch, t, heads * head_dim]`` (before the output projection)."""
         group = self.heads // self.kv_heads
         if group > 1:
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b, _, t, _ = out.shape
-        merged: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return out.transpose(1, 2).reshape(b, t, -1)
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """The output projection of :meth:`core`."""
+        merged: torch.Tensor = self.o_proj(self.core(q, k, v, mask))
         return merged
 
     def forward(

@@ -1,0 +1,107 @@
+"""The paged engine keeps the recompute engine's contract: the same sampled tokens and
+log-probs for the same requests, versions per token across weight loads (its KV kept or
+recomputed), cancellation that frees blocks, and vLLM-named metrics."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import torch
+
+from orchestr.roles import Completion, Engine, Request, models
+from orchestr.roles.generator._paged_engine import PagedEngine
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return pathlib.Path(models.make_tiny("llama", tmp_path_factory.mktemp("m") / "llama"))
+
+
+def requests(tok: models.Tokenizer, n: int = 6, max_new: int = 24) -> list[Request]:
+    texts = ["reverse 1 2 3 -> ", "the model is", "a", "please answer the user: reverse 4 5"]
+    return [
+        Request(f"r{i}", tok.encode(texts[i % len(texts)], special=True), max_new, seed=i)
+        for i in range(n)
+    ]
+
+
+def drain(engine: Engine | PagedEngine) -> dict[str, Completion]:
+    done = {}
+    while engine.has_work():
+        for c in engine.step():
+            done[c.id] = c
+    return done
+
+
+def test_the_same_tokens_and_logprobs_as_the_recompute_engine(folder: pathlib.Path) -> None:
+    model, tok = models.load_model(folder), models.Tokenizer(folder)
+    reqs = requests(tok)
+    reference = Engine(model, max_batch=8, pad_id=0, vocab_size=model.config.vocab_size)
+    reference.submit(reqs)
+    want = drain(reference)
+    paged = PagedEngine(model, num_blocks=48, block_size=4, max_batch=3, token_budget=9)
+    paged.submit(reqs)  # another batch shape, chunked prefill, prefix hits
+    got = drain(paged)
+    assert got.keys() == want.keys()
+    for rid, c in got.items():
+        w = want[rid]
+        assert c.tokens == w.tokens, rid
+        diff = torch.tensor(c.logprobs) - torch.tensor(w.logprobs)
+        assert diff.abs().max().item() < 1e-4
+    metrics = paged.metrics()
+    assert metrics["vllm:prefix_cache_hits"] > 0
+    assert metrics["vllm:prefix_cache_queries"] >= metrics["vllm:prefix_cache_hits"]
+    assert metrics["vllm:kv_cache_usage_perc"] == 0.0  # every block back
+    assert len(metrics["vllm:time_to_first_token_seconds"]) == len(reqs)
+    assert paged.stats().finished == len(reqs)
+    assert paged.take_kv_events()
+
+
+@pytest.mark.parametrize("policy", ["keep", "recompute"])
+def test_new_weights_mid_flight_record_each_tokens_version(
+    folder: pathlib.Path, policy: str
+) -> None:
+    model, tok = models.load_model(folder), models.Tokenizer(folder)
+    engine = PagedEngine(model, num_blocks=64, block_size=4, on_new_weights=policy)
+    engine.submit(requests(tok, n=3, max_new=12))
+    for _ in range(5):
+        engine.step()
+    state = {k: v + 0.01 for k, v in model.state_dict().items()}
+    engine.load_weights(state, 1)
+    done = drain(engine)
+    for c in done.values():
+        versions = c.versions
+        assert versions == sorted(versions) and versions[0] == 0 and versions[-1] == 1
+        assert c.version == 0
+    preempted = engine.metrics()["vllm:num_preemptions"]
+    assert preempted == (3 if policy == "recompute" else 0)
+    with pytest.raises(ValueError, match="older than the loaded 1"):
+        engine.load_weights(state, 0)
+    with pytest.raises(ValueError, match="missing"):
+        engine.load_weights({}, 2)
+
+
+def test_bad_requests_and_cancellation(folder: pathlib.Path) -> None:
+    model, tok = models.load_model(folder), models.Tokenizer(folder)
+    engine = PagedEngine(model, num_blocks=8, block_size=4)
+    prompt = tok.encode("the model", special=True)
+    with pytest.raises(
+        ValueError, match="can never fit: it needs 10 blocks of 4 tokens; the cache has 8"
+    ):
+        engine.submit([Request("big", prompt, 36 - len(prompt) + 1)])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.submit([Request("x", [10**6], 4)])
+    with pytest.raises(ValueError, match="already waiting or running"):
+        engine.submit([Request("a", prompt, 4), Request("a", prompt, 4)])
+    assert engine.request_ids() == []  # none of a refused batch is queued
+    engine.submit([Request("a", prompt, 8), Request("b", prompt, 8)])
+    engine.step()
+    cancelled = engine.cancel("a")
+    assert cancelled.finish_reason == "cancelled"
+    with pytest.raises(KeyError, match="no request 'a'"):
+        engine.cancel("a")
+    drain(engine)
+    assert engine.metrics()["vllm:kv_cache_usage_perc"] == 0.0
+    with pytest.raises(ValueError, match="on_new_weights is 'keep' or 'recompute'"):
+        PagedEngine(model, on_new_weights="drop")
