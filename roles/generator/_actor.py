@@ -28,12 +28,11 @@ import torch
 import orchestr as oc
 from orchestr.fabric import Buffer
 from orchestr.roles._common._backend import BackendSpec, choose_backend
-from orchestr.roles._common._factory import DEFAULT_MODEL, build_model
-from orchestr.roles._common._model import TinyLM
+from orchestr.roles._common._factory import DEFAULT_MODEL
 from orchestr.roles._common._weightplan import weights_digest
 from orchestr.roles._common._weights import WeightLoader, WeightsRef
 
-from ._engine import Engine
+from ._build import build_engine
 from ._types import Completion, Request
 
 __all__ = ["Completion", "Generator", "Request"]
@@ -58,7 +57,9 @@ class Generator(oc.Actor):
     ``pad_id`` and ``vocab_size`` are its own unless given). ``nice`` raises the worker
     process's niceness by that much (``os.nice``), to yield shared cores to other roles.
     ``backend`` (a :class:`~orchestr.roles.BackendSpec` or a name, default the best this node
-    has) says where and how the model runs."""
+    has) says where and how the model runs. With ``checkpoint`` (a Hugging Face format
+    folder) the model is loaded from it and runs on the paged engine, whose options
+    (``num_blocks``, ``block_size``, ``token_budget``, ``on_new_weights``) ``kv`` gives."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -77,29 +78,20 @@ class Generator(oc.Actor):
         torch_threads: int | None = None,
         nice: int = 0,
         backend: BackendSpec | dict[str, Any] | str | None = None,
+        checkpoint: str | None = None,
+        kv: dict[str, Any] | None = None,
     ) -> None:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
         if nice:
             os.nice(nice)
         self._backend = choose_backend(backend)
-        model = build_model(model_factory, model_kwargs, seed)
-        runner = self._backend.prepare(model)
-        if isinstance(model, TinyLM):  # its own sizes and padding unless told otherwise
-            vocab_size = vocab_size or model.cfg.vocab_size
-            pad_id = model.cfg.pad_id if pad_id is None else pad_id
-        self._model = model  # the named weights; the engine runs ``runner`` (the same ones)
-        self._engine = Engine(
-            model,
-            runner=runner,
-            max_batch=max_batch,
-            version=version,
-            seed=seed,
-            pad_id=0 if pad_id is None else pad_id,
-            eos_id=eos_id,
-            max_seq_len=max_seq_len,
-            vocab_size=vocab_size,
-        )
+        # the named weights (what weight syncs write into) and the engine that runs them
+        self._model, self._engine = build_engine(
+            self._backend, model_factory, seed, max_batch, checkpoint=checkpoint, kv=kv,
+            model_kwargs=model_kwargs, version=version, eos_id=eos_id, pad_id=pad_id,
+            max_seq_len=max_seq_len, vocab_size=vocab_size,
+        )  # fmt: skip
         self._loader = WeightLoader()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()  # work may have appeared

@@ -9,7 +9,8 @@ import pathlib
 import pytest
 import torch
 
-from orchestr.roles import Completion, Engine, Request, models
+import orchestr as oc
+from orchestr.roles import Completion, Engine, Generator, Request, models
 from orchestr.roles.generator._paged_engine import PagedEngine
 
 
@@ -105,3 +106,21 @@ def test_bad_requests_and_cancellation(folder: pathlib.Path) -> None:
     assert engine.metrics()["vllm:kv_cache_usage_perc"] == 0.0
     with pytest.raises(ValueError, match="on_new_weights is 'keep' or 'recompute'"):
         PagedEngine(model, on_new_weights="drop")
+
+
+async def test_a_generator_actor_serves_a_checkpoint_on_the_paged_engine(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    tok = models.Tokenizer(folder)
+    reqs = requests(tok, n=4, max_new=10)
+    kv = {"num_blocks": 32, "block_size": 4, "token_budget": 16}
+    local = PagedEngine(models.load_model(folder), **kv)
+    local.submit(reqs)
+    want = {rid: c.tokens for rid, c in drain(local).items()}
+    gen = await ctx.spawn(Generator, checkpoint=str(folder), kv=kv, torch_threads=1)
+    done = await gen.generate.call_one(reqs)
+    assert {c.id: c.tokens for c in done} == want
+    stats = await gen.stats.call_one()
+    assert stats["finished"] == len(reqs) and stats["running"] == 0
+    with pytest.raises(oc.SpawnError, match=r"unknown kv option\(s\) \[.blocks.\]"):
+        await ctx.spawn(Generator, checkpoint=str(folder), kv={"blocks": 3}, name="bad")
