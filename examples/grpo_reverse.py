@@ -204,7 +204,7 @@ async def main(ctx: oc.JobContext) -> dict[str, Any]:
             f"{faults['redrawn_groups']} groups drawn again, {faults['rescored_samples']} "
             f"samples scored again, {faults['rolled_back_batches']} batches undone"
         )
-    print(f"wrote {out}/ (metrics.jsonl, summary.json, reward.png, trace.json, events.jsonl)")
+    print(f"wrote {out}/ ({', '.join(sorted(os.listdir(out)))})")  # a new folder: all ours
     return {"run": out, **summary}
 
 

@@ -222,9 +222,9 @@ def test_the_rl_example_takes_flags_and_writes_its_run(tmp_path: pathlib.Path) -
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = tmp_path.iterdir()
-    assert f"wrote {run}/" in proc.stdout
-    _assert_nothing_left(marker, shm_before)
     names = {p.name for p in run.iterdir()}
+    assert f"wrote {run}/ ({', '.join(sorted(names))})" in proc.stdout  # what is there
+    _assert_nothing_left(marker, shm_before)
     assert {"metrics.jsonl", "summary.json", "reward.png", "trace.json", "events.jsonl"} <= names
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "step"] == [0, 1, 2]
