@@ -40,14 +40,15 @@ import operator
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
+from ._sampling import check_sampling, choose_tokens
 from ._types import Completion, EngineStats, Request
 
-__all__ = ["Engine", "choose_tokens"]
+__all__ = ["Engine"]
 
 
 class _Live:
@@ -99,29 +100,6 @@ class _Live:
             latency_s=now - self.submitted,
             steps=self.steps,
         )
-
-
-def choose_tokens(
-    last: torch.Tensor, temperatures: Sequence[float], generators: Sequence[torch.Generator]
-) -> tuple[list[int], list[float], list[float]]:
-    """One token per row of ``last`` (float32 logits ``[rows, vocab]``): greedy at
-    temperature 0, else drawn with one uniform from the row's own generator (so a request's
-    tokens do not depend on its batch); with each token's log-prob untempered and under the
-    distribution sampled from (0.0 when greedy)."""
-    logp = torch.log_softmax(last, dim=-1)
-    temps = torch.tensor(list(temperatures), device=last.device)
-    greedy = temps == 0
-    scaled = torch.log_softmax(last / temps.clamp_min(1e-6)[:, None], dim=-1)
-    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators]).to(
-        last.device
-    )
-    cdf = scaled.double().exp().cumsum(dim=-1)
-    cdf = cdf / cdf[:, -1:]  # rounding must not leave the last bucket short of 1
-    sampled = torch.searchsorted(cdf, u[:, None], right=True).squeeze(1)
-    chosen = torch.where(greedy, last.argmax(dim=-1), sampled.clamp_max(last.shape[-1] - 1))
-    lp = logp.gather(1, chosen[:, None]).squeeze(1)
-    slp = torch.where(greedy, torch.zeros_like(lp), scaled.gather(1, chosen[:, None]).squeeze(1))
-    return chosen.tolist(), lp.tolist(), slp.tolist()
 
 
 class Engine:
@@ -331,8 +309,8 @@ class Engine:
                 )
             index = torch.tensor(lengths, device=logits.device) - 1
             last = logits[torch.arange(len(batch), device=logits.device), index].float()
-            temps = [x.request.temperature for x in batch]
-            return choose_tokens(last, temps, [x.generator for x in batch])
+            reqs = [x.request for x in batch]
+            return choose_tokens(last, reqs, [x.generator for x in batch])
 
     def _check(self, r: Any, now: float) -> _Live:
         if not isinstance(r, Request):
@@ -357,6 +335,7 @@ class Engine:
             raise ValueError(
                 f"request {r.id!r}: temperature must be >= 0 and finite, got {r.temperature!r}"
             )
+        check_sampling(r)
         stop = (
             self._eos
             if r.stop_token is None

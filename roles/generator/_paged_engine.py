@@ -5,7 +5,7 @@ format models (:class:`orchestr.roles.models.CausalLM`).
 Each :meth:`PagedEngine.step` asks the sans-IO :class:`~._scheduler.Scheduler` what to compute
 (decodes and prefill chunks within ``token_budget`` tokens, prefix hits, preemptions), runs it
 with :class:`~._paged.PagedRunner` and samples one token for each sequence whose chunk reached
-its end, exactly as the recompute engine samples (:func:`~._engine.choose_tokens`: a request's
+its end, exactly as the recompute engine samples (:func:`~._sampling.choose_tokens`: a request's
 tokens do not depend on its batch).
 
 **New weights while requests are in flight** (``on_new_weights``):
@@ -36,8 +36,8 @@ import torch
 from orchestr.roles._common._hf._layers import CausalLM
 
 from ._blocks import BlockPool
-from ._engine import choose_tokens
 from ._paged import PagedKV, PagedRunner
+from ._sampling import check_sampling, choose_tokens
 from ._scheduler import Scheduler, Seq
 from ._types import Completion, EngineStats, Request
 
@@ -231,9 +231,9 @@ class PagedEngine:
         tokens: dict[str, int] = {}
         if order:
             lives = [self._live[sid] for sid in order]
-            temps = [x.request.temperature for x in lives]
             last = torch.stack([logits[sid] for sid in order])
-            chosen, lps, slps = choose_tokens(last, temps, [x.generator for x in lives])
+            reqs = [x.request for x in lives]
+            chosen, lps, slps = choose_tokens(last, reqs, [x.generator for x in lives])
             now = self._clock()
             for live, tok, lp, slp in zip(lives, chosen, lps, slps, strict=True):
                 tokens[live.request.id] = tok
@@ -308,6 +308,7 @@ class PagedEngine:
             )
         if not (isinstance(r.temperature, int | float) and 0 <= r.temperature < math.inf):
             raise ValueError(f"request {r.id!r}: temperature must be >= 0 and finite")
+        check_sampling(r)
         stop = (
             self._eos
             if r.stop_token is None

@@ -14,7 +14,9 @@ __all__ = ["Completion", "EngineStats", "Request"]
 @dataclasses.dataclass
 class Request:
     """One prompt to complete. ``temperature`` 0 decodes greedily; ``stop_token`` (else the
-    engine's ``eos_id``) ends the completion when sampled (it is included in ``tokens``)."""
+    engine's ``eos_id``) ends the completion when sampled (it is included in ``tokens``).
+    ``top_k`` (0: all) and ``top_p`` (1.0: all) narrow what is sampled from to the ``top_k``
+    likeliest tokens and then to the fewest whose probability reaches ``top_p``."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -24,6 +26,8 @@ class Request:
     temperature: float = 1.0
     seed: int | None = None
     stop_token: int | None = None
+    top_k: int = 0
+    top_p: float = 1.0
 
 
 @register

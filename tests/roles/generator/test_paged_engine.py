@@ -12,6 +12,7 @@ import torch
 import orchestr as oc
 from orchestr.roles import Completion, Engine, Generator, Request, models
 from orchestr.roles.generator._paged_engine import PagedEngine
+from orchestr.roles.generator._sampling import check_sampling, choose_tokens
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +22,13 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 def requests(tok: models.Tokenizer, n: int = 6, max_new: int = 24) -> list[Request]:
     texts = ["reverse 1 2 3 -> ", "the model is", "a", "please answer the user: reverse 4 5"]
-    return [
-        Request(f"r{i}", tok.encode(texts[i % len(texts)], special=True), max_new, seed=i)
-        for i in range(n)
-    ]
+    narrow = [(0, 1.0), (5, 1.0), (0, 0.8), (8, 0.9)]  # top_k, top_p
+    out = []
+    for i in range(n):
+        k, p = narrow[i % len(narrow)]
+        prompt = tok.encode(texts[i % len(texts)], special=True)
+        out.append(Request(f"r{i}", prompt, max_new, seed=i, top_k=k, top_p=p))
+    return out
 
 
 def drain(engine: Engine | PagedEngine) -> dict[str, Completion]:
@@ -124,3 +128,33 @@ async def test_a_generator_actor_serves_a_checkpoint_on_the_paged_engine(
     assert stats["finished"] == len(reqs) and stats["running"] == 0
     with pytest.raises(oc.SpawnError, match=r"unknown kv option\(s\) \[.blocks.\]"):
         await ctx.spawn(Generator, checkpoint=str(folder), kv={"blocks": 3}, name="bad")
+
+
+def test_top_k_and_top_p_narrow_what_is_sampled() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(1, 50)
+    probs = torch.softmax(logits[0], dim=-1)
+    top3 = set(probs.topk(3).indices.tolist())
+    nucleus = []  # the likeliest tokens until their mass reaches 0.5
+    for i in probs.argsort(descending=True).tolist():
+        nucleus.append(i)
+        if probs[nucleus].sum() >= 0.5:
+            break
+    for req, allowed in [
+        (Request("k", [1], 1, top_k=3), top3),
+        (Request("p", [1], 1, top_p=0.5), set(nucleus)),
+        (Request("one", [1], 1, top_k=1), {int(logits.argmax())}),
+    ]:
+        seen = set()
+        for seed in range(200):
+            gen = torch.Generator().manual_seed(seed)
+            (tok,), (lp,), (slp,) = choose_tokens(logits, [req], [gen])
+            seen.add(tok)
+            kept = sorted(allowed)
+            want = torch.log_softmax(logits[0, kept], dim=-1)[kept.index(tok)]
+            assert abs(slp - want.item()) < 1e-5  # under the narrowed distribution
+            assert abs(lp - torch.log_softmax(logits[0], dim=-1)[tok].item()) < 1e-6
+        assert seen <= allowed and (len(seen) > 1 or len(allowed) == 1)
+    for bad, match in [({"top_k": -1}, "top_k must be an int >= 0"), ({"top_p": 0.0}, "top_p")]:
+        with pytest.raises(ValueError, match=match):
+            check_sampling(Request("x", [1], 1, **bad))

@@ -1,0 +1,65 @@
+"""Choosing each next token from a model's logits, the same in both engines: temperature,
+top-k and top-p, one uniform per token from the request's own generator, and the log-probs
+the trainer needs (untempered, and under the distribution actually sampled from)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from ._types import Request
+
+__all__ = ["check_sampling", "choose_tokens"]
+
+
+def choose_tokens(
+    last: torch.Tensor,
+    requests: Sequence[Request],
+    generators: Sequence[torch.Generator],
+) -> tuple[list[int], list[float], list[float]]:
+    """One token per row of ``last`` (float32 logits ``[rows, vocab]``) for its request:
+    greedy at temperature 0, else drawn with one uniform from the row's own generator (so a
+    request's tokens do not depend on its batch) from the tempered distribution narrowed by
+    the request's ``top_k`` and ``top_p``; with each token's log-prob untempered and under
+    the distribution sampled from (0.0 when greedy)."""
+    logp = torch.log_softmax(last, dim=-1)
+    temps = torch.tensor([r.temperature for r in requests], device=last.device)
+    greedy = temps == 0
+    tempered = last / temps.clamp_min(1e-6)[:, None]
+    if any(r.top_k or r.top_p < 1.0 for r in requests):
+        tempered = _narrow(tempered, requests)
+    scaled = torch.log_softmax(tempered, dim=-1)
+    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators]).to(
+        last.device
+    )
+    cdf = scaled.double().exp().cumsum(dim=-1)
+    cdf = cdf / cdf[:, -1:]  # rounding must not leave the last bucket short of 1
+    sampled = torch.searchsorted(cdf, u[:, None], right=True).squeeze(1)
+    chosen = torch.where(greedy, last.argmax(dim=-1), sampled.clamp_max(last.shape[-1] - 1))
+    lp = logp.gather(1, chosen[:, None]).squeeze(1)
+    slp = torch.where(greedy, torch.zeros_like(lp), scaled.gather(1, chosen[:, None]).squeeze(1))
+    return chosen.tolist(), lp.tolist(), slp.tolist()
+
+
+def check_sampling(r: Request) -> None:
+    """Raise ``ValueError`` for a request's bad ``top_k`` or ``top_p``."""
+    if isinstance(r.top_k, bool) or not isinstance(r.top_k, int) or r.top_k < 0:
+        raise ValueError(f"request {r.id!r}: top_k must be an int >= 0, got {r.top_k!r}")
+    if not (isinstance(r.top_p, int | float) and 0 < r.top_p <= 1):
+        raise ValueError(f"request {r.id!r}: top_p must be in (0, 1], got {r.top_p!r}")
+
+
+def _narrow(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+    """``logits`` with every token outside each row's top-k, then outside its top-p nucleus
+    (the likeliest tokens until their probability reaches ``top_p``; at least one), at -inf."""
+    ordered, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+    k = torch.tensor([r.top_k or logits.shape[-1] for r in requests], device=logits.device)
+    keep = rank < k[:, None]
+    probs = torch.softmax(ordered.masked_fill(~keep, -math.inf), dim=-1)
+    p = torch.tensor([r.top_p for r in requests], device=logits.device)
+    keep &= (probs.cumsum(dim=-1) - probs) < p[:, None]  # the mass before it is short of p
+    drop = torch.zeros_like(keep).scatter(1, order, ~keep)
+    return logits.masked_fill(drop, -math.inf)
