@@ -35,6 +35,8 @@ def make_tiny(args: argparse.Namespace) -> int:
             intermediate=args.intermediate,
             vocab=args.vocab,
             shards=args.shards,
+            experts=args.experts,
+            experts_per_token=args.experts_per_token,
             seed=args.seed,
         )
         model = models.load_model(folder)  # what was written loads
@@ -43,10 +45,11 @@ def make_tiny(args: argparse.Namespace) -> int:
         return 2
     params = sum(p.numel() for p in model.parameters())
     cfg = model.config
+    experts = f", {cfg.moe.num_experts} experts" if cfg.moe else ""
     print(
         f"wrote {folder}: {cfg.model_type}, {cfg.num_hidden_layers} layers, hidden "
-        f"{cfg.hidden_size}, {cfg.num_attention_heads}/{cfg.num_key_value_heads} heads, "
-        f"vocab {cfg.vocab_size}, {params:,} parameters"
+        f"{cfg.hidden_size}, {cfg.num_attention_heads}/{cfg.num_key_value_heads} heads"
+        f"{experts}, vocab {cfg.vocab_size}, {params:,} parameters"
     )
     return 0
 
@@ -58,13 +61,23 @@ def add_parsers(sub: Any) -> None:
         "make-tiny",
         help="write a small random checkpoint of a family, with a tokenizer trained locally",
     )
-    c.add_argument("--arch", required=True, help="the model family: llama or qwen2")
+    c.add_argument(
+        "--arch", required=True, help="the model family: llama, qwen2 or qwen2_moe (experts)"
+    )
     c.add_argument("dir", help="the folder to write (made if missing; must hold no checkpoint)")
     c.add_argument("--layers", type=_positive, default=2)
     c.add_argument("--hidden", type=_positive, default=64)
     c.add_argument("--heads", type=_positive, default=4)
     c.add_argument("--kv-heads", type=_positive, default=2)
-    c.add_argument("--intermediate", type=_positive, help="FFN width (default: 2.5 x hidden)")
+    c.add_argument(
+        "--intermediate",
+        type=_positive,
+        help="FFN width (default: 2.5 x hidden; for qwen2_moe each expert's, default hidden)",
+    )
+    c.add_argument("--experts", type=_positive, default=4, help="qwen2_moe: routed experts")
+    c.add_argument(
+        "--experts-per-token", type=_positive, default=2, help="qwen2_moe: experts per token"
+    )
     c.add_argument("--vocab", type=_positive, default=512, help="the tokenizer's most tokens")
     c.add_argument("--shards", type=_positive, default=1, help="weight files (>1: with an index)")
     c.add_argument("--seed", type=int, default=0)

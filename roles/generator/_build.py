@@ -13,6 +13,7 @@ import orchestr as oc
 from orchestr.roles._common._backend import Backend
 from orchestr.roles._common._factory import build_model
 from orchestr.roles._common._hf._load import load_model
+from orchestr.roles._common._hf._tokenizer import Tokenizer
 from orchestr.roles._common._model import TinyLM
 
 from ._engine import Engine
@@ -46,12 +47,14 @@ def build_engine(
         if unknown:
             raise oc.ConfigError(f"unknown kv option(s) {unknown}; known: {', '.join(KV_OPTIONS)}")
         lm = load_model(checkpoint, dtype=backend.dtype or torch.float32, device=backend.device)
+        has_tokenizer = os.path.exists(os.path.join(checkpoint, "tokenizer.json"))
         engine = PagedEngine(
             lm,
             max_batch=max_batch,
             version=version,
             seed=seed,
             model_id=os.path.abspath(checkpoint),
+            detokenize=Tokenizer(checkpoint).decode if has_tokenizer else None,
             **(kv or {}),
         )
         return lm, engine

@@ -34,72 +34,17 @@ if its uniform falls within that distance of a CDF boundary.)
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import operator
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 import torch
 
-from ._sampling import check_sampling, choose_tokens
+from ._requests import Detokenize, Intake, Live, check_state, engine_stats
+from ._sampling import Chosen, choose_tokens
 from ._types import Completion, EngineStats, Request
 
 __all__ = ["Engine"]
-
-
-class _Live:
-    """A request in the engine: its sequence so far and what was recorded for each token."""
-
-    __slots__ = (
-        "admitted",
-        "first_token",
-        "generator",
-        "logprobs",
-        "request",
-        "sample_logprobs",
-        "seq",
-        "steps",
-        "stop",
-        "submitted",
-        "tokens",
-        "versions",
-    )
-
-    def __init__(self, request: Request, seed: int, stop: int | None, now: float) -> None:
-        self.request = request
-        self.stop = stop
-        self.seq = list(request.prompt)
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.sample_logprobs: list[float] = []
-        self.versions: list[int] = []
-        self.generator = torch.Generator().manual_seed(seed)
-        self.submitted = now
-        self.admitted: float | None = None
-        self.first_token: float | None = None
-        self.steps = 0
-
-    def finish(self, reason: str, version: int, now: float) -> Completion:
-        nan = math.nan
-        r = self.request
-        return Completion(
-            id=r.id,
-            prompt=list(r.prompt),
-            tokens=self.tokens,
-            logprobs=self.logprobs,
-            sample_logprobs=self.sample_logprobs,
-            versions=self.versions,
-            version=min(self.versions, default=version),
-            finish_reason=reason,
-            queue_s=nan if self.admitted is None else self.admitted - self.submitted,
-            ttft_s=nan if self.first_token is None else self.first_token - self.submitted,
-            latency_s=now - self.submitted,
-            steps=self.steps,
-        )
 
 
 class Engine:
@@ -107,7 +52,8 @@ class Engine:
     caller at a time. ``vocab_size`` and ``max_seq_len`` default to the model's attributes of
     those names; without ``vocab_size`` one forward pass over a single token measures it.
     ``runner`` (default ``model``) is what decode steps call: the same weights prepared by a
-    backend (moved, cast or compiled); weight loads always go to ``model``."""
+    backend (moved, cast or compiled); weight loads always go to ``model``. ``detokenize``
+    (token ids to text) lets requests name stop strings."""
 
     def __init__(
         self,
@@ -122,6 +68,7 @@ class Engine:
         max_seq_len: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         runner: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        detokenize: Detokenize | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -130,16 +77,22 @@ class Engine:
         self._device = next(iter(model.parameters()), torch.empty(0)).device
         self._max_batch = max_batch
         self._version = version
-        self._seed = seed
         self._pad = pad_id
         self._clock = clock
         self._paused = False
-        self._waiting: deque[_Live] = deque()
-        self._running: dict[str, _Live] = {}
+        self._waiting: deque[Live] = deque()
+        self._running: dict[str, Live] = {}
         self._ids: set[str] = set()  # waiting or running
-        self._vocab = vocab_size or getattr(model, "vocab_size", None) or self._measure_vocab()
-        self._max_len = max_seq_len or getattr(model, "max_seq_len", None)
-        self._eos = None if eos_id is None else self._token(eos_id, "eos_id")
+        vocab = vocab_size or getattr(model, "vocab_size", None) or self._measure_vocab()
+        self._intake = Intake(
+            vocab=vocab,
+            max_len=max_seq_len or getattr(model, "max_seq_len", None),
+            eos=frozenset(),
+            seed=seed,
+            detokenize=detokenize,
+        )
+        if eos_id is not None:
+            self._intake.eos = frozenset({self._intake.token(eos_id, "eos_id")})
         self._steps = self._tokens = self._finished = 0
         self._busy_s = 0.0
 
@@ -147,11 +100,11 @@ class Engine:
     def submit(self, requests: Iterable[Request]) -> None:
         """Queue ``requests`` (FIFO). All are checked first: on a ``ValueError`` none is
         queued. Ids must be unique among the waiting and running requests."""
-        checked: list[_Live] = []
+        checked: list[Live] = []
         ids: set[str] = set()
         now = self._clock()
         for r in requests:
-            live = self._check(r, now)
+            live = self._intake.check(r, now)
             if r.id in ids or r.id in self._ids:
                 raise ValueError(
                     f"request id {r.id!r} is already waiting or running; ids must be unique"
@@ -216,17 +169,7 @@ class Engine:
         they were. Versions never go back."""
         if version < self._version:
             raise ValueError(f"version {version} is older than the loaded {self._version}")
-        own = self.model.state_dict()
-        missing, extra = own.keys() - state.keys(), state.keys() - own.keys()
-        if missing or extra:
-            raise ValueError(
-                f"state does not fit the model: missing {sorted(missing)}, unexpected {sorted(extra)}"
-            )
-        for k, v in own.items():
-            if tuple(state[k].shape) != tuple(v.shape):
-                raise ValueError(
-                    f"state[{k!r}] has shape {tuple(state[k].shape)}, model {tuple(v.shape)}"
-                )
+        check_state(self.model, state)
         self.model.load_state_dict(dict(state), strict=True)
         self._version = version
 
@@ -256,21 +199,14 @@ class Engine:
         if not self._running:
             return []
         batch = list(self._running.values())
-        tokens, logprobs, sample_logprobs = self._decode(batch)
+        chosen = self._decode(batch)
         now = self._clock()
         done: list[Completion] = []
-        for live, tok, lp, slp in zip(batch, tokens, logprobs, sample_logprobs, strict=True):
-            live.seq.append(tok)
-            live.tokens.append(tok)
-            live.logprobs.append(lp)
-            live.sample_logprobs.append(slp)
-            live.versions.append(self._version)
-            live.steps += 1
+        for live, tok, lp, slp, top in zip(batch, *chosen, strict=True):
+            reason = live.record(tok, lp, slp, top, self._version)
             if live.first_token is None:
                 live.first_token = now
-            full = len(live.tokens) >= live.request.max_new_tokens
-            if tok == live.stop or full:
-                reason = "stop" if tok == live.stop else "length"
+            if reason is not None:
                 del self._running[live.request.id]
                 self._ids.discard(live.request.id)
                 done.append(live.finish(reason, self._version, now))
@@ -281,7 +217,7 @@ class Engine:
         return done
 
     def stats(self) -> EngineStats:
-        return EngineStats(
+        return engine_stats(
             version=self._version,
             paused=self._paused,
             waiting=len(self._waiting),
@@ -290,15 +226,14 @@ class Engine:
             steps=self._steps,
             tokens=self._tokens,
             busy_s=self._busy_s,
-            tokens_per_s=self._tokens / self._busy_s if self._busy_s else 0.0,
-            mean_batch=self._tokens / self._steps if self._steps else 0.0,
         )
 
     # -- internals ---------------------------------------------------------------------------
-    def _decode(self, batch: list[_Live]) -> tuple[list[int], list[float], list[float]]:
-        lengths = [len(x.seq) for x in batch]
+    def _decode(self, batch: list[Live]) -> Chosen:
+        seqs = [x.request.prompt + x.tokens for x in batch]
+        lengths = [len(x) for x in seqs]
         width = max(lengths)
-        rows = [x.seq + [self._pad] * (width - len(x.seq)) for x in batch]
+        rows = [x + [self._pad] * (width - len(x)) for x in seqs]
         with torch.inference_mode():
             logits = self._run(torch.tensor(rows, dtype=torch.long, device=self._device))
             got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits)
@@ -311,48 +246,6 @@ class Engine:
             last = logits[torch.arange(len(batch), device=logits.device), index].float()
             reqs = [x.request for x in batch]
             return choose_tokens(last, reqs, [x.generator for x in batch])
-
-    def _check(self, r: Any, now: float) -> _Live:
-        if not isinstance(r, Request):
-            raise TypeError(f"expected a Request, got {type(r).__name__}")
-        if not isinstance(r.id, str) or not r.id:
-            raise ValueError(f"a request id must be a non-empty string, got {r.id!r}")
-        prompt = [self._token(t, f"prompt of {r.id!r}") for t in r.prompt]
-        if not prompt:
-            raise ValueError(
-                f"request {r.id!r} has an empty prompt; give at least one token (e.g. BOS)"
-            )
-        if not isinstance(r.max_new_tokens, int) or r.max_new_tokens < 1:
-            raise ValueError(
-                f"request {r.id!r}: max_new_tokens must be an int >= 1, got {r.max_new_tokens!r}"
-            )
-        if self._max_len is not None and len(prompt) + r.max_new_tokens > self._max_len:
-            raise ValueError(
-                f"request {r.id!r}: prompt ({len(prompt)}) + max_new_tokens ({r.max_new_tokens}) "
-                f"exceeds the model's max_seq_len {self._max_len}"
-            )
-        if not (isinstance(r.temperature, int | float) and 0 <= r.temperature < math.inf):
-            raise ValueError(
-                f"request {r.id!r}: temperature must be >= 0 and finite, got {r.temperature!r}"
-            )
-        check_sampling(r)
-        stop = (
-            self._eos
-            if r.stop_token is None
-            else self._token(r.stop_token, f"stop_token of {r.id!r}")
-        )
-        seed = r.seed if r.seed is not None else zlib.crc32(f"{self._seed}:{r.id}".encode())
-        r = dataclasses.replace(r, prompt=prompt)
-        return _Live(r, operator.index(seed), stop, now)
-
-    def _token(self, t: Any, what: str) -> int:
-        try:
-            i = operator.index(t)
-        except TypeError:
-            raise ValueError(f"{what}: token {t!r} is not an int") from None
-        if not 0 <= i < self._vocab:
-            raise ValueError(f"{what}: token {i} is outside the vocabulary [0, {self._vocab})")
-        return i
 
     def _measure_vocab(self) -> int:
         with torch.inference_mode():

@@ -23,11 +23,7 @@ matches. Metrics follow vLLM's names where the meaning is the same (:meth:`metri
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import operator
 import time
-import zlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
@@ -37,7 +33,8 @@ from orchestr.roles._common._hf._layers import CausalLM
 
 from ._blocks import BlockPool
 from ._paged import PagedKV, PagedRunner
-from ._sampling import check_sampling, choose_tokens
+from ._requests import Detokenize, Intake, Live, check_state, engine_stats
+from ._sampling import choose_tokens
 from ._scheduler import Scheduler, Seq
 from ._types import Completion, EngineStats, Request
 
@@ -46,41 +43,10 @@ __all__ = ["PagedEngine"]
 KVPolicy = Literal["keep", "recompute"]
 
 
-@dataclasses.dataclass(eq=False)
-class _Live:
-    request: Request
-    seq: Seq
-    generator: torch.Generator
-    submitted: float
-    admitted: float | None = None
-    first_token: float | None = None
-    last_token: float | None = None
-    steps: int = 0
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    sample_logprobs: list[float] = dataclasses.field(default_factory=list)
-    versions: list[int] = dataclasses.field(default_factory=list)
-
-    def finish(self, reason: str, version: int, now: float) -> Completion:
-        nan = math.nan
-        return Completion(
-            id=self.request.id,
-            prompt=list(self.request.prompt),
-            tokens=list(self.seq.output),
-            logprobs=self.logprobs,
-            sample_logprobs=self.sample_logprobs,
-            versions=self.versions,
-            version=min(self.versions, default=version),
-            finish_reason=reason,
-            queue_s=nan if self.admitted is None else self.admitted - self.submitted,
-            ttft_s=nan if self.first_token is None else self.first_token - self.submitted,
-            latency_s=now - self.submitted,
-            steps=self.steps,
-        )
-
-
 class PagedEngine:
     """Continuous batching of ``model`` over ``num_blocks`` KV blocks of ``block_size``
-    tokens. Not thread-safe: one caller at a time."""
+    tokens. ``detokenize`` (token ids to text: the checkpoint's tokenizer) lets requests
+    name stop strings. Not thread-safe: one caller at a time."""
 
     def __init__(
         self,
@@ -95,14 +61,19 @@ class PagedEngine:
         model_id: str = "model",
         on_new_weights: KVPolicy = "keep",
         clock: Callable[[], float] = time.monotonic,
+        detokenize: Detokenize | None = None,
     ) -> None:
         if on_new_weights not in ("keep", "recompute"):
             raise ValueError(f"on_new_weights is 'keep' or 'recompute', got {on_new_weights!r}")
         self.model = model.eval()
         cfg = model.config
-        self._vocab = cfg.vocab_size
-        self._max_len = cfg.max_position_embeddings
-        self._eos = frozenset(cfg.eos_token_ids)
+        self._intake = Intake(
+            vocab=cfg.vocab_size,
+            max_len=cfg.max_position_embeddings,
+            eos=frozenset(cfg.eos_token_ids),
+            seed=seed,
+            detokenize=detokenize,
+        )
         self._pool = BlockPool(num_blocks, block_size)
         self._kv = PagedKV(model, num_blocks, block_size)
         self._runner = PagedRunner(model, self._kv)
@@ -115,10 +86,9 @@ class PagedEngine:
             extra_keys=(model_id, version),
         )
         self._policy = on_new_weights
-        self._seed = seed
         self._clock = clock
         self._paused = False
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str, tuple[Live, Seq]] = {}
         self._steps = self._tokens = self._finished = 0
         self._busy_s = 0.0
         self._ttft: list[float] = []
@@ -128,24 +98,25 @@ class PagedEngine:
     def submit(self, requests: Iterable[Request]) -> None:
         """Queue ``requests`` (FIFO). All are checked first: on a ``ValueError`` (a bad
         request, a duplicate id, one that can never fit the cache) none is queued."""
-        checked: list[_Live] = []
+        checked: list[tuple[Live, Seq]] = []
         now = self._clock()
         for r in requests:
-            live = self._check(r, now)
-            if r.id in self._live or any(c.request.id == r.id for c in checked):
+            live = self._intake.check(r, now)
+            if r.id in self._live or any(c.request.id == r.id for c, _ in checked):
                 raise ValueError(f"request id {r.id!r} is already waiting or running")
-            checked.append(live)
-        for live in checked:  # the pool size check cannot fail once all passed
-            self._sched.add(live.seq)
-            self._live[live.request.id] = live
+            checked.append((live, self._seq(live)))
+        for live, seq in checked:  # the pool size check cannot fail once all passed
+            self._sched.add(seq)
+            self._live[live.request.id] = (live, seq)
 
     def cancel(self, request_id: str) -> Completion:
         """Remove a waiting or running request, its blocks freed; returns what it generated
         so far (``finish_reason="cancelled"``). Raises ``KeyError`` for an unknown id."""
-        live = self._live.pop(request_id, None)
-        if live is None:
+        entry = self._live.pop(request_id, None)
+        if entry is None:
             raise KeyError(f"no request {request_id!r} is waiting or running")
-        self._sched.finish(live.seq, "cancelled")
+        live, seq = entry
+        self._sched.finish(seq, "cancelled")
         self._finished += 1
         return live.finish("cancelled", self._version, self._clock())
 
@@ -153,7 +124,7 @@ class PagedEngine:
         """Drop every request without completions, their blocks freed; returns how many."""
         dropped = len(self._live)
         for rid in list(self._live):
-            self._sched.finish(self._live.pop(rid).seq, "dropped")
+            self._sched.finish(self._live.pop(rid)[1], "dropped")
         self._finished += dropped
         return dropped
 
@@ -183,15 +154,7 @@ class PagedEngine:
         ``version`` current; checked first, so a ``ValueError`` changes nothing."""
         if version < self._version:
             raise ValueError(f"version {version} is older than the loaded {self._version}")
-        own = self.model.state_dict()
-        if own.keys() != state.keys():
-            missing, extra = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
-            raise ValueError(f"state does not fit the model: missing {missing}, unexpected {extra}")
-        for k, v in own.items():
-            if tuple(state[k].shape) != tuple(v.shape):
-                raise ValueError(
-                    f"state[{k!r}] has shape {tuple(state[k].shape)}, model {tuple(v.shape)}"
-                )
+        check_state(self.model, state)
         self.model.load_state_dict(dict(state), strict=True)
         self.set_version(version)
 
@@ -223,24 +186,23 @@ class PagedEngine:
         start = self._clock()
         step = self._sched.schedule()
         for seq, _ in step.scheduled:
-            live = self._live[seq.id]
+            live = self._live[seq.id][0]
             if live.admitted is None:
                 live.admitted = start
         logits = self._runner.run(step)
         order = list(logits)
         tokens: dict[str, int] = {}
+        ended: list[tuple[Seq, str]] = []  # by a stop string, which the scheduler cannot see
         if order:
-            lives = [self._live[sid] for sid in order]
+            lives = [self._live[sid][0] for sid in order]
             last = torch.stack([logits[sid] for sid in order])
-            reqs = [x.request for x in lives]
-            chosen, lps, slps = choose_tokens(last, reqs, [x.generator for x in lives])
+            chosen = choose_tokens(last, [x.request for x in lives], [x.generator for x in lives])
             now = self._clock()
-            for live, tok, lp, slp in zip(lives, chosen, lps, slps, strict=True):
+            for live, tok, lp, slp, top in zip(lives, *chosen, strict=True):
+                reason = live.record(tok, lp, slp, top, self._version)
                 tokens[live.request.id] = tok
-                live.logprobs.append(lp)
-                live.sample_logprobs.append(slp)
-                live.versions.append(self._version)
-                live.steps += 1
+                if reason is not None and isinstance(live.stop_reason, str):
+                    ended.append((self._live[live.request.id][1], reason))
                 if live.first_token is None:
                     live.first_token = now
                     self._ttft.append(now - live.submitted)
@@ -248,11 +210,15 @@ class PagedEngine:
                     self._itl.append(now - live.last_token)
                 live.last_token = now
         finished = self._sched.update(step, tokens)
+        for seq, reason in ended:
+            if seq.status == "running":
+                self._sched.finish(seq, reason)
+                finished.append(seq)
         now = self._clock()
         done = []
         for seq in finished:
-            live = self._live.pop(seq.id)
-            done.append(live.finish(seq.finish_reason or "stop", self._version, now))
+            live, _ = self._live.pop(seq.id)
+            done.append(live.finish(live.ended or seq.finish_reason or "stop", self._version, now))
         self._steps += 1
         self._tokens += step.num_tokens
         self._finished += len(done)
@@ -260,7 +226,7 @@ class PagedEngine:
         return done
 
     def stats(self) -> EngineStats:
-        return EngineStats(
+        return engine_stats(
             version=self._version,
             paused=self._paused,
             waiting=len(self._sched.waiting),
@@ -269,8 +235,6 @@ class PagedEngine:
             steps=self._steps,
             tokens=self._tokens,
             busy_s=self._busy_s,
-            tokens_per_s=self._tokens / self._busy_s if self._busy_s else 0.0,
-            mean_batch=self._tokens / self._steps if self._steps else 0.0,
         )
 
     def metrics(self) -> dict[str, Any]:
@@ -291,45 +255,12 @@ class PagedEngine:
         return self._pool.take_events()
 
     # -- internals ---------------------------------------------------------------------------
-    def _check(self, r: Any, now: float) -> _Live:
-        if not isinstance(r, Request):
-            raise TypeError(f"expected a Request, got {type(r).__name__}")
-        if not isinstance(r.id, str) or not r.id:
-            raise ValueError(f"a request id must be a non-empty string, got {r.id!r}")
-        prompt = [self._token(t, f"prompt of {r.id!r}") for t in r.prompt]
-        if not prompt:
-            raise ValueError(f"request {r.id!r} has an empty prompt; give at least one token")
-        if not isinstance(r.max_new_tokens, int) or r.max_new_tokens < 1:
-            raise ValueError(f"request {r.id!r}: max_new_tokens must be an int >= 1")
-        if len(prompt) + r.max_new_tokens > self._max_len:
-            raise ValueError(
-                f"request {r.id!r}: prompt ({len(prompt)}) + max_new_tokens "
-                f"({r.max_new_tokens}) exceeds the model's {self._max_len} positions"
-            )
-        if not (isinstance(r.temperature, int | float) and 0 <= r.temperature < math.inf):
-            raise ValueError(f"request {r.id!r}: temperature must be >= 0 and finite")
-        check_sampling(r)
-        stop = (
-            self._eos
-            if r.stop_token is None
-            else frozenset({self._token(r.stop_token, "stop_token")})
-        )
-        need = self._sched.blocks_for(len(prompt) + r.max_new_tokens)
+    def _seq(self, live: Live) -> Seq:
+        r = live.request
+        need = self._sched.blocks_for(len(r.prompt) + r.max_new_tokens)
         if need > self._pool.num_blocks:
             raise ValueError(
                 f"request {r.id!r} can never fit: it needs {need} blocks of "
                 f"{self._pool.block_size} tokens; the cache has {self._pool.num_blocks}"
             )
-        seed = r.seed if r.seed is not None else zlib.crc32(f"{self._seed}:{r.id}".encode())
-        seq = Seq(r.id, prompt, r.max_new_tokens, stop_ids=stop)
-        generator = torch.Generator().manual_seed(operator.index(seed))
-        return _Live(dataclasses.replace(r, prompt=prompt), seq, generator, now)
-
-    def _token(self, t: Any, what: str) -> int:
-        try:
-            i = operator.index(t)
-        except TypeError:
-            raise ValueError(f"{what}: token {t!r} is not an int") from None
-        if not 0 <= i < self._vocab:
-            raise ValueError(f"{what}: token {i} is outside the vocabulary [0, {self._vocab})")
-        return i
+        return Seq(r.id, list(r.prompt), r.max_new_tokens, stop_ids=live.stop_ids)

@@ -1,29 +1,45 @@
 """Choosing each next token from a model's logits, the same in both engines: temperature,
 top-k and top-p, one uniform per token from the request's own generator, and the log-probs
-the trainer needs (untempered, and under the distribution actually sampled from)."""
+the trainer needs (untempered, and under the distribution actually sampled from), with the
+likeliest tokens' log-probs for a request that asks for them."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
 from ._types import Request
 
-__all__ = ["check_sampling", "choose_tokens"]
+__all__ = ["MAX_TOP_LOGPROBS", "Chosen", "check_sampling", "choose_tokens"]
+
+#: The most ``top_logprobs`` a request may ask for (OpenAI's and vLLM's default limit).
+MAX_TOP_LOGPROBS = 20
+
+
+class Chosen(NamedTuple):
+    """Per row: the token, its untempered log-prob, its log-prob under the distribution
+    sampled from, and the likeliest tokens' untempered log-probs (``None`` unless asked)."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    sample_logprobs: list[float]
+    top: list[dict[int, float] | None]
 
 
 def choose_tokens(
     last: torch.Tensor,
     requests: Sequence[Request],
     generators: Sequence[torch.Generator],
-) -> tuple[list[int], list[float], list[float]]:
+) -> Chosen:
     """One token per row of ``last`` (float32 logits ``[rows, vocab]``) for its request:
     greedy at temperature 0, else drawn with one uniform from the row's own generator (so a
     request's tokens do not depend on its batch) from the tempered distribution narrowed by
     the request's ``top_k`` and ``top_p``; with each token's log-prob untempered and under
-    the distribution sampled from (0.0 when greedy)."""
+    the distribution sampled from (0.0 when greedy), and each row's ``top_logprobs``
+    likeliest tokens, the likeliest first."""
     logp = torch.log_softmax(last, dim=-1)
     temps = torch.tensor([r.temperature for r in requests], device=last.device)
     greedy = temps == 0
@@ -40,7 +56,15 @@ def choose_tokens(
     chosen = torch.where(greedy, last.argmax(dim=-1), sampled.clamp_max(last.shape[-1] - 1))
     lp = logp.gather(1, chosen[:, None]).squeeze(1)
     slp = torch.where(greedy, torch.zeros_like(lp), scaled.gather(1, chosen[:, None]).squeeze(1))
-    return chosen.tolist(), lp.tolist(), slp.tolist()
+    top: list[dict[int, float] | None] = [None] * len(requests)
+    most = max(r.top_logprobs for r in requests)
+    if most:
+        values, ids = logp.topk(most, dim=-1)
+        for i, r in enumerate(requests):
+            if r.top_logprobs:
+                n = r.top_logprobs
+                top[i] = dict(zip(ids[i, :n].tolist(), values[i, :n].tolist(), strict=True))
+    return Chosen(chosen.tolist(), lp.tolist(), slp.tolist(), top)
 
 
 def check_sampling(r: Request) -> None:

@@ -14,9 +14,12 @@ __all__ = ["Completion", "EngineStats", "Request"]
 @dataclasses.dataclass
 class Request:
     """One prompt to complete. ``temperature`` 0 decodes greedily; ``stop_token`` (else the
-    engine's ``eos_id``) ends the completion when sampled (it is included in ``tokens``).
-    ``top_k`` (0: all) and ``top_p`` (1.0: all) narrow what is sampled from to the ``top_k``
-    likeliest tokens and then to the fewest whose probability reaches ``top_p``."""
+    engine's ``eos_id``) ends the completion when sampled (it is included in ``tokens``);
+    so does any of the ``stop`` strings once the output's text contains it (the engine needs
+    a tokenizer for those). ``top_k`` (0: all) and ``top_p`` (1.0: all) narrow what is
+    sampled from to the ``top_k`` likeliest tokens and then to the fewest whose probability
+    reaches ``top_p``. ``top_logprobs`` (at most 20) asks for that many likeliest tokens and
+    their log-probs at each position, untempered as ``Completion.logprobs`` is."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -28,6 +31,8 @@ class Request:
     stop_token: int | None = None
     top_k: int = 0
     top_p: float = 1.0
+    stop: list[str] = dataclasses.field(default_factory=list)
+    top_logprobs: int = 0
 
 
 @register
@@ -36,7 +41,10 @@ class Completion:
     """A finished request. Lists are per generated token (see the module docstring).
     ``finish_reason`` is ``"stop"``, ``"length"`` or ``"cancelled"``. Times are seconds from
     submission: ``queue_s`` to admission, ``ttft_s`` to the first token (NaN when none),
-    ``latency_s`` to the end; ``steps`` is the number of decode steps it took part in."""
+    ``latency_s`` to the end; ``steps`` is the number of decode steps it took part in.
+    ``top_logprobs`` (when the request asked) maps, per token, the likeliest token ids to
+    their log-probs; ``text`` (for a request with stop strings) is the output's text up to
+    the stop string; ``stop_reason`` is the stop token or string that ended it."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -52,6 +60,9 @@ class Completion:
     ttft_s: float
     latency_s: float
     steps: int
+    top_logprobs: list[dict[int, float]] | None = None
+    text: str | None = None
+    stop_reason: int | str | None = None
 
 
 @register

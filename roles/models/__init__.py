@@ -1,19 +1,20 @@
 """orchestr.roles.models: Hugging Face format checkpoints in orchestr's own torch modules.
 
 - :func:`load_model` reads a local folder (``config.json``, safetensors weights, one file or
-  sharded) into a :class:`CausalLM` of the ``llama`` or ``qwen2`` family; a config orchestr
-  cannot run or weights that do not match it raise :class:`orchestr.ConfigError` naming the
-  file and the tensor. Nothing is ever downloaded.
+  sharded) into a :class:`CausalLM` of the ``llama``, ``qwen2`` or ``qwen2_moe`` (mixture of
+  experts) family; a config orchestr cannot run or weights that do not match it raise
+  :class:`orchestr.ConfigError` naming the file and the tensor. Nothing is ever downloaded.
 - :class:`Tokenizer` encodes, decodes and renders the checkpoint's chat template.
 - :func:`make_tiny` writes a small random checkpoint of a family, with a tokenizer trained on
   text it generates (``orchestr model make-tiny``).
 
 The modules are cut along the lines the serving roles need: each layer's :class:`Attention`
-and :class:`MLP` take explicit inputs, so they can run apart.
+and :class:`MLP` (or :class:`SparseMoE`: routing, experts, shared expert) take explicit
+inputs, so they can run apart.
 """
 
-from .._common._hf._config import ModelConfig, RopeScaling, read_config
-from .._common._hf._layers import MLP, Attention, CausalLM, DecoderLayer
+from .._common._hf._config import ModelConfig, MoEConfig, RopeScaling, read_config
+from .._common._hf._layers import MLP, Attention, CausalLM, DecoderLayer, SparseMoE
 from .._common._hf._load import load_model
 from .._common._hf._tiny import ARCHS, make_tiny
 from .._common._hf._tokenizer import Tokenizer
@@ -24,8 +25,10 @@ __all__ = [
     "Attention",
     "CausalLM",
     "DecoderLayer",
+    "MoEConfig",
     "ModelConfig",
     "RopeScaling",
+    "SparseMoE",
     "Tokenizer",
     "load_model",
     "make_tiny",

@@ -1,6 +1,7 @@
 """A Hugging Face format ``config.json``, read into one checked dataclass for the decoder
-families orchestr runs (``llama``, ``qwen2``). Both spellings of the rotary settings are
-read: ``rope_theta`` + ``rope_scaling`` (transformers 4) and ``rope_parameters`` (5)."""
+families orchestr runs (``llama``, ``qwen2``, and the mixture of experts ``qwen2_moe``). Both
+spellings of the rotary settings are read: ``rope_theta`` + ``rope_scaling`` (transformers 4)
+and ``rope_parameters`` (5)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from typing import Any
 
 import orchestr as oc
 
-__all__ = ["FAMILIES", "ModelConfig", "RopeScaling", "read_config"]
+__all__ = ["FAMILIES", "MoEConfig", "ModelConfig", "RopeScaling", "read_config"]
 
 #: ``model_type`` -> what the family fixes: bias on q/k/v, and the tied-embeddings default.
 FAMILIES: dict[str, dict[str, bool]] = {
     "llama": {"qkv_bias": False, "tie": False},
     "qwen2": {"qkv_bias": True, "tie": False},
+    "qwen2_moe": {"qkv_bias": True, "tie": False},
 }
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -33,6 +35,27 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+    """A mixture-of-experts feed-forward part (Qwen2-MoE's): ``num_experts`` routed experts
+    of width ``moe_intermediate_size``, ``num_experts_per_tok`` of them per token (their
+    softmax weights renormalised to sum to 1 when ``norm_topk_prob``), plus a shared expert of
+    width ``shared_expert_intermediate_size`` scaled by a sigmoid gate. Layer ``i``
+    is sparse unless listed in ``mlp_only_layers`` or ``(i + 1) % decoder_sparse_step``."""
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def sparse(self, layer: int) -> bool:
+        """Whether layer ``layer`` (from 0) routes to experts (else it has a dense MLP)."""
+        return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +79,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    moe: MoEConfig | None = None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "config.json") -> ModelConfig:
@@ -110,11 +134,12 @@ class ModelConfig:
             max_position_embeddings=_positive_int(
                 raw, "max_position_embeddings", where, default=2048
             ),
-            qkv_bias=family["qkv_bias"],
+            qkv_bias=bool(raw.get("qkv_bias", family["qkv_bias"])),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", family["tie"])),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=tuple(int(i) for i in eos_ids),
             pad_token_id=raw.get("pad_token_id"),
+            moe=_moe(raw, where, ints["num_hidden_layers"]) if model_type == "qwen2_moe" else None,
         )
 
 
@@ -131,6 +156,30 @@ def read_config(folder: str | os.PathLike[str]) -> ModelConfig:
     if not isinstance(raw, dict):
         raise oc.ConfigError(f"{path}: expected a JSON object, got {type(raw).__name__}")
     return ModelConfig.from_dict(raw, path)
+
+
+def _moe(raw: dict[str, Any], where: str, layers: int) -> MoEConfig:
+    experts = _positive_int(raw, "num_experts", where)
+    top_k = _positive_int(raw, "num_experts_per_tok", where)
+    if top_k > experts:
+        raise oc.ConfigError(
+            f"{where}: num_experts_per_tok ({top_k}) exceeds num_experts ({experts})"
+        )
+    shared = _positive_int(raw, "shared_expert_intermediate_size", where)
+    only = raw.get("mlp_only_layers") or []
+    if not (isinstance(only, list) and all(isinstance(i, int) and 0 <= i < layers for i in only)):
+        raise oc.ConfigError(
+            f"{where}: mlp_only_layers must list layer numbers in [0, {layers}), got {only!r}"
+        )
+    return MoEConfig(
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=_positive_int(raw, "moe_intermediate_size", where),
+        shared_expert_intermediate_size=shared,
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        decoder_sparse_step=_positive_int(raw, "decoder_sparse_step", where, default=1),
+        mlp_only_layers=tuple(only),
+    )
 
 
 def _rope(raw: dict[str, Any], where: str) -> tuple[float, RopeScaling]:

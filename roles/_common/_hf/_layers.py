@@ -1,9 +1,12 @@
-"""orchestr's own torch modules for Llama/Qwen2-style decoders, named as Hugging Face names
-their tensors (``model.layers.3.self_attn.q_proj.weight``) so a checkpoint loads as it is.
+"""orchestr's own torch modules for Llama/Qwen2-style decoders, dense or with a mixture of
+experts (Qwen2-MoE), named as Hugging Face names their tensors
+(``model.layers.3.self_attn.q_proj.weight``, ``model.layers.0.mlp.experts.5.up_proj.weight``)
+so a checkpoint loads as it is.
 
 The model is built to be cut: each layer's attention (:class:`Attention`) and feed-forward
-part (:class:`MLP`) are separate modules with explicit inputs (hidden states, positions, the
-attention mask), so they can run in different processes. Rotary embeddings (:class:`Rotary`)
+part (:class:`MLP`, or :class:`SparseMoE` whose routing, experts and shared expert are
+separate calls) are separate modules with explicit inputs (hidden states, positions, the
+attention mask; routed tokens and their weights), so they can run in different processes. Rotary embeddings (:class:`Rotary`)
 are computed from positions in float32, as the reference does.
 """
 
@@ -17,7 +20,16 @@ from torch import nn
 
 from ._config import ModelConfig, RopeScaling
 
-__all__ = ["MLP", "Attention", "CausalLM", "DecoderLayer", "RMSNorm", "Rotary", "causal_mask"]
+__all__ = [
+    "MLP",
+    "Attention",
+    "CausalLM",
+    "DecoderLayer",
+    "RMSNorm",
+    "Rotary",
+    "SparseMoE",
+    "causal_mask",
+]
 
 
 class RMSNorm(nn.Module):
@@ -140,26 +152,80 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``, ``width`` wide (default the config's
+    ``intermediate_size``)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, width: int | None = None) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        width = width or cfg.intermediate_size
+        self.gate_proj = nn.Linear(cfg.hidden_size, width, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, width, bias=False)
+        self.down_proj = nn.Linear(width, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return out
 
 
-class DecoderLayer(nn.Module):
+class SparseMoE(nn.Module):
+    """Qwen2-MoE's feed-forward part: a router (``gate``) sends each token to its top-k of
+    ``experts`` (SwiGLU MLPs), whose outputs are summed with the router's softmax weights;
+    a ``shared_expert`` every token passes through is added, scaled by
+    ``sigmoid(shared_expert_gate(x))``. :meth:`route`, :meth:`run_experts` and
+    :meth:`shared` are the three parts, each over tokens ``[n, hidden]``."""
+
     def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        moe = cfg.moe
+        if moe is None:
+            raise ValueError(f"a {cfg.model_type} config has no experts")
+        self.top_k, self.normalise = moe.num_experts_per_tok, moe.norm_topk_prob
+        self.gate = nn.Linear(cfg.hidden_size, moe.num_experts, bias=False)
+        width = moe.moe_intermediate_size
+        self.experts = nn.ModuleList(MLP(cfg, width) for _ in range(moe.num_experts))
+        self.shared_expert = MLP(cfg, moe.shared_expert_intermediate_size)
+        self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's experts ``[n, k]`` (int64) and their weights ``[n, k]`` (x's dtype;
+        softmax over all experts in float32, then the top k, renormalised if configured)."""
+        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.normalise:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return experts, weights.to(x.dtype)
+
+    def run_experts(
+        self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """The weighted sum of each token's routed experts' outputs, ``[n, hidden]``; experts
+        run in ascending order, each over the tokens routed to it."""
+        out = torch.zeros_like(x)
+        for e in torch.unique(experts).tolist():
+            rows, slot = (experts == e).nonzero(as_tuple=True)
+            y = self.experts[e](x[rows]) * weights[rows, slot, None]
+            out.index_add_(0, rows, y.to(out.dtype))
+        return out
+
+    def shared(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared expert's output, gated: ``[n, hidden]``."""
+        out: torch.Tensor = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        experts, weights = self.route(flat)
+        return (self.run_experts(flat, experts, weights) + self.shared(flat)).reshape(x.shape)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        sparse = cfg.moe is not None and cfg.moe.sparse(index)
+        self.mlp: MLP | SparseMoE = SparseMoE(cfg) if sparse else MLP(cfg)
 
     def forward(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
@@ -173,7 +239,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg)
 

@@ -46,7 +46,11 @@ _WORDS = (
     "the a model token layer block cache prefix request reply reverse digits of number and "
     "to in is what please user assistant system you answer short long first last train serve"
 ).split()
-_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_CLASSES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+}
 
 
 def corpus(seed: int, lines: int = 3000) -> list[str]:
@@ -99,12 +103,17 @@ def make_tiny(
     rope_theta: float = 10000.0,
     tie: bool | None = None,
     shards: int = 1,
+    experts: int = 4,
+    experts_per_token: int = 2,
     seed: int = 0,
 ) -> str:
-    """Write a randomly initialised ``arch`` checkpoint (``llama`` or ``qwen2``) to
-    ``folder`` (made if missing; it must hold no checkpoint yet) and return its path. Qwen2
-    ties its embeddings unless ``tie`` says otherwise; ``shards`` > 1 splits the weights into
-    that many files with an index. Raises :class:`ConfigError` for a bad argument."""
+    """Write a randomly initialised ``arch`` checkpoint (``llama``, ``qwen2`` or
+    ``qwen2_moe``) to ``folder`` (made if missing; it must hold no checkpoint yet) and return
+    its path. Qwen2 ties its embeddings unless ``tie`` says otherwise; ``shards`` > 1 splits
+    the weights into that many files with an index. ``qwen2_moe`` has ``experts`` routed
+    experts of width ``intermediate`` (default ``hidden``), ``experts_per_token`` of them per
+    token, and a shared expert twice as wide. Raises :class:`ConfigError` for a bad
+    argument."""
     if arch not in ARCHS:
         raise oc.ConfigError(f"unknown arch {arch!r}; use one of {', '.join(ARCHS)}")
     folder = os.fspath(folder)
@@ -133,6 +142,17 @@ def make_tiny(
         "pad_token_id": tokenizer.token_to_id("<pad>"),
         "torch_dtype": "float32",
     }
+    if arch == "qwen2_moe":
+        raw["intermediate_size"] = 2 * hidden + hidden // 2  # the dense layers' width
+        raw |= {
+            "num_experts": experts,
+            "num_experts_per_tok": experts_per_token,
+            "moe_intermediate_size": intermediate or hidden,
+            "shared_expert_intermediate_size": 2 * hidden,
+            "norm_topk_prob": False,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        }
     cfg = ModelConfig.from_dict(raw)  # checks the sizes
     torch.manual_seed(seed)
     model = CausalLM(cfg)
@@ -140,6 +160,8 @@ def make_tiny(
         for name, p in model.named_parameters():
             if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
                 p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif name.endswith("mlp.gate.weight"):  # a router: decisive, rarely near a tie
+                p.normal_(0.0, 0.5)
             else:
                 p.normal_(0.0, 0.05)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}

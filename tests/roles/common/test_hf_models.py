@@ -52,6 +52,7 @@ def batch(tok: models.Tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
         ("llama", {"shards": 3}),  # sharded, with an index
         ("qwen2", {}),  # qkv bias, tied embeddings
         ("llama", {"kv_heads": 1, "layers": 3}),  # multi-query
+        ("qwen2_moe", {"layers": 3, "experts": 6, "experts_per_token": 2}),  # experts
     ],
 )
 def test_logits_and_greedy_tokens_match_transformers(
@@ -60,6 +61,7 @@ def test_logits_and_greedy_tokens_match_transformers(
     folder = make(tmp_path, arch, **kw)
     ours, ref, tok = models.load_model(folder), reference(folder), models.Tokenizer(folder)
     assert ours.config.tie_word_embeddings == (arch == "qwen2")
+    assert (ours.config.moe is not None) == (arch == "qwen2_moe")
     tokens, lengths = batch(tok)  # mixed lengths in one batch, right-padded
     mask = (torch.arange(tokens.shape[1])[None] < lengths[:, None]).long()
     with torch.no_grad():
@@ -77,6 +79,50 @@ def test_logits_and_greedy_tokens_match_transformers(
             torch.tensor([prompt]), max_new_tokens=64, min_new_tokens=64, do_sample=False
         )
     assert seq == out[0].tolist()
+
+
+def test_experts_layouts_match_transformers(tmp_path: pathlib.Path) -> None:
+    """Dense layers among sparse ones (mlp_only_layers, decoder_sparse_step), renormalised
+    top-k weights, and each part of a sparse layer called on its own."""
+    folder = make(tmp_path, "qwen2_moe", layers=4, experts=5, experts_per_token=3)
+    _edit_config(folder, mlp_only_layers=[0], decoder_sparse_step=2, norm_topk_prob=True)
+    torch.manual_seed(1)
+    fresh = models.CausalLM(models.read_config(folder))  # weights for the new layout
+    with torch.no_grad():
+        for name, p in fresh.named_parameters():
+            p.normal_(
+                1.0 if name.endswith("norm.weight") else 0.0, 0.5 if ".gate." in name else 0.05
+            )
+    save_file(
+        {k: v.contiguous() for k, v in fresh.state_dict().items()}, folder / "model.safetensors"
+    )
+    ours, ref = models.load_model(folder), reference(folder)
+    kinds = [type(layer.mlp).__name__ for layer in ours.model.layers]
+    assert kinds == ["MLP", "SparseMoE", "MLP", "SparseMoE"]
+    tokens = torch.randint(0, 300, (2, 50))
+    with torch.no_grad():
+        assert (ours(tokens) - ref(input_ids=tokens).logits).abs().max().item() < 1e-4
+        moe = ours.model.layers[1].mlp
+        assert isinstance(moe, models.SparseMoE)
+        x = torch.randn(7, ours.config.hidden_size)
+        experts, weights = moe.route(x)
+        assert experts.shape == (7, 3) and torch.allclose(weights.sum(-1), torch.ones(7))
+        parts = moe.run_experts(x, experts, weights) + moe.shared(x)
+        assert torch.equal(parts, moe(x))
+        one = moe.run_experts(x[:1], experts[:1], weights[:1])
+        by_hand = sum(
+            w * moe.experts[e](x[:1]) for e, w in zip(experts[0], weights[0], strict=True)
+        )
+        assert torch.allclose(one, by_hand, atol=1e-6)
+    for bad, match in [
+        ({"num_experts_per_tok": 9}, r"num_experts_per_tok \(9\) exceeds num_experts \(5\)"),
+        ({"mlp_only_layers": [7]}, r"mlp_only_layers must list layer numbers in \[0, 4\)"),
+        ({"moe_intermediate_size": None}, "moe_intermediate_size is missing"),
+    ]:
+        _edit_config(folder, **bad)
+        with pytest.raises(oc.ConfigError, match=match):
+            models.load_model(folder)
+        _edit_config(folder, num_experts_per_tok=3, mlp_only_layers=[0], moe_intermediate_size=64)
 
 
 def test_rope_scaling_matches_transformers(tmp_path: pathlib.Path) -> None:
@@ -182,6 +228,10 @@ def test_make_tiny_command(tmp_path: pathlib.Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "qwen2, 3 layers, hidden 32" in done.stdout
     assert models.read_config(tmp_path / "q").num_hidden_layers == 3
+    moe = cli("--arch", "qwen2_moe", str(tmp_path / "e"), "--experts", "3", "--intermediate", "16")
+    assert moe.returncode == 0, moe.stderr
+    assert "3 experts" in moe.stdout
+    assert models.read_config(tmp_path / "e").moe == models.MoEConfig(3, 2, 16, 128)
     again = cli("--arch", "qwen2", str(tmp_path / "q"))
     assert again.returncode == 2 and "already holds a checkpoint" in again.stderr
     bad = cli("--arch", "gpt2", str(tmp_path / "g"))

@@ -24,6 +24,7 @@ TEXTS = [SHARED + "reverse 1 2", SHARED + "the model", "a", SHARED + "what is tr
     [
         ("llama", 64, 16),  # chunked prefill, prefix hits
         ("qwen2", 40, 7),  # too few blocks for all four at once: preemption too
+        ("qwen2_moe", 64, 16),  # routed experts and a shared expert
     ],
 )
 def test_greedy_decoding_over_the_paged_cache_matches_transformers(

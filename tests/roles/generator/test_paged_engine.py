@@ -1,6 +1,7 @@
 """The paged engine keeps the recompute engine's contract: the same sampled tokens and
 log-probs for the same requests, versions per token across weight loads (its KV kept or
-recomputed), cancellation that frees blocks, and vLLM-named metrics."""
+recomputed), cancellation that frees blocks, and vLLM-named metrics; stop strings and the
+likeliest tokens' log-probs in both engines."""
 
 from __future__ import annotations
 
@@ -112,18 +113,73 @@ def test_bad_requests_and_cancellation(folder: pathlib.Path) -> None:
         PagedEngine(model, on_new_weights="drop")
 
 
+def test_stop_strings_and_top_logprobs(folder: pathlib.Path) -> None:
+    model, tok = models.load_model(folder), models.Tokenizer(folder)
+    prompt = tok.encode("please answer the user: reverse 4 5", special=True)
+    free = PagedEngine(model, num_blocks=32, block_size=4, detokenize=tok.decode)
+    free.submit([Request("free", prompt, 40, temperature=0.0, top_logprobs=4)])
+    (whole,) = drain(free).values()
+    text = tok.decode(whole.tokens)
+    # a stop string that ends inside the output, found by the token that completes it
+    cut = next(i for i in range(6, len(whole.tokens)) if len(tok.decode(whole.tokens[:i])) > 8)
+    head = tok.decode(whole.tokens[:cut])
+    stop = head[-3:]
+    at = text.find(stop)
+    assert 0 <= at
+    for engine in (
+        PagedEngine(model, num_blocks=32, block_size=4, detokenize=tok.decode),
+        Engine(model, pad_id=0, vocab_size=model.config.vocab_size, detokenize=tok.decode),
+    ):
+        engine.submit([Request("s", prompt, 40, temperature=0.0, stop=["never here", stop])])
+        (c,) = drain(engine).values()
+        assert (c.finish_reason, c.stop_reason, c.text) == ("stop", stop, text[:at])
+        assert c.tokens == whole.tokens[: len(c.tokens)]
+        assert stop in tok.decode(c.tokens) and stop not in tok.decode(c.tokens[:-1])
+        assert c.top_logprobs is None
+    # top-n: the likeliest first, the greedy token at the head, values the untempered log-probs
+    assert whole.top_logprobs is not None and len(whole.top_logprobs) == len(whole.tokens)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + whole.tokens]))[0, len(prompt) - 1 : -1]
+    for i, top in enumerate(whole.top_logprobs):
+        ids, values = list(top), list(top.values())
+        assert len(ids) == 4 and ids[0] == whole.tokens[i] and values == sorted(values)[::-1]
+        want = torch.log_softmax(logits[i].float(), dim=-1)[ids]
+        assert (torch.tensor(values) - want).abs().max().item() < 1e-4
+        assert abs(values[0] - whole.logprobs[i]) < 1e-6
+    bare = Engine(model, pad_id=0, vocab_size=model.config.vocab_size)
+    for bad, match in [
+        ({"stop": ["x"]}, "stop strings need a tokenizer"),
+        ({"stop": "x"}, "stop must be a list of strings"),
+        ({"top_logprobs": 21}, r"top_logprobs must be an int in \[0, 20\]"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            bare.submit([Request("bad", prompt, 4, **bad)])
+    with pytest.raises(ValueError, match="stop strings must be non-empty"):
+        free.submit([Request("bad", prompt, 4, stop=[""])])
+    assert bare.request_ids() == free.request_ids() == []
+
+
 async def test_a_generator_actor_serves_a_checkpoint_on_the_paged_engine(
     ctx: oc.JobContext, folder: pathlib.Path
 ) -> None:
     tok = models.Tokenizer(folder)
     reqs = requests(tok, n=4, max_new=10)
+    reqs[0].stop, reqs[1].top_logprobs = [" the"], 3  # through the wire too
     kv = {"num_blocks": 32, "block_size": 4, "token_budget": 16}
-    local = PagedEngine(models.load_model(folder), **kv)
+    local = PagedEngine(models.load_model(folder), detokenize=tok.decode, **kv)
     local.submit(reqs)
-    want = {rid: c.tokens for rid, c in drain(local).items()}
+    want = drain(local)
     gen = await ctx.spawn(Generator, checkpoint=str(folder), kv=kv, torch_threads=1)
     done = await gen.generate.call_one(reqs)
-    assert {c.id: c.tokens for c in done} == want
+    assert {c.id: (c.tokens, c.text) for c in done} == {
+        rid: (c.tokens, c.text) for rid, c in want.items()
+    }
+    got_top, want_top = next(c for c in done if c.id == "r1").top_logprobs, want["r1"].top_logprobs
+    assert got_top is not None and want_top is not None and want["r0"].text is not None
+    for got_row, want_row in zip(got_top, want_top, strict=True):  # int keys over the wire
+        assert len(got_row) == 3 and all(type(k) is int for k in got_row)
+        # (one thread there, two here: a near tie may order the tail differently)
+        assert all(abs(got_row[k] - v) < 1e-4 for k, v in want_row.items() if k in got_row)
     stats = await gen.stats.call_one()
     assert stats["finished"] == len(reqs) and stats["running"] == 0
     with pytest.raises(oc.SpawnError, match=r"unknown kv option\(s\) \[.blocks.\]"):
@@ -148,7 +204,8 @@ def test_top_k_and_top_p_narrow_what_is_sampled() -> None:
         seen = set()
         for seed in range(200):
             gen = torch.Generator().manual_seed(seed)
-            (tok,), (lp,), (slp,) = choose_tokens(logits, [req], [gen])
+            (tok,), (lp,), (slp,), (top,) = choose_tokens(logits, [req], [gen])
+            assert top is None  # not asked for
             seen.add(tok)
             kept = sorted(allowed)
             want = torch.log_softmax(logits[0, kept], dim=-1)[kept.index(tok)]

@@ -1,0 +1,236 @@
+"""What both engines do alike with a request: check it where it comes in (:class:`Intake`),
+record each token it is given (:class:`Live`), end it at a stop token, a stop string or its
+length, and finish it into a :class:`~._types.Completion`; and the checks of a weight load
+(:func:`check_state`).
+
+**Stop strings** are found in the detokenized output (the engine's ``detokenize``, the
+checkpoint's tokenizer): after each token the text is decoded again and searched from a
+little before where the last search ended, so a stop string split across tokens is found as
+soon as its last piece arrives. The completion keeps every token it generated (the one that
+completed the stop string too) and its ``text`` ends just before the stop string, as vLLM's
+does. A request that names stop strings on an engine without a tokenizer is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+import zlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ._sampling import MAX_TOP_LOGPROBS, check_sampling
+from ._types import Completion, EngineStats, Request
+
+__all__ = ["Intake", "Live", "check_state", "engine_stats"]
+
+Detokenize = Callable[[list[int]], str]
+
+
+@dataclasses.dataclass(eq=False)
+class Live:
+    """A request in an engine: what was recorded for each of its tokens, and its times."""
+
+    request: Request
+    generator: torch.Generator
+    submitted: float
+    stop_ids: frozenset[int]
+    detokenize: Detokenize | None = None
+    admitted: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    steps: int = 0
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    sample_logprobs: list[float] = dataclasses.field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    text: str | None = None
+    stop_reason: int | str | None = None
+    ended: str | None = None  # why, once record() has ended it
+    _searched: int = 0
+
+    def record(
+        self,
+        token: int,
+        logprob: float,
+        sample_logprob: float,
+        top: dict[int, float] | None,
+        version: int,
+    ) -> str | None:
+        """Append one token; returns why the request ends with it (``"stop"`` for a stop
+        token or string, ``"length"`` at ``max_new_tokens``), else ``None``."""
+        self.tokens.append(token)
+        self.logprobs.append(logprob)
+        self.sample_logprobs.append(sample_logprob)
+        self.versions.append(version)
+        if top is not None:
+            self.top_logprobs.append(top)
+        self.steps += 1
+        if token in self.stop_ids:
+            self.stop_reason, self.ended = token, "stop"
+        elif self.request.stop and self._stop_string():
+            self.ended = "stop"
+        elif len(self.tokens) >= self.request.max_new_tokens:
+            self.ended = "length"
+        return self.ended
+
+    def _stop_string(self) -> bool:
+        assert self.detokenize is not None  # Intake refuses stop strings without one
+        text = self.detokenize(self.tokens)
+        longest = max(map(len, self.request.stop))
+        start = max(0, self._searched - longest - 2)  # a little before: decoding may revise
+        found = [(i, s) for s in self.request.stop if (i := text.find(s, start)) >= 0]
+        self._searched = len(text)
+        if not found:
+            return False
+        at, self.stop_reason = min(found)
+        self.text = text[:at]
+        return True
+
+    def finish(self, reason: str, version: int, now: float) -> Completion:
+        nan = math.nan
+        r = self.request
+        text = self.text
+        if text is None and self.detokenize is not None and r.stop:
+            text = self.detokenize(self.tokens)
+        return Completion(
+            id=r.id,
+            prompt=list(r.prompt),
+            tokens=list(self.tokens),
+            logprobs=self.logprobs,
+            sample_logprobs=self.sample_logprobs,
+            versions=self.versions,
+            version=min(self.versions, default=version),
+            finish_reason=reason,
+            queue_s=nan if self.admitted is None else self.admitted - self.submitted,
+            ttft_s=nan if self.first_token is None else self.first_token - self.submitted,
+            latency_s=now - self.submitted,
+            steps=self.steps,
+            top_logprobs=self.top_logprobs if r.top_logprobs else None,
+            text=text,
+            stop_reason=self.stop_reason,
+        )
+
+
+class Intake:
+    """Checks requests against an engine's vocabulary, context length and tokenizer, and
+    makes each its :class:`Live` record with its own seeded generator."""
+
+    def __init__(
+        self,
+        *,
+        vocab: int,
+        max_len: int | None,
+        eos: frozenset[int],
+        seed: int,
+        detokenize: Detokenize | None = None,
+    ) -> None:
+        self.vocab, self.max_len, self.eos, self.seed = vocab, max_len, eos, seed
+        self.detokenize = detokenize
+
+    def check(self, r: Any, now: float) -> Live:
+        """``r`` as a :class:`Live`; raises ``TypeError``/``ValueError`` naming the request
+        and the field for anything the engine cannot run."""
+        if not isinstance(r, Request):
+            raise TypeError(f"expected a Request, got {type(r).__name__}")
+        if not isinstance(r.id, str) or not r.id:
+            raise ValueError(f"a request id must be a non-empty string, got {r.id!r}")
+        prompt = [self.token(t, f"prompt of {r.id!r}") for t in r.prompt]
+        if not prompt:
+            raise ValueError(
+                f"request {r.id!r} has an empty prompt; give at least one token (e.g. BOS)"
+            )
+        m = r.max_new_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"request {r.id!r}: max_new_tokens must be an int >= 1, got {m!r}")
+        if self.max_len is not None and len(prompt) + r.max_new_tokens > self.max_len:
+            raise ValueError(
+                f"request {r.id!r}: prompt ({len(prompt)}) + max_new_tokens ({r.max_new_tokens}) "
+                f"exceeds the model's max_seq_len {self.max_len}"
+            )
+        if not (isinstance(r.temperature, int | float) and 0 <= r.temperature < math.inf):
+            raise ValueError(
+                f"request {r.id!r}: temperature must be >= 0 and finite, got {r.temperature!r}"
+            )
+        check_sampling(r)
+        self._check_stops(r)
+        stop = (
+            self.eos
+            if r.stop_token is None
+            else frozenset({self.token(r.stop_token, f"stop_token of {r.id!r}")})
+        )
+        seed = r.seed if r.seed is not None else zlib.crc32(f"{self.seed}:{r.id}".encode())
+        generator = torch.Generator().manual_seed(operator.index(seed))
+        request = dataclasses.replace(r, prompt=prompt, stop=list(r.stop))
+        return Live(request, generator, now, stop, self.detokenize)
+
+    def token(self, t: Any, what: str) -> int:
+        try:
+            i = operator.index(t)
+        except TypeError:
+            raise ValueError(f"{what}: token {t!r} is not an int") from None
+        if not 0 <= i < self.vocab:
+            raise ValueError(f"{what}: token {i} is outside the vocabulary [0, {self.vocab})")
+        return i
+
+    def _check_stops(self, r: Request) -> None:
+        stops = r.stop
+        if isinstance(stops, str) or not isinstance(stops, list | tuple):
+            raise ValueError(f"request {r.id!r}: stop must be a list of strings, got {stops!r}")
+        if not all(isinstance(s, str) and s for s in stops):
+            raise ValueError(f"request {r.id!r}: stop strings must be non-empty, got {stops!r}")
+        if stops and self.detokenize is None:
+            raise ValueError(
+                f"request {r.id!r}: stop strings need a tokenizer, and this engine has none "
+                f"(load a checkpoint with tokenizer.json, or stop on a token: stop_token)"
+            )
+        n = r.top_logprobs
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOP_LOGPROBS:
+            raise ValueError(
+                f"request {r.id!r}: top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], "
+                f"got {n!r}"
+            )
+
+
+def check_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Raise ``ValueError`` unless ``state`` has exactly ``model``'s ``state_dict`` keys,
+    each of the same shape (nothing is copied)."""
+    own = model.state_dict()
+    if own.keys() != state.keys():
+        missing, extra = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
+        raise ValueError(f"state does not fit the model: missing {missing}, unexpected {extra}")
+    for k, v in own.items():
+        if tuple(state[k].shape) != tuple(v.shape):
+            raise ValueError(
+                f"state[{k!r}] has shape {tuple(state[k].shape)}, model {tuple(v.shape)}"
+            )
+
+
+def engine_stats(
+    *,
+    version: int,
+    paused: bool,
+    waiting: int,
+    running: int,
+    finished: int,
+    steps: int,
+    tokens: int,
+    busy_s: float,
+) -> EngineStats:
+    """:class:`EngineStats` with the rates derived from the counts."""
+    return EngineStats(
+        version=version,
+        paused=paused,
+        waiting=waiting,
+        running=running,
+        finished=finished,
+        steps=steps,
+        tokens=tokens,
+        busy_s=busy_s,
+        tokens_per_s=tokens / busy_s if busy_s else 0.0,
+        mean_batch=tokens / steps if steps else 0.0,
+    )
