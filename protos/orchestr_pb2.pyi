@@ -667,12 +667,45 @@ class TransportStats(_message.Message):
     fallbacks: int
     def __init__(self, kind: _Optional[str] = ..., transport: _Optional[str] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., ops: _Optional[int] = ..., fallbacks: _Optional[int] = ...) -> None: ...
 
+class MetricSeries(_message.Message):
+    __slots__ = ("tags", "value", "bucket_counts")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    tags: _containers.ScalarMap[str, str]
+    value: float
+    bucket_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tags: _Optional[_Mapping[str, str]] = ..., value: _Optional[float] = ..., bucket_counts: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class MetricFamily(_message.Message):
+    __slots__ = ("name", "kind", "description", "boundaries", "series")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    BOUNDARIES_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    description: str
+    boundaries: _containers.RepeatedScalarFieldContainer[float]
+    series: _containers.RepeatedCompositeFieldContainer[MetricSeries]
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., description: _Optional[str] = ..., boundaries: _Optional[_Iterable[float]] = ..., series: _Optional[_Iterable[_Union[MetricSeries, _Mapping]]] = ...) -> None: ...
+
 class WorkerStats(_message.Message):
-    __slots__ = ("worker_id", "actors", "transports")
+    __slots__ = ("worker_id", "actors", "transports", "metrics")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ACTORS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     actors: _containers.RepeatedCompositeFieldContainer[ActorStats]
     transports: _containers.RepeatedCompositeFieldContainer[TransportStats]
-    def __init__(self, worker_id: _Optional[str] = ..., actors: _Optional[_Iterable[_Union[ActorStats, _Mapping]]] = ..., transports: _Optional[_Iterable[_Union[TransportStats, _Mapping]]] = ...) -> None: ...
+    metrics: _containers.RepeatedCompositeFieldContainer[MetricFamily]
+    def __init__(self, worker_id: _Optional[str] = ..., actors: _Optional[_Iterable[_Union[ActorStats, _Mapping]]] = ..., transports: _Optional[_Iterable[_Union[TransportStats, _Mapping]]] = ..., metrics: _Optional[_Iterable[_Union[MetricFamily, _Mapping]]] = ...) -> None: ...

@@ -57,6 +57,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from . import fabric as fabric
+    from . import metrics as metrics
     from . import protos as protos
     from ._actor._actor import Actor, endpoint
     from ._call._mesh import Endpoint, Mesh
@@ -150,7 +151,7 @@ _LAZY = {
 }
 #: Subpackages ``import orchestr`` used to load as a side effect; ``orchestr.fabric`` keeps
 #: working without its own import.
-_SUBPACKAGES = ("fabric", "protos")
+_SUBPACKAGES = ("fabric", "metrics", "protos")
 
 
 if not TYPE_CHECKING:  # mypy reads the imports above, and still flags a misspelt name

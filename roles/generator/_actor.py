@@ -33,6 +33,7 @@ from orchestr.roles._common._weightplan import weights_digest
 from orchestr.roles._common._weights import WeightLoader, WeightsRef
 
 from ._build import build_engine
+from ._metrics import EngineMetrics
 from ._types import Completion, Request
 
 __all__ = ["Completion", "Generator", "Request"]
@@ -92,6 +93,11 @@ class Generator(oc.Actor):
             model_kwargs=model_kwargs, version=version, eos_id=eos_id, pad_id=pad_id,
             max_seq_len=max_seq_len, vocab_size=vocab_size,
         )  # fmt: skip
+        self._metrics = EngineMetrics(
+            self._engine,
+            model_name=checkpoint or model_factory,
+            engine_name=f"{self.mesh_name}[{self.rank}]",
+        )
         self._loader = WeightLoader()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()  # work may have appeared
@@ -357,6 +363,7 @@ class Generator(oc.Actor):
                             self._engine.cancel(rid)
                     self._abandoned.clear()
                     finished = await _in_thread(self._engine.step)
+                    self._metrics.publish()
                 for c in finished:
                     future = self._claimed.pop(c.id, None)
                     if future is not None:

@@ -37,10 +37,11 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
-from ._requests import Detokenize, Intake, Live, check_state, engine_stats
+from ._requests import Detokenize, Intake, Latencies, Live, check_state, engine_stats
 from ._sampling import Chosen, choose_tokens
 from ._types import Completion, EngineStats, Request
 
@@ -93,6 +94,7 @@ class Engine:
         )
         if eos_id is not None:
             self._intake.eos = frozenset({self._intake.token(eos_id, "eos_id")})
+        self._latencies = Latencies()
         self._steps = self._tokens = self._finished = 0
         self._busy_s = 0.0
 
@@ -204,8 +206,7 @@ class Engine:
         done: list[Completion] = []
         for live, tok, lp, slp, top in zip(batch, *chosen, strict=True):
             reason = live.record(tok, lp, slp, top, self._version)
-            if live.first_token is None:
-                live.first_token = now
+            self._latencies.token(live, now)
             if reason is not None:
                 del self._running[live.request.id]
                 self._ids.discard(live.request.id)
@@ -215,6 +216,14 @@ class Engine:
         self._finished += len(done)
         self._busy_s += now - start
         return done
+
+    def metrics(self) -> dict[str, Any]:
+        """None of the paged engine's cache metrics apply here: ``{}``."""
+        return {}
+
+    def take_latencies(self) -> tuple[list[float], list[float]]:
+        """The times to first token and between tokens (seconds) since the last call."""
+        return self._latencies.take()
 
     def stats(self) -> EngineStats:
         return engine_stats(

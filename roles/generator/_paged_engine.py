@@ -33,7 +33,7 @@ from orchestr.roles._common._hf._layers import CausalLM
 
 from ._blocks import BlockPool
 from ._paged import PagedKV, PagedRunner
-from ._requests import Detokenize, Intake, Live, check_state, engine_stats
+from ._requests import Detokenize, Intake, Latencies, Live, check_state, engine_stats
 from ._sampling import choose_tokens
 from ._scheduler import Scheduler, Seq
 from ._types import Completion, EngineStats, Request
@@ -91,8 +91,7 @@ class PagedEngine:
         self._live: dict[str, tuple[Live, Seq]] = {}
         self._steps = self._tokens = self._finished = 0
         self._busy_s = 0.0
-        self._ttft: list[float] = []
-        self._itl: list[float] = []
+        self._latencies = Latencies()
 
     # -- requests ----------------------------------------------------------------------------
     def submit(self, requests: Iterable[Request]) -> None:
@@ -203,12 +202,7 @@ class PagedEngine:
                 tokens[live.request.id] = tok
                 if reason is not None and isinstance(live.stop_reason, str):
                     ended.append((self._live[live.request.id][1], reason))
-                if live.first_token is None:
-                    live.first_token = now
-                    self._ttft.append(now - live.submitted)
-                elif live.last_token is not None:
-                    self._itl.append(now - live.last_token)
-                live.last_token = now
+                self._latencies.token(live, now)
         finished = self._sched.update(step, tokens)
         for seq, reason in ended:
             if seq.status == "running":
@@ -240,15 +234,17 @@ class PagedEngine:
     def metrics(self) -> dict[str, Any]:
         """Counters and gauges under vLLM's names where the meaning is the same: prompt
         tokens looked up in the prefix cache and found there, the fraction of KV blocks in
-        use, preemptions; and the times to first token and between tokens seen so far."""
+        use, preemptions (the latencies: :meth:`take_latencies`)."""
         return {
             "vllm:prefix_cache_queries": self._sched.queries,
             "vllm:prefix_cache_hits": self._sched.hits,
             "vllm:kv_cache_usage_perc": self._pool.usage,
             "vllm:num_preemptions": self._sched.preemptions,
-            "vllm:time_to_first_token_seconds": list(self._ttft),
-            "vllm:inter_token_latency_seconds": list(self._itl),
         }
+
+    def take_latencies(self) -> tuple[list[float], list[float]]:
+        """The times to first token and between tokens (seconds) since the last call."""
+        return self._latencies.take()
 
     def take_kv_events(self) -> list[Any]:
         """The block pool's stored/removed/cleared events since the last call."""

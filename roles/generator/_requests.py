@@ -17,6 +17,7 @@ import dataclasses
 import math
 import operator
 import zlib
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,7 +26,7 @@ import torch
 from ._sampling import MAX_TOP_LOGPROBS, check_sampling
 from ._types import Completion, EngineStats, Request
 
-__all__ = ["Intake", "Live", "check_state", "engine_stats"]
+__all__ = ["Intake", "Latencies", "Live", "check_state", "engine_stats"]
 
 Detokenize = Callable[[list[int]], str]
 
@@ -114,6 +115,31 @@ class Live:
             text=text,
             stop_reason=self.stop_reason,
         )
+
+
+class Latencies:
+    """Times to first token and between tokens, kept until taken (:meth:`take`); at most
+    ``keep`` of each, the oldest dropped first, so an engine nobody reads stays small."""
+
+    def __init__(self, keep: int = 100_000) -> None:
+        self.ttft: deque[float] = deque(maxlen=keep)
+        self.itl: deque[float] = deque(maxlen=keep)
+
+    def token(self, live: Live, now: float) -> None:
+        """``live`` was given a token at ``now``."""
+        if live.first_token is None:
+            live.first_token = now
+            self.ttft.append(now - live.submitted)
+        elif live.last_token is not None:
+            self.itl.append(now - live.last_token)
+        live.last_token = now
+
+    def take(self) -> tuple[list[float], list[float]]:
+        """The times to first token and between tokens since the last call."""
+        out = list(self.ttft), list(self.itl)
+        self.ttft.clear()
+        self.itl.clear()
+        return out
 
 
 class Intake:

@@ -1,9 +1,11 @@
 """The cluster's metrics as plain data, and their Prometheus text form (exposition format 0.0.4).
 
 :func:`cluster_families` turns the head's state and the workers' ``Stats`` answers into metric
-families, summing series that meet (transports over workers, restarts over a mesh's members);
-:func:`render` writes families out: ``# HELP`` and ``# TYPE`` once per family, then its samples,
-label values escaped. No I/O here: :mod:`._metrics` asks the workers and serves the text.
+families, summing series that meet (transports over workers, restarts over a mesh's members,
+and the metrics actors made with :mod:`orchestr.metrics`, over workers); :func:`render` writes
+families out: ``# HELP`` and ``# TYPE`` once per family, then its samples (a histogram's as
+cumulative ``_bucket`` series with ``le``, then ``_sum`` and ``_count``), label values
+escaped. No I/O here: :mod:`._metrics` asks the workers and serves the text.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ __all__ = [
     "CONTENT_TYPE",
     "Family",
     "ScrapeReport",
+    "actor_families",
     "cluster_families",
     "render",
     "workers_to_scrape",
@@ -37,22 +40,45 @@ Labels = tuple[tuple[str, str], ...]
 
 class Family:
     """One metric family: a name, a type, a help text and its samples by label set. Adding to
-    a label set that is already there sums the values."""
+    a label set that is already there sums the values (a histogram's bucket counts too)."""
 
-    def __init__(self, name: str, kind: Literal["counter", "gauge"], help: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        kind: Literal["counter", "gauge", "histogram"],
+        help: str,
+        boundaries: Sequence[float] = (),
+    ) -> None:
         if not _METRIC_NAME.fullmatch(name):
             raise ValueError(f"{name!r} is not a valid Prometheus metric name")
         self.name = name
         self.kind = kind
         self.help = help
-        self.samples: dict[Labels, float] = {}
+        self.boundaries = tuple(boundaries)
+        self.samples: dict[Labels, float] = {}  # a histogram's: the sums
+        self.buckets: dict[Labels, list[int]] = {}  # per bucket, not cumulative, +Inf last
 
     def add(self, value: float, **labels: str) -> None:
-        for label in labels:
-            if not _LABEL_NAME.fullmatch(label) or label.startswith("__"):
-                raise ValueError(f"{label!r} is not a valid Prometheus label name")
-        key = tuple(labels.items())
+        key = _labels(labels)
         self.samples[key] = self.samples.get(key, 0) + value
+
+    def add_histogram(self, counts: Sequence[int], total: float, **labels: str) -> None:
+        if len(counts) != len(self.boundaries) + 1:
+            raise ValueError(
+                f"{self.name}: {len(counts)} bucket counts for {len(self.boundaries)} boundaries"
+            )
+        key = _labels(labels)
+        have = self.buckets.setdefault(key, [0] * len(counts))
+        for i, c in enumerate(counts):
+            have[i] += c
+        self.samples[key] = self.samples.get(key, 0) + total
+
+
+def _labels(labels: dict[str, str]) -> Labels:
+    for label in labels:
+        if not _LABEL_NAME.fullmatch(label) or label.startswith("__") or label == "le":
+            raise ValueError(f"{label!r} is not a valid Prometheus label name")
+    return tuple(labels.items())
 
 
 def escape_label_value(value: str) -> str:
@@ -83,13 +109,32 @@ def render(families: Iterable[Family]) -> str:
         seen.add(family.name)
         lines.append(f"# HELP {family.name} {escape_help(family.help)}")
         lines.append(f"# TYPE {family.name} {family.kind}")
+        if family.kind == "histogram":
+            lines += _histogram_lines(family)
+            continue
         for labels, value in family.samples.items():
-            if labels:
-                inner = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels)
-                lines.append(f"{family.name}{{{inner}}} {format_value(value)}")
-            else:
-                lines.append(f"{family.name} {format_value(value)}")
+            lines.append(_sample(family.name, labels, value))
     return "\n".join(lines) + "\n"
+
+
+def _sample(name: str, labels: Labels, value: float) -> str:
+    if not labels:
+        return f"{name} {format_value(value)}"
+    inner = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels)
+    return f"{name}{{{inner}}} {format_value(value)}"
+
+
+def _histogram_lines(family: Family) -> list[str]:
+    lines = []
+    bounds = [format_value(b) for b in family.boundaries] + ["+Inf"]
+    for labels, counts in family.buckets.items():
+        running = 0
+        for le, count in zip(bounds, counts, strict=True):
+            running += count
+            lines.append(_sample(f"{family.name}_bucket", (*labels, ("le", le)), running))
+        lines.append(_sample(f"{family.name}_sum", labels, family.samples.get(labels, 0.0)))
+        lines.append(_sample(f"{family.name}_count", labels, running))
+    return lines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +198,40 @@ def cluster_families(
         *_transport_families(answers),
         *_head_families(state),
         *_scrape_families(scrape),
+        *actor_families(answers),
     ]
+
+
+def actor_families(answers: Sequence[WorkerStats]) -> list[Family]:
+    """The metrics the workers' actors made (:mod:`orchestr.metrics`), series of the same
+    name and tags summed over workers, tags in name order; a counter's name gets ``_total``
+    unless it ends so. A family whose kind or boundaries differ from the
+    first worker's that had it, or whose name or tags are not valid, is left out of the
+    scrape rather than failing it (a worker does not get to break the endpoint)."""
+    out: dict[str, Family] = {}
+    for worker in answers:
+        for m in worker.metrics:
+            if m.kind not in ("counter", "gauge", "histogram") or m.name.startswith("orchestr_"):
+                continue
+            family = out.get(m.name)
+            try:
+                if family is None:
+                    name = m.name
+                    if m.kind == "counter" and not name.endswith("_total"):
+                        name += "_total"  # as prometheus_client writes counters
+                    family = Family(name, m.kind, m.description, m.boundaries)
+                if (family.kind, family.boundaries) != (m.kind, tuple(m.boundaries)):
+                    continue
+                for tags, value, counts in m.series:
+                    labels = dict(sorted(tags.items()))  # a protobuf map keeps no order
+                    if m.kind == "histogram":
+                        family.add_histogram(counts, value, **labels)
+                    else:
+                        family.add(value, **labels)
+            except ValueError:
+                continue
+            out.setdefault(m.name, family)
+    return list(out.values())
 
 
 def _transport_families(answers: Sequence[WorkerStats]) -> list[Family]:

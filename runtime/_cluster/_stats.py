@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from orchestr import metrics as _metrics
 from orchestr._call import _wire
 from orchestr.fabric.lowlevel import buffer_stats
 
@@ -55,6 +56,7 @@ class WorkerStats:
     worker_id: str
     actors: list[ActorStats]
     transports: list[TransportStats]
+    metrics: list[_metrics.MetricSnapshot] = dataclasses.field(default_factory=list)
 
 
 def process_transports() -> list[TransportStats]:
@@ -82,4 +84,4 @@ def process_transports() -> list[TransportStats]:
 
 
 def worker_stats(worker_id: str, actors: Iterable[ActorStats]) -> WorkerStats:
-    return WorkerStats(worker_id, list(actors), process_transports())
+    return WorkerStats(worker_id, list(actors), process_transports(), _metrics.snapshot())

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestr._cluster._stats import ActorStats, EndpointStats, TransportStats, WorkerStats
+from orchestr.metrics import MetricSnapshot
 from orchestr.protos import orchestr_pb2 as pb
 
 if TYPE_CHECKING:
@@ -365,6 +366,19 @@ def worker_stats_to_pb(stats: WorkerStats) -> pb.WorkerStats:
             )
             for t in stats.transports
         ],
+        metrics=[
+            pb.MetricFamily(
+                name=m.name,
+                kind=m.kind,
+                description=m.description,
+                boundaries=m.boundaries,
+                series=[
+                    pb.MetricSeries(tags=tags, value=value, bucket_counts=counts)
+                    for tags, value, counts in m.series
+                ],
+            )
+            for m in stats.metrics
+        ],
     )
 
 
@@ -384,5 +398,15 @@ def worker_stats_from_pb(msg: pb.WorkerStats) -> WorkerStats:
         transports=[
             TransportStats(t.kind, t.transport, t.bytes_sent, t.bytes_received, t.ops, t.fallbacks)
             for t in msg.transports
+        ],
+        metrics=[
+            MetricSnapshot(
+                m.name,
+                m.kind,  # checked where it is rendered
+                m.description,
+                tuple(m.boundaries),
+                [(dict(x.tags), x.value, list(x.bucket_counts)) for x in m.series],
+            )
+            for m in msg.metrics
         ],
     )

@@ -182,3 +182,21 @@ class Environ(oc.Actor):
     @oc.endpoint
     def get(self, name: str) -> str | None:
         return os.environ.get(name)
+
+
+class Metered(oc.Actor):
+    """Records into orchestr.metrics: a counter and a histogram shared by every member (they
+    sum over workers), and a gauge per member."""
+
+    def __init__(self) -> None:
+        from orchestr import metrics
+
+        self.served = metrics.Counter("test_served", "Requests served.", ("route",))
+        self.seconds = metrics.Histogram("test_seconds", "Time taken.", (0.1, 1.0), ("route",))
+        self.depth = metrics.Gauge("test_depth", "A queue's depth.", ("member",))
+
+    @oc.endpoint
+    def serve(self, route: str, seconds: float, depth: float) -> None:
+        self.served.inc(1, {"route": route})
+        self.seconds.observe(seconds, {"route": route})
+        self.depth.set(depth, {"member": str(self.rank)})

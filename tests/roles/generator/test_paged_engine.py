@@ -5,7 +5,9 @@ likeliest tokens' log-probs in both engines."""
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
+import urllib.request
 
 import pytest
 import torch
@@ -30,6 +32,23 @@ def requests(tok: models.Tokenizer, n: int = 6, max_new: int = 24) -> list[Reque
         prompt = tok.encode(texts[i % len(texts)], special=True)
         out.append(Request(f"r{i}", prompt, max_new, seed=i, top_k=k, top_p=p))
     return out
+
+
+def scrape(address: str | None) -> str:
+    """A scrape every worker answered (one that is slow to answer is left out of a scrape,
+    and counted: on a loaded machine the first may miss one)."""
+    for _ in range(20):
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
+            text: str = r.read().decode()
+        if 'orchestr_scrape_workers{result="failed"} 0\n' in text:
+            return text
+    raise AssertionError(f"no scrape had every worker answer: {text}")
+
+
+def series(text: str, name: str) -> float:
+    """The value of the one sample line that starts with ``name`` (its labels in order)."""
+    (line,) = [x for x in text.splitlines() if x.startswith(name + " ")]
+    return float(line.rsplit(" ", 1)[1])
 
 
 def drain(engine: Engine | PagedEngine) -> dict[str, Completion]:
@@ -59,7 +78,11 @@ def test_the_same_tokens_and_logprobs_as_the_recompute_engine(folder: pathlib.Pa
     assert metrics["vllm:prefix_cache_hits"] > 0
     assert metrics["vllm:prefix_cache_queries"] >= metrics["vllm:prefix_cache_hits"]
     assert metrics["vllm:kv_cache_usage_perc"] == 0.0  # every block back
-    assert len(metrics["vllm:time_to_first_token_seconds"]) == len(reqs)
+    ttft, itl = paged.take_latencies()
+    assert len(ttft) == len(reqs) and len(ttft) + len(itl) == sum(
+        len(c.tokens) for c in got.values()
+    )
+    assert paged.take_latencies() == ([], [])  # taken
     assert paged.stats().finished == len(reqs)
     assert paged.take_kv_events()
 
@@ -182,6 +205,16 @@ async def test_a_generator_actor_serves_a_checkpoint_on_the_paged_engine(
         assert all(abs(got_row[k] - v) < 1e-4 for k, v in want_row.items() if k in got_row)
     stats = await gen.stats.call_one()
     assert stats["finished"] == len(reqs) and stats["running"] == 0
+    # the engine's metrics, under vLLM's names, in the head's /metrics
+    text = await asyncio.to_thread(scrape, ctx.metrics_address)
+    tags = f'engine="Generator[0]",model_name="{folder}"'
+    assert series(text, f"vllm:generation_tokens_total{{{tags}}}") == sum(
+        len(c.tokens) for c in done
+    )
+    assert series(text, f'vllm:time_to_first_token_seconds_bucket{{{tags},le="+Inf"}}') == len(reqs)
+    assert series(text, f"vllm:prefix_cache_queries_total{{{tags}}}") > 0
+    assert series(text, f"vllm:kv_cache_usage_perc{{{tags}}}") == 0.0
+    assert series(text, f"vllm:num_requests_running{{{tags}}}") == 0.0
     with pytest.raises(oc.SpawnError, match=r"unknown kv option\(s\) \[.blocks.\]"):
         await ctx.spawn(Generator, checkpoint=str(folder), kv={"blocks": 3}, name="bad")
 

@@ -5,20 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import re
 import signal
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 import pytest
 
 import orchestr as oc
+from orchestr import metrics
 from orchestr._cluster import _metrics
 from orchestr._cluster._exposition import (
     Family,
     ScrapeReport,
+    actor_families,
     cluster_families,
     format_value,
     render,
@@ -36,7 +39,7 @@ from orchestr._control._convert import worker_stats_from_pb, worker_stats_to_pb
 from orchestr.config import load_config
 from orchestr.errors import ConfigError
 from tests.cluster import open_cluster
-from tests.runtime.actors import Counter, ExitsAtOnce
+from tests.runtime.actors import Counter, ExitsAtOnce, Metered
 
 # -- a small parser for the text exposition format ---------------------------------------------
 
@@ -70,7 +73,14 @@ def parse(text: str) -> tuple[Samples, dict[str, str]]:
         m = _SAMPLE.fullmatch(line)
         assert m, f"not a sample line: {line!r}"
         name, inner, value = m.groups()
-        assert name in types and name in helps, f"{name} has a sample before its HELP/TYPE"
+        family = re.sub(r"_(bucket|sum|count)$", "", name)
+        if name not in types and types.get(family) == "histogram":
+            name_of_family = family
+        else:
+            name_of_family = name
+        assert name_of_family in types and name_of_family in helps, (
+            f"{name} has a sample before its HELP/TYPE"
+        )
         labels: list[tuple[str, str]] = []
         pos = 0
         while inner and pos < len(inner):
@@ -228,12 +238,98 @@ def test_cluster_families_join_the_workers_with_the_heads_state() -> None:
 
 
 def test_worker_stats_survive_protobuf() -> None:
+    made = [
+        metrics.MetricSnapshot("t_c", "counter", "c", (), [({"a": "1"}, 3.0, [])]),
+        metrics.MetricSnapshot("t_h", "histogram", "h", (0.5, 2.0), [({}, 4.5, [1, 0, 2])]),
+    ]
     stats = WorkerStats(
         "w-1",
         [ActorStats("a-1", "gen[1]", 4, 1, [EndpointStats("go", 5, 1)])],
         [TransportStats("buffer", "rdma", 1 << 40, 7, 3, 1)],
+        made,
     )
     assert worker_stats_from_pb(worker_stats_to_pb(stats)) == stats
+
+
+# -- metrics actors make (orchestr.metrics) -----------------------------------------------------
+
+
+def test_actor_metrics_record_and_refuse_bad_use() -> None:
+    c = metrics.Counter("unit_requests", "Requests.", ("route",))
+    c.inc(tags={"route": "a"})
+    c.inc(2.5, {"route": "a"})
+    assert metrics.Counter("unit_requests", "again", ("route",)).name == "unit_requests"
+    h = metrics.Histogram("unit_seconds", "Seconds.", [0.1, 1.0])
+    for v in (0.05, 0.1, 0.5, 7.0):
+        h.observe(v)
+    g = metrics.Gauge("unit_depth", "Depth.")
+    g.set(3)
+    g.set(1)
+    got = {m.name: m for m in metrics.snapshot()}
+    assert got["unit_requests"].series == [({"route": "a"}, 3.5, [])]
+    assert got["unit_seconds"].series == [({}, 7.65, [2, 1, 1])]  # le 0.1 takes 0.1 itself
+    assert got["unit_depth"].series == [({}, 1.0, [])]
+    cases: list[tuple[Callable[[], object], str]] = [
+        (lambda: metrics.Counter("unit_requests", "", ("other",)), "exists already as a counter"),
+        (lambda: metrics.Gauge("unit_requests"), "exists already as a counter"),
+        (lambda: metrics.Histogram("unit_seconds", "", [0.1, 2.0]), "boundaries"),
+        (lambda: metrics.Counter("orchestr_mine"), "the orchestr_ prefix"),
+        (lambda: metrics.Counter("1bad"), "not a valid metric name"),
+        (lambda: metrics.Counter("unit_x", "", ("le-x",)), "not a valid tag key"),
+        (lambda: metrics.Counter("unit_x", "", "route"), "the string 'route'"),
+        (lambda: metrics.Histogram("unit_y", "", []), "needs finite boundaries"),
+        (lambda: metrics.Histogram("unit_y", "", [1.0, 1.0]), "increase strictly"),
+        (lambda: c.inc(-1, {"route": "a"}), "only goes up"),
+        (lambda: c.inc(1, {"path": "a"}), r"takes tags \['route'\], got \['path'\]"),
+        (lambda: h.observe(math.nan), "finite values"),
+    ]
+    for make, match in cases:
+        with pytest.raises(ValueError, match=match):
+            make()
+
+
+def test_actor_metrics_sum_over_workers_and_a_bad_one_is_left_out() -> None:
+    def worker(*made: metrics.MetricSnapshot) -> WorkerStats:
+        return WorkerStats("w", [], [], list(made))
+
+    answers = [
+        worker(
+            metrics.MetricSnapshot("vllm:hits", "counter", "Hits.", (), [({"m": "x"}, 2.0, [])]),
+            metrics.MetricSnapshot("lat", "histogram", "Lat.", (0.5,), [({}, 0.75, [1, 1])]),
+        ),
+        worker(
+            metrics.MetricSnapshot("vllm:hits", "counter", "Hits.", (), [({"m": "x"}, 3.0, [])]),
+            metrics.MetricSnapshot("lat", "histogram", "Lat.", (0.5,), [({}, 0.25, [1, 0])]),
+            metrics.MetricSnapshot("lat", "gauge", "another kind", (), [({}, 1.0, [])]),
+            metrics.MetricSnapshot("bad name", "gauge", "", (), [({}, 1.0, [])]),
+            metrics.MetricSnapshot("orchestr_nodes", "gauge", "", (), [({}, 9.0, [])]),
+            metrics.MetricSnapshot("badtag", "gauge", "", (), [({"le": "1"}, 1.0, [])]),
+        ),
+    ]
+    samples, types = parse(render(actor_families(answers)))
+    assert types == {"vllm:hits_total": "counter", "lat": "histogram"}
+    assert value(samples, "vllm:hits_total", m="x") == 5.0
+    assert value(samples, "lat_bucket", le="0.5") == 2.0
+    assert value(samples, "lat_bucket", le="+Inf") == 3.0
+    assert value(samples, "lat_count") == 3.0 and value(samples, "lat_sum") == 1.0
+
+
+async def test_a_scrape_shows_the_metrics_actors_made(ctx: oc.JobContext) -> None:
+    mesh = await ctx.spawn(Metered, n=2, name="metered")
+    await mesh[0].serve.call_one("a", 0.05, 3)
+    await mesh[1].serve.call_one("a", 0.5, 4)
+    await mesh[1].serve.call_one("b", 5.0, 2)
+    for _ in range(20):  # a worker slow to answer is left out of a scrape (and counted)
+        s, _ = await scrape(ctx)
+        if not value(s, "orchestr_scrape_workers", result="failed"):
+            break
+    assert value(s, "test_served_total", route="a") == 2.0  # over both workers
+    assert value(s, "test_served_total", route="b") == 1.0
+    assert value(s, "test_seconds_bucket", route="a", le="0.1") == 1.0
+    assert value(s, "test_seconds_bucket", route="a", le="1.0") == 2.0
+    assert value(s, "test_seconds_count", route="b") == 1.0
+    assert value(s, "test_seconds_sum", route="a") == pytest.approx(0.55)
+    assert value(s, "test_depth", member="0") == 3.0 and value(s, "test_depth", member="1") == 2.0
 
 
 @pytest.mark.parametrize(
