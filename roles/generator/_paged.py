@@ -18,7 +18,7 @@ import torch
 
 from orchestr.roles._common._hf._layers import CausalLM, DecoderLayer
 
-from ._scheduler import Step
+from ._scheduler import Seq, Step
 
 __all__ = ["PagedKV", "PagedRunner"]
 
@@ -50,7 +50,14 @@ class PagedKV:
 
 
 class PagedRunner:
-    """One model step of a :class:`Step` over a :class:`PagedKV`."""
+    """One model step of a :class:`Step` over a :class:`PagedKV`.
+
+    The step's new tokens run packed in one row through the projections and the MLPs. For
+    attention, the sequences that compute one token (decodes) are batched: their keys and
+    values are gathered from the cache into one padded tensor ``[seqs, kv_heads, longest,
+    head_dim]`` by a slot index made once per step, and one attention call serves them all
+    (grouped-query heads shared, not copied). A prefill chunk of several tokens attends on
+    its own, causally within the chunk."""
 
     def __init__(self, model: CausalLM, kv: PagedKV) -> None:
         self.model = model
@@ -65,24 +72,29 @@ class PagedRunner:
             return {}
         model, size = self.model.model, self.kv.block_size
         device = self.kv.keys[0].device
+        # decodes first (one token each, batched), then the prefill chunks
+        ordered = sorted(step.scheduled, key=lambda sn: sn[1] != 1)
+        ones = [seq for seq, n in ordered if n == 1]
         tokens: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        spans = []  # (start, n, table) per sequence
+        chunks = []  # (offset, start, n, table) per prefill chunk
         last: dict[str, int] = {}
-        for seq, n in step.scheduled:
+        for seq, n in ordered:
             start = seq.num_computed
+            if n > 1:
+                table = torch.tensor(seq.blocks[: -(-(start + n) // size)], device=device)
+                chunks.append((len(tokens), start, n, table))
             tokens += seq.tokens[start : start + n]
             for p in range(start, start + n):
                 positions.append(p)
                 slots.append(seq.blocks[p // size] * size + p % size)
-            table = torch.tensor(seq.blocks[: -(-(start + n) // size)], device=device)
-            spans.append((start, n, table))
             if step.samples(seq, n):
                 last[seq.id] = len(tokens) - 1
         ids = torch.tensor([tokens], device=device)
         pos = torch.tensor([positions], device=device)
         slot = torch.tensor(slots, device=device)
+        gather, valid = self._decode_index(ones, device)
         cos, sin = model.rotary(pos)
         hidden = model.embed_tokens(ids)
         layers = cast(list[DecoderLayer], list(model.layers))
@@ -90,10 +102,17 @@ class PagedRunner:
             attn = layer.self_attn
             q, k, v = attn.project(layer.input_layernorm(hidden), cos, sin)
             heads = keys.shape[2:]
-            keys.view(-1, *heads)[slot] = k[0].transpose(0, 1).to(keys.dtype)
-            values.view(-1, *heads)[slot] = v[0].transpose(0, 1).to(values.dtype)
-            outs, offset = [], 0
-            for start, n, table in spans:
+            flat_k, flat_v = keys.view(-1, *heads), values.view(-1, *heads)
+            flat_k[slot] = k[0].transpose(0, 1).to(keys.dtype)
+            flat_v[slot] = v[0].transpose(0, 1).to(values.dtype)
+            outs = []
+            if ones:
+                b = len(ones)
+                qq = q[0, :, :b].transpose(0, 1)[:, :, None]  # [b, heads, 1, dim]
+                kk = flat_k[gather].transpose(1, 2).to(q.dtype)  # [b, kv_heads, longest, dim]
+                vv = flat_v[gather].transpose(1, 2).to(q.dtype)
+                outs.append(attn.core(qq, kk, vv, valid).reshape(1, b, -1))
+            for offset, start, n, table in chunks:
                 width = start + n
                 kk = keys[table].reshape(-1, *heads)[:width].transpose(0, 1)[None]
                 vv = values[table].reshape(-1, *heads)[:width].transpose(0, 1)[None]
@@ -101,7 +120,6 @@ class PagedRunner:
                 mask = torch.arange(width, device=device)[None, :] <= qpos[:, None]
                 qq = q[:, :, offset : offset + n]
                 outs.append(attn.core(qq, kk.to(q.dtype), vv.to(q.dtype), mask))
-                offset += n
             hidden = hidden + attn.o_proj(torch.cat(outs, dim=1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         if not last:
@@ -109,3 +127,24 @@ class PagedRunner:
         rows = torch.tensor(list(last.values()), device=device)
         logits = self.model.lm_head(model.norm(hidden[0, rows])).float()
         return {sid: logits[i] for i, sid in enumerate(last)}
+
+    def _decode_index(
+        self, seqs: list[Seq], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """For sequences computing their token at position ``num_computed``: the cache slot
+        of each of their positions ``[seqs, longest]`` (padding: slot 0) and which are real
+        ``[seqs, 1, 1, longest]``."""
+        if not seqs:
+            return torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.bool)
+        size = self.kv.block_size
+        lengths = torch.tensor([s.num_computed + 1 for s in seqs], device=device)
+        longest = int(lengths.max())
+        nblocks = -(-longest // size)
+        table = torch.zeros(len(seqs), nblocks, dtype=torch.long, device=device)
+        for i, s in enumerate(seqs):
+            own = s.blocks[: -(-(s.num_computed + 1) // size)]
+            table[i, : len(own)] = torch.tensor(own, device=device)
+        at = torch.arange(longest, device=device)
+        valid = at[None, :] < lengths[:, None]
+        gather = torch.where(valid, table[:, at // size] * size + at % size, 0)
+        return gather, valid[:, None, None, :]

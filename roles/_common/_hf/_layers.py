@@ -130,11 +130,8 @@ class Attention(nn.Module):
         """Softmax attention of ``q`` ``[batch, heads, t, head_dim]`` over ``k``/``v``
         ``[batch, kv_heads, s, head_dim]`` where ``mask`` ``[.., t, s]`` allows, the heads
         merged: ``[batch, t, heads * head_dim]`` (before the output projection)."""
-        group = self.heads // self.kv_heads
-        if group > 1:
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        grouped = self.heads != self.kv_heads  # each kv head serves heads // kv_heads
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
         b, _, t, _ = out.shape
         return out.transpose(1, 2).reshape(b, t, -1)
 
