@@ -15,8 +15,8 @@ import dataclasses
 import hashlib
 import itertools
 import zlib
-from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -36,8 +36,11 @@ __all__ = [
     "checksum",
     "dtype_name",
     "few",
+    "new_hasher",
     "plan_buckets",
+    "sync_devices",
     "to_dtype",
+    "views",
     "weight_tensors",
     "weights_digest",
 ]
@@ -48,6 +51,34 @@ CHECKSUMS: dict[str, Callable[[memoryview], str]] = {
     "sha256": lambda v: hashlib.sha256(v).hexdigest(),
     "blake2b": lambda v: hashlib.blake2b(v, digest_size=16).hexdigest(),
 }
+
+
+class _Crc32:
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data: memoryview) -> None:
+        self.value = zlib.crc32(data, self.value)
+
+    def hexdigest(self) -> str:
+        return f"{self.value:08x}"
+
+
+class Hasher(Protocol):
+    def update(self, data: memoryview, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+def new_hasher(algorithm: str) -> Hasher:
+    """An incremental form of ``CHECKSUMS[algorithm]``: the same digest, fed in pieces."""
+    if algorithm == "crc32":
+        return _Crc32()
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    if algorithm == "blake2b":
+        return hashlib.blake2b(digest_size=16)
+    raise ValueError(f"unknown checksum {algorithm!r}; choose one of {sorted(CHECKSUMS)}")
 
 
 class WeightSyncError(OrchestrError):
@@ -218,6 +249,17 @@ def plan_buckets(
             used += n
             buckets[-1] = BucketSpec(dtype, used)
     return BucketPlan(tuple(slots), tuple(buckets))
+
+
+def views(plan: BucketPlan, buckets: list[torch.Tensor]) -> Iterable[tuple[str, torch.Tensor]]:
+    """Each tensor's name and its view of ``buckets`` (laid out by ``plan``)."""
+    for t in plan.tensors:
+        yield t.name, buckets[t.bucket][t.offset : t.offset + t.numel].view(t.shape)
+
+
+def sync_devices(tensors: Iterable[torch.Tensor]) -> None:
+    for device in {t.device for t in tensors if t.device.type == "cuda"}:
+        torch.cuda.synchronize(device)
 
 
 def bytes_of(t: torch.Tensor) -> memoryview:

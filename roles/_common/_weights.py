@@ -23,13 +23,22 @@ bucket escapes it with probability 2**-32, and the stale read a checksum could m
 rewritten with equal bytes) is caught by the stamp. ``checksum="sha256"`` or ``"blake2b"``
 buys a cryptographic digest at 3-5x the cost. The loader verifies every bucket before it
 touches the model, so a failed load leaves the model as it was.
+
+**Loading without a second copy** (CPU models): the loader keeps two sets of buckets and the
+model's tensors are views of one of them. A load reads into the other set, in pieces of
+:data:`PIECE_BYTES`, each piece checksummed in a thread while the next is read (the hash runs
+beside the copy, on the bytes just read); once every bucket and the stamp check out, each
+tensor is pointed at its view of the new set (``tensor.data = view``, no bytes moved) and the
+old set becomes the next load's. So a load costs one read at the data plane's bandwidth, and
+the model is touched only after everything verified. The price is a second copy of the weights
+in memory. GPU models (and ``double_buffer=False``) read into host buckets and copy from them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -49,8 +58,11 @@ from ._weightplan import (
     WeightSyncError,
     bytes_of,
     few,
+    new_hasher,
     plan_buckets,
+    sync_devices,
     to_dtype,
+    views,
     weight_tensors,
 )
 
@@ -60,6 +72,8 @@ __all__ = ["BucketRef", "WeightLoader", "WeightPublisher", "WeightsRef"]
 WRITING = -1
 #: Buckets at least this large are checksummed in a thread, off the event loop.
 _THREAD_BYTES = 1 << 20
+#: Loads read and checksum in pieces of this many bytes, the next read beside the last hash.
+PIECE_BYTES = 4 << 20
 
 
 class BucketRef(NamedTuple):
@@ -114,16 +128,6 @@ class _Slot:
     def release(self) -> None:
         for buf in [*self.buffers, self.stamp_buffer]:
             buf.release()
-
-
-def _views(plan: BucketPlan, buckets: list[torch.Tensor]) -> Iterable[tuple[str, torch.Tensor]]:
-    for t in plan.tensors:
-        yield t.name, buckets[t.bucket][t.offset : t.offset + t.numel].view(t.shape)
-
-
-def _sync_devices(tensors: Iterable[torch.Tensor]) -> None:
-    for device in {t.device for t in tensors if t.device.type == "cuda"}:
-        torch.cuda.synchronize(device)
 
 
 class WeightPublisher:
@@ -188,10 +192,10 @@ class WeightPublisher:
         self._next = (self._next + 1) % len(self._slots)
         slot.stamp.fill_(WRITING)  # a reader that overlaps this write sees it
         with torch.no_grad():
-            for name, view in _views(plan, slot.buckets):
+            for name, view in views(plan, slot.buckets):
                 src = tensors[name].detach()
                 view.copy_(src, non_blocking=src.device.type == "cuda")
-        _sync_devices(tensors.values())
+        sync_devices(tensors.values())
         fn = CHECKSUMS[self.algorithm]
         sums = [fn(bytes_of(b)) for b in slot.buckets]
         slot.stamp.fill_(version)
@@ -225,22 +229,30 @@ class WeightLoader:
     """Generator side: loads published versions into a model, in place.
 
     Host buckets are allocated on the first load (pinned when the model is on a GPU) and
-    reused. Reads run ``max_inflight`` buckets at a time; each is checksummed as it lands.
+    reused. Reads go in pieces, each checksummed beside the next read. With
+    ``double_buffer`` (the default) a CPU model's tensors become views of the loader's
+    buckets and each load reads into the set they do not view (see the module docstring).
+    ``max_inflight`` is kept for compatibility (the pieces are read one at a time).
     ``transport`` and ``fallback`` are passed to :meth:`orchestr.Buffer.read_into`.
     """
 
     def __init__(
-        self, *, max_inflight: int = 4, transport: str | None = None, fallback: str | None = None
+        self,
+        *,
+        max_inflight: int = 4,
+        transport: str | None = None,
+        fallback: str | None = None,
+        double_buffer: bool = True,
     ) -> None:
         if max_inflight < 1:
             raise ValueError(f"max_inflight must be at least 1, got {max_inflight}")
         self.version: int | None = None
         #: Transports the last load's reads used.
         self.transports: set[str] = set()
-        self._max_inflight = max_inflight
         self._read_options: dict[str, Any] = {"transport": transport, "fallback": fallback}
+        self._double = double_buffer
         self._plan: BucketPlan | None = None
-        self._buckets: list[torch.Tensor] = []
+        self._sets: list[list[torch.Tensor]] = []  # bucket sets: staging, or the two halves
         self._lock = asyncio.Lock()  # one load at a time: they share the host buckets
 
     async def forget(self) -> None:
@@ -283,18 +295,16 @@ class WeightLoader:
         if plan != self._plan:
             plan.validate()
             plan.check(tensors)
-            pin = any(t.device.type == "cuda" for t in tensors.values())
-            self._buckets = [
-                torch.empty(b.numel, dtype=to_dtype(b.dtype), pin_memory=pin) for b in plan.buckets
-            ]
-            self._plan = plan
+            self._sets, self._plan = [], plan
         else:
             plan.check(tensors)
         if ref.algorithm not in CHECKSUMS:
             raise WeightSyncError(f"unknown checksum {ref.algorithm!r} in weights ref")
+        flip = self._double and all(t.device.type == "cpu" for t in tensors.values())
+        target = self._target(plan, tensors, flip)
         self.transports = set()
         await self._check_stamp(ref, "before reading")
-        sums = await self._read_all(ref)
+        sums = await self._read_all(ref, target)
         await self._check_stamp(ref, "while it was read")
         for i, (b, got) in enumerate(zip(ref.buckets, sums, strict=True)):
             if got != b.checksum:
@@ -306,16 +316,47 @@ class WeightLoader:
                     f"or the transfer corrupted it. Nothing was loaded"
                 )
         with torch.no_grad():
-            for name, view in _views(plan, self._buckets):
+            for name, view in views(plan, target):
                 dst = tensors[name]
-                dst.copy_(view, non_blocking=dst.device.type == "cuda")
-        _sync_devices(tensors.values())
+                if flip:
+                    dst.data = view  # the new half: no bytes move
+                else:
+                    dst.copy_(view, non_blocking=dst.device.type == "cuda")
+        sync_devices(tensors.values())
         self.version = ref.version
         return True
 
-    async def _read(self, buf: Buffer, dst: torch.Tensor) -> None:
+    def _target(
+        self, plan: BucketPlan, tensors: Mapping[str, torch.Tensor], flip: bool
+    ) -> list[torch.Tensor]:
+        """The buckets to read into: the staging set, or the half the model does not view."""
+
+        def new_set() -> list[torch.Tensor]:
+            pin = any(t.device.type == "cuda" for t in tensors.values())
+            return [
+                torch.empty(b.numel, dtype=to_dtype(b.dtype), pin_memory=pin) for b in plan.buckets
+            ]
+
+        if not flip:
+            if not self._sets:
+                self._sets = [new_set()]
+            return self._sets[0]
+        viewed = {
+            i
+            for i, half in enumerate(self._sets)
+            if all(view.data_ptr() == tensors[name].data_ptr() for name, view in views(plan, half))
+        }
+        for i, half in enumerate(self._sets):
+            if i not in viewed:
+                return half
+        if len(self._sets) < 2:
+            self._sets.append(new_set())
+            return self._sets[-1]
+        raise AssertionError("both halves viewed at once")  # tensors view one set at most
+
+    async def _read(self, buf: Buffer, into: Any, offset: int = 0) -> None:
         try:
-            self.transports.add(await buf.read_into(dst, **self._read_options))
+            self.transports.add(await buf.read_into(into, offset=offset, **self._read_options))
         except StaleDescriptorError as exc:
             raise StaleWeightsError(
                 f"the publisher released its weight buffers ({exc}); it closed or its actor "
@@ -334,21 +375,23 @@ class WeightLoader:
                 f"Nothing was loaded; load the newest ref"
             )
 
-    async def _read_all(self, ref: WeightsRef) -> list[str]:
-        fn = CHECKSUMS[ref.algorithm]
-        sums = [""] * len(ref.buckets)
-        gate = asyncio.Semaphore(self._max_inflight)
-
-        async def one(i: int) -> None:
-            dst = self._buckets[i]
-            async with gate:
-                await self._read(ref.buckets[i].buffer, dst)
-            view = bytes_of(dst)
-            sums[i] = (
-                await asyncio.to_thread(fn, view) if view.nbytes >= _THREAD_BYTES else fn(view)
-            )
-
-        async with asyncio.TaskGroup() as tg:
-            for i in range(len(ref.buckets)):
-                tg.create_task(one(i))
-        return sums
+    async def _read_all(self, ref: WeightsRef, target: list[torch.Tensor]) -> list[str]:
+        """Read every bucket into ``target`` piece by piece, hashing each piece in a thread
+        while the next one is read; the buckets' checksums."""
+        hashers = [new_hasher(ref.algorithm) for _ in ref.buckets]
+        hashing: asyncio.Future[None] | None = None
+        try:
+            for i, (b, bucket) in enumerate(zip(ref.buckets, target, strict=True)):
+                whole = bytes_of(bucket)
+                for start in range(0, max(whole.nbytes, 1), PIECE_BYTES):
+                    piece = whole[start : start + PIECE_BYTES]
+                    await self._read(b.buffer, piece, start)
+                    if hashing is not None:
+                        await hashing
+                    hashing = asyncio.ensure_future(asyncio.to_thread(hashers[i].update, piece))
+            if hashing is not None:
+                await hashing
+        finally:
+            if hashing is not None and not hashing.done():
+                await asyncio.wait([hashing])  # a thread cannot be stopped: let it end
+        return [h.hexdigest() for h in hashers]

@@ -98,7 +98,7 @@ class Generator(oc.Actor):
             model_name=checkpoint or model_factory,
             engine_name=f"{self.mesh_name}[{self.rank}]",
         )
-        self._loader = WeightLoader()
+        self._loader = WeightLoader(double_buffer=not self._backend.compiled)
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()  # work may have appeared
         self._ready: deque[Completion] = deque()  # finished, for next_completed

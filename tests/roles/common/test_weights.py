@@ -12,7 +12,7 @@ from hypothesis import given, settings
 
 import orchestr as oc
 from orchestr._call import _serde
-from orchestr.roles._common import _backend
+from orchestr.roles._common import _backend, _weights
 from orchestr.roles._common._backend import (
     Backend,
     BackendError,
@@ -30,6 +30,7 @@ from orchestr.roles._common._weightplan import (
     WeightSyncError,
     checksum,
     plan_buckets,
+    to_dtype,
     weight_tensors,
     weights_digest,
 )
@@ -181,6 +182,52 @@ async def test_publish_and_load_in_one_process() -> None:
             publisher.publish(trainer, 3)
         with pytest.raises(WeightSyncError, match="changed since the first publish"):
             publisher.publish({"x": torch.zeros(3)}, 4)
+
+
+@pytest.mark.parametrize("algorithm", ["crc32", "sha256", "blake2b"])
+async def test_a_cpu_model_flips_between_two_halves_read_in_pieces(
+    algorithm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each load reads the half the model does not view, in pieces hashed as they land (the
+    same digest as the publisher's whole-bucket one), then points the tensors at it; a load
+    that fails changes nothing, the half in use included."""
+    monkeypatch.setattr(_weights, "PIECE_BYTES", 1000)  # buckets of 4096 bytes: 5 pieces each
+    trainer, gen = make_net(0), make_net(1)
+    names = list(weight_tensors(gen))
+
+    def where() -> list[int]:
+        return [weight_tensors(gen)[n].data_ptr() for n in names]
+
+    loader = WeightLoader()
+    with WeightPublisher(bucket_bytes=4096, checksum=algorithm) as publisher:
+        seen = []
+        for version in (1, 2, 3):
+            with torch.no_grad():
+                trainer.fc1.weight.mul_(1.5)
+            assert await loader.load(gen, publisher.publish(trainer, version))
+            assert weights_digest(gen) == weights_digest(trainer)
+            seen.append(where())
+        assert seen[0] != seen[1] and seen[0] == seen[2]  # two halves, alternating
+        assert gen.fc1.weight.data_ptr() == seen[2][names.index("fc1.weight")]
+        ref = publisher.publish(trainer, 4)
+        sizes = [b.numel * to_dtype(b.dtype).itemsize for b in ref.buckets]
+        big = sizes.index(max(sizes))
+        assert sizes[big] > 3000  # several pieces
+        await ref.buckets[big].buffer.write_from(torch.tensor([9], dtype=torch.uint8), offset=2100)
+        before = weights_digest(gen)
+        with pytest.raises(ChecksumMismatchError, match=f"bucket {big} of weights version 4"):
+            await loader.load(gen, ref)
+        assert weights_digest(gen) == before and where() == seen[2] and loader.version == 3
+    copying = WeightLoader(double_buffer=False)
+    other = make_net(2)
+    first = where_of(other)
+    with WeightPublisher(bucket_bytes=4096) as publisher:
+        assert await copying.load(other, publisher.publish(trainer, 1))
+    assert where_of(other) == first and weights_digest(other) == weights_digest(trainer)
+
+
+def where_of(model: torch.nn.Module) -> list[int]:
+    return [t.data_ptr() for t in weight_tensors(model).values()]
 
 
 async def test_the_ref_is_small_and_survives_the_wire() -> None:
