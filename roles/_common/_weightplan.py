@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple, Protocol
 
 import torch
+import xxhash
 
 from orchestr.errors import OrchestrError
 
@@ -47,6 +48,7 @@ __all__ = [
 
 DEFAULT_BUCKET_BYTES = 64 << 20
 CHECKSUMS: dict[str, Callable[[memoryview], str]] = {
+    "xxh3": lambda v: xxhash.xxh3_64_hexdigest(v),
     "crc32": lambda v: f"{zlib.crc32(v):08x}",
     "sha256": lambda v: hashlib.sha256(v).hexdigest(),
     "blake2b": lambda v: hashlib.blake2b(v, digest_size=16).hexdigest(),
@@ -72,6 +74,8 @@ class Hasher(Protocol):
 
 def new_hasher(algorithm: str) -> Hasher:
     """An incremental form of ``CHECKSUMS[algorithm]``: the same digest, fed in pieces."""
+    if algorithm == "xxh3":
+        return xxhash.xxh3_64()
     if algorithm == "crc32":
         return _Crc32()
     if algorithm == "sha256":

@@ -150,7 +150,7 @@ def test_synced_tensors_are_the_state_dict_with_tied_ones_once() -> None:
         weight_tensors({"x": 3})  # type: ignore[dict-item]
 
 
-@pytest.mark.parametrize("algorithm", ["crc32", "sha256", "blake2b"])
+@pytest.mark.parametrize("algorithm", ["xxh3", "crc32", "sha256", "blake2b"])
 def test_a_flipped_byte_changes_the_checksum(algorithm: str) -> None:
     t = torch.randn(1000, dtype=torch.float64)
     before = checksum(t, algorithm)
@@ -184,7 +184,7 @@ async def test_publish_and_load_in_one_process() -> None:
             publisher.publish({"x": torch.zeros(3)}, 4)
 
 
-@pytest.mark.parametrize("algorithm", ["crc32", "sha256", "blake2b"])
+@pytest.mark.parametrize("algorithm", ["xxh3", "crc32", "sha256", "blake2b"])
 async def test_a_cpu_model_flips_between_two_halves_read_in_pieces(
     algorithm: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
