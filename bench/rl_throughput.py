@@ -35,7 +35,8 @@ both > 1 when the mode is better.
 ``Generator.sync_weights`` times of the sync-mode run (``GRPOResult.weight_sync``; the
 first mode run when sync is not among ``--modes``), ``bytes`` what one sync moves. The
 data plane's bandwidth is measured in the same run: an ``Owner`` actor registers a 64 MiB
-float32 tensor as an ``orchestr.Buffer`` and a ``Reader`` actor in another worker process times
+float32 tensor in shared memory (``orchestr.fabric.empty``, where a publisher keeps its
+buckets) as an ``orchestr.Buffer`` and a ``Reader`` actor in another worker process times
 ``Buffer.read_into`` of it into a preallocated, pre-faulted tensor (the call the weight loader
 makes per bucket), 10 times after 2 warm-ups, the owner refreshing the tensor (``+= 1``) before
 each read, untimed. ``limit_seconds`` = bytes / the median read's bandwidth: a sync that only
@@ -45,7 +46,8 @@ the trainer takes one small training step (untimed; the version must advance for
 and the controller times ``trainer.publish`` and ``generator.sync_weights`` (the generator's
 reported ``seconds`` is the figure; median of 20 for the demo model, 5 for the large one, after
 2 and 1 warm-ups); the trainer's and generator's weight digests must agree at the end. The sync
-reads each bucket over the data plane, checksums it (CRC-32) and copies it into the model, so
+reads each bucket over the data plane into the half of the generator's double-buffered model
+not in use, checksums each piece (XXH3) as it lands, and points the model at it, so
 ``of_limit`` = limit_seconds / seconds says how close it comes to moving the bytes once.
 ``weight_sync.standalone_seconds`` is the demo model's standalone figure, and ``transports``
 what the job's reads used.
@@ -150,10 +152,12 @@ def median(values: list[float]) -> float:
 
 
 class Owner(oc.Actor):
-    """Registers one float32 tensor as a Buffer; refreshes it on request."""
+    """Registers one float32 tensor, in shared memory as a publisher's buckets are, as a
+    Buffer; refreshes it on request."""
 
     def __init__(self, nbytes: int) -> None:
-        self.data = torch.full((nbytes // 4,), 1.0)
+        self.data = oc.fabric.empty(nbytes // 4)
+        self.data.fill_(1.0)
         self.buffer = Buffer(self.data)
 
     @oc.endpoint

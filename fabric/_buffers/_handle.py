@@ -9,13 +9,16 @@ the owner's memory and the caller's, over the best backend for where the two are
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from orchestr.errors import DescriptorError, OrchestrError
 from orchestr.fabric import _local, _registry
 
 from . import _transport
-from ._transport import Descriptor, Region
+from ._transport import Descriptor, Region, read_pieces_with
+
+T = TypeVar("T")
 
 __all__ = ["Buffer"]
 
@@ -132,6 +135,30 @@ class Buffer:
         t, desc = self._choose(transport, fallback)
         await t.read_into(desc, offset, view)
         return t.scheme
+
+    async def read_pieces(
+        self,
+        dst: Any,
+        piece: int,
+        fn: Callable[[memoryview], T],
+        *,
+        offset: int = 0,
+        transport: str | None = None,
+        fallback: str | None = None,
+    ) -> tuple[str, list[T]]:
+        """:meth:`read_into`, and ``fn`` called on each ``piece`` bytes of ``dst`` (the last
+        one shorter) as soon as that piece has landed: where the backend copies in threads
+        (``shm`` from the owner's shared memory), in the thread that copied it, two pieces at
+        a time, so ``fn`` reads bytes still in the cache (a checksum verified while
+        copying). ``fn`` must be thread-safe and may run in another thread. Returns the
+        transport and ``fn``'s results in piece order. Raises as :meth:`read_into`; not
+        cancel-safe."""
+        view, _, _ = as_bytes(dst, writable=True)
+        t, desc = self._choose(transport, fallback)
+        reader = getattr(t, "read_pieces", None)
+        if reader is not None:
+            return t.scheme, await reader(desc, offset, view, piece, fn)
+        return t.scheme, await read_pieces_with(t.read_into, desc, offset, view, piece, fn)
 
     async def write_from(
         self,

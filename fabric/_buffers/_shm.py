@@ -7,28 +7,39 @@ bytes with one kernel copy between the two address spaces (``process_vm_readv`` 
 ``process_vm_writev``); no socket, no staging buffer, and the owner takes no part. After the copy
 the peer checks the entry again, so a region released during a transfer is reported as stale.
 Any CPU memory can be registered, so a tensor is registered where it lies.
+
+A region that lies in one of the owner's shared-memory segments (a tensor from
+``orchestr.fabric.empty``) is read faster: its entry also names the segment (fd, key, offset,
+written by the owner), and a reader maps that segment read-only (checked as the call path
+checks it, the mapping kept for later reads) and copies with ``memmove``, at memory bandwidth
+instead of ``process_vm_readv``'s. Writes always use ``process_vm_writev``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import ctypes
 import errno
 import mmap
 import os
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from orchestr.errors import DescriptorError, StaleDescriptorError, TransportError
 from orchestr.fabric import _local
 
-from ._memfd import HEADER, Segment, open_peer
-from ._transport import Descriptor, OneSided, Region
+from ._memfd import HEADER, Segment, generation_of, open_peer
+from ._transport import Descriptor, OneSided, Region, count
 
 __all__ = ["ShmBuffers"]
 
-_ENTRY = struct.Struct("<QQQQ")  # key, address, length, region id << 1 | writable
+#: key, address, length, region id << 1 | writable; and for a region in one of the owner's
+#: segments, that segment's fd + 1 (0: none), key and the region's offset in it
+_ENTRY = struct.Struct("<QQQQQQQ")
 _WRITABLE = 1
 TABLE_SLOTS = 1 << 16
 #: Transfers at least this large run in a thread, off the event loop.
@@ -94,13 +105,17 @@ class _Table:
             slot = self.free.pop()
         addr = address_of(region.mem)
         flags = region.id << 1 | (0 if region.mem.readonly else _WRITABLE)
+        from ._segments import pool  # (it imports this module)
+
+        found = pool.find(addr, region.mem.nbytes) if region.mem.nbytes else None
+        seg = (found[0].fd + 1, found[0].key, found[1]) if found else (0, 0, 0)
         _ENTRY.pack_into(
-            self.segment.data, slot * _ENTRY.size, region.key, addr, region.mem.nbytes, flags
+            self.segment.data, slot * _ENTRY.size, region.key, addr, region.mem.nbytes, flags, *seg
         )
         return slot
 
     def clear(self, slot: int) -> None:
-        _ENTRY.pack_into(self.segment.data, slot * _ENTRY.size, 0, 0, 0, 0)
+        _ENTRY.pack_into(self.segment.data, slot * _ENTRY.size, 0, 0, 0, 0, 0, 0, 0)
         with self.lock:
             self.free.append(slot)
 
@@ -114,6 +129,9 @@ class ShmBuffers(OneSided):
         self._table: _Table | None = None
         self._table_pid = 0
         self._peers: dict[tuple[int, int, int], mmap.mmap] = {}
+        #: owners' segments mapped read-only, by (pid, fd, key): the mapping and its address
+        self._segments: dict[tuple[int, int, int], tuple[mmap.mmap, Any]] = {}
+        self._mapped_bytes = 0  # read from such mappings, not by a kernel copy
         self._probed: str | bool | None = False
 
     def probe(self) -> str | None:
@@ -133,6 +151,11 @@ class ShmBuffers(OneSided):
         except (OSError, TransportError) as exc:
             return f"cross-process memory access is not permitted here: {exc}"
         return None if dst == src else "cross-process copy returned wrong bytes"
+
+    def details(self) -> dict[str, Any]:
+        """For :func:`orchestr.fabric.transport_report`: owners' segments mapped here and
+        the bytes read from them."""
+        return {"mapped_segments": len(self._segments), "mapped_bytes_read": self._mapped_bytes}
 
     def reaches(self, owner: str) -> bool:
         return _local.host_of(owner) == _local.host_id()
@@ -156,8 +179,9 @@ class ShmBuffers(OneSided):
             self._table.clear(where[3])
 
     # -- peer side -----------------------------------------------------------------------------
-    def _entry(self, desc: Descriptor, write: bool) -> tuple[int, int]:
-        """``(pid, remote address)`` after checking ``desc`` against its owner's table."""
+    def _entry(self, desc: Descriptor, write: bool) -> tuple[int, int, tuple[int, int, int]]:
+        """``(pid, remote address, (segment fd + 1, key, offset))`` after checking ``desc``
+        against its owner's table."""
         try:
             pid, fd, table_key, slot = desc.where
         except ValueError:
@@ -174,7 +198,7 @@ class ShmBuffers(OneSided):
                 self._peers.pop(k).close()
             table = open_peer(pid, fd, table_key, writable=False)
             self._peers[(pid, fd, table_key)] = table
-        key, addr, length, flags = _ENTRY.unpack_from(table, HEADER + slot * _ENTRY.size)
+        key, addr, length, flags, *seg = _ENTRY.unpack_from(table, HEADER + slot * _ENTRY.size)
         if key != desc.key or flags >> 1 != desc.region:
             raise StaleDescriptorError(
                 f"buffer region {desc.region} of {desc.owner} was released (or the descriptor "
@@ -186,7 +210,32 @@ class ShmBuffers(OneSided):
             )
         if write and not flags & _WRITABLE:
             raise DescriptorError(f"buffer region {desc.region} of {desc.owner} is read-only")
-        return pid, addr
+        return pid, addr, (seg[0], seg[1], seg[2])
+
+    def _mapped(self, pid: int, seg: tuple[int, int, int], offset: int, nbytes: int) -> int:
+        """The address, in a read-only mapping here, of ``nbytes`` at ``offset`` of the
+        owner's region in its segment ``seg``."""
+        fd, key, start = seg[0] - 1, seg[1], seg[2]
+        entry = self._segments.get((pid, fd, key))
+        if entry is None:
+            import numpy as np
+
+            self._forget_dead_segments()
+            mm = open_peer(pid, fd, key, writable=False)
+            entry = self._segments[(pid, fd, key)] = (mm, np.frombuffer(mm, dtype=np.uint8))
+        mm, array = entry
+        if HEADER + start + offset + nbytes > len(mm):
+            raise DescriptorError(f"[{offset}, +{nbytes}) lies outside segment {fd} of {pid}")
+        return int(array.ctypes.data) + HEADER + start + offset
+
+    def _forget_dead_segments(self) -> None:
+        """Unmap segments their owners closed (the header's key is cleared then) or whose
+        owner is gone, so a mapping never keeps freed memory alive for long."""
+        for k, (mm, _) in list(self._segments.items()):
+            if not os.path.exists(f"/proc/{k[0]}") or generation_of(mm)[0] != k[2]:
+                del self._segments[k]
+                with contextlib.suppress(BufferError):
+                    mm.close()
 
     def _still_live(self, desc: Descriptor) -> None:
         pid, fd, table_key, slot = desc.where
@@ -198,11 +247,68 @@ class ShmBuffers(OneSided):
 
     async def move(self, write: bool, desc: Descriptor, offset: int, local: memoryview) -> None:
         desc.check_span(offset, local.nbytes)
-        pid, addr = self._entry(desc, write)
+        pid, addr, seg = self._entry(desc, write)
         if local.nbytes:
-            args = (write, pid, address_of(local), addr + offset, local.nbytes)
-            if local.nbytes >= THREAD_BYTES:
-                await asyncio.to_thread(_vm_copy, *args)
+            if seg[0] and not write:  # in a segment of the owner's: copy from a mapping
+                src = self._mapped(pid, seg, offset, local.nbytes)
+                self._mapped_bytes += local.nbytes
+                copy: Any = ctypes.memmove
+                args: tuple[Any, ...] = (address_of(local), src, local.nbytes)
             else:
-                _vm_copy(*args)
+                copy, args = _vm_copy, (write, pid, address_of(local), addr + offset, local.nbytes)
+            if local.nbytes >= THREAD_BYTES:
+                await asyncio.to_thread(copy, *args)
+            else:
+                copy(*args)
         self._still_live(desc)
+
+    async def read_pieces(
+        self,
+        desc: Descriptor,
+        offset: int,
+        dst: memoryview,
+        piece: int,
+        fn: Callable[[memoryview], Any],
+    ) -> list[Any]:
+        """From a region in one of the owner's segments: the pieces copied and passed to
+        ``fn`` by two threads at once, each piece right after its copy (its bytes still in the
+        cache), off the event loop in one hop. Otherwise piece by piece."""
+        desc.check_span(offset, dst.nbytes)
+        pid, _, seg = self._entry(desc, False)
+        if not seg[0] or dst.nbytes < THREAD_BYTES:
+            return await super().read_pieces(desc, offset, dst, piece, fn)
+        if dst.readonly or piece < 1:
+            raise ValueError("read_pieces needs a writable destination and a positive piece")
+        src, local = self._mapped(pid, seg, offset, dst.nbytes), address_of(dst)
+        self._mapped_bytes += dst.nbytes
+
+        def one(at: int) -> Any:
+            n = min(piece, dst.nbytes - at)
+            ctypes.memmove(local + at, src + at, n)
+            return fn(dst[at : at + n])
+
+        def run() -> list[Any]:
+            return list(_piece_workers().map(one, range(0, dst.nbytes, piece)))
+
+        out = await asyncio.to_thread(run)
+        self._still_live(desc)
+        count(self.scheme, read=dst.nbytes)
+        return out
+
+
+_workers: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _piece_workers() -> concurrent.futures.ThreadPoolExecutor:
+    global _workers
+    if _workers is None:
+        _workers = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="orchestr-shm")
+    return _workers
+
+
+def _forget_workers() -> None:
+    global _workers
+    _workers = None  # its threads did not survive the fork
+
+
+os.register_at_fork(after_in_child=_forget_workers)

@@ -10,12 +10,13 @@ counted, never silent.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import itertools
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol
 
 import structlog
@@ -166,6 +167,44 @@ class OneSided:
         :meth:`read_into`; not cancel-safe (the region is left partly written)."""
         await self.move(True, desc, offset, src)
         count(self.scheme, written=src.nbytes)
+
+    async def read_pieces(
+        self,
+        desc: Descriptor,
+        offset: int,
+        dst: memoryview,
+        piece: int,
+        fn: Callable[[memoryview], Any],
+    ) -> list[Any]:
+        """:meth:`read_into` piece by piece, ``fn`` called on each piece of ``dst`` once it
+        has landed (in a thread for large pieces); ``fn``'s results in order."""
+        return await read_pieces_with(self.read_into, desc, offset, dst, piece, fn)
+
+
+#: Pieces at least this large are handed to ``fn`` in a thread, off the event loop.
+FN_THREAD_BYTES = 1 << 20
+
+
+async def read_pieces_with(
+    read_into: Callable[[Descriptor, int, memoryview], Awaitable[None]],
+    desc: Descriptor,
+    offset: int,
+    dst: memoryview,
+    piece: int,
+    fn: Callable[[memoryview], Any],
+) -> list[Any]:
+    """The plain form of ``read_pieces`` over any backend's ``read_into``: one piece after
+    another."""
+    if piece < 1:
+        raise ValueError(f"piece must be a positive number of bytes, got {piece}")
+    out = []
+    for at in range(0, max(dst.nbytes, 1), piece):
+        part = dst[at : at + piece]
+        await read_into(desc, offset + at, part)
+        out.append(
+            await asyncio.to_thread(fn, part) if part.nbytes >= FN_THREAD_BYTES else fn(part)
+        )
+    return out
 
 
 # -- the region table of this process ------------------------------------------------------------

@@ -16,7 +16,7 @@ import hashlib
 import itertools
 import zlib
 from collections.abc import Callable, Iterable, Mapping
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import torch
 import xxhash
@@ -37,7 +37,7 @@ __all__ = [
     "checksum",
     "dtype_name",
     "few",
-    "new_hasher",
+    "piece_digests",
     "plan_buckets",
     "sync_devices",
     "to_dtype",
@@ -55,34 +55,12 @@ CHECKSUMS: dict[str, Callable[[memoryview], str]] = {
 }
 
 
-class _Crc32:
-    def __init__(self) -> None:
-        self.value = 0
-
-    def update(self, data: memoryview) -> None:
-        self.value = zlib.crc32(data, self.value)
-
-    def hexdigest(self) -> str:
-        return f"{self.value:08x}"
-
-
-class Hasher(Protocol):
-    def update(self, data: memoryview, /) -> None: ...
-
-    def hexdigest(self) -> str: ...
-
-
-def new_hasher(algorithm: str) -> Hasher:
-    """An incremental form of ``CHECKSUMS[algorithm]``: the same digest, fed in pieces."""
-    if algorithm == "xxh3":
-        return xxhash.xxh3_64()
-    if algorithm == "crc32":
-        return _Crc32()
-    if algorithm == "sha256":
-        return hashlib.sha256()
-    if algorithm == "blake2b":
-        return hashlib.blake2b(digest_size=16)
-    raise ValueError(f"unknown checksum {algorithm!r}; choose one of {sorted(CHECKSUMS)}")
+def piece_digests(data: memoryview, algorithm: str, piece_bytes: int) -> str:
+    """The digests of ``data``'s pieces of ``piece_bytes`` (0: one for all of it), in order,
+    joined by commas: a bucket's checksum in a :class:`~._weights.WeightsRef`."""
+    fn = CHECKSUMS[algorithm]
+    step = piece_bytes or max(data.nbytes, 1)
+    return ",".join(fn(data[at : at + step]) for at in range(0, max(data.nbytes, 1), step))
 
 
 class WeightSyncError(OrchestrError):

@@ -24,47 +24,50 @@ equal bytes) is caught by the stamp. ``checksum="crc32"``, ``"sha256"`` or ``"bl
 the others (the last two buy a cryptographic digest at several times the cost). The loader
 verifies every bucket before it touches the model, so a failed load leaves it as it was.
 
+**Pieces**: the publisher checksums each bucket in pieces of :data:`PIECE_BYTES` (a digest
+each), so a loader verifies each piece right after reading it, while its bytes are still in
+the cache, two pieces at a time: reading and hashing overlap and the hash rarely goes back to
+memory. The publisher's buckets live in shared memory (``orchestr.fabric.empty``), which a
+loader on the same host copies from a mapping at memory bandwidth.
+
 **Loading without a second copy** (CPU models): the loader keeps two sets of buckets and the
-model's tensors are views of one of them. A load reads into the other set, in pieces of
-:data:`PIECE_BYTES`, each piece checksummed in a thread while the next is read (the hash runs
-beside the copy, on the bytes just read); once every bucket and the stamp check out, each
-tensor is pointed at its view of the new set (``tensor.data = view``, no bytes moved) and the
-old set becomes the next load's. So a load costs one read at the data plane's bandwidth, and
-the model is touched only after everything verified. The price is a second copy of the weights
-in memory. GPU models (and ``double_buffer=False``) read into host buckets and copy from them.
+model's tensors are views of one of them. A load reads into the other set; once every piece
+and the stamp check out, each tensor is pointed at its view of the new set (``tensor.data =
+view``, no bytes moved) and the old set becomes the next load's. So a load costs one read,
+and the model is touched only after everything verified. The price is a second copy of the
+weights in memory. GPU models (and ``double_buffer=False``) read into host buckets and copy
+from them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 
-from orchestr import Buffer, register
+from orchestr import Buffer, fabric
 from orchestr.errors import StaleDescriptorError
 
 from ._weightplan import (
     CHECKSUMS,
     DEFAULT_BUCKET_BYTES,
     BucketPlan,
-    BucketSpec,
     ChecksumMismatchError,
-    ManifestMismatchError,
     StaleWeightsError,
-    TensorSlot,
     WeightSyncError,
     bytes_of,
     few,
-    new_hasher,
+    piece_digests,
     plan_buckets,
     sync_devices,
     to_dtype,
     views,
     weight_tensors,
 )
+from ._weightref import BucketRef, WeightsRef
 
 __all__ = ["BucketRef", "WeightLoader", "WeightPublisher", "WeightsRef"]
 
@@ -72,54 +75,19 @@ __all__ = ["BucketRef", "WeightLoader", "WeightPublisher", "WeightsRef"]
 WRITING = -1
 #: Buckets at least this large are checksummed in a thread, off the event loop.
 _THREAD_BYTES = 1 << 20
-#: Loads read and checksum in pieces of this many bytes, the next read beside the last hash.
-PIECE_BYTES = 16 << 20
-
-
-class BucketRef(NamedTuple):
-    dtype: str
-    numel: int
-    checksum: str
-    buffer: Buffer
-
-
-@register
-@dataclasses.dataclass(frozen=True)
-class WeightsRef:
-    """One published version: the manifest, a buffer handle and checksum per bucket, and the
-    slot's stamp. Small (tens of bytes per tensor); pass it in any actor call."""
-
-    __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
-
-    version: int
-    tensors: tuple[TensorSlot, ...]
-    buckets: tuple[BucketRef, ...]
-    stamp: Buffer
-    algorithm: str = "crc32"  # what a ref stored before this field existed used
-
-    def __post_init__(self) -> None:
-        # from the wire, tuples arrive as lists: rebuild the named tuples
-        try:
-            tensors = tuple(TensorSlot(n, d, tuple(s), b, o) for n, d, s, b, o in self.tensors)
-            buckets = tuple(BucketRef(d, n, c, buf) for d, n, c, buf in self.buckets)
-        except (TypeError, ValueError) as exc:
-            raise ManifestMismatchError(f"malformed weights ref: {exc}") from None
-        object.__setattr__(self, "tensors", tensors)
-        object.__setattr__(self, "buckets", buckets)
-
-    @property
-    def plan(self) -> BucketPlan:
-        return BucketPlan(self.tensors, tuple(BucketSpec(b.dtype, b.numel) for b in self.buckets))
-
-    @property
-    def nbytes(self) -> int:
-        return self.plan.nbytes
+#: Buckets are checksummed, and loads verify them, in pieces of this many bytes.
+PIECE_BYTES = 4 << 20
 
 
 class _Slot:
     def __init__(self, plan: BucketPlan, pin: bool) -> None:
+        # in shared memory unless pinned for a GPU: readers on this host then copy from a
+        # mapping of it, at memory bandwidth (see orchestr.fabric's shm buffers)
         self.buckets = [
-            torch.empty(b.numel, dtype=to_dtype(b.dtype), pin_memory=pin) for b in plan.buckets
+            torch.empty(b.numel, dtype=to_dtype(b.dtype), pin_memory=True)
+            if pin
+            else fabric.empty(b.numel, dtype=to_dtype(b.dtype))
+            for b in plan.buckets
         ]
         self.buffers = [Buffer(b) for b in self.buckets]
         self.stamp = torch.zeros(1, dtype=torch.int64)
@@ -196,8 +164,7 @@ class WeightPublisher:
                 src = tensors[name].detach()
                 view.copy_(src, non_blocking=src.device.type == "cuda")
         sync_devices(tensors.values())
-        fn = CHECKSUMS[self.algorithm]
-        sums = [fn(bytes_of(b)) for b in slot.buckets]
+        sums = [piece_digests(bytes_of(b), self.algorithm, PIECE_BYTES) for b in slot.buckets]
         slot.stamp.fill_(version)
         self.version = version
         return WeightsRef(
@@ -209,6 +176,7 @@ class WeightPublisher:
             ),
             slot.stamp_buffer,
             self.algorithm,
+            PIECE_BYTES,
         )
 
     def close(self) -> None:
@@ -229,10 +197,10 @@ class WeightLoader:
     """Generator side: loads published versions into a model, in place.
 
     Host buckets are allocated on the first load (pinned when the model is on a GPU) and
-    reused. Reads go in pieces, each checksummed beside the next read. With
+    reused. Reads go in pieces, each verified as it lands. With
     ``double_buffer`` (the default) a CPU model's tensors become views of the loader's
     buckets and each load reads into the set they do not view (see the module docstring).
-    ``max_inflight`` is kept for compatibility (the pieces are read one at a time).
+    ``max_inflight`` is kept for compatibility (pieces are read two at a time).
     ``transport`` and ``fallback`` are passed to :meth:`orchestr.Buffer.read_into`.
     """
 
@@ -354,14 +322,9 @@ class WeightLoader:
             return self._sets[-1]
         raise AssertionError("both halves viewed at once")  # tensors view one set at most
 
-    async def _read(self, buf: Buffer, into: Any, offset: int = 0) -> None:
-        try:
-            self.transports.add(await buf.read_into(into, offset=offset, **self._read_options))
-        except StaleDescriptorError as exc:
-            raise StaleWeightsError(
-                f"the publisher released its weight buffers ({exc}); it closed or its actor "
-                f"stopped. Ask it for a new ref"
-            ) from exc
+    async def _read(self, buf: Buffer, into: Any) -> None:
+        with _released_as_stale():
+            self.transports.add(await buf.read_into(into, **self._read_options))
 
     async def _check_stamp(self, ref: WeightsRef, when: str) -> None:
         stamp = torch.zeros(1, dtype=torch.int64)
@@ -376,22 +339,26 @@ class WeightLoader:
             )
 
     async def _read_all(self, ref: WeightsRef, target: list[torch.Tensor]) -> list[str]:
-        """Read every bucket into ``target`` piece by piece, hashing each piece in a thread
-        while the next one is read; the buckets' checksums."""
-        hashers = [new_hasher(ref.algorithm) for _ in ref.buckets]
-        hashing: asyncio.Future[None] | None = None
-        try:
-            for i, (b, bucket) in enumerate(zip(ref.buckets, target, strict=True)):
-                whole = bytes_of(bucket)
-                for start in range(0, max(whole.nbytes, 1), PIECE_BYTES):
-                    piece = whole[start : start + PIECE_BYTES]
-                    await self._read(b.buffer, piece, start)
-                    if hashing is not None:
-                        await hashing
-                    hashing = asyncio.ensure_future(asyncio.to_thread(hashers[i].update, piece))
-            if hashing is not None:
-                await hashing
-        finally:
-            if hashing is not None and not hashing.done():
-                await asyncio.wait([hashing])  # a thread cannot be stopped: let it end
-        return [h.hexdigest() for h in hashers]
+        """Read every bucket into ``target``, each piece of the ref's hashed as it lands
+        (:meth:`orchestr.Buffer.read_pieces`); the buckets' checksums as the publisher
+        forms them."""
+        fn = CHECKSUMS[ref.algorithm]
+        sums = []
+        for b, bucket in zip(ref.buckets, target, strict=True):
+            step = ref.piece_bytes or max(bucket.numel() * bucket.element_size(), 1)
+            with _released_as_stale():
+                scheme, digests = await b.buffer.read_pieces(bucket, step, fn, **self._read_options)
+            self.transports.add(scheme)
+            sums.append(",".join(digests))
+        return sums
+
+
+@contextlib.contextmanager
+def _released_as_stale() -> Iterator[None]:
+    try:
+        yield
+    except StaleDescriptorError as exc:
+        raise StaleWeightsError(
+            f"the publisher released its weight buffers ({exc}); it closed or its actor "
+            f"stopped. Ask it for a new ref"
+        ) from exc

@@ -3,6 +3,7 @@ actors) and the torch backend seam."""
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import hypothesis.strategies as st
@@ -178,10 +179,22 @@ async def test_publish_and_load_in_one_process() -> None:
             assert weights_digest(gen) == weights_digest(trainer)
             assert loader.transports == {"inproc"}
         assert await loader.load(gen, ref) is False  # already there: nothing moves
-        with pytest.raises(WeightSyncError, match="not newer than the last published 3"):
+        # a ref of the older form (one digest per bucket, no pieces) still loads
+        publisher.publish(trainer, 4)
+        old = publisher.publish(trainer, 5)  # into slot 0, as versions 1 and 3
+        digests = [checksum(b, old.algorithm) for b in publisher._slots[0].buckets]
+        old = dataclasses.replace(
+            old,
+            piece_bytes=0,
+            buckets=tuple(
+                b._replace(checksum=d) for b, d in zip(old.buckets, digests, strict=True)
+            ),
+        )
+        assert await loader.load(gen, old) and weights_digest(gen) == weights_digest(trainer)
+        with pytest.raises(WeightSyncError, match="not newer than the last published 5"):
             publisher.publish(trainer, 3)
         with pytest.raises(WeightSyncError, match="changed since the first publish"):
-            publisher.publish({"x": torch.zeros(3)}, 4)
+            publisher.publish({"x": torch.zeros(3)}, 6)
 
 
 @pytest.mark.parametrize("algorithm", ["xxh3", "crc32", "sha256", "blake2b"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import zlib
 from typing import Any
 
 import numpy as np
@@ -90,6 +91,15 @@ class Owner(oc.Actor):
         return buf
 
     @oc.endpoint
+    def share_shared(self, n: int) -> oc.Buffer:
+        """``0 .. n-1`` as float32, in shared memory (orchestr.fabric.empty)."""
+        t = fabric.empty(n)
+        t.copy_(torch.arange(n, dtype=torch.float32))
+        buf = oc.Buffer(t)
+        self.buffers.append(buf)
+        return buf
+
+    @oc.endpoint
     def value_at(self, i: int, k: int) -> float:
         return float(self.buffers[i]._data[k])
 
@@ -110,6 +120,14 @@ class Reader(oc.Actor):
         return [used, float(dst.double().sum())]
 
     @oc.endpoint
+    async def pull_pieces(self, buf: oc.Buffer, piece: int) -> list[Any]:
+        """The transport, each piece's CRC-32 (computed where read_pieces runs it) and the
+        whole destination's sum."""
+        dst = torch.empty(buf.nbytes // 4)
+        used, sums = await buf.read_pieces(dst, piece, zlib.crc32)
+        return [used, sums, float(dst.double().sum())]
+
+    @oc.endpoint
     async def push(self, buf: oc.Buffer, value: float) -> str:
         return await buf.write_from(torch.full((buf.nbytes // 4,), value))
 
@@ -120,6 +138,13 @@ class Reader(oc.Actor):
     @oc.endpoint
     def counters(self) -> dict[str, Any]:
         return {r["scheme"]: r.get("counters", {}) for r in fabric.transport_report()}
+
+    @oc.endpoint
+    def mapped_bytes(self) -> int:
+        (shm,) = [
+            r for r in fabric.transport_report() if r["scheme"] == "shm" and r["kind"] == "buffer"
+        ]
+        return int(shm["mapped_bytes_read"])
 
 
 class Router(oc.Actor):

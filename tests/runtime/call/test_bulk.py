@@ -7,6 +7,7 @@ import gc
 import os
 import signal
 import sys
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -120,6 +121,35 @@ async def test_buffer_handle_read_and_write_across_actors(ctx: oc.JobContext) ->
     dst = torch.empty(MiB)
     assert await buf.read_into(dst) == "shm"  # the driver reads it too
     assert float(dst.sum()) == 7.0 * MiB
+
+
+async def test_a_buffer_in_shared_memory_is_read_from_a_mapping_in_verified_pieces(
+    ctx: oc.JobContext,
+) -> None:
+    """A region in one of the owner's segments is read by memmove from a read-only mapping
+    (``read_pieces`` calls ``fn`` on each piece as it lands); writes still go through the
+    kernel copy; a released region is stale on either path."""
+    owner = await ctx.spawn(Owner)
+    reader = await ctx.spawn(Reader)
+    n, piece = 3 * MiB + 5, 1 << 20  # 12 MiB and 20 bytes: the last piece is short
+    buf = await owner.share_shared.call_one(n)
+    plain = await owner.share.call_one(MiB, 1.0)
+    raw = torch.arange(n, dtype=torch.float32).numpy().tobytes()
+    want = [zlib.crc32(raw[at : at + piece]) for at in range(0, len(raw), piece)]
+    total = float(torch.arange(n, dtype=torch.float64).sum())
+    for _ in range(2):  # the second read finds its mapping cached
+        assert await reader.pull_pieces.call_one(buf, piece) == ["shm", want, total]
+        assert await reader.pull.call_one(buf) == ["shm", total]
+    assert await reader.mapped_bytes.call_one() == 4 * buf.nbytes
+    used, sums, got = await reader.pull_pieces.call_one(plain, piece)  # not in a segment
+    assert (used, len(sums), got) == ("shm", 4, float(MiB))
+    assert await reader.mapped_bytes.call_one() == 4 * buf.nbytes  # a kernel copy, that one
+    assert await reader.push.call_one(buf, 3.0) == "shm"
+    assert await owner.value_at.call_one(0, n - 1) == 3.0
+    await owner.release.call_one(0)
+    for call in (reader.pull.call_one(buf), reader.pull_pieces.call_one(buf, piece)):
+        with pytest.raises(oc.ActorError, match="StaleDescriptorError|released"):
+            await call
 
 
 async def test_a_router_forwards_handles_without_the_bytes(ctx: oc.JobContext) -> None:
