@@ -33,7 +33,7 @@ from ._common._weightplan import (
     WeightSyncError,
 )
 from ._common._weights import WeightLoader, WeightPublisher, WeightsRef
-from .generator import Completion, Engine, EngineStats, Generator, Request
+from .generator import Completion, Engine, EngineStats, Generator, PagedEngine, Request
 from .reward import Reward
 from .rl import (
     DEMO_CONFIG,
@@ -67,6 +67,7 @@ __all__ = [
     "Generator",
     "LengthRanker",
     "ManifestMismatchError",
+    "PagedEngine",
     "Request",
     "Reward",
     "StaleWeightsError",

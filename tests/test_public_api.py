@@ -31,7 +31,8 @@ FABRIC = {
 ROLES = {
     "DEMO_CONFIG", "MODES", "SMALL_CONFIG", "Backend", "BackendError", "BackendSpec",
     "BackendUnavailableError", "ChecksumMismatchError", "Completion", "Engine", "EngineStats",
-    "GRPOConfig", "GRPOResult", "Generator", "LengthRanker", "ManifestMismatchError", "Request",
+    "GRPOConfig", "GRPOResult", "Generator", "LengthRanker", "ManifestMismatchError",
+    "PagedEngine", "Request",
     "Reward", "StaleWeightsError", "StepRecord", "TinyLM", "TinyLMConfig", "TrainConfig",
     "Trainer", "UpdateConfig", "WeightLoader", "WeightPublisher", "WeightSyncError",
     "WeightsRef", "backend_report", "build_model", "choose_backend", "group_advantages",

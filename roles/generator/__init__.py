@@ -3,6 +3,7 @@ it (``_actor``), which streams completions and loads new weights from a trainer.
 
 from ._actor import Generator
 from ._engine import Engine
+from ._paged_engine import PagedEngine
 from ._types import Completion, EngineStats, Request
 
-__all__ = ["Completion", "Engine", "EngineStats", "Generator", "Request"]
+__all__ = ["Completion", "Engine", "EngineStats", "Generator", "PagedEngine", "Request"]

@@ -184,11 +184,10 @@ class Intake:
             )
         check_sampling(r)
         self._check_stops(r)
-        stop = (
-            self.eos
-            if r.stop_token is None
-            else frozenset({self.token(r.stop_token, f"stop_token of {r.id!r}")})
-        )
+        if r.stop_token is not None:
+            stop = frozenset({self.token(r.stop_token, f"stop_token of {r.id!r}")})
+        else:
+            stop = frozenset() if r.ignore_eos else self.eos
         seed = r.seed if r.seed is not None else zlib.crc32(f"{self.seed}:{r.id}".encode())
         generator = torch.Generator().manual_seed(operator.index(seed))
         request = dataclasses.replace(r, prompt=prompt, stop=list(r.stop))

@@ -19,7 +19,9 @@ class Request:
     a tokenizer for those). ``top_k`` (0: all) and ``top_p`` (1.0: all) narrow what is
     sampled from to the ``top_k`` likeliest tokens and then to the fewest whose probability
     reaches ``top_p``. ``top_logprobs`` (at most 20) asks for that many likeliest tokens and
-    their log-probs at each position, untempered as ``Completion.logprobs`` is."""
+    their log-probs at each position, untempered as ``Completion.logprobs`` is.
+    ``ignore_eos`` generates past the engine's end-of-sequence token (benchmarks do, to fix
+    every output's length); ``stop_token`` and ``stop`` still end it."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -33,6 +35,7 @@ class Request:
     top_p: float = 1.0
     stop: list[str] = dataclasses.field(default_factory=list)
     top_logprobs: int = 0
+    ignore_eos: bool = False
 
 
 @register

@@ -169,6 +169,17 @@ def test_stop_strings_and_top_logprobs(folder: pathlib.Path) -> None:
         want = torch.log_softmax(logits[i].float(), dim=-1)[ids]
         assert (torch.tensor(values) - want).abs().max().item() < 1e-4
         assert abs(values[0] - whole.logprobs[i]) < 1e-6
+    first = whole.tokens[0]  # greedy's first token, made the end-of-sequence one
+    eng = Engine(model, pad_id=0, vocab_size=model.config.vocab_size, eos_id=first)
+    eng.submit(
+        [
+            Request("e", prompt, 5, temperature=0.0),
+            Request("i", prompt, 5, temperature=0.0, ignore_eos=True),
+        ]
+    )
+    ended = drain(eng)
+    assert ended["e"].tokens == [first] and ended["e"].stop_reason == first
+    assert ended["i"].tokens == whole.tokens[:5] and ended["i"].finish_reason == "length"
     bare = Engine(model, pad_id=0, vocab_size=model.config.vocab_size)
     for bad, match in [
         ({"stop": ["x"]}, "stop strings need a tokenizer"),
