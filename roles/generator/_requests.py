@@ -4,9 +4,9 @@ length, and finish it into a :class:`~._types.Completion`; and the checks of a w
 (:func:`check_state`).
 
 **Stop strings** are found in the detokenized output (the engine's ``detokenize``, the
-checkpoint's tokenizer): after each token the text is decoded again and searched from a
-little before where the last search ended, so a stop string split across tokens is found as
-soon as its last piece arrives. The completion keeps every token it generated (the one that
+checkpoint's tokenizer): after each token the newest few tokens are decoded and searched, so
+a stop string split across tokens is found as soon as its last piece arrives (the whole
+output is decoded only when one is found). The completion keeps every token it generated (the one that
 completed the stop string too) and its ``text`` ends just before the stop string, as vLLM's
 does. A request that names stop strings on an engine without a tokenizer is refused.
 """
@@ -52,7 +52,6 @@ class Live:
     text: str | None = None
     stop_reason: int | str | None = None
     ended: str | None = None  # why, once record() has ended it
-    _searched: int = 0
 
     def record(
         self,
@@ -81,12 +80,17 @@ class Live:
 
     def _stop_string(self) -> bool:
         assert self.detokenize is not None  # Intake refuses stop strings without one
+        stops = self.request.stop
+        longest = max(map(len, stops))
+        # a stop string found now ends in the newest token: look at a tail long enough for
+        # it even at one byte a token (up to 4 a character), and decode all only on a hit
+        tail = self.detokenize(self.tokens[-(4 * longest + 8) :])
+        if not any(s in tail for s in stops):
+            return False
         text = self.detokenize(self.tokens)
-        longest = max(map(len, self.request.stop))
-        start = max(0, self._searched - longest - 2)  # a little before: decoding may revise
-        found = [(i, s) for s in self.request.stop if (i := text.find(s, start)) >= 0]
-        self._searched = len(text)
-        if not found:
+        start = max(0, len(text) - len(tail) - longest)
+        found = [(i, s) for s in stops if (i := text.find(s, start)) >= 0]
+        if not found:  # the tail decoded differently at its start; the whole text rules
             return False
         at, self.stop_reason = min(found)
         self.text = text[:at]
