@@ -151,8 +151,9 @@ class Buffer:
         (``shm`` from the owner's shared memory), in the thread that copied it, two pieces at
         a time, so ``fn`` reads bytes still in the cache (a checksum verified while
         copying). ``fn`` must be thread-safe and may run in another thread. Returns the
-        transport and ``fn``'s results in piece order. Raises as :meth:`read_into`; not
-        cancel-safe."""
+        transport and ``fn``'s results in piece order. Blocks on the transfer and on ``fn``;
+        raises as :meth:`read_into` does, and what ``fn`` raises. Not cancel-safe: a cancelled
+        read leaves ``dst`` partly written."""
         view, _, _ = as_bytes(dst, writable=True)
         t, desc = self._choose(transport, fallback)
         reader = getattr(t, "read_pieces", None)

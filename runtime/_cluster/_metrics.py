@@ -26,7 +26,7 @@ import hmac
 
 import structlog
 
-from orchestr._control._convert import worker_stats_from_pb
+from orchestr._control._convert_stats import worker_stats_from_pb
 from orchestr._control._grpc import ControlChannel
 from orchestr.config import Config
 from orchestr.errors import ConfigError, OrchestrError

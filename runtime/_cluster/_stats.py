@@ -1,7 +1,7 @@
 """A worker's counters for the head's metrics, as plain data.
 
 A worker answers the ``Stats`` RPC with :func:`worker_stats` (turned into protobuf by
-:func:`orchestr._control._convert.worker_stats_to_pb`); the head turns the answers back and
+:func:`orchestr._control._convert_stats.worker_stats_to_pb`); the head turns the answers back and
 aggregates them in :mod:`._exposition`. Nothing here is read on the call path: the counters themselves are plain
 integers bumped where the work happens (``_actorhost``, ``_wire``, ``_bulk`` and
 ``orchestr.fabric.lowlevel.buffer_stats``), and this module only reads them.

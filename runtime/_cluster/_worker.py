@@ -87,7 +87,7 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     async def Stats(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.WorkerStats:
         # only the head's metrics scrape asks: not loaded at every start
-        from orchestr._control._convert import worker_stats_to_pb
+        from orchestr._control._convert_stats import worker_stats_to_pb
 
         from . import _stats
 

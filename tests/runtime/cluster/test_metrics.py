@@ -35,7 +35,7 @@ from orchestr._cluster._stats import (
     TransportStats,
     WorkerStats,
 )
-from orchestr._control._convert import worker_stats_from_pb, worker_stats_to_pb
+from orchestr._control._convert_stats import worker_stats_from_pb, worker_stats_to_pb
 from orchestr.config import load_config
 from orchestr.errors import ConfigError
 from tests.cluster import open_cluster
