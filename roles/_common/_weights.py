@@ -309,10 +309,10 @@ class WeightLoader:
             if not self._sets:
                 self._sets = [new_set()]
             return self._sets[0]
-        viewed = {
+        viewed = {  # a half any model tensor still views is in use
             i
             for i, half in enumerate(self._sets)
-            if all(view.data_ptr() == tensors[name].data_ptr() for name, view in views(plan, half))
+            if any(view.data_ptr() == tensors[name].data_ptr() for name, view in views(plan, half))
         }
         for i, half in enumerate(self._sets):
             if i not in viewed:
@@ -320,7 +320,10 @@ class WeightLoader:
         if len(self._sets) < 2:
             self._sets.append(new_set())
             return self._sets[-1]
-        raise AssertionError("both halves viewed at once")  # tensors view one set at most
+        raise WeightSyncError(
+            "the model's tensors view both of this loader's halves (some were pointed "
+            "elsewhere since the last load); load with a new WeightLoader"
+        )
 
     async def _read(self, buf: Buffer, into: Any) -> None:
         with _released_as_stale():
