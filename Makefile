@@ -57,6 +57,7 @@ bench: setup
 	$(PY) bench/rl_throughput.py
 	$(PY) bench/cluster.py
 	$(PY) bench/fabric.py
+	$(PY) bench/generation.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
