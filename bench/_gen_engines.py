@@ -31,18 +31,7 @@ def orchestr_engine(folder: str, spec: dict[str, Any]) -> Generate:
         max_batch=max(spec["batches"]),
         token_budget=spec["token_budget"],
     )
-    count = iter(range(1 << 30))
-
-    def generate(prompts: list[list[int]], n: int) -> float:
-        start = time.perf_counter()
-        engine.submit(
-            [Request(f"r{next(count)}", p, n, temperature=0.0, ignore_eos=True) for p in prompts]
-        )
-        while engine.has_work():
-            engine.step()
-        return time.perf_counter() - start
-
-    return generate
+    return stepped(engine)
 
 
 def recompute_engine(folder: str, spec: dict[str, Any]) -> Generate:
@@ -50,6 +39,12 @@ def recompute_engine(folder: str, spec: dict[str, Any]) -> Generate:
     engine = Engine(
         model, max_batch=max(spec["batches"]), pad_id=0, vocab_size=model.config.vocab_size
     )
+    return stepped(engine)
+
+
+def stepped(engine: Engine | PagedEngine) -> Generate:
+    """``generate`` over an orchestr engine: submit greedy requests that ignore the
+    end-of-sequence token, step until all are done."""
     count = iter(range(1 << 30))
 
     def generate(prompts: list[list[int]], n: int) -> float:

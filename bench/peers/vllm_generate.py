@@ -26,14 +26,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
 
-def peak_rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def main() -> None:
     folder, spec_path = sys.argv[1:3]
     with open(spec_path) as f:
@@ -65,7 +57,7 @@ def main() -> None:
         return seconds
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from _gen_measure import measure  # the same procedure as the other engines'
+    from _gen_measure import measure, peak_rss_mib  # the other engines' procedure
 
     result = measure(generate, spec, spec["output"])
     result["start_s"] = start_s
