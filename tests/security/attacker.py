@@ -11,6 +11,9 @@ Each mode takes one JSON object as its argument and prints one JSON object:
   server that sends each connection ``greet`` (hex) when it comes and ``reply`` (hex) each time
   it has read something, or with ``relay`` set, passes the connection through to that port;
   prints what each connection sent, in order.
+- ``peek``: open each of ``fds`` of process ``pid`` through ``/proc/PID/fd`` read-only (as an
+  ``shm`` reader maps an owner's segment) and read ``nbytes`` from it; prints, per fd, the
+  error's name or the bytes read (hex).
 """
 
 from __future__ import annotations
@@ -131,6 +134,18 @@ def serve(args: dict[str, Any]) -> dict[str, Any]:
     return {"connections": ["".join(r) for r in received]}
 
 
+def peek(args: dict[str, Any]) -> dict[str, Any]:
+    got = {}
+    for fd in args["fds"]:
+        try:
+            with open(f"/proc/{args['pid']}/fd/{fd}", "rb") as f:
+                got[str(fd)] = f.read(args["nbytes"]).hex()
+        except OSError as exc:
+            got[str(fd)] = type(exc).__name__
+    return {"fds": got}
+
+
 if __name__ == "__main__":
     mode, raw = sys.argv[1], sys.argv[2]
-    print(json.dumps({"send": send, "hold": hold, "serve": serve}[mode](json.loads(raw))))
+    modes = {"send": send, "hold": hold, "serve": serve, "peek": peek}
+    print(json.dumps(modes[mode](json.loads(raw))))

@@ -1,6 +1,7 @@
 """Rule: a buffer owner's tcp side channel gives nothing to a peer that has not shown a region
-key, holds a bounded number of connections, and drops those that sit silent; and a transfer
-from an owner that stopped answering fails instead of hanging."""
+key, holds a bounded number of connections, and drops those that sit silent; another user
+cannot map the shared memory an ``shm`` reader maps (a buffer's segment, the region table);
+and a transfer from an owner that stopped answering fails instead of hanging."""
 
 from __future__ import annotations
 
@@ -81,7 +82,36 @@ async def test_a_wrong_key_gets_no_bytes(attacker: Attacker) -> None:
         assert bytes.fromhex(report["received"])[5:] == data.tobytes()  # the key opens it
 
 
-async def test_a_transfer_from_a_stopped_owner_fails_instead_of_hanging() -> None:
+def _own_segments() -> list[int]:
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:
+            continue  # the listing's own descriptor, gone already
+        if target.startswith("/memfd:orchestr."):
+            fds.append(int(fd))
+    return fds
+
+
+def _read_own_fd(fd: int, nbytes: int) -> bytes:
+    with open(f"/proc/self/fd/{fd}", "rb") as f:
+        return f.read(nbytes)
+
+
+async def test_another_user_cannot_map_a_buffers_shared_memory(attacker: Attacker) -> None:
+    """A region in shared memory (as weights are published) is read by mapping the owner's
+    segment through ``/proc/PID/fd``: that path is this process's user's alone."""
+    data = fabric.empty(1 << 20, dtype=torch.uint8)
+    data.fill_(7)
+    with fabric.Buffer(data):
+        fds = _own_segments()
+        assert len(fds) >= 2  # the buffer's segment and the region table at least
+        # the owner's own user reads them (the segment's bytes among them): the fds are right
+        mine = [_read_own_fd(fd, 8192) for fd in fds]
+        assert any(bytes([7]) * 4096 in b for b in mine)
+        report = await attacker.run("peek", pid=os.getpid(), fds=fds, nbytes=8192)
+        assert set(report["fds"].values()) == {"PermissionError"}, report
     config = oc.load_config(transfer_stall_timeout=1.0)
     async with open_cluster(config) as ctx:
         owner = await ctx.spawn(Owner)
