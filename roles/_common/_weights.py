@@ -73,8 +73,6 @@ __all__ = ["BucketRef", "WeightLoader", "WeightPublisher", "WeightsRef"]
 
 #: A slot's stamp while the publisher writes it.
 WRITING = -1
-#: Buckets at least this large are checksummed in a thread, off the event loop.
-_THREAD_BYTES = 1 << 20
 #: Buckets are checksummed, and loads verify them, in pieces of this many bytes.
 PIECE_BYTES = 4 << 20
 

@@ -39,7 +39,12 @@ ITL_BUCKETS = (
     0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
 TAGS = ("model_name", "engine")
-_COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions")
+#: the paged engine's counters (``metrics()``), with their help texts
+_COUNTERS = {
+    "vllm:prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
+    "vllm:prefix_cache_hits": "Prompt tokens found in the prefix cache.",
+    "vllm:num_preemptions": "Sequences preempted, to be recomputed.",
+}
 
 
 class _Engine(Protocol):
@@ -77,17 +82,7 @@ class EngineMetrics:
         self._usage = metrics.Gauge(
             "vllm:kv_cache_usage_perc", "The fraction of KV cache blocks in use (0 to 1).", TAGS
         )
-        self._counters = {
-            "vllm:prefix_cache_queries": metrics.Counter(
-                "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", TAGS
-            ),
-            "vllm:prefix_cache_hits": metrics.Counter(
-                "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", TAGS
-            ),
-            "vllm:num_preemptions": metrics.Counter(
-                "vllm:num_preemptions", "Sequences preempted, to be recomputed.", TAGS
-            ),
-        }
+        self._counters = {name: metrics.Counter(name, h, TAGS) for name, h in _COUNTERS.items()}
         self._seen = dict.fromkeys(_COUNTERS, 0.0)
         self.publish()
 

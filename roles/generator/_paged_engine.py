@@ -191,20 +191,21 @@ class PagedEngine:
         logits = self._runner.run(step)
         order = list(logits)
         tokens: dict[str, int] = {}
-        ended: list[tuple[Seq, str]] = []  # by a stop string, which the scheduler cannot see
+        ended: list[tuple[Seq, str]] = []  # what the records ended
         if order:
-            lives = [self._live[sid][0] for sid in order]
+            entries = [self._live[sid] for sid in order]
+            lives = [live for live, _ in entries]
             last = torch.stack([logits[sid] for sid in order])
             chosen = choose_tokens(last, [x.request for x in lives], [x.generator for x in lives])
             now = self._clock()
-            for live, tok, lp, slp, top in zip(lives, *chosen, strict=True):
+            for (live, seq), tok, lp, slp, top in zip(entries, *chosen, strict=True):
                 reason = live.record(tok, lp, slp, top, self._version)
                 tokens[live.request.id] = tok
-                if reason is not None and isinstance(live.stop_reason, str):
-                    ended.append((self._live[live.request.id][1], reason))
+                if reason is not None:
+                    ended.append((seq, reason))
                 self._latencies.token(live, now)
         finished = self._sched.update(step, tokens)
-        for seq, reason in ended:
+        for seq, reason in ended:  # a stop string ends what the scheduler cannot see end
             if seq.status == "running":
                 self._sched.finish(seq, reason)
                 finished.append(seq)
