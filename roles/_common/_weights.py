@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -75,6 +75,8 @@ __all__ = ["BucketRef", "WeightLoader", "WeightPublisher", "WeightsRef"]
 WRITING = -1
 #: Buckets are checksummed, and loads verify them, in pieces of this many bytes.
 PIECE_BYTES = 4 << 20
+#: What a load hands verified tensors to instead of copying them (``WeightLoader.load``).
+Apply = Callable[[list[tuple[str, torch.Tensor]]], Awaitable[None]]
 
 
 class _Slot:
@@ -230,9 +232,17 @@ class WeightLoader:
             self.version = None
 
     async def load(
-        self, model: torch.nn.Module | Mapping[str, torch.Tensor], ref: WeightsRef
+        self,
+        model: torch.nn.Module | Mapping[str, torch.Tensor],
+        ref: WeightsRef,
+        *,
+        apply: Apply | None = None,
     ) -> bool:
         """Read version ``ref.version`` from the publisher and copy it into ``model``.
+        With ``apply``, ``model`` is a mapping of tensors shaped like the published ones
+        (meta tensors will do) and the verified tensors (views of the loader's host buckets,
+        valid until the next load) are passed to ``apply`` (awaited) instead of copied: for a
+        model that keeps its weights in a layout of its own, as vLLM's fuses q, k and v.
 
         Returns ``False`` (and moves nothing) when that version is already loaded. Blocks on
         the reads, which go straight to the publisher's memory. The model is written only after
@@ -244,10 +254,13 @@ class WeightLoader:
         model as it was. Loads on one loader run one at a time.
         """
         async with self._lock:
-            return await self._load(model, ref)
+            return await self._load(model, ref, apply)
 
     async def _load(
-        self, model: torch.nn.Module | Mapping[str, torch.Tensor], ref: WeightsRef
+        self,
+        model: torch.nn.Module | Mapping[str, torch.Tensor],
+        ref: WeightsRef,
+        apply: Apply | None,
     ) -> bool:
         if self.version is not None and ref.version < self.version:
             raise StaleWeightsError(
@@ -256,7 +269,12 @@ class WeightLoader:
             )
         if ref.version == self.version:
             return False
-        tensors = weight_tensors(model)
+        if apply is None:
+            tensors = weight_tensors(model)
+        elif isinstance(model, torch.nn.Module):
+            raise TypeError("a load with apply= takes a mapping of tensors shaped as published")
+        else:
+            tensors = dict(model)
         plan = ref.plan
         if plan != self._plan:
             plan.validate()
@@ -266,7 +284,9 @@ class WeightLoader:
             plan.check(tensors)
         if ref.algorithm not in CHECKSUMS:
             raise WeightSyncError(f"unknown checksum {ref.algorithm!r} in weights ref")
-        flip = self._double and all(t.device.type == "cpu" for t in tensors.values())
+        flip = (
+            apply is None and self._double and all(t.device.type == "cpu" for t in tensors.values())
+        )
         target = self._target(plan, tensors, flip)
         self.transports = set()
         await self._check_stamp(ref, "before reading")
@@ -281,6 +301,10 @@ class WeightLoader:
                     f"computed {b.checksum}; the publisher's memory was changed after publish "
                     f"or the transfer corrupted it. Nothing was loaded"
                 )
+        if apply is not None:
+            await apply(list(views(plan, target)))
+            self.version = ref.version
+            return True
         with torch.no_grad():
             for name, view in views(plan, target):
                 dst = tensors[name]

@@ -19,7 +19,6 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import structlog
@@ -29,25 +28,16 @@ import orchestr as oc
 from orchestr.fabric import Buffer
 from orchestr.roles._common._backend import BackendSpec, choose_backend
 from orchestr.roles._common._factory import DEFAULT_MODEL
-from orchestr.roles._common._weightplan import weights_digest
 from orchestr.roles._common._weights import WeightLoader, WeightsRef
 
-from ._build import build_engine
+from ._build import build_engine, in_thread
 from ._metrics import EngineMetrics
-from ._types import Completion, Request
+from ._types import Completion, Request, as_request
 
 __all__ = ["Completion", "Generator", "Request"]
 
 log = structlog.get_logger("orchestr.roles.generator")
 T = TypeVar("T")
-
-
-def _as_request(r: Any) -> Request:
-    if isinstance(r, Request):
-        return r
-    if isinstance(r, dict):
-        return Request(**r)
-    raise TypeError(f"a request is a Request or a dict of its fields, got {type(r).__name__}")
 
 
 class Generator(oc.Actor):
@@ -59,8 +49,11 @@ class Generator(oc.Actor):
     process's niceness by that much (``os.nice``), to yield shared cores to other roles.
     ``backend`` (a :class:`~orchestr.roles.BackendSpec` or a name, default the best this node
     has) says where and how the model runs. With ``checkpoint`` (a Hugging Face format
-    folder) the model is loaded from it and runs on the paged engine, whose options
-    (``num_blocks``, ``block_size``, ``token_budget``, ``on_new_weights``) ``kv`` gives."""
+    folder; ``model`` is vLLM's name for it) the model is loaded from it and runs on
+    ``engine`` ``"paged"`` (the default: orchestr's paged engine, whose options
+    ``num_blocks``, ``block_size``, ``token_budget`` and ``on_new_weights`` ``kv`` gives) or
+    ``"vllm"`` (vLLM's engine in this process, with the ``vllm`` extra; ``vllm`` gives
+    ``EngineArgs`` options)."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -81,17 +74,23 @@ class Generator(oc.Actor):
         backend: BackendSpec | dict[str, Any] | str | None = None,
         checkpoint: str | None = None,
         kv: dict[str, Any] | None = None,
+        engine: str | None = None,
+        vllm: dict[str, Any] | None = None,
+        model: str | None = None,
     ) -> None:
+        if model is not None and checkpoint not in (None, model):
+            raise oc.ConfigError("give the checkpoint once: model= or checkpoint=")
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
         if nice:
             os.nice(nice)
         self._backend = choose_backend(backend)
-        # the named weights (what weight syncs write into) and the engine that runs them
-        self._model, self._engine = build_engine(
-            self._backend, model_factory, seed, max_batch, checkpoint=checkpoint, kv=kv,
-            model_kwargs=model_kwargs, version=version, eos_id=eos_id, pad_id=pad_id,
-            max_seq_len=max_seq_len, vocab_size=vocab_size,
+        checkpoint = checkpoint or model
+        # the engine, and the weights that syncs write into
+        self._weights, self._engine = build_engine(
+            self._backend, model_factory, seed, max_batch, engine=engine, checkpoint=checkpoint,
+            kv=kv, vllm=vllm, model_kwargs=model_kwargs, version=version, eos_id=eos_id,
+            pad_id=pad_id, max_seq_len=max_seq_len, vocab_size=vocab_size,
         )  # fmt: skip
         self._metrics = EngineMetrics(
             self._engine,
@@ -119,7 +118,7 @@ class Generator(oc.Actor):
         ``ValueError`` for a bad request, and then queues none of them.
 
         Cancel-safe: the requests are queued, all of them, or none."""
-        reqs = [_as_request(r) for r in requests]
+        reqs = [as_request(r) for r in requests]
         self._ensure_running()
         async with self._lock:
             self._engine.submit(reqs)
@@ -165,7 +164,7 @@ class Generator(oc.Actor):
         Blocks until the last request has finished; raises ``ValueError`` for a bad request
         (none is queued), :class:`ClosedResourceError` when the generator closes meanwhile and
         ``RuntimeError`` when it is reset."""
-        reqs = [_as_request(r) for r in requests]
+        reqs = [as_request(r) for r in requests]
         self._ensure_running()
         loop = asyncio.get_running_loop()
         async with self._lock:
@@ -204,7 +203,7 @@ class Generator(oc.Actor):
         nothing; once the copy runs (in a worker thread) it finishes, and ``version`` becomes
         current although the call was cancelled."""
         self._ensure_running()
-        own = self._engine.model.state_dict()
+        own = self._weights.shapes()
         tensors: dict[str, torch.Tensor] = {}
         for k, v in state.items():
             if isinstance(v, Buffer) and k in own:
@@ -215,7 +214,7 @@ class Generator(oc.Actor):
                 v = dst
             tensors[k] = v
         async with self._lock:
-            await _in_thread(self._engine.load_weights, tensors, version)
+            await in_thread(self._engine.load_weights, tensors, version)
         log.info("weights loaded", version=version)
 
     @oc.endpoint(concurrent=True)
@@ -239,7 +238,7 @@ class Generator(oc.Actor):
         asked = time.perf_counter()
         async with self._lock:
             t0 = time.perf_counter()
-            loaded = await self._loader.load(self._model, ref)
+            loaded = await self._weights.sync(self._loader, ref)
             self._engine.set_version(ref.version, rewind=self._rewind)
             self._rewind = False
         seconds = time.perf_counter() - t0
@@ -287,7 +286,7 @@ class Generator(oc.Actor):
         Blocks on hashing the weights (between steps); raises nothing; cancel-safe."""
         async with self._lock:
             return {
-                "digest": weights_digest(self._model),
+                "digest": self._weights.digest(),
                 "version": self._engine.version,
                 "backend": self._backend.describe(),
             }
@@ -362,7 +361,7 @@ class Generator(oc.Actor):
                         with contextlib.suppress(KeyError):  # it may have finished meanwhile
                             self._engine.cancel(rid)
                     self._abandoned.clear()
-                    finished = await _in_thread(self._engine.step)
+                    finished = await in_thread(self._engine.step)
                     self._metrics.publish()
                 for c in finished:
                     future = self._claimed.pop(c.id, None)
@@ -385,14 +384,3 @@ class Generator(oc.Actor):
                 future.set_exception(exc)
         self._claimed.clear()
         self._has_ready.set()  # next_completed() callers wake and raise
-
-
-async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
-    """Run ``fn`` in the default executor. A thread cannot be interrupted: on cancellation
-    wait for it to end, so nothing touches the engine after the caller has gone."""
-    future = asyncio.get_running_loop().run_in_executor(None, fn, *args)
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        await asyncio.wait([future])
-        raise

@@ -1,11 +1,14 @@
 """What a :class:`~._actor.Generator` runs: a model and the engine around it, from a factory
 (the recompute :class:`~._engine.Engine`, for any causal LM) or from a Hugging Face format
-checkpoint folder (the :class:`~._paged_engine.PagedEngine` over a paged KV cache)."""
+checkpoint folder (the :class:`~._paged_engine.PagedEngine` over a paged KV cache, or vLLM's
+engine, :class:`~._vllm_engine.VllmEngine`); and :class:`Weights`, where its weight loads go."""
 
 from __future__ import annotations
 
+import asyncio
 import os
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import torch
 
@@ -15,14 +18,56 @@ from orchestr.roles._common._factory import build_model
 from orchestr.roles._common._hf._load import load_model
 from orchestr.roles._common._hf._tokenizer import Tokenizer
 from orchestr.roles._common._model import TinyLM
+from orchestr.roles._common._weightplan import weights_digest
+from orchestr.roles._common._weights import WeightLoader, WeightsRef
 
 from ._engine import Engine
 from ._paged_engine import PagedEngine
+from ._vllm_engine import VllmEngine
 
-__all__ = ["KV_OPTIONS", "build_engine"]
+__all__ = ["ENGINES", "KV_OPTIONS", "AnyEngine", "Weights", "build_engine", "in_thread"]
 
 #: The paged engine's options a Generator passes on (``kv={...}``).
 KV_OPTIONS = ("num_blocks", "block_size", "token_budget", "on_new_weights")
+#: ``engine=`` values: the recompute engine (a model factory's), the paged engine and vLLM's
+#: (a checkpoint's; the paged one is the default there).
+ENGINES = ("recompute", "paged", "vllm")
+AnyEngine = Engine | PagedEngine | VllmEngine
+T = TypeVar("T")
+
+
+class Weights:
+    """A generator's weights as loads see them: a torch model orchestr runs, whose tensors
+    are written in place, or vLLM's, which takes the checkpoint's names through its own
+    ``load_weights``."""
+
+    def __init__(self, model: torch.nn.Module | None, engine: AnyEngine) -> None:
+        self.model, self.engine = model, engine
+
+    def shapes(self) -> Mapping[str, torch.Tensor]:
+        """Each tensor a load takes, by name (its shape and dtype are what matter)."""
+        if isinstance(self.engine, VllmEngine):
+            return self.engine.like
+        assert self.model is not None
+        return self.model.state_dict()
+
+    async def sync(self, loader: WeightLoader, ref: WeightsRef) -> bool:
+        """Load ``ref`` with ``loader`` (see :meth:`WeightLoader.load`)."""
+        engine = self.engine
+        if isinstance(engine, VllmEngine):
+
+            async def apply(tensors: list[tuple[str, torch.Tensor]]) -> None:
+                await in_thread(engine.write_weights, tensors)
+
+            return await loader.load(engine.like, ref, apply=apply)
+        assert self.model is not None
+        return await loader.load(self.model, ref)
+
+    def digest(self) -> str:
+        if isinstance(self.engine, VllmEngine):
+            return self.engine.digest()
+        assert self.model is not None
+        return weights_digest(self.model)
 
 
 def build_engine(
@@ -31,41 +76,83 @@ def build_engine(
     seed: int,
     max_batch: int,
     *,
+    engine: str | None,
     checkpoint: str | None,
     kv: dict[str, Any] | None,
+    vllm: dict[str, Any] | None,
     model_kwargs: dict[str, Any] | None,
     version: int,
     eos_id: int | None,
     pad_id: int | None,
     max_seq_len: int | None,
     vocab_size: int | None,
-) -> tuple[torch.nn.Module, Engine | PagedEngine]:
-    """The model (its named weights, what weight syncs write into) and its engine. Raises
-    :class:`ConfigError` for options that do not fit the model's kind."""
-    if checkpoint is not None:
-        unknown = sorted(set(kv or {}) - set(KV_OPTIONS))
-        if unknown:
-            raise oc.ConfigError(f"unknown kv option(s) {unknown}; known: {', '.join(KV_OPTIONS)}")
-        lm = load_model(checkpoint, dtype=backend.dtype or torch.float32, device=backend.device)
-        has_tokenizer = os.path.exists(os.path.join(checkpoint, "tokenizer.json"))
-        engine = PagedEngine(
-            lm,
-            max_batch=max_batch,
-            version=version,
-            seed=seed,
-            model_id=os.path.abspath(checkpoint),
-            detokenize=Tokenizer(checkpoint).decode if has_tokenizer else None,
-            **(kv or {}),
+) -> tuple[Weights, AnyEngine]:
+    """The engine and where weight syncs write. Raises :class:`ConfigError` for options that
+    do not fit the engine."""
+    kind = engine or ("paged" if checkpoint is not None else "recompute")
+    if kind not in ENGINES:
+        raise oc.ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if (kind == "recompute") != (checkpoint is None):
+        raise oc.ConfigError(
+            f"engine={kind!r} runs "
+            + (
+                "a model factory's model; drop checkpoint="
+                if checkpoint
+                else "a checkpoint; give checkpoint=DIR"
+            )
         )
-        return lm, engine
-    if kv:
-        raise oc.ConfigError("kv options apply to a checkpoint's paged engine; give checkpoint=")
+    if kv and kind != "paged":
+        raise oc.ConfigError("kv options apply to a checkpoint's paged engine (engine='paged')")
+    if vllm and kind != "vllm":
+        raise oc.ConfigError("vllm options apply to engine='vllm'")
+    if checkpoint is None:
+        return _recompute(
+            backend, model_factory, seed, max_batch, model_kwargs, version, eos_id, pad_id,
+            max_seq_len, vocab_size,
+        )  # fmt: skip
+    has_tokenizer = os.path.exists(os.path.join(checkpoint, "tokenizer.json"))
+    detokenize = Tokenizer(checkpoint).decode if has_tokenizer else None
+    dtype = backend.dtype or torch.float32
+    if kind == "vllm":
+        built = VllmEngine(
+            checkpoint, max_batch=max_batch, version=version, seed=seed, dtype=dtype,
+            options=vllm, detokenize=detokenize,
+        )  # fmt: skip
+        return Weights(None, built), built
+    unknown = sorted(set(kv or {}) - set(KV_OPTIONS))
+    if unknown:
+        raise oc.ConfigError(f"unknown kv option(s) {unknown}; known: {', '.join(KV_OPTIONS)}")
+    lm = load_model(checkpoint, dtype=dtype, device=backend.device)
+    paged = PagedEngine(
+        lm,
+        max_batch=max_batch,
+        version=version,
+        seed=seed,
+        model_id=os.path.abspath(checkpoint),
+        detokenize=detokenize,
+        **(kv or {}),
+    )
+    return Weights(lm, paged), paged
+
+
+def _recompute(
+    backend: Backend,
+    model_factory: str,
+    seed: int,
+    max_batch: int,
+    model_kwargs: dict[str, Any] | None,
+    version: int,
+    eos_id: int | None,
+    pad_id: int | None,
+    max_seq_len: int | None,
+    vocab_size: int | None,
+) -> tuple[Weights, Engine]:
     model = build_model(model_factory, model_kwargs, seed)
     runner = backend.prepare(model)
     if isinstance(model, TinyLM):  # its own sizes and padding unless told otherwise
         vocab_size = vocab_size or model.cfg.vocab_size
         pad_id = model.cfg.pad_id if pad_id is None else pad_id
-    return model, Engine(
+    built = Engine(
         model,
         runner=runner,
         max_batch=max_batch,
@@ -76,3 +163,15 @@ def build_engine(
         max_seq_len=max_seq_len,
         vocab_size=vocab_size,
     )
+    return Weights(model, built), built
+
+
+async def in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn`` in the default executor. A thread cannot be interrupted: on cancellation
+    wait for it to end, so nothing touches the engine after the caller has gone."""
+    future = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait([future])
+        raise

@@ -41,14 +41,14 @@ from typing import Any
 
 import torch
 
-from ._requests import Detokenize, Intake, Latencies, Live, check_state, engine_stats
+from ._requests import Detokenize, Intake, Latencies, Live, Pausable, check_state, engine_stats
 from ._sampling import Chosen, choose_tokens
 from ._types import Completion, EngineStats, Request
 
 __all__ = ["Engine"]
 
 
-class Engine:
+class Engine(Pausable):
     """Continuous batching over ``model`` (see the module docstring). Not thread-safe: one
     caller at a time. ``vocab_size`` and ``max_seq_len`` default to the model's attributes of
     those names; without ``vocab_size`` one forward pass over a single token measures it.
@@ -147,23 +147,6 @@ class Engine:
         return [*self._running, *(w.request.id for w in self._waiting)]
 
     # -- weights and pausing -----------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
-
-    def pause(self) -> None:
-        """Stop stepping: :meth:`step` does nothing until :meth:`resume`. Running requests
-        keep their tokens. Idempotent."""
-        self._paused = True
-
-    def resume(self) -> None:
-        """Continue stepping; tokens from now on carry the current version. Idempotent."""
-        self._paused = False
-
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy ``state`` (every key of the model's ``state_dict``, same shapes) into the model
         and make ``version`` current. Allowed paused or not: it takes effect at the next step.

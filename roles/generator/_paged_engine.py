@@ -33,7 +33,7 @@ from orchestr.roles._common._hf._layers import CausalLM
 
 from ._blocks import BlockPool
 from ._paged import PagedKV, PagedRunner
-from ._requests import Detokenize, Intake, Latencies, Live, check_state, engine_stats
+from ._requests import Detokenize, Intake, Latencies, Live, Pausable, check_state, engine_stats
 from ._sampling import choose_tokens
 from ._scheduler import Scheduler, Seq
 from ._types import Completion, EngineStats, Request
@@ -43,7 +43,7 @@ __all__ = ["PagedEngine"]
 KVPolicy = Literal["keep", "recompute"]
 
 
-class PagedEngine:
+class PagedEngine(Pausable):
     """Continuous batching of ``model`` over ``num_blocks`` KV blocks of ``block_size``
     tokens. ``detokenize`` (token ids to text: the checkpoint's tokenizer) lets requests
     name stop strings. Not thread-safe: one caller at a time."""
@@ -132,22 +132,6 @@ class PagedEngine:
         return [s.id for s in self._sched.running] + [s.id for s in self._sched.waiting]
 
     # -- weights -----------------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
-
-    def pause(self) -> None:
-        """Stop stepping until :meth:`resume`; requests keep their place. Idempotent."""
-        self._paused = True
-
-    def resume(self) -> None:
-        """Continue stepping. Idempotent."""
-        self._paused = False
-
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy ``state`` (the model's ``state_dict`` keys and shapes) into the model and make
         ``version`` current; checked first, so a ``ValueError`` changes nothing."""

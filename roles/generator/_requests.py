@@ -26,7 +26,15 @@ import torch
 from ._sampling import MAX_TOP_LOGPROBS, check_sampling
 from ._types import Completion, EngineStats, Request
 
-__all__ = ["Intake", "Latencies", "Live", "check_state", "engine_stats"]
+__all__ = [
+    "Intake",
+    "Latencies",
+    "Live",
+    "Pausable",
+    "check_state",
+    "engine_stats",
+    "request_seed",
+]
 
 Detokenize = Callable[[list[int]], str]
 
@@ -121,6 +129,31 @@ class Live:
         )
 
 
+class Pausable:
+    """The weights version and pause flag every engine keeps (set ``_version`` and
+    ``_paused`` in ``__init__``)."""
+
+    _version: int
+    _paused: bool
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> None:
+        """Stop stepping: ``step`` does nothing until :meth:`resume`. Requests keep their
+        place and their tokens. Idempotent."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Continue stepping; tokens from now on carry the current version. Idempotent."""
+        self._paused = False
+
+
 class Latencies:
     """Times to first token and between tokens, kept until taken (:meth:`take`); at most
     ``keep`` of each, the oldest dropped first, so an engine nobody reads stays small."""
@@ -192,8 +225,7 @@ class Intake:
             stop = frozenset({self.token(r.stop_token, f"stop_token of {r.id!r}")})
         else:
             stop = frozenset() if r.ignore_eos else self.eos
-        seed = r.seed if r.seed is not None else zlib.crc32(f"{self.seed}:{r.id}".encode())
-        generator = torch.Generator().manual_seed(operator.index(seed))
+        generator = torch.Generator().manual_seed(request_seed(self.seed, r))
         request = dataclasses.replace(r, prompt=prompt, stop=list(r.stop))
         return Live(request, generator, now, stop, self.detokenize)
 
@@ -223,6 +255,16 @@ class Intake:
                 f"request {r.id!r}: top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], "
                 f"got {n!r}"
             )
+
+
+def request_seed(engine_seed: int, r: Request) -> int:
+    """The seed of ``r``'s own generator: its ``seed``, else one drawn from the engine's seed
+    and the request's id."""
+    return (
+        operator.index(r.seed)
+        if r.seed is not None
+        else zlib.crc32(f"{engine_seed}:{r.id}".encode())
+    )
 
 
 def check_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:

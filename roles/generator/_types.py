@@ -4,10 +4,11 @@ engine's :class:`EngineStats`. Registered dataclasses, pinned to ``orchestr.role
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from orchestr import register
 
-__all__ = ["Completion", "EngineStats", "Request"]
+__all__ = ["Completion", "EngineStats", "Request", "as_request"]
 
 
 @register
@@ -84,3 +85,11 @@ class EngineStats:
     busy_s: float
     tokens_per_s: float
     mean_batch: float
+
+
+def as_request(r: Any) -> Request:
+    if isinstance(r, Request):
+        return r
+    if isinstance(r, dict):
+        return Request(**r)
+    raise TypeError(f"a request is a Request or a dict of its fields, got {type(r).__name__}")

@@ -38,7 +38,7 @@ class Trainer(oc.Actor):
     def __init__(
         self, seed: int = 0, width: int = 64, bucket_bytes: int = 16 << 10, slots: int = 2
     ) -> None:
-        self.model = make_net(seed, width)
+        self.model: nn.Module = make_net(seed, width)
         self.publisher = WeightPublisher(bucket_bytes=bucket_bytes, slots=slots)
         self.rng = torch.Generator().manual_seed(seed + 1)
 
@@ -77,6 +77,17 @@ class Trainer(oc.Actor):
     @oc.endpoint
     def close(self) -> None:
         self.publisher.close()
+
+
+class CheckpointTrainer(Trainer):
+    """:class:`Trainer`'s endpoints over a Hugging Face format checkpoint's model."""
+
+    def __init__(self, folder: str, seed: int = 0) -> None:
+        from orchestr.roles import models
+
+        self.model = models.load_model(folder)
+        self.publisher = WeightPublisher()
+        self.rng = torch.Generator().manual_seed(seed + 1)
 
 
 class Generator(oc.Actor):

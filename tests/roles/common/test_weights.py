@@ -286,6 +286,38 @@ async def test_a_corrupted_bucket_is_caught_and_nothing_is_loaded() -> None:
         assert weights_digest(gen) == before
 
 
+async def test_a_load_can_hand_verified_tensors_to_the_model_instead() -> None:
+    """An engine with its own weight layout (vLLM's) gets the verified tensors by name, and
+    none from a load that failed to verify."""
+    trainer = make_net(0)
+    shapes = {
+        k: torch.empty(v.shape, dtype=v.dtype, device="meta")
+        for k, v in weight_tensors(trainer).items()
+    }
+    handed: list[dict[str, torch.Tensor]] = []
+
+    async def apply(tensors: list[tuple[str, torch.Tensor]]) -> None:
+        handed.append({k: v.clone() for k, v in tensors})
+
+    loader = WeightLoader()
+    with WeightPublisher(bucket_bytes=4096) as publisher:
+        ref = publisher.publish(trainer, 1)
+        assert await loader.load(shapes, ref, apply=apply) is True
+        assert await loader.load(shapes, ref, apply=apply) is False  # already there
+        (got,) = handed
+        want = weight_tensors(trainer)
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k]) for k in want)
+        bad = publisher.publish(trainer, 2)
+        await bad.buckets[1].buffer.write_from(torch.tensor([7], dtype=torch.uint8), offset=3)
+        with pytest.raises(ChecksumMismatchError):
+            await loader.load(shapes, bad, apply=apply)
+        assert len(handed) == 1 and loader.version == 1
+        wrong = {**shapes, "fc1.weight": torch.empty(3, device="meta")}
+        with pytest.raises(ManifestMismatchError, match="fc1.weight"):
+            await WeightLoader().load(wrong, ref, apply=apply)
+
+
 async def test_a_model_of_another_shape_is_refused_before_any_read() -> None:
     with WeightPublisher() as publisher:
         ref = publisher.publish(make_net(0), 1)

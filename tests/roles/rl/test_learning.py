@@ -1,5 +1,8 @@
 """The learning core of the RL loop: the digit-reversal task, TinyLM, generation, GRPO's math,
-and the single-process reference run that learns (with its two controls)."""
+and the single-process reference run's determinism. That it learns, and that its two controls
+do not, is tested through the roles, whose sync mode reproduces it bit for bit
+(``test_grpo_job.py``): the example learning in each mode while its roles are killed
+(``test_grpo_faults.py``), and the controls (``test_controls_through_the_roles``)."""
 
 from __future__ import annotations
 
@@ -362,40 +365,3 @@ def test_same_seed_same_history() -> None:
     for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
         assert torch.equal(pa, pb)
     assert trace(a) != trace(c)
-
-
-@pytest.fixture(scope="module")
-def learned() -> History:
-    return train(SMALL_CONFIG)
-
-
-@pytest.mark.timeout(300)
-def test_grpo_learns_to_reverse(learned: History) -> None:
-    h = learned
-    start_acc, final_acc = h.evals[0].accuracy, h.evals[-1].accuracy
-    assert h.evals[-1].step == SMALL_CONFIG.steps
-    assert h.mean_reward(first=10) < 0.2  # about a random policy's 0.1
-    assert h.mean_reward(last=50) >= 0.8
-    assert final_acc >= 0.9
-    assert final_acc >= start_acc + 0.5
-    assert all(s.samples_per_s > 0 and s.wall_s > 0 for s in h.steps)
-
-
-def _control(scale: float) -> History:
-    return train(dataclasses.replace(SMALL_CONFIG, steps=30, advantage_scale=scale, eval_every=30))
-
-
-@pytest.mark.timeout(300)
-def test_control_zero_advantages_do_not_learn() -> None:
-    h = _control(0.0)
-    start = h.mean_reward(first=10)
-    assert abs(h.mean_reward(last=10) - start) <= 0.05
-    assert all(abs(s.mean_reward - start) <= 0.05 for s in h.steps)
-
-
-@pytest.mark.timeout(300)
-def test_control_negated_advantages_unlearn() -> None:
-    h = _control(-1.0)
-    end = h.mean_reward(last=10)
-    assert end < h.mean_reward(first=10) - 0.02
-    assert end < h.steps[0].mean_reward - 0.03  # below the untrained policy's own samples
