@@ -18,7 +18,8 @@ import torch
 
 from orchestr.roles._common._hf._layers import CausalLM, DecoderLayer
 
-from ._scheduler import Seq, Step
+from ._mirror import DecodeMirror
+from ._scheduler import Step
 
 __all__ = ["PagedKV", "PagedRunner"]
 
@@ -53,15 +54,19 @@ class PagedRunner:
     """One model step of a :class:`Step` over a :class:`PagedKV`.
 
     The step's new tokens run packed in one row through the projections and the MLPs. For
-    attention, the sequences that compute one token (decodes) are batched: their keys and
-    values are gathered from the cache into one padded tensor ``[seqs, kv_heads, longest,
-    head_dim]`` by a slot index made once per step, and one attention call serves them all
-    (grouped-query heads shared, not copied). A prefill chunk of several tokens attends on
-    its own, causally within the chunk."""
+    attention, the sequences that compute one token (decodes) are batched over a
+    :class:`~._mirror.DecodeMirror` (their keys and values in dense rows, appended to each
+    step), and one attention call serves them all (grouped-query heads shared, not copied).
+    A prefill chunk of several tokens attends on its own over its blocks, causally within
+    the chunk."""
 
     def __init__(self, model: CausalLM, kv: PagedKV) -> None:
         self.model = model
         self.kv = kv
+        cfg, keys = model.config, kv.keys[0]
+        self.mirror = DecodeMirror(
+            cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, keys.dtype, keys.device
+        )
 
     @torch.no_grad()
     def run(self, step: Step) -> dict[str, torch.Tensor]:
@@ -72,9 +77,11 @@ class PagedRunner:
             return {}
         model, size = self.model.model, self.kv.block_size
         device = self.kv.keys[0].device
-        # decodes first (one token each, batched), then the prefill chunks
-        ordered = sorted(step.scheduled, key=lambda sn: sn[1] != 1)
-        ones = [seq for seq, n in ordered if n == 1]
+        # decodes first (one token each, batched, in their mirror rows' order), then the
+        # prefill chunks
+        ones = [seq for seq, n in step.scheduled if n == 1]
+        ones = self.mirror.place(ones, self.kv.keys, self.kv.values, size)
+        ordered = [(seq, 1) for seq in ones] + [(s, n) for s, n in step.scheduled if n != 1]
         tokens: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -94,11 +101,19 @@ class PagedRunner:
         ids = torch.tensor([tokens], device=device)
         pos = torch.tensor([positions], device=device)
         slot = torch.tensor(slots, device=device)
-        gather, valid = self._decode_index(ones, device)
+        lengths = torch.tensor([seq.num_computed + 1 for seq in ones], device=device)
+        longest = int(lengths.max()) if ones else 0
+        # an additive mask: torch's CPU attention takes it at about half the time of a bool one
+        past = torch.arange(longest, device=device)[None, :] >= lengths[:, None]
+        valid = torch.zeros(past.shape, dtype=self.kv.keys[0].dtype, device=device)
+        valid = valid.masked_fill(past, float("-inf"))[:, None, None]
+        masks = [_causal(start, n, valid.dtype, device) for _, start, n, _ in chunks]
         cos, sin = model.rotary(pos)
         hidden = model.embed_tokens(ids)
         layers = cast(list[DecoderLayer], list(model.layers))
-        for layer, keys, values in zip(layers, self.kv.keys, self.kv.values, strict=True):
+        for i, (layer, keys, values) in enumerate(
+            zip(layers, self.kv.keys, self.kv.values, strict=True)
+        ):
             attn = layer.self_attn
             q, k, v = attn.project(layer.input_layernorm(hidden), cos, sin)
             heads = keys.shape[2:]
@@ -109,42 +124,30 @@ class PagedRunner:
             if ones:
                 b = len(ones)
                 qq = q[0, :, :b].transpose(0, 1)[:, :, None]  # [b, heads, 1, dim]
-                kk = flat_k[gather].transpose(1, 2).to(q.dtype)  # [b, kv_heads, longest, dim]
-                vv = flat_v[gather].transpose(1, 2).to(q.dtype)
-                outs.append(attn.core(qq, kk, vv, valid).reshape(1, b, -1))
-            for offset, start, n, table in chunks:
+                self.mirror.append(i, k[0, :, :b].transpose(0, 1), v[0, :, :b].transpose(0, 1))
+                kk, vv = self.mirror.view(i, longest)  # [b, kv_heads, longest, dim]
+                outs.append(attn.core(qq, kk.to(q.dtype), vv.to(q.dtype), valid).reshape(1, b, -1))
+            for (offset, start, n, table), mask in zip(chunks, masks, strict=True):
                 width = start + n
                 kk = keys[table].reshape(-1, *heads)[:width].transpose(0, 1)[None]
                 vv = values[table].reshape(-1, *heads)[:width].transpose(0, 1)[None]
-                qpos = torch.arange(start, width, device=device)
-                mask = torch.arange(width, device=device)[None, :] <= qpos[:, None]
                 qq = q[:, :, offset : offset + n]
                 outs.append(attn.core(qq, kk.to(q.dtype), vv.to(q.dtype), mask))
             hidden = hidden + attn.o_proj(torch.cat(outs, dim=1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        self.mirror.advance()
         if not last:
             return {}
         rows = torch.tensor(list(last.values()), device=device)
         logits = self.model.lm_head(model.norm(hidden[0, rows])).float()
         return {sid: logits[i] for i, sid in enumerate(last)}
 
-    def _decode_index(
-        self, seqs: list[Seq], device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """For sequences computing their token at position ``num_computed``: the cache slot
-        of each of their positions ``[seqs, longest]`` (padding: slot 0) and which are real
-        ``[seqs, 1, 1, longest]``."""
-        if not seqs:
-            return torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.bool)
-        size = self.kv.block_size
-        lengths = torch.tensor([s.num_computed + 1 for s in seqs], device=device)
-        longest = int(lengths.max())
-        nblocks = -(-longest // size)
-        table = torch.zeros(len(seqs), nblocks, dtype=torch.long, device=device)
-        for i, s in enumerate(seqs):
-            own = s.blocks[: -(-(s.num_computed + 1) // size)]
-            table[i, : len(own)] = torch.tensor(own, device=device)
-        at = torch.arange(longest, device=device)
-        valid = at[None, :] < lengths[:, None]
-        gather = torch.where(valid, table[:, at // size] * size + at % size, 0)
-        return gather, valid[:, None, None, :]
+
+def _causal(start: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The additive mask of a chunk of queries at positions ``start .. start + n - 1`` over
+    keys ``0 .. start + n - 1``: each sees itself and what precedes it."""
+    ahead = (
+        torch.arange(start + n, device=device)[None, :]
+        > torch.arange(start, start + n, device=device)[:, None]
+    )
+    return torch.zeros(ahead.shape, dtype=dtype, device=device).masked_fill(ahead, float("-inf"))

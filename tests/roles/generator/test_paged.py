@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from orchestr.roles import models
 from orchestr.roles.generator._blocks import BlockPool
+from orchestr.roles.generator._mirror import DecodeMirror
 from orchestr.roles.generator._paged import PagedKV, PagedRunner
 from orchestr.roles.generator._scheduler import Scheduler, Seq
 
@@ -62,3 +63,67 @@ def test_greedy_decoding_over_the_paged_cache_matches_transformers(
                 torch.tensor([seq.prompt]), max_new_tokens=64, min_new_tokens=64, do_sample=False
             )
             assert seq.output == generated[0, len(seq.prompt) :].tolist()
+
+
+def test_the_decode_mirror_holds_what_the_pool_holds_whatever_joins_and_leaves() -> None:
+    """Sequences join, decode, sit steps out, leave and come back recomputed, in random order;
+    after every step each placed row equals its sequence's keys and values in the pool."""
+    import random
+
+    layers, heads, dim, size = 2, 2, 4, 4
+    shape = (64, size, heads, dim)
+    pool_k = [torch.zeros(shape) for _ in range(layers)]
+    pool_v = [torch.zeros(shape) for _ in range(layers)]
+    mirror = DecodeMirror(layers, heads, dim, torch.float32, torch.device("cpu"))
+    rng = random.Random(0)
+    free = list(range(64))
+    seqs: list[Seq] = []
+
+    def write(s: Seq, p: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        block, at = s.blocks[p // size], p % size
+        pool_k[layer][block, at], pool_v[layer][block, at] = k, v
+
+    def prefill(s: Seq, n: int) -> None:  # its first n tokens, into fresh blocks
+        s.blocks = [free.pop() for _ in range(-(-(n + 12) // size))]
+        s.num_computed = n
+        for p in range(n):
+            for layer in range(layers):
+                write(s, p, layer, torch.randn(heads, dim), torch.randn(heads, dim))
+
+    for step in range(120):
+        if len(seqs) < 6 and rng.random() < 0.3:
+            s = Seq(f"s{step}", [1] * 3, 12)
+            prefill(s, rng.randrange(1, 8))
+            seqs.append(s)
+        if seqs and rng.random() < 0.1:  # one finishes: its blocks go back
+            gone = seqs.pop(rng.randrange(len(seqs)))
+            free.extend(gone.blocks)
+        if seqs and rng.random() < 0.1:  # one is preempted and recomputed
+            again = rng.choice(seqs)
+            again.preemptions += 1
+            free.extend(again.blocks)
+            prefill(again, rng.randrange(1, 8))
+        for full in [s for s in seqs if s.num_computed == len(s.blocks) * size]:
+            seqs.remove(full)  # its blocks are full: it finished
+            free.extend(full.blocks)
+        decoding = [s for s in seqs if rng.random() < 0.85]  # the others sit this step out
+        placed = mirror.place(decoding, pool_k, pool_v, size)
+        assert sorted(map(id, placed)) == sorted(map(id, decoding))
+        for layer in range(layers):
+            k, v = torch.randn(len(placed), heads, dim), torch.randn(len(placed), heads, dim)
+            mirror.append(layer, k, v)
+            for i, s in enumerate(placed):
+                write(s, s.num_computed, layer, k[i], v[i])
+        longest = max((s.num_computed + 1 for s in placed), default=0)
+        for layer in range(layers):
+            kk, vv = mirror.view(layer, longest)
+            for i, s in enumerate(placed):
+                n = s.num_computed + 1
+                slots = [s.blocks[p // size] * size + p % size for p in range(n)]
+                want_k = pool_k[layer].view(-1, heads, dim)[slots].transpose(0, 1)
+                want_v = pool_v[layer].view(-1, heads, dim)[slots].transpose(0, 1)
+                assert torch.equal(kk[i, :, :n], want_k) and torch.equal(vv[i, :, :n], want_v)
+        mirror.advance()
+        for s in placed:
+            s.num_computed += 1
+    assert mirror.capacity[0] >= 6
