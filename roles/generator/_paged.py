@@ -143,9 +143,12 @@ class PagedRunner:
         return {sid: logits[i] for i, sid in enumerate(last)}
 
 
-def _causal(start: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _causal(start: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
     """The additive mask of a chunk of queries at positions ``start .. start + n - 1`` over
-    keys ``0 .. start + n - 1``: each sees itself and what precedes it."""
+    keys ``0 .. start + n - 1``: each sees itself and what precedes it (``None``, plain
+    causal attention, for a chunk from position 0)."""
+    if start == 0:
+        return None
     ahead = (
         torch.arange(start + n, device=device)[None, :]
         > torch.arange(start, start + n, device=device)[:, None]

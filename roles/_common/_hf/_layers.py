@@ -124,13 +124,16 @@ class Attention(nn.Module):
         return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
     def core(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
         """Softmax attention of ``q`` ``[batch, heads, t, head_dim]`` over ``k``/``v``
-        ``[batch, kv_heads, s, head_dim]`` where ``mask`` ``[.., t, s]`` allows, the heads
-        merged: ``[batch, t, heads * head_dim]`` (before the output projection)."""
+        ``[batch, kv_heads, s, head_dim]`` where ``mask`` ``[.., t, s]`` allows (boolean, or
+        added to the scores), the heads merged: ``[batch, t, heads * head_dim]`` (before the
+        output projection). ``mask=None``: causal, for ``t == s`` (torch's fastest path)."""
         grouped = self.heads != self.kv_heads  # each kv head serves heads // kv_heads
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=grouped
+        )
         b, _, t, _ = out.shape
         return out.transpose(1, 2).reshape(b, t, -1)
 

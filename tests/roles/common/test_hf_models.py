@@ -219,6 +219,7 @@ def test_bad_checkpoints_get_clear_errors(tmp_path: pathlib.Path) -> None:
         models.Tokenizer(sharded)
 
 
+@pytest.mark.timeout(180)  # five CLI processes, each importing torch: 23 s on a quiet machine
 def test_make_tiny_command(tmp_path: pathlib.Path) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "orchestr.cli", "model", "make-tiny", *args]

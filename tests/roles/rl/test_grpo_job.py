@@ -166,7 +166,7 @@ async def test_sync_mode_does_not_depend_on_timing(ctx: oc.JobContext) -> None:
     """Prompts go to generators by their place in the batch, never by which generator is
     free: the same seed run again while another process loads the machine gives the same
     weights, bit for bit."""
-    tc = dataclasses.replace(SMALL_CONFIG, steps=6, eval_every=6, seed=7)
+    tc = dataclasses.replace(SMALL_CONFIG, steps=4, eval_every=4, seed=7)
     config = GRPOConfig(train=tc, generators=2)
     quiet = await run_grpo(ctx, config)
     burner = await asyncio.create_subprocess_exec(
