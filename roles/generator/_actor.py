@@ -19,7 +19,7 @@ import os
 import secrets
 import time
 from collections import deque
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 import torch
@@ -37,7 +37,6 @@ from ._types import Completion, Request, as_request
 __all__ = ["Completion", "Generator", "Request"]
 
 log = structlog.get_logger("orchestr.roles.generator")
-T = TypeVar("T")
 
 
 class Generator(oc.Actor):
