@@ -41,6 +41,7 @@ class DecodeMirror:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._rows: list[tuple[Seq, int, int]] = []  # per row: sequence, tokens, preemptions
+        self._at = self._index = torch.zeros(0, dtype=torch.long)
         self._alloc(0, 0)
 
     @property
@@ -82,6 +83,11 @@ class DecodeMirror:
         for s in newcomers:
             self._copy_in(s, len(self._rows), pool_keys, pool_values, block_size)
             self._rows.append((s, s.num_computed, s.preemptions))
+        # where each placed row's next token goes: the same for every layer of the step
+        self._at = torch.tensor(
+            [n for _, n, _ in self._rows], dtype=torch.long, device=self._device
+        )
+        self._index = torch.arange(len(self._rows), device=self._device)
         return [s for s, _, _ in self._rows]
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -89,10 +95,8 @@ class DecodeMirror:
         placed row at its next position."""
         if not self._rows:
             return
-        at = torch.tensor([n for _, n, _ in self._rows], device=self._device)
-        rows = torch.arange(len(self._rows), device=self._device)
-        self.keys[layer][rows, :, at] = k.to(self._dtype)
-        self.values[layer][rows, :, at] = v.to(self._dtype)
+        self.keys[layer][self._index, :, self._at] = k.to(self._dtype)
+        self.values[layer][self._index, :, self._at] = v.to(self._dtype)
 
     def advance(self) -> None:
         """The placed rows each hold one token more (call after the step's last layer)."""
@@ -102,10 +106,6 @@ class DecodeMirror:
         """The placed rows' keys and values ``[rows, kv_heads, longest, head_dim]`` (views)."""
         b = len(self._rows)
         return self.keys[layer][:b, :, :longest], self.values[layer][:b, :, :longest]
-
-    def clear(self) -> None:
-        """Forget every row (the memory stays allocated)."""
-        self._rows = []
 
     # -- internals ---------------------------------------------------------------------------
     def _alloc(self, rows: int, cap: int) -> None:
