@@ -220,26 +220,34 @@ class FramedProtocol(asyncio.BufferedProtocol):
 
 
 def probe_idle_peer(transport: asyncio.BaseTransport, config: Config) -> None:
-    """Have the kernel probe the peer of an idle TCP connection (keepalive, every
-    ``heartbeat_interval``), so that a host that went silent (a link down, a power cut: no
-    reset ever comes) breaks the connection and the calls waiting on it are settled, instead of
-    each waiting for its deadline. The probes give up later than the head gives the node up
-    (``heartbeat_timeout`` and two heartbeats more), so that by then the head can say what
-    became of its actors. The worker's kernel answers them even while its actors are busy."""
+    """Have the kernel give up a TCP connection whose peer host went silent (a link down, a
+    power cut: no reset ever comes), so that the connection breaks and the calls waiting on it
+    are settled, instead of each waiting for its deadline. Two cases, one budget: an idle
+    connection is probed (keepalive, every ``heartbeat_interval``), and one with bytes the peer
+    has not acknowledged (a call sent just before, or after, the host went silent: keepalive
+    never probes such a connection, and retransmission alone gives up only after about 15
+    minutes) is given up when they stay unacknowledged as long (``TCP_USER_TIMEOUT``). Both give
+    up later than the head gives the node up (``heartbeat_timeout`` and two heartbeats more), so
+    that by then the head can say what became of its actors. The worker's kernel answers them
+    even while its actors are busy."""
     sock = transport.get_extra_info("socket")
     if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return
     interval = max(1, math.ceil(config.heartbeat_interval))
     probes = math.ceil(config.heartbeat_timeout / interval) + 2
+    interval, probes = min(interval, 32767), min(probes, 127)  # the kernel's limits
+    give_up_ms = 1000 * interval * (probes + 1)
     options = [
         (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
         (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), interval),
         (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), interval),
         (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), probes),
+        # in milliseconds; with keepalive on, Linux also ends the probing by this bound
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), give_up_ms),
     ]
     try:
         for level, name, value in options:
             if name is not None:  # not every platform lets the timings be set
-                sock.setsockopt(level, name, min(value, 32767))
+                sock.setsockopt(level, name, value)
     except OSError as exc:
         log.warning("cannot enable keepalive on a call connection", error=str(exc))
