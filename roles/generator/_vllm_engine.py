@@ -54,6 +54,12 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "kv_cache_memory_bytes": 256 << 20,
     "disable_log_stats": False,
 }
+#: vLLM's CPU build cannot rewind the random generator of a seeded request whose sampled token
+#: it throws away after a partial prefill ("CPU Generator does not use offset"), and every
+#: request orchestr sends is seeded: on CPU it prefills each prompt whole, in a step budget of
+#: at least the longest prompt, unless ``options`` say otherwise.
+_CPU_DEFAULTS: dict[str, Any] = {"enable_chunked_prefill": False}
+_CPU_STEP_TOKENS = 8192
 #: Options orchestr decides itself (the checkpoint, what it detokenizes, the log-prob mode).
 _FIXED = ("model", "skip_tokenizer_init", "logprobs_mode", "max_logprobs", "seed", "dtype")
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -114,8 +120,14 @@ class VllmEngine(Pausable):
                 f"vllm options: {bad or fixed} "
                 + ("are not vLLM EngineArgs fields" if bad else "are set by orchestr")
             )
+        defaults = dict(VLLM_DEFAULTS)
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            longest = int(options.get("max_model_len") or cfg.max_position_embeddings)
+            defaults |= _CPU_DEFAULTS | {"max_num_batched_tokens": max(_CPU_STEP_TOKENS, longest)}
         args = {
-            **VLLM_DEFAULTS,
+            **defaults,
             "max_num_seqs": max_batch,
             **options,
             "model": os.fspath(folder),

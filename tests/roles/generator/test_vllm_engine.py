@@ -32,7 +32,13 @@ pytestmark = [
     pytest.mark.timeout(300),
 ]
 #: vLLM's CPU attention takes head sizes of 32 and up; a block size that is a multiple of 32
-OPTIONS = {"block_size": 32, "max_model_len": 512, "kv_cache_memory_bytes": 32 << 20}
+#: (a step budget of 512 tokens: the seeded-prefill test sends more than that)
+OPTIONS = {
+    "block_size": 32,
+    "max_model_len": 512,
+    "kv_cache_memory_bytes": 32 << 20,
+    "max_num_batched_tokens": 512,
+}
 #: How far vLLM's log-probs may stray from orchestr's model on the same float32 weights
 #: (its kernels sum in another order); measured here: under 1e-5.
 TOLERANCE = 1e-4
@@ -74,6 +80,19 @@ def gap(model: models.CausalLM, done: dict[str, Completion]) -> float:
         for got, want in zip(c.logprobs, teacher_forced(model, c), strict=True):
             worst = max(worst, abs(got - want))
     return worst
+
+
+def test_seeded_prompts_longer_than_a_step_are_prefilled_whole(engine: VllmEngine) -> None:
+    # vLLM's CPU build fails a seeded request it prefills in chunks ("CPU Generator does not
+    # use offset"): here eight seeded prompts of 200 tokens, four times the step's budget
+    assert not engine._llm.vllm_config.scheduler_config.enable_chunked_prefill
+    requests = [
+        Request(f"w{i}", [5 + i] * 200, max_new_tokens=4, temperature=1.0, seed=i) for i in range(8)
+    ]
+    engine.submit(requests)
+    done = drain(engine)
+    assert sorted(done) == sorted(r.id for r in requests)
+    assert all(len(c.tokens) == 4 for c in done.values())
 
 
 def prompts(tok: models.Tokenizer) -> list[list[int]]:
