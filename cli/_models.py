@@ -38,6 +38,8 @@ def make_tiny(args: argparse.Namespace) -> int:
             experts=args.experts,
             experts_per_token=args.experts_per_token,
             seed=args.seed,
+            tokenizer=args.tokenizer,
+            init_std=args.init_std,
         )
         model = models.load_model(folder)  # what was written loads
     except oc.ConfigError as exc:
@@ -79,6 +81,15 @@ def add_parsers(sub: Any) -> None:
         "--experts-per-token", type=_positive, default=2, help="qwen2_moe: experts per token"
     )
     c.add_argument("--vocab", type=_positive, default=512, help="the tokenizer's most tokens")
+    c.add_argument(
+        "--tokenizer",
+        default="bpe",
+        help="bpe (trained on generated text, with a chat template) or digits (the digit "
+        "tasks' 15 tokens, ids as orchestr.roles.rl has them)",
+    )
+    c.add_argument(
+        "--init-std", type=float, default=0.05, help="standard deviation of the weight matrices"
+    )
     c.add_argument("--shards", type=_positive, default=1, help="weight files (>1: with an index)")
     c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=make_tiny)

@@ -1,7 +1,16 @@
-"""RL post-training with disaggregated roles: GRPO teaches a small LM to reverse digits.
+"""RL post-training with disaggregated roles: GRPO teaches a small Llama to answer digit prompts.
 
     orchestr run examples/grpo_reverse.py [--mode sync|stream|stream+skew] [--small] ...
     make demo          # the same, stream+skew, on an embedded cluster
+
+The model is a Llama-family checkpoint made at the start from the seed (random init, the
+digits tokenizer; nothing is downloaded). Its task is to copy a prompt of up to 12 digits out of
+a fixed-width field (``<s> 0 4 2 _ _ .. <sep>`` -> ``0 4 2``): with rotary positions, which
+see only the distance between tokens, the field puts each answer digit a fixed distance behind
+the position that writes it, a thing such a model learns in tens of steps, where reversing
+the digits (the task of ``--model tinylm``, whose positions count from the separator) it did not
+learn in the same budget. ``--engine vllm`` runs the generators on vLLM's engine (the
+``vllm`` extra).
 
 Two generators sample completions with continuous batching, a reward mesh scores them, a
 trainer (or several, data parallel) takes GRPO steps, and the new weights go back to the
@@ -32,12 +41,28 @@ from typing import Any
 
 import orchestr as oc
 from orchestr.roles import DEMO_CONFIG, MODES, SMALL_CONFIG, GRPOConfig, StepRecord, run_grpo
+from orchestr.roles.rl import LLAMA_CONFIG, LLAMA_DEMO_CONFIG
+
+#: (demo, --small) configs by --model
+CONFIGS = {"llama": (LLAMA_DEMO_CONFIG, LLAMA_CONFIG), "tinylm": (DEMO_CONFIG, SMALL_CONFIG)}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="grpo_reverse", description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=MODES, default="stream+skew")
     p.add_argument("--small", action="store_true", help="8-digit prompts, 100 small batches")
+    p.add_argument(
+        "--model",
+        choices=sorted(CONFIGS),
+        default="llama",
+        help="llama: a Llama checkpoint copying digits (default); tinylm: the from-scratch "
+        "model reversing them",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("paged", "vllm"),
+        help="the generators' engine for --model llama (default paged; vllm needs the vllm extra)",
+    )
     p.add_argument("--steps", type=int, help="batches to train on (default: the config's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, help="the trainer's learning rate (default: the config's)")
@@ -161,7 +186,10 @@ def write_run(
 
 async def main(ctx: oc.JobContext) -> dict[str, Any]:
     args = parse_args(sys.argv[1:])
-    train = SMALL_CONFIG if args.small else DEMO_CONFIG
+    if args.engine is not None and args.model != "llama":
+        raise oc.ConfigError("--engine applies to --model llama")
+    demo, small = CONFIGS[args.model]
+    train = small if args.small else demo
     train = dataclasses.replace(
         train, seed=args.seed, steps=args.steps or train.steps, lr=args.lr or train.lr
     )
@@ -177,9 +205,11 @@ async def main(ctx: oc.JobContext) -> dict[str, Any]:
         checkpoint_dir=args.checkpoint_dir,
         kill=tuple(args.kill),
         kill_seed=args.kill_seed,
+        engine=args.engine,
     )
+    task = f"{train.task.name} (up to {train.lengths.max_digits} digits)"
     print(
-        f"GRPO on digit reversal, mode {args.mode}: {args.generators} generators, "
+        f"GRPO on {args.model}, digit {task}, mode {args.mode}: {args.generators} generators, "
         f"{args.trainers} trainer(s), a reward mesh; {train.steps} batches of "
         f"{train.prompts_per_step} prompts x {train.group_size} samples"
     )

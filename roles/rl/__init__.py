@@ -5,22 +5,36 @@
   (``_faults``); the stream modes run on a graph (``_stream``), stream+skew's length ranker
   is in ``_streaming``;
 - :func:`train` (``_reference``): the single-process reference loop ``sync`` reproduces;
-- ``_task``: digit reversal, the example task (tokens, prompts, the reward, the evaluation).
+- ``_task``: the digit tasks (reversal, and copy within a fixed-width field: :class:`Task`):
+  tokens, prompts, the rewards, the evaluation.
 """
 
 from . import _task as reverse_task
 from ._config import MODES, GRPOConfig, GRPOResult, StepRecord
 from ._grpo import LengthRanker, run_grpo
-from ._reference import DEMO_CONFIG, SMALL_CONFIG, TrainConfig, train
+from ._reference import (
+    DEMO_CONFIG,
+    LLAMA_CONFIG,
+    LLAMA_DEMO_CONFIG,
+    SMALL_CONFIG,
+    LlamaModel,
+    TrainConfig,
+    train,
+)
+from ._task import Task
 
 __all__ = [
     "DEMO_CONFIG",
+    "LLAMA_CONFIG",
+    "LLAMA_DEMO_CONFIG",
     "MODES",
     "SMALL_CONFIG",
     "GRPOConfig",
     "GRPOResult",
     "LengthRanker",
+    "LlamaModel",
     "StepRecord",
+    "Task",
     "TrainConfig",
     "reverse_task",
     "run_grpo",

@@ -7,10 +7,9 @@ import dataclasses
 from typing import Any, Literal
 
 import orchestr as oc
-from orchestr.roles.reward import DEFAULT_SCORER
 
 from ._faults import parse_kill
-from ._reference import DEMO_CONFIG, TrainConfig
+from ._reference import DEMO_CONFIG, LlamaModel, TrainConfig
 
 Mode = Literal["sync", "stream", "stream+skew"]
 
@@ -27,7 +26,11 @@ class GRPOConfig:
     generators' OS scheduling priority: where roles share cores, the trainer (the critical
     path) runs at full speed and generation takes the cycles it leaves; on a machine of
     their own it changes nothing. ``scorer`` is the reward mesh's function (``"module:function"``,
-    see :mod:`orchestr.roles.reward._actor`).
+    see :mod:`orchestr.roles.reward._actor`; default: the task's own reward).
+
+    ``engine`` is the generators' engine: a checkpoint model (:class:`~._reference.LlamaModel`)
+    runs on ``paged`` (the default) or ``vllm`` (with ``vllm`` options, the ``vllm`` extra
+    installed), a TinyLM on ``recompute``.
 
     Each role's members are restarted up to ``max_restarts`` times each when they die (see
     "Failures" in the module docstring); the trainer's state is checkpointed to
@@ -48,7 +51,9 @@ class GRPOConfig:
     torch_threads: int = 1
     cpu: float = 0.25
     generator_nice: int = 10
-    scorer: str = DEFAULT_SCORER
+    scorer: str | None = None
+    engine: str | None = None
+    vllm: dict[str, Any] | None = None
     max_restarts: int = 3
     checkpoint_every: int = 10
     checkpoint_dir: str | None = None
@@ -67,6 +72,15 @@ class GRPOConfig:
                 f"stream+skew needs 1 <= long_generators < generators, got "
                 f"{self.long_generators} of {self.generators}"
             )
+        checkpointed = isinstance(self.train.model, LlamaModel)
+        engines = ("paged", "vllm") if checkpointed else ("recompute",)
+        if self.engine is not None and self.engine not in engines:
+            raise oc.ConfigError(
+                f"engine {self.engine!r} does not run this job's model; use one of "
+                f"{', '.join(engines)}"
+            )
+        if self.vllm and self.engine != "vllm":
+            raise oc.ConfigError("vllm options apply to engine='vllm'")
         for name in ("max_restarts", "checkpoint_every", "kill_seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -104,6 +118,13 @@ _SYNC_PHASES = ("generate", "score", "train", "sync", "eval")
 _STREAM_PHASES = ("wait", "train", "sync", "eval")
 
 
+def generator_engine(cfg: GRPOConfig) -> str:
+    """The engine the job's generators run."""
+    if cfg.engine is not None:
+        return cfg.engine
+    return "paged" if isinstance(cfg.train.model, LlamaModel) else "recompute"
+
+
 def evaluates(tc: TrainConfig, step: int) -> bool:
     """Whether batch ``step`` ends with a held-out evaluation."""
     return step + 1 == tc.steps or (step + 1) % tc.eval_every == 0
@@ -129,6 +150,8 @@ class StepRecord:
     clip_frac: float
     approx_kl: float
     entropy: float
+    #: Mean |behaviour - trainer| log-prob per token, before the batch's first update.
+    logprob_gap: float = 0.0
     accuracy: float | None = None
 
 
@@ -178,6 +201,9 @@ class GRPOResult:
             "trainer_idle_frac": self.trainer_idle_frac,
             "final_accuracy": self.evals[-1][1] if self.evals else None,
             "last50_reward": self.mean_reward(50),
+            # the sampling engine's log-probs against the trainer's, per token: at lag 0 their
+            # numerical mismatch alone; with stale samples, staleness too
+            "logprob_gap": sum(r.logprob_gap for r in self.steps) / max(1, len(self.steps)),
             "dropped_groups": self.dropped_groups,
             "routed_long": self.routed_long,
             "wall_s": self.wall_s,

@@ -20,10 +20,13 @@ from orchestr.roles.reward import Reward
 from orchestr.roles.trainer import Trainer
 
 from . import _task
-from ._config import GRPOConfig, StepRecord
+from ._config import GRPOConfig, StepRecord, generator_engine
 from ._faults import ROLES, FaultInjector, MemberWatch, lost_during, parse_kill
 from ._recovery import checkpoint, ready, recover_generator
-from ._reference import request_digits
+from ._reference import LlamaModel, kv_options, request_digits
+
+#: How the trainer builds a checkpoint model: the same modules the generators' engine runs.
+LOAD_MODEL = "orchestr.roles.models:load_model"
 
 __all__ = ["Job", "first_of", "group_key", "groups_of"]
 
@@ -55,6 +58,8 @@ class Job:
         self.sync_transports: set[str] = set()
         self.trainer_busy = 0.0
         self.held_out = _task.eval_prompts(self.tc.eval_size, self.tc.lengths)
+        #: A checkpoint model's folder, made at spawn and removed at the end.
+        self.model_dir: str | None = None
         self.start = 0.0
         self.trained_samples = 0
         self.dropped = 0  # stream modes: groups past the staleness bound
@@ -116,26 +121,39 @@ class Job:
 
     async def spawn(self) -> None:
         tc, cfg = self.tc, self.cfg
-        model = dataclasses.asdict(tc.model)
         res = {"cpu": cfg.cpu}
         policy = oc.RestartPolicy(max_restarts=cfg.max_restarts)
+        model: dict[str, Any] = {"model_kwargs": dataclasses.asdict(tc.model)}
+        trained = model
+        if isinstance(tc.model, LlamaModel):
+            # made here, once, from the run's seed: every role loads the same folder
+            self.model_dir = tempfile.mkdtemp(prefix="orchestr-grpo-model-")
+            folder = tc.model.make(os.path.join(self.model_dir, "llama"), tc.seed)
+            engine = generator_engine(cfg)
+            model = {"checkpoint": folder, "engine": engine}
+            model |= {"kv": kv_options(tc)} if engine == "paged" else {"vllm": cfg.vllm}
+            trained = {"model_factory": LOAD_MODEL, "model_kwargs": {"folder": folder}}
         self.gens = await self.ctx.spawn(
             Generator,
             seed=tc.seed,
             max_batch=cfg.max_batch,
-            model_kwargs=model,
-            torch_threads=cfg.torch_threads,
+            # vLLM sets its own threads (one, unless OMP_NUM_THREADS says); its CPU attention
+            # fails when they change under it ("thread_num == thread_num (2 vs. 1)")
+            torch_threads=None if model.get("engine") == "vllm" else cfg.torch_threads,
             nice=cfg.generator_nice,
             n=cfg.generators,
             resources=res,
             restart=policy,
             supervise=self._hook("generator"),
+            **model,
         )
         self.trainers = await self.ctx.spawn(
             Trainer,
-            model_kwargs=model,
             seed=tc.seed,
             lr=tc.lr,
+            lr_schedule=tc.lr_schedule,
+            lr_steps=tc.steps,
+            min_lr_ratio=tc.min_lr_ratio,
             betas=tc.betas,
             weight_decay=tc.weight_decay,
             update=dataclasses.asdict(tc.update),
@@ -147,10 +165,11 @@ class Job:
             resources=res,
             restart=policy if self.trainer_restarts else None,
             supervise=self._hook("trainer") if self.trainer_restarts else _trainer_cannot_restart,
+            **trained,
         )
         self.rewards = await self.ctx.spawn(
             Reward,
-            cfg.scorer,
+            cfg.scorer or tc.task.scorer,
             n=cfg.rewards,
             resources=res,
             restart=policy,
@@ -188,6 +207,8 @@ class Job:
             await self.ctx.stop(mesh)
         if self.own_checkpoint_dir and self.checkpoint_dir is not None:
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+        if self.model_dir is not None:
+            shutil.rmtree(self.model_dir, ignore_errors=True)
 
     def faults(self) -> dict[str, Any]:
         return {
@@ -322,10 +343,11 @@ class Job:
 
     async def evaluate(self, version: int) -> float:
         self.phase = "eval"
-        prompts = [_task.encode_prompt(p) for p in self.held_out]
+        prompts = [self.tc.task.encode_prompt(p) for p in self.held_out]
         caps = [_task.max_new_tokens(p) for p in self.held_out]
         completions = await self.trainers[0].greedy.call_one(prompts, caps)
-        hits = sum(_task.accuracy(p, c) for p, c in zip(self.held_out, completions, strict=True))
+        task = self.tc.task
+        hits = sum(task.accuracy(p, c) for p, c in zip(self.held_out, completions, strict=True))
         accuracy = hits / len(self.held_out)
         self.evals.append((version, accuracy, time.perf_counter() - self.start))
         return accuracy

@@ -44,6 +44,7 @@ def record(
         clip_frac=float(stats["clip_frac"]),
         approx_kl=float(stats["approx_kl"]),
         entropy=float(stats["entropy"]),
+        logprob_gap=float(stats["logprob_gap"]),
     )
 
 

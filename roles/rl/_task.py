@@ -1,8 +1,17 @@
-"""The digit-reversal task: tokens, a seeded prompt sampler, the reward and the evaluation set.
+"""The digit tasks: tokens, a seeded prompt sampler, the rewards and the evaluation set.
 
 A prompt is a string of 1..16 decimal digits; the policy sees ``BOS d_0 .. d_{n-1} SEP`` and
 should answer ``d_{n-1} .. d_0``; the generator stops it after ``n`` tokens. Prompt lengths are skewed (most short, a long tail), so
 answer lengths have a long tail too: the shape a continuous-batching generator is for.
+
+That is the ``reverse`` task, the module-level functions. :class:`Task` also names ``copy``
+(answer the digits as given) and a fixed-width ``field``: the digits are followed by
+``FILL`` tokens up to ``field`` of them, so every prompt has the same length and the answer's
+``i``-th digit sits the same distance back from where it is written, whatever the prompt's
+length. A model with rotary positions (Llama's), which see only such distances, learns that
+copy in a few dozen GRPO steps; reversal asks it to find ``d_{n-1-i}``, a distance that
+changes with ``n`` and ``i``, and in the same budget it did not (held-out accuracy 0.16 after
+100 steps, where a model with positions counted from the separator reaches 0.93-1.0).
 
 Everything here is pure Python and deterministic; nothing is downloaded.
 """
@@ -19,13 +28,17 @@ __all__ = [
     "BOS",
     "EOS",
     "EVAL_SEED",
+    "FILL",
     "MAX_DIGITS",
     "PAD",
     "SEP",
+    "TASKS",
     "VOCAB_SIZE",
     "LengthDistribution",
+    "Task",
     "accuracy",
     "answer",
+    "copy_reward",
     "decode",
     "encode_prompt",
     "eval_prompts",
@@ -38,10 +51,13 @@ __all__ = [
 # Digits are their own token ids, so a completion reads as digits without a lookup table.
 BOS, SEP, EOS, PAD = 10, 11, 12, 13
 VOCAB_SIZE = 14
+#: Fills a fixed-width field after the digits (:class:`Task`); beyond TinyLM's vocabulary.
+FILL = 14
+TASKS = ("reverse", "copy")
 MAX_DIGITS = 16
 EVAL_SEED = 20_240_517  # the evaluation set's own seed: held out from every training seed
 
-_NAMES = {BOS: "<bos>", SEP: "<sep>", EOS: "<eos>", PAD: "<pad>"}
+_NAMES = {BOS: "<bos>", SEP: "<sep>", EOS: "<eos>", PAD: "<pad>", FILL: "_"}
 
 Prompt = tuple[int, ...]
 
@@ -142,6 +158,12 @@ def _until_eos(completion: Sequence[int]) -> list[int]:
     return out
 
 
+def _score(target: Sequence[int], completion: Sequence[int]) -> float:
+    got = _until_eos(completion)
+    hits = sum(1 for g, t in zip(got, target, strict=False) if g == t)
+    return hits / max(len(target), len(got))
+
+
 def reward(digits: Sequence[int], completion: Sequence[int]) -> float:
     """The fraction of positions equal to the reversed prompt, in ``[0, 1]``.
 
@@ -153,10 +175,14 @@ def reward(digits: Sequence[int], completion: Sequence[int]) -> float:
     random digit string scores about 0.1.
     """
     _check_prompt(digits)
-    got = _until_eos(completion)
-    target = digits[::-1]
-    hits = sum(1 for g, t in zip(got, target, strict=False) if g == t)
-    return hits / max(len(target), len(got))
+    return _score(digits[::-1], completion)
+
+
+def copy_reward(digits: Sequence[int], completion: Sequence[int]) -> float:
+    """:func:`reward` for the ``copy`` task: position ``i`` scores when it equals
+    ``digits[i]``."""
+    _check_prompt(digits)
+    return _score(digits, completion)
 
 
 def accuracy(digits: Sequence[int], completion: Sequence[int]) -> bool:
@@ -173,3 +199,54 @@ def decode(tokens: Sequence[int]) -> str:
         t = int(t)
         parts.append(str(t) if 0 <= t <= 9 else _NAMES.get(t, f"<?{t}>"))
     return "".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """Which digit task, and how its prompts are laid out (see the module's docstring).
+
+    ``field``: prompts hold the digits then ``FILL`` up to this many (at least the longest
+    prompt's digits); ``None``: the digits alone, as the module-level functions have them.
+    """
+
+    name: str = "reverse"
+    field: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.name!r}")
+        if self.field is not None and not 1 <= self.field <= MAX_DIGITS:
+            raise ValueError(f"field must be in 1..{MAX_DIGITS}, got {self.field}")
+
+    @property
+    def scorer(self) -> str:
+        """The reward function's path, for a :class:`~orchestr.roles.Reward` mesh."""
+        name = "reward" if self.name == "reverse" else "copy_reward"
+        return f"orchestr.roles.rl._task:{name}"
+
+    def encode_prompt(self, digits: Sequence[int]) -> list[int]:
+        """``BOS d_0 .. d_{n-1} [FILL ..] SEP``; raises ``ValueError`` for a prompt that is
+        empty, too long (for the field too), or not digits."""
+        _check_prompt(digits)
+        fill = 0
+        if self.field is not None:
+            if len(digits) > self.field:
+                raise ValueError(
+                    f"a prompt of {len(digits)} digits overflows a field of {self.field}"
+                )
+            fill = self.field - len(digits)
+        return [BOS, *digits, *[FILL] * fill, SEP]
+
+    def digits_of(self, prompt: Sequence[int]) -> Prompt:
+        """The digits an encoded prompt was made from."""
+        return tuple(int(t) for t in prompt[1:-1] if t != FILL)
+
+    def answer(self, digits: Sequence[int]) -> list[int]:
+        _check_prompt(digits)
+        return list(digits) if self.name == "copy" else list(reversed(digits))
+
+    def reward(self, digits: Sequence[int], completion: Sequence[int]) -> float:
+        return (copy_reward if self.name == "copy" else reward)(digits, completion)
+
+    def accuracy(self, digits: Sequence[int], completion: Sequence[int]) -> bool:
+        return _until_eos(completion) == self.answer(digits)

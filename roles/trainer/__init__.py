@@ -3,6 +3,14 @@ the actor (``_actor``) that holds the policy and its optimizer and publishes wei
 
 from ._actor import Trainer
 from ._grpo import group_advantages, grpo_loss
-from ._update import UpdateConfig, grpo_update
+from ._update import LR_SCHEDULES, UpdateConfig, grpo_update, scheduled_lr
 
-__all__ = ["Trainer", "UpdateConfig", "group_advantages", "grpo_loss", "grpo_update"]
+__all__ = [
+    "LR_SCHEDULES",
+    "Trainer",
+    "UpdateConfig",
+    "group_advantages",
+    "grpo_loss",
+    "grpo_update",
+    "scheduled_lr",
+]

@@ -30,7 +30,7 @@ from orchestr.roles._common._weightplan import StaleWeightsError, weights_digest
 from orchestr.roles._common._weights import WeightPublisher, WeightsRef
 
 from ._grpo import group_advantages
-from ._update import UpdateConfig, grpo_update, rank_and_world
+from ._update import UpdateConfig, grpo_update, rank_and_world, scheduled_lr
 
 __all__ = ["Trainer", "build_model"]
 
@@ -75,7 +75,10 @@ class Trainer(oc.Actor):
     than ``version - η``. ``backend`` (a :class:`~orchestr.roles.BackendSpec` or a name,
     default the best this node has) says where and how the model runs. ``pad_id`` pads
     batches (a TinyLM's own unless given, else 0) and ``eos_id`` ends :meth:`greedy`'s
-    completions (None: only their lengths do); both are the model's vocabulary's."""
+    completions (None: only their lengths do); both are the model's vocabulary's.
+    ``lr_schedule`` ``cosine`` lowers the rate from ``lr`` to ``min_lr_ratio`` of it over
+    ``lr_steps`` versions (:func:`~._update.scheduled_lr`); each batch's rate follows from the
+    version it is trained at, so a restored trainer goes on where the checkpoint was."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -95,6 +98,9 @@ class Trainer(oc.Actor):
         backend: BackendSpec | dict[str, Any] | str | None = None,
         pad_id: int | None = None,
         eos_id: int | None = None,
+        lr_schedule: str = "constant",
+        lr_steps: int = 1,
+        min_lr_ratio: float = 0.0,
     ) -> None:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
@@ -103,6 +109,9 @@ class Trainer(oc.Actor):
         if max_staleness is not None and max_staleness < 0:
             raise oc.ConfigError(f"max_staleness must be >= 0, got {max_staleness}")
         try:
+            self.base_lr = float(lr)
+            self.schedule = (lr_schedule, int(lr_steps), float(min_lr_ratio))
+            scheduled_lr(lr, 0, *self.schedule)  # checks it
             self.update = (
                 update if isinstance(update, UpdateConfig) else UpdateConfig(**(update or {}))
             )
@@ -156,6 +165,9 @@ class Trainer(oc.Actor):
         gen = pack(
             [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], pad_id=self.pad_id
         )
+        rate = scheduled_lr(self.base_lr, self.version, *self.schedule)
+        for group in self.optimizer.param_groups:
+            group["lr"] = rate
         stats = grpo_update(self.runner, self.optimizer, gen, advantages, self.update)
         stats.update(
             reward_mean=float(rewards.mean()),
@@ -163,6 +175,7 @@ class Trainer(oc.Actor):
             staleness=self.version - oldest,
             version=self.version + 1,
             busy_s=time.perf_counter() - t0,
+            lr=rate,
         )
         self.version += 1
         return stats

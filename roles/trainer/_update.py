@@ -11,6 +11,7 @@ to one process's up to float rounding in the sum's order).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from torch import nn
@@ -19,9 +20,28 @@ from orchestr.roles._common._sampling import Generation, completion_logprobs
 
 from ._grpo import grpo_loss
 
-__all__ = ["UpdateConfig", "grpo_update", "rank_and_world"]
+__all__ = ["LR_SCHEDULES", "UpdateConfig", "grpo_update", "rank_and_world", "scheduled_lr"]
 
-_STAT_KEYS = ("loss", "ratio_mean", "clip_frac", "approx_kl", "entropy", "behaviour_weight")
+#: ``constant``, or ``cosine``: from the base rate down to ``min_ratio`` of it over ``steps``.
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def scheduled_lr(lr: float, version: int, schedule: str, steps: int, min_ratio: float) -> float:
+    """The learning rate of the batch trained at ``version`` (0 for the first). Raises
+    ``ValueError`` for an unknown schedule or bad bounds."""
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {schedule!r}")
+    if steps < 1 or not 0.0 <= min_ratio <= 1.0:
+        raise ValueError(f"lr steps must be >= 1 and min_ratio in [0, 1], got {steps}, {min_ratio}")
+    if schedule == "constant":
+        return lr
+    done = min(max(version, 0), steps) / steps
+    return lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * done)))
+
+
+_STAT_KEYS = (
+    "loss", "ratio_mean", "clip_frac", "approx_kl", "entropy", "behaviour_weight", "logprob_gap"
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +92,9 @@ def grpo_update(
 ) -> dict[str, float]:
     """``config.updates`` optimizer steps on ``gen`` with per-sample ``advantages``; returns
     the last step's statistics over the whole batch (``loss``, ``ratio_mean``, ``clip_frac``,
-    ``approx_kl``, ``entropy``, ``grad_norm``, ``tokens``).
+    ``approx_kl``, ``entropy``, ``grad_norm``, ``tokens``) and ``logprob_gap``: the mean
+    absolute difference per token between the behaviour log-probs and this model's before the
+    first step (on-policy, what separates the sampling engine's numbers from the trainer's).
 
     With an initialised ``torch.distributed`` group every member must call this together
     with its shard (collectives inside). Raises ``ValueError`` when no member has a token.
@@ -96,8 +118,12 @@ def grpo_update(
     if config.decoupled:
         with torch.no_grad():
             proximal, _ = completion_logprobs(model, gen, config.temperature)
-    for _ in range(config.updates):
+    gap = 0.0
+    for i in range(config.updates):
         logp, entropy = completion_logprobs(model, gen, config.temperature)
+        if i == 0:
+            diff = torch.where(mask > 0, (logp.detach() - gen.logprobs).abs(), 0.0)
+            gap = float(diff.sum() / total)
         loss, stats = grpo_loss(
             logp,
             gen.logprobs,
@@ -118,6 +144,7 @@ def grpo_update(
             _sum_gradients(params)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
         optimizer.step()
+    stats["logprob_gap"] = gap
     stats["grad_norm"] = float(grad_norm)
     stats["tokens"] = float(total)
     if world > 1:

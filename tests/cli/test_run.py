@@ -235,3 +235,5 @@ def test_the_rl_example_takes_flags_and_writes_its_run(tmp_path: pathlib.Path) -
     assert {"training", "weight_sync"} <= phases
     bad, _ = _run(["run", "examples/grpo_reverse.py", "--mode", "async"])
     assert bad.returncode == 2 and "invalid choice: 'async'" in bad.stderr
+    bad, _ = _run(["run", "examples/grpo_reverse.py", "--model", "tinylm", "--engine", "vllm"])
+    assert bad.returncode != 0 and "--engine applies to --model llama" in bad.stderr

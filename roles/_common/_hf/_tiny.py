@@ -28,10 +28,15 @@ import orchestr as oc
 from ._config import FAMILIES, ModelConfig
 from ._layers import CausalLM
 
-__all__ = ["ARCHS", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "make_tiny"]
+__all__ = ["ARCHS", "CHAT_TEMPLATE", "DIGIT_TOKENS", "SPECIAL_TOKENS", "TOKENIZERS", "make_tiny"]
 
 ARCHS = tuple(FAMILIES)
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+#: The ``digits`` tokenizer's whole vocabulary, in id order: each digit is its own id, then the
+#: digit tasks' markers (begin, separator, end, padding, and a filler for fixed-width fields).
+DIGIT_TOKENS = [*"0123456789", "<s>", "<sep>", "</s>", "<pad>", "_"]
+#: ``bpe``: byte-level BPE trained on generated text; ``digits``: :data:`DIGIT_TOKENS` only.
+TOKENIZERS = ("bpe", "digits")
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
@@ -90,6 +95,18 @@ def train_tokenizer(vocab_size: int, seed: int) -> Tokenizer:
     return tok
 
 
+def digit_tokenizer() -> Tokenizer:
+    """A word-level tokenizer over :data:`DIGIT_TOKENS`: every character is a token except the
+    markers, which are special; no text outside that vocabulary encodes (an error names the
+    piece). Decoding joins the tokens with nothing between them."""
+    vocab = {t: i for i, t in enumerate(DIGIT_TOKENS)}
+    tok = Tokenizer(models.WordLevel(vocab))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.add_special_tokens([t for t in DIGIT_TOKENS if t.startswith("<")])
+    tok.decoder = decoders.Fuse()
+    return tok
+
+
 def make_tiny(
     arch: str,
     folder: str | os.PathLike[str],
@@ -106,26 +123,41 @@ def make_tiny(
     experts: int = 4,
     experts_per_token: int = 2,
     seed: int = 0,
+    tokenizer: str = "bpe",
+    init_std: float = 0.05,
+    max_positions: int = 4096,
 ) -> str:
     """Write a randomly initialised ``arch`` checkpoint (``llama``, ``qwen2`` or
     ``qwen2_moe``) to ``folder`` (made if missing; it must hold no checkpoint yet) and return
     its path. Qwen2 ties its embeddings unless ``tie`` says otherwise; ``shards`` > 1 splits
     the weights into that many files with an index. ``qwen2_moe`` has ``experts`` routed
     experts of width ``intermediate`` (default ``hidden``), ``experts_per_token`` of them per
-    token, and a shared expert twice as wide. Raises :class:`ConfigError` for a bad
-    argument."""
+    token, and a shared expert twice as wide. ``tokenizer`` is ``bpe`` (``vocab`` entries,
+    a ChatML chat template; ``<|im_end|>`` ends a turn) or ``digits`` (:data:`DIGIT_TOKENS`,
+    for the digit tasks of :mod:`orchestr.roles.rl`; ``</s>`` ends; ``vocab`` is ignored).
+    Weight matrices are drawn with standard deviation ``init_std``, norms near 1. Raises
+    :class:`ConfigError` for a bad argument."""
     if arch not in ARCHS:
         raise oc.ConfigError(f"unknown arch {arch!r}; use one of {', '.join(ARCHS)}")
+    if tokenizer not in TOKENIZERS:
+        raise oc.ConfigError(f"unknown tokenizer {tokenizer!r}; use one of {', '.join(TOKENIZERS)}")
+    if not 0.0 < init_std < 1.0 or max_positions < 1:
+        raise oc.ConfigError(
+            f"init_std must be in (0, 1) and max_positions at least 1, got {init_std} and "
+            f"{max_positions}"
+        )
     folder = os.fspath(folder)
     if os.path.exists(os.path.join(folder, "config.json")):
         raise oc.ConfigError(f"{folder} already holds a checkpoint; give an empty folder")
     if shards < 1:
         raise oc.ConfigError(f"shards must be at least 1, got {shards}")
-    tokenizer = train_tokenizer(vocab, seed)
+    digits = tokenizer == "digits"
+    tok = digit_tokenizer() if digits else train_tokenizer(vocab, seed)
+    eos = "</s>" if digits else "<|im_end|>"
     raw = {
         "architectures": [_CLASSES[arch]],
         "model_type": arch,
-        "vocab_size": tokenizer.get_vocab_size(),
+        "vocab_size": tok.get_vocab_size(),
         "hidden_size": hidden,
         "intermediate_size": intermediate or 2 * hidden + hidden // 2,
         "num_hidden_layers": layers,
@@ -135,11 +167,11 @@ def make_tiny(
         "hidden_act": "silu",
         "rms_norm_eps": 1e-6,
         "rope_theta": rope_theta,
-        "max_position_embeddings": 4096,
+        "max_position_embeddings": max_positions,
         "tie_word_embeddings": arch == "qwen2" if tie is None else tie,
-        "bos_token_id": tokenizer.token_to_id("<s>"),
-        "eos_token_id": tokenizer.token_to_id("<|im_end|>"),
-        "pad_token_id": tokenizer.token_to_id("<pad>"),
+        "bos_token_id": tok.token_to_id("<s>"),
+        "eos_token_id": tok.token_to_id(eos),
+        "pad_token_id": tok.token_to_id("<pad>"),
         "torch_dtype": "float32",
     }
     if arch == "qwen2_moe":
@@ -163,7 +195,7 @@ def make_tiny(
             elif name.endswith("mlp.gate.weight"):  # a router: decisive, rarely near a tie
                 p.normal_(0.0, 0.5)
             else:
-                p.normal_(0.0, 0.05)
+                p.normal_(0.0, init_std)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         del state["lm_head.weight"]
@@ -171,15 +203,16 @@ def make_tiny(
     _save(state, folder, shards)
     with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
         json.dump(raw, f, indent=2)
-    tokenizer.save(os.path.join(folder, "tokenizer.json"))
+    tok.save(os.path.join(folder, "tokenizer.json"))
     tok_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<s>",
-        "eos_token": "<|im_end|>",
+        "eos_token": eos,
         "pad_token": "<pad>",
-        "model_max_length": 4096,
-        "chat_template": CHAT_TEMPLATE,
+        "model_max_length": max_positions,
     }
+    if not digits:
+        tok_config["chat_template"] = CHAT_TEMPLATE
     with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(tok_config, f, indent=2)
     return folder

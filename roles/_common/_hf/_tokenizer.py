@@ -72,8 +72,14 @@ class Tokenizer:
         return self.token_id(self.eos_token)
 
     def encode(self, text: str, *, special: bool = False) -> list[int]:
-        """Token ids of ``text``; with ``special``, with the template's added tokens (a BOS)."""
-        return list(self._tok.encode(text, add_special_tokens=special).ids)
+        """Token ids of ``text``; with ``special``, with the template's added tokens (a BOS).
+        Raises ``ValueError`` for text the vocabulary cannot spell (a word-level tokenizer
+        without an unknown token)."""
+        try:
+            encoding = self._tok.encode(text, add_special_tokens=special)
+        except Exception as exc:  # the tokenizers library raises its errors as Exception
+            raise ValueError(f"this tokenizer cannot encode {text[:80]!r}: {exc}") from exc
+        return list(encoding.ids)
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=skip_special))

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import orchestr as oc
 from orchestr.roles import models
+from orchestr.roles.rl import _task
 
 TEXTS = [
     "reverse 1 2 3 -> 3 2 1",
@@ -238,3 +239,27 @@ def test_make_tiny_command(tmp_path: pathlib.Path) -> None:
     bad = cli("--arch", "gpt2", str(tmp_path / "g"))
     assert bad.returncode == 2 and "unknown arch 'gpt2'" in bad.stderr
     assert cli("--arch", "llama", str(tmp_path / "z"), "--layers", "0").returncode == 2
+    bad = cli("--arch", "llama", str(tmp_path / "t"), "--tokenizer", "words")
+    assert bad.returncode == 2 and "unknown tokenizer 'words'" in bad.stderr
+    bad = cli("--arch", "llama", str(tmp_path / "s"), "--init-std", "0")
+    assert bad.returncode == 2 and "init_std must be in (0, 1)" in bad.stderr
+
+
+def test_digits_tokenizer_has_the_digit_tasks_ids(tmp_path: pathlib.Path) -> None:
+    folder = models.make_tiny("llama", tmp_path / "d", tokenizer="digits", max_positions=64)
+    ours, ref = models.Tokenizer(folder), AutoTokenizer.from_pretrained(folder)
+    prompt = [_task.BOS, 0, 1, 9, _task.FILL, _task.FILL, _task.SEP]
+    text = "<s>019__<sep>"
+    assert ours.encode(text, special=True) == ref(text, add_special_tokens=False)["input_ids"]
+    assert ours.encode(text, special=True) == prompt
+    assert ours.decode([9, 1, 0, _task.EOS]) == "910"  # the end marker is special: not shown
+    cfg = models.read_config(folder)
+    assert (cfg.vocab_size, cfg.bos_token_id, cfg.eos_token_ids, cfg.pad_token_id) == (
+        _task.FILL + 1,
+        _task.BOS,
+        (_task.EOS,),
+        _task.PAD,
+    )
+    assert cfg.max_position_embeddings == 64
+    with pytest.raises(ValueError, match="cannot encode '12a'"):  # no unknown token to map to
+        ours.encode("12a")

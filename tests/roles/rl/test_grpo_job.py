@@ -25,13 +25,14 @@ from orchestr.roles import (
     train,
 )
 from orchestr.roles._common._weightplan import weights_digest
+from orchestr.roles.rl import LLAMA_CONFIG
 from orchestr.roles.rl._reference import step_requests
 
 
 @pytest.mark.timeout(180)
 async def test_controls_through_the_roles(ctx: oc.JobContext) -> None:
     def config(scale: float) -> GRPOConfig:
-        tc = dataclasses.replace(SMALL_CONFIG, steps=30, advantage_scale=scale, eval_every=30)
+        tc = dataclasses.replace(SMALL_CONFIG, steps=20, advantage_scale=scale, eval_every=20)
         return GRPOConfig(train=tc, mode="sync")
 
     zero = await run_grpo(ctx, config(0.0))  # zeroed advantages: nothing to learn from
@@ -45,16 +46,20 @@ async def test_controls_through_the_roles(ctx: oc.JobContext) -> None:
 
 @pytest.mark.timeout(180)
 async def test_sync_mode_reproduces_the_single_process_run(ctx: oc.JobContext) -> None:
-    tc = dataclasses.replace(SMALL_CONFIG, steps=6, eval_every=3, seed=5, threads=1)
-    reference = await asyncio.to_thread(train, tc)  # roles run one torch thread each too
-    # one generator holding the whole batch and one trainer: the reference's computation,
+    # the main job's model: a Llama checkpoint the job makes, sampled on the paged engine.
+    # One generator holding the whole batch and one trainer: the reference's computation,
     # bit for bit
-    one = await run_grpo(ctx, GRPOConfig(train=tc, generators=1, max_batch=512))
+    llama = dataclasses.replace(LLAMA_CONFIG, steps=4, eval_every=2, seed=5, threads=1)
+    reference = await asyncio.to_thread(train, llama)  # roles run one torch thread each too
+    one = await run_grpo(ctx, GRPOConfig(train=llama, generators=1, max_batch=512))
     assert [r.loss for r in one.steps] == [s.loss for s in reference.steps]
     assert [a for _, a, _ in one.evals] == [e.accuracy for e in reference.evals]
     assert one.final_digest == weights_digest(reference.model)
-    # two generators and two data-parallel trainers: the same samples and steps up to float
-    # rounding between batch shapes (a near-tie can flip a rare token)
+    # TinyLM on the recompute engine, two generators and two data-parallel trainers: the
+    # same samples and steps up to float rounding between batch shapes (a near-tie can flip a
+    # rare token)
+    tc = dataclasses.replace(SMALL_CONFIG, steps=6, eval_every=3, seed=5, threads=1)
+    reference = await asyncio.to_thread(train, tc)
     two = await run_grpo(ctx, GRPOConfig(train=tc, generators=2, trainers=2))
     assert two.trainer_digests_equal
     for got, want in zip(two.steps, reference.steps, strict=True):
@@ -128,6 +133,12 @@ def test_bad_job_configs_are_refused() -> None:
         GRPOConfig(train=dataclasses.replace(SMALL_CONFIG, prompts_per_step=5), trainers=2)
     with pytest.raises(oc.ConfigError, match="eta"):
         GRPOConfig(eta=-1)
+    with pytest.raises(oc.ConfigError, match="engine 'paged' does not run this job's model"):
+        GRPOConfig(engine="paged")  # a TinyLM runs on the recompute engine
+    with pytest.raises(oc.ConfigError, match="engine 'recompute' does not run"):
+        GRPOConfig(train=LLAMA_CONFIG, engine="recompute")
+    with pytest.raises(oc.ConfigError, match="vllm options apply to engine='vllm'"):
+        GRPOConfig(train=LLAMA_CONFIG, vllm={"block_size": 32})
 
 
 async def test_roles_run_on_the_backend_they_are_given(ctx: oc.JobContext) -> None:

@@ -23,6 +23,7 @@ from orchestr.roles._common._seeding import derive_seed
 from orchestr.roles.rl import _task
 from orchestr.roles.rl._reference import SMALL_CONFIG, History, TrainConfig, train
 from orchestr.roles.rl._task import BOS, EOS, PAD, SEP
+from orchestr.roles.trainer import UpdateConfig, grpo_update, scheduled_lr
 from orchestr.roles.trainer._grpo import group_advantages, grpo_loss
 
 #: The task's own ids: sampling knows none of its own.
@@ -76,6 +77,43 @@ def test_accuracy() -> None:
     assert not _task.accuracy(p, [3, 2])
     assert not _task.accuracy(p, [3, 2, 1, 0])
     assert not _task.accuracy(p, [3, 2, 0])
+
+
+def test_copy_within_a_field() -> None:
+    task = _task.Task("copy", field=5)
+    p = (1, 2, 3)
+    prompt = task.encode_prompt(p)
+    assert prompt == [BOS, 1, 2, 3, _task.FILL, _task.FILL, SEP]
+    assert len(task.encode_prompt((4,))) == len(task.encode_prompt((1, 2, 3, 4, 5)))  # one length
+    assert task.digits_of(prompt) == p
+    assert task.answer(p) == [1, 2, 3]
+    assert task.reward(p, [1, 2, 3, EOS]) == 1.0 and task.accuracy(p, [1, 2, 3])
+    assert task.reward(p, [3, 2, 1]) == pytest.approx(1 / 3)  # the reversal is not the answer
+    assert not task.accuracy(p, [3, 2, 1])
+    assert _task.copy_reward(p, [1, 2, 0]) == pytest.approx(2 / 3)
+    reverse = _task.Task("reverse", field=5)
+    assert reverse.encode_prompt(p) == prompt and reverse.accuracy(p, [3, 2, 1])
+    assert _task.Task().encode_prompt(p) == _task.encode_prompt(p)  # no field: today's prompts
+    with pytest.raises(ValueError, match="overflows a field of 5"):
+        task.encode_prompt((1,) * 6)
+    with pytest.raises(ValueError, match="task must be one of reverse, copy"):
+        _task.Task("sort")
+    with pytest.raises(ValueError, match="field must be in 1..16"):
+        _task.Task("copy", field=17)
+    with pytest.raises(ValueError, match="narrower than the longest prompt"):
+        TrainConfig(task=_task.Task("copy", field=8))  # the demo's prompts have up to 16 digits
+
+
+def test_lr_schedules() -> None:
+    assert scheduled_lr(2e-3, 7, "constant", 10, 0.1) == 2e-3
+    cosine = [scheduled_lr(2e-3, v, "cosine", 4, 0.1) for v in range(6)]
+    assert cosine[0] == pytest.approx(2e-3) and cosine[2] == pytest.approx(1.1e-3)
+    assert cosine[4] == cosine[5] == pytest.approx(2e-4)  # it stays at the floor past the end
+    assert cosine == sorted(cosine, reverse=True)
+    with pytest.raises(ValueError, match="lr_schedule must be one of"):
+        TrainConfig(lr_schedule="step")
+    with pytest.raises(ValueError, match="min_ratio in"):
+        TrainConfig(lr_schedule="cosine", min_lr_ratio=-0.5)
 
 
 def test_random_policy_scores_about_a_tenth() -> None:
@@ -207,6 +245,32 @@ def test_behaviour_logprobs_match_a_recomputation(model: TinyLM) -> None:
     torch.testing.assert_close(gen.logprobs * gen.mask, full.detach())
     assert bool((entropy[gen.mask] > 0).all()) and bool((entropy[~gen.mask] == 0).all())
     assert bucketed.requires_grad
+
+
+def test_update_reports_the_behaviour_gap(model: TinyLM) -> None:
+    ps = _prompts(8)
+    gen = generate(
+        model,
+        [_task.encode_prompt(p) for p in ps],
+        [_task.max_new_tokens(p) for p in ps],
+        keys=[sample_key(3, 0, i, 0) for i in range(8)],
+        **TOKENS,
+    )
+    adv = torch.linspace(-1, 1, 8)
+    config = UpdateConfig(updates=2)
+
+    def gap(behaviour: torch.Tensor) -> float:
+        trained = TinyLM(model.cfg)
+        trained.load_state_dict(model.state_dict())
+        opt = torch.optim.SGD(trained.parameters(), lr=0.1)
+        return grpo_update(trained, opt, dataclasses.replace(gen, logprobs=behaviour), adv, config)[
+            "logprob_gap"
+        ]
+
+    assert gap(gen.logprobs) == pytest.approx(0.0, abs=1e-6)  # sampled by this very model
+    # every behaviour log-prob 0.25 off; padding (junk here) ignored
+    shifted = torch.where(gen.mask, gen.logprobs - 0.25, 7.0)
+    assert gap(shifted) == pytest.approx(0.25, abs=1e-5)
 
 
 def test_greedy_is_deterministic_and_stops_at_eos() -> None:

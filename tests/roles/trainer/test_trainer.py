@@ -78,14 +78,19 @@ async def test_staleness_bound_refuses_old_samples(ctx: oc.JobContext) -> None:
 
 
 async def test_checkpoint_restore_and_publish(ctx: oc.JobContext, tmp_path: Any) -> None:
-    trainer = await ctx.spawn(Trainer, model_kwargs=SMALL, seed=1, torch_threads=1)
-    await trainer.train_step.call_one(_samples(0), 2)
+    schedule = {"lr_schedule": "cosine", "lr_steps": 2, "min_lr_ratio": 0.5}
+    trainer = await ctx.spawn(Trainer, model_kwargs=SMALL, seed=1, torch_threads=1, **schedule)
+    assert (await trainer.train_step.call_one(_samples(0), 2))["lr"] == pytest.approx(1e-3)
     path = await trainer.checkpoint.call_one(str(tmp_path / "ckpt.pt"))
     saved = await trainer.digest.call_one()
-    await trainer.train_step.call_one(_samples(1), 2)
+    # halfway down the cosine from 1e-3 to 0.5e-3
+    assert (await trainer.train_step.call_one(_samples(1), 2))["lr"] == pytest.approx(0.75e-3)
     assert (await trainer.digest.call_one())["digest"] != saved["digest"]
     assert await trainer.restore.call_one(path) == 1
     assert await trainer.digest.call_one() == saved
+    # the rate follows the restored version
+    assert (await trainer.train_step.call_one(_samples(1), 2))["lr"] == pytest.approx(0.75e-3)
+    assert await trainer.restore.call_one(path) == 1
     ref = await trainer.publish.call_one()
     assert ref.version == 1 and ref.nbytes > 0
     assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
@@ -109,6 +114,10 @@ async def test_bad_batches_and_settings_are_refused(ctx: oc.JobContext) -> None:
     assert await trainer.digest.call_one() == before  # none of them touched the model
     with pytest.raises(oc.SpawnError, match="cannot import model factory"):
         await ctx.spawn(Trainer, "no.such:model")
+    with pytest.raises(oc.SpawnError, match="lr_schedule must be one of constant, cosine"):
+        await ctx.spawn(Trainer, model_kwargs=SMALL, lr_schedule="linear")
+    with pytest.raises(oc.SpawnError, match="min_ratio in"):
+        await ctx.spawn(Trainer, model_kwargs=SMALL, lr_schedule="cosine", min_lr_ratio=2.0)
     with pytest.raises(oc.SpawnError, match="updates must be >= 1"):
         await ctx.spawn(Trainer, model_kwargs=SMALL, update={"updates": 0})
     with pytest.raises(oc.SpawnError, match="refused"):
