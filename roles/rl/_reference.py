@@ -27,13 +27,13 @@ import torch
 
 from orchestr.roles._common._hf._layers import CausalLM
 from orchestr.roles._common._hf._load import load_model
-from orchestr.roles._common._hf._tiny import make_tiny
 from orchestr.roles._common._model import TinyLM, TinyLMConfig
 from orchestr.roles._common._sampling import Generation, generate, pack, sample_key
 from orchestr.roles.generator import Completion, Engine, PagedEngine, Request
 from orchestr.roles.trainer import UpdateConfig, group_advantages, grpo_update, scheduled_lr
 
 from . import _task
+from ._llama import LlamaModel
 from ._task import PAD
 
 __all__ = [
@@ -54,31 +54,6 @@ __all__ = [
     "step_requests",
     "train",
 ]
-
-
-@dataclasses.dataclass(frozen=True)
-class LlamaModel:
-    """A Llama-family checkpoint for the digit tasks, made locally from the run's seed
-    (:func:`~orchestr.roles.models.make_tiny` with the ``digits`` tokenizer, whose ids are the
-    task's): generators run it on the paged engine, the trainer trains the same modules."""
-
-    hidden: int = 64
-    layers: int = 2
-    heads: int = 2  # head_dim 32: the least vLLM's CPU attention takes
-    kv_heads: int = 2
-    intermediate: int = 160
-    init_std: float = 0.02
-    max_positions: int = 64
-
-    def make(self, folder: str, seed: int) -> str:
-        """Write the checkpoint to ``folder`` (new or empty) and return its path; the global
-        random state is left as it was."""
-        with torch.random.fork_rng():
-            return make_tiny(
-                "llama", folder, layers=self.layers, hidden=self.hidden, heads=self.heads,
-                kv_heads=self.kv_heads, intermediate=self.intermediate, seed=seed,
-                tokenizer="digits", init_std=self.init_std, max_positions=self.max_positions,
-            )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
