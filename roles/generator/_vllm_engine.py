@@ -71,6 +71,12 @@ _METRICS = (
 )
 
 
+def _set_threads(n: int) -> None:
+    """Set this thread's OpenMP count and torch's, even after vLLM patched
+    ``torch.set_num_threads`` (torch's own setter, which that name is bound to)."""
+    torch._C.set_num_threads(n)
+
+
 def _import_vllm() -> Any:
     # the engine core runs in this process (its model is this process's, for weight loads),
     # and nothing is ever fetched from a hub
@@ -93,7 +99,15 @@ class VllmEngine(Pausable):
     (``max_model_len``, ``block_size``, ``max_num_batched_tokens``,
     ``kv_cache_memory_bytes``, ...) over :data:`VLLM_DEFAULTS`. Raises :class:`ConfigError`
     without vLLM, for an unknown or fixed option, or for a checkpoint orchestr cannot name
-    the weights of. Not thread-safe: one caller at a time."""
+    the weights of. ``threads``: the torch (OpenMP) threads its model runs on (``None``:
+    this process's count). Not thread-safe: one caller at a time, from any thread.
+
+    vLLM's CPU attention sizes its per-step plan by the calling thread's OpenMP count and
+    refuses a kernel launched with another ("thread_num == thread_num (2 vs. 1)"), and its
+    worker replaces ``torch.set_num_threads`` with a no-op once it starts. A thread that
+    existed before the count was set (an executor's) keeps the old one, so every call that
+    runs the model first sets the count in the calling thread (with torch's own setter), and
+    ``OMP_NUM_THREADS`` is set to it before vLLM starts (which it respects)."""
 
     def __init__(
         self,
@@ -106,7 +120,13 @@ class VllmEngine(Pausable):
         options: Mapping[str, Any] | None = None,
         detokenize: Detokenize | None = None,
         clock: Callable[[], float] = time.monotonic,
+        threads: int | None = None,
     ) -> None:
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise oc.ConfigError(f"threads must be a positive int, got {threads!r}")
+        threads = threads or torch.get_num_threads()
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        _set_threads(threads)
         vllm, LLMEngine = _import_vllm()
         cfg = read_config(folder)
         if dtype not in _DTYPES:
@@ -138,6 +158,7 @@ class VllmEngine(Pausable):
             "dtype": _DTYPES[dtype],
         }
         self._vllm = vllm
+        self._threads = threads
         self._llm = LLMEngine.from_engine_args(vllm.EngineArgs(**args))
         max_len = self._llm.model_config.max_model_len
         self._intake = Intake(
@@ -232,6 +253,7 @@ class VllmEngine(Pausable):
         """Hand ``tensors`` (the checkpoint's names) to vLLM's in-place reload (its worker's
         ``reload_weights``), which copies them into its model's own, fused layout and redoes
         what it derives from them after loading."""
+        _set_threads(self._threads)
         self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors)})
 
     def set_version(self, version: int, *, rewind: bool = False) -> None:
@@ -245,6 +267,7 @@ class VllmEngine(Pausable):
     def digest(self) -> str:
         """A digest of vLLM's model weights (its fused layout: equal across vLLM generators
         with the same weights, not to the trainer's digest)."""
+        _set_threads(self._threads)
         return str(self._llm.apply_model(weights_digest)[0])
 
     # -- stepping ----------------------------------------------------------------------------
@@ -257,6 +280,7 @@ class VllmEngine(Pausable):
         if self._paused or not self._live:
             return []
         start = self._clock()
+        _set_threads(self._threads)
         outputs = self._llm.step()
         now = self._clock()
         done: list[Completion] = []

@@ -137,9 +137,7 @@ class Job:
             Generator,
             seed=tc.seed,
             max_batch=cfg.max_batch,
-            # vLLM sets its own threads (one, unless OMP_NUM_THREADS says); its CPU attention
-            # fails when they change under it ("thread_num == thread_num (2 vs. 1)")
-            torch_threads=None if model.get("engine") == "vllm" else cfg.torch_threads,
+            torch_threads=cfg.torch_threads,
             nice=cfg.generator_nice,
             n=cfg.generators,
             resources=res,

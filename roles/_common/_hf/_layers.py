@@ -113,15 +113,24 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
 
     def project(
-        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        qkv: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries, keys and values, ``[batch, heads, seq, head_dim]``, rotated."""
-        b, t, _ = hidden.shape
-        q = self.q_proj(hidden).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(hidden).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(hidden).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = cos[:, None], sin[:, None]
-        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+        """Queries, keys and values, ``[batch, heads, seq, head_dim]``, rotated. ``qkv``:
+        the three projections of ``hidden`` already made, side by side ``[batch, seq,
+        (heads + 2 * kv_heads) * head_dim]`` (one fused product, as an inference engine
+        makes it); by default they are made here, one product each."""
+        if qkv is None:
+            qkv = torch.cat((self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)), -1)
+        b, t, _ = qkv.shape
+        h, kv = self.heads, self.kv_heads
+        x = qkv.view(b, t, h + 2 * kv, self.head_dim).transpose(1, 2)
+        # queries and keys rotate together (the same arithmetic per element as apart)
+        qk = _rotate(x[:, : h + kv], cos[:, None], sin[:, None])
+        return qk[:, :h], qk[:, h:], x[:, h + kv :]
 
     def core(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
@@ -164,6 +173,13 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return out
+
+    @staticmethod
+    def activate(gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(gate(x)) * up(x)`` from the two products side by side ``[.., 2 * width]``
+        (one fused product, as an inference engine makes it): the down projection's input."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
 
 class SparseMoE(nn.Module):

@@ -21,22 +21,24 @@ TEXTS = [SHARED + "reverse 1 2", SHARED + "the model", "a", SHARED + "what is tr
 
 
 @pytest.mark.parametrize(
-    ("arch", "blocks", "budget"),
+    ("arch", "blocks", "budget", "packed"),
     [
-        ("llama", 64, 16),  # chunked prefill, prefix hits
-        ("qwen2", 40, 7),  # too few blocks for all four at once: preemption too
-        ("qwen2_moe", 64, 16),  # routed experts and a shared expert
+        ("llama", 64, 16, True),  # chunked prefill, prefix hits; packed products
+        ("llama", 64, 16, False),  # the modules' own products (a GPU's path)
+        ("qwen2", 40, 7, True),  # too few blocks for all four at once: preemption too
+        ("qwen2_moe", 64, 16, None),  # routed experts and a shared expert
     ],
 )
 def test_greedy_decoding_over_the_paged_cache_matches_transformers(
-    tmp_path: pathlib.Path, arch: str, blocks: int, budget: int
+    tmp_path: pathlib.Path, arch: str, blocks: int, budget: int, packed: bool | None
 ) -> None:
     folder = models.make_tiny(arch, tmp_path / arch)
     model, tok = models.load_model(folder), models.Tokenizer(folder)
     ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     ref.train(False)
     pool = BlockPool(blocks, 4)
-    runner = PagedRunner(model, PagedKV(model, blocks, 4))
+    runner = PagedRunner(model, PagedKV(model, blocks, 4), packed=packed)
+    assert runner.linears.packed is (packed is not False)  # this CPU packs
     sched = Scheduler(pool, max_batch=4, token_budget=budget, extra_keys=(arch, 0))
     seqs = [Seq(str(i), tok.encode(t, special=True), 64) for i, t in enumerate(TEXTS)]
     for seq in seqs:

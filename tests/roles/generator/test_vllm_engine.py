@@ -219,7 +219,12 @@ async def test_a_generator_actor_on_vllm_syncs_a_trainers_weights(
     tok = models.Tokenizer(folder)
     reqs = [Request(f"r{i}", p, 12, temperature=0.0) for i, p in enumerate(prompts(tok))]
     trainer = await ctx.spawn(CheckpointTrainer, str(folder), name="trainer")
-    gen = await ctx.spawn(Generator, engine="vllm", model=str(folder), vllm=OPTIONS, name="gen")
+    # one thread where the actor's executor threads started with two: vLLM's CPU attention
+    # refused such a step ("thread_num == thread_num (2 vs. 1)") before the engine set the
+    # count in each calling thread
+    gen = await ctx.spawn(
+        Generator, engine="vllm", model=str(folder), vllm=OPTIONS, torch_threads=1, name="gen"
+    )
     before = {c.id: c for c in await gen.generate.call_one(reqs)}
     assert gap(models.load_model(folder), before) < TOLERANCE
     ref = await trainer.step.call_one(1)
