@@ -51,14 +51,20 @@ demo: setup
 	$(VENV)/bin/orchestr run examples/grpo_reverse.py --mode stream+skew
 
 # The whole suite, then the vLLM engine's tests in their venv, which is set up meanwhile
-# (mostly downloads; its log is build/setup-vllm.log).
+# (mostly downloads; its log is build/setup-vllm.log). `make test WITH_LINT=1` (what CI
+# runs) also runs `make lint` beside the vLLM tests, which leave a core mostly idle (its log
+# is build/lint.log).
+WITH_LINT ?=
 test: setup
 	@mkdir -p build
 	@$(MAKE) --no-print-directory setup-vllm > build/setup-vllm.log 2>&1 & vllm=$$!; \
 	$(PY) -m pytest -q; rc=$$?; \
 	wait $$vllm || { echo "setting up $(VVENV) failed:"; tail -30 build/setup-vllm.log; exit 1; }; \
 	[ $$rc = 0 ] || exit $$rc; \
-	$(VPY) -m pytest -q $(VLLM_TESTS)
+	if [ -n "$(WITH_LINT)" ]; then $(MAKE) --no-print-directory lint > build/lint.log 2>&1 & fi; lint=$$!; \
+	$(VPY) -m pytest -q $(VLLM_TESTS); rc=$$?; \
+	if [ -n "$(WITH_LINT)" ]; then wait $$lint; lrc=$$?; cat build/lint.log; [ $$lrc = 0 ] || exit $$lrc; fi; \
+	exit $$rc
 
 test-vllm: setup-vllm
 	$(VPY) -m pytest -q $(VLLM_TESTS)

@@ -55,7 +55,7 @@ def keep_freed_memory() -> bool:
         except (OSError, AttributeError, TypeError):
             return False
         mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-        ok = (
+        ok = bool(
             mallopt(_M_MMAP_THRESHOLD, THRESHOLD) == 1
             and mallopt(_M_TRIM_THRESHOLD, THRESHOLD) == 1
         )

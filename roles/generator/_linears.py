@@ -42,7 +42,7 @@ def can_pack(weight: torch.Tensor) -> str | None:
         return f"the weights are on {weight.device}, not the CPU"
     if weight.dtype != torch.float32:
         return f"the weights are {weight.dtype}, not float32"
-    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+    if not (torch._C._has_mkldnn and torch.backends.mkldnn.enabled):
         return "this torch has oneDNN (mkldnn) off or missing"
     if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return "this torch has no mkldnn._linear_pointwise"

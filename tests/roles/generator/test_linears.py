@@ -8,12 +8,14 @@ import os
 import pathlib
 import subprocess
 import sys
+from typing import cast
 
 import pytest
 import torch
 
 from orchestr.roles import PagedEngine, Request, models
 from orchestr.roles._common import _alloc
+from orchestr.roles._common._hf._layers import DecoderLayer
 from orchestr.roles.generator._linears import Linears, can_pack
 
 
@@ -28,7 +30,7 @@ def test_packed_products_equal_the_modules_and_follow_weight_changes(
 ) -> None:
     lin = Linears(qwen2, packed=True)  # every product, small ones too
     assert lin.packed
-    layer = qwen2.model.layers[0]
+    layer = cast(DecoderLayer, qwen2.model.layers[0])
     attn, mlp = layer.self_attn, layer.mlp
     x = torch.randn(1, 5, qwen2.config.hidden_size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -59,7 +61,7 @@ def test_unpacked_products_are_the_modules_and_packing_refuses_where_it_cannot_r
     qwen2: models.CausalLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lin = Linears(qwen2, packed=False)
-    attn = qwen2.model.layers[0].self_attn
+    attn = cast(DecoderLayer, qwen2.model.layers[0]).self_attn
     x = torch.randn(1, 3, qwen2.config.hidden_size)
     assert lin.qkv(attn, x) is None  # project() makes its own
     with torch.no_grad():
