@@ -61,7 +61,7 @@ test: setup
 	$(PY) -m pytest -q; rc=$$?; \
 	wait $$vllm || { echo "setting up $(VVENV) failed:"; tail -30 build/setup-vllm.log; exit 1; }; \
 	[ $$rc = 0 ] || exit $$rc; \
-	if [ -n "$(WITH_LINT)" ]; then $(MAKE) --no-print-directory lint > build/lint.log 2>&1 & fi; lint=$$!; \
+	if [ -n "$(WITH_LINT)" ]; then $(MAKE) --no-print-directory lint > build/lint.log 2>&1 & lint=$$!; fi; \
 	$(VPY) -m pytest -q $(VLLM_TESTS); rc=$$?; \
 	if [ -n "$(WITH_LINT)" ]; then wait $$lint; lrc=$$?; cat build/lint.log; [ $$lrc = 0 ] || exit $$lrc; fi; \
 	exit $$rc

@@ -50,7 +50,8 @@ class Generator(oc.Actor):
     has) says where and how the model runs. With ``checkpoint`` (a Hugging Face format
     folder; ``model`` is vLLM's name for it) the model is loaded from it and runs on
     ``engine`` ``"paged"`` (the default: orchestr's paged engine, whose options
-    ``num_blocks``, ``block_size``, ``token_budget``, ``on_new_weights`` and ``packed`` ``kv`` gives) or
+    ``num_blocks``, ``block_size``, ``token_budget``, ``on_new_weights`` and ``packed``
+    ``kv`` gives) or
     ``"vllm"`` (vLLM's engine in this process, with the ``vllm`` extra; ``vllm`` gives
     ``EngineArgs`` options)."""
 

@@ -80,11 +80,9 @@ class Linears:
 
     def mlp(self, mlp: MLP | SparseMoE, x: torch.Tensor) -> torch.Tensor:
         """The feed-forward part's output for ``x`` (a mixture of experts runs as it is)."""
-        up = self._entry((mlp.gate_proj, mlp.up_proj)) if isinstance(mlp, MLP) else None
-        if up is None:
+        if not isinstance(mlp, MLP) or (up := self._entry((mlp.gate_proj, mlp.up_proj))) is None:
             out: torch.Tensor = mlp(x)
             return out
-        assert isinstance(mlp, MLP)
         return self.linear(mlp.down_proj, mlp.activate(_multiply(up, x)))
 
     def linear(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -107,8 +105,7 @@ class Linears:
         return entry
 
     def _pack(self, modules: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        weight = torch.cat([m.weight.detach() for m in modules]) if len(modules) > 1 else None
-        weight = modules[0].weight.detach() if weight is None else weight
+        weight = torch.cat([m.weight.detach() for m in modules])
         bias = None
         if any(m.bias is not None for m in modules):
             bias = torch.cat(

@@ -49,8 +49,9 @@ class PagedEngine(Pausable):
     tokens. ``detokenize`` (token ids to text: the checkpoint's tokenizer) lets requests
     name stop strings. ``packed``: multiply with weights packed for the CPU
     (:mod:`._linears`; ``None``, the default: wherever they can run). On the CPU the engine
-    also keeps freed memory in the process (:func:`~orchestr.roles._common._alloc.keep_freed_memory`).
-    Not thread-safe: one caller at a time."""
+    also keeps freed memory in the process
+    (:func:`~orchestr.roles._common._alloc.keep_freed_memory`). Not thread-safe: one caller
+    at a time."""
 
     def __init__(
         self,
@@ -146,7 +147,6 @@ class PagedEngine(Pausable):
             raise ValueError(f"version {version} is older than the loaded {self._version}")
         check_state(self.model, state)
         self.model.load_state_dict(dict(state), strict=True)
-        self._runner.weights_changed()
         self.set_version(version)
 
     def set_version(self, version: int, *, rewind: bool = False) -> None:
@@ -155,11 +155,10 @@ class PagedEngine(Pausable):
         ``rewind``."""
         if version < self._version and not rewind:
             raise ValueError(f"version {version} is older than the loaded {self._version}")
-        if rewind:  # the same number may name other weights after a reset
+        if version != self._version or rewind:  # after a reset one number may name other weights
             self._runner.weights_changed()
         if version == self._version:
             return
-        self._runner.weights_changed()
         self._version = version
         self._sched.extra_keys = (self._model_id, version)
         if self._policy == "recompute":

@@ -99,8 +99,8 @@ class VllmEngine(Pausable):
     (``max_model_len``, ``block_size``, ``max_num_batched_tokens``,
     ``kv_cache_memory_bytes``, ...) over :data:`VLLM_DEFAULTS`. Raises :class:`ConfigError`
     without vLLM, for an unknown or fixed option, or for a checkpoint orchestr cannot name
-    the weights of. ``threads``: the torch (OpenMP) threads its model runs on (``None``:
-    this process's count). Not thread-safe: one caller at a time, from any thread.
+    the weights of. Its model runs on as many torch (OpenMP) threads as the constructing
+    thread has. Not thread-safe: one caller at a time, from any thread.
 
     vLLM's CPU attention sizes its per-step plan by the calling thread's OpenMP count and
     refuses a kernel launched with another ("thread_num == thread_num (2 vs. 1)"), and its
@@ -120,11 +120,8 @@ class VllmEngine(Pausable):
         options: Mapping[str, Any] | None = None,
         detokenize: Detokenize | None = None,
         clock: Callable[[], float] = time.monotonic,
-        threads: int | None = None,
     ) -> None:
-        if threads is not None and (not isinstance(threads, int) or threads < 1):
-            raise oc.ConfigError(f"threads must be a positive int, got {threads!r}")
-        threads = threads or torch.get_num_threads()
+        threads = torch.get_num_threads()
         os.environ["OMP_NUM_THREADS"] = str(threads)
         _set_threads(threads)
         vllm, LLMEngine = _import_vllm()
