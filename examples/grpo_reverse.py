@@ -66,6 +66,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, help="batches to train on (default: the config's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, help="the trainer's learning rate (default: the config's)")
+    p.add_argument(
+        "--lr-schedule",
+        choices=("constant", "cosine"),
+        help="the rate over the run: constant, or cosine down to the config's min_lr_ratio "
+        "(default: the config's)",
+    )
+    p.add_argument(
+        "--entropy-coef",
+        type=float,
+        help="weight of the entropy bonus, which keeps exploring (default: the config's)",
+    )
     p.add_argument("--eta", type=int, default=1, help="staleness bound of the stream modes")
     p.add_argument("--lookahead", type=int, default=1, help="batches generated ahead (stream)")
     p.add_argument("--generators", type=int, default=2)
@@ -191,7 +202,12 @@ async def main(ctx: oc.JobContext) -> dict[str, Any]:
     demo, small = CONFIGS[args.model]
     train = small if args.small else demo
     train = dataclasses.replace(
-        train, seed=args.seed, steps=args.steps or train.steps, lr=args.lr or train.lr
+        train,
+        seed=args.seed,
+        steps=args.steps or train.steps,
+        lr=args.lr or train.lr,
+        lr_schedule=args.lr_schedule or train.lr_schedule,
+        entropy_coef=train.entropy_coef if args.entropy_coef is None else args.entropy_coef,
     )
     config = GRPOConfig(
         train=train,

@@ -102,6 +102,7 @@ class TrainConfig:
                 "group_size must be >= 2: a group of one has no advantage to learn from"
             )
         scheduled_lr(self.lr, 0, *self.schedule)  # raises for a bad schedule
+        _ = self.update  # and UpdateConfig for bad update settings (entropy_coef < 0, ...)
         field = self.task.field
         if field is not None and field < self.lengths.max_digits:
             raise ValueError(

@@ -237,3 +237,7 @@ def test_the_rl_example_takes_flags_and_writes_its_run(tmp_path: pathlib.Path) -
     assert bad.returncode == 2 and "invalid choice: 'async'" in bad.stderr
     bad, _ = _run(["run", "examples/grpo_reverse.py", "--model", "tinylm", "--engine", "vllm"])
     assert bad.returncode != 0 and "--engine applies to --model llama" in bad.stderr
+    bad, _ = _run(["run", "examples/grpo_reverse.py", "--entropy-coef", "-0.1"])
+    assert bad.returncode != 0 and "entropy_coef must be >= 0, got -0.1" in bad.stderr
+    bad, _ = _run(["run", "examples/grpo_reverse.py", "--lr-schedule", "linear"])
+    assert bad.returncode == 2 and "invalid choice: 'linear'" in bad.stderr

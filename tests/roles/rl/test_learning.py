@@ -413,6 +413,8 @@ def test_config_checks() -> None:
         TrainConfig(group_size=1)
     with pytest.raises(ValueError, match=">= 1"):
         TrainConfig(steps=0)
+    with pytest.raises(ValueError, match="entropy_coef must be >= 0"):
+        TrainConfig(entropy_coef=-0.1)
 
 
 def test_same_seed_same_history() -> None:
