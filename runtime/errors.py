@@ -46,6 +46,8 @@ marked with it below. ``tests/test_errors.py`` keeps this drawing and the classe
     │   │                                (also a ``ValueError``)
     │   ├── ChecksumMismatchError        a bucket arrived corrupted
     │   └── StaleWeightsError            the weights or a sample are older than allowed
+    ├── KVStoreError                 a KV store request cannot be served (roles.kvstore)
+    │   └── LeaseExpiredError            a lease ran out before its reader finished
     └── BackendError                 a torch backend is unknown or badly set (roles; also a
         │                            ``ValueError``)
         └── BackendUnavailableError      ... or cannot run on this node
