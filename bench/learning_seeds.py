@@ -1,10 +1,15 @@
 """How far the learning test's recipe clears its thresholds, over seeds and torch's CPU kernels.
 
-    python bench/learning_seeds.py [--seeds 0-9] [--kernels avx2,default] [--steps N]
+    python bench/learning_seeds.py [--model llama|tinylm] [--seeds 0-9]
+                                   [--kernels avx2,default] [--steps N] [--jobs J]
+                                   [--set FIELD=VALUE ...]
 
-Each (kernel path, seed) runs ``orchestr.roles.train(SMALL_CONFIG)`` (the single-process
-reference the sync-mode roles reproduce) in a process of its own with
-``ATEN_CPU_CAPABILITY`` set to that path: each rounds differently, as another machine would.
+Each (kernel path, seed) runs ``orchestr.roles.train(config)`` (the single-process reference
+the sync-mode roles reproduce) in a process of its own with ``ATEN_CPU_CAPABILITY`` set to
+that path: each rounds differently, as another machine would. ``config`` is the learning
+test's: ``LLAMA_CONFIG`` (the example's ``--small``, the default) or ``SMALL_CONFIG``
+(``--model tinylm``), with ``--set`` overriding its fields (``--set entropy_coef=0.03``;
+values are read as JSON). ``--jobs`` runs that many at once, each on one torch thread.
 A path the CPU lacks (``avx512`` without AVX-512) is skipped and said so. Prints one JSON line
 per run (held-out accuracy at each evaluation, the last-50 mean reward, seconds), then a
 summary: the smallest final accuracy, gain and last-50 reward per path, against the learning
@@ -23,9 +28,14 @@ import time
 _RUN = """
 import dataclasses, json, sys, time
 from orchestr.roles import SMALL_CONFIG, train
-seed, steps = int(sys.argv[1]), int(sys.argv[2])
+from orchestr.roles.rl import LLAMA_CONFIG
+seed, steps, name, changes, threads = sys.argv[1:6]
+base = {"llama": LLAMA_CONFIG, "tinylm": SMALL_CONFIG}[name]
 start = time.perf_counter()
-config = dataclasses.replace(SMALL_CONFIG, seed=seed, steps=steps or SMALL_CONFIG.steps)
+config = dataclasses.replace(
+    base, seed=int(seed), steps=int(steps) or base.steps, **json.loads(changes),
+    **({"threads": int(threads)} if int(threads) else {}),
+)
 history = train(config)
 print(json.dumps({
     "seed": seed,
@@ -57,7 +67,11 @@ def main() -> int:
     parser.add_argument("--seeds", default="0-9")
     parser.add_argument("--kernels", default="avx2,default,avx512")
     parser.add_argument("--steps", type=int, default=0)
+    parser.add_argument("--model", choices=("llama", "tinylm"), default="llama")
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     args = parser.parse_args()
+    changes = {k: json.loads(v) for k, _, v in (item.partition("=") for item in args.set)}
     import torch
 
     print(
@@ -65,28 +79,37 @@ def main() -> int:
             {
                 "machine": {"cpus": os.cpu_count(), "load": os.getloadavg()[0]},
                 "torch": torch.__version__,
+                "model": args.model,
+                "changes": changes,
             }
         ),
         flush=True,
     )
     summary = {}
+    threads = 1 if args.jobs > 1 else 0  # 0: the config's own
     for kernel in args.kernels.split(","):
         if not _cpu_has(kernel):
             print(json.dumps({"kernel": kernel, "skipped": "this CPU lacks it"}), flush=True)
             continue
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": kernel}
+        cmd = [sys.executable, "-c", _RUN]
+        tail = [str(args.steps), args.model, json.dumps(changes), str(threads)]
+        seeds = _seeds(args.seeds)
         runs = []
-        for seed in _seeds(args.seeds):
-            env = {**os.environ, "ATEN_CPU_CAPABILITY": kernel}
-            out = subprocess.run(
-                [sys.executable, "-c", _RUN, str(seed), str(args.steps)],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-            run = json.loads(out.splitlines()[-1])
-            runs.append(run)
-            print(json.dumps({"kernel": kernel, **run}), flush=True)
+        for at in range(0, len(seeds), args.jobs):
+            procs = [
+                subprocess.Popen(
+                    [*cmd, str(seed), *tail], env=env, stdout=subprocess.PIPE, text=True
+                )
+                for seed in seeds[at : at + args.jobs]
+            ]
+            for proc in procs:
+                out, _ = proc.communicate()
+                if proc.returncode:
+                    raise RuntimeError(f"a run exited with {proc.returncode}")
+                run = json.loads(out.splitlines()[-1])
+                runs.append(run)
+                print(json.dumps({"kernel": kernel, **run}), flush=True)
         summary[kernel] = {
             "runs": len(runs),
             "min_final": min(r["evals"][-1] for r in runs),

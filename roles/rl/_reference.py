@@ -171,8 +171,19 @@ LLAMA_CONFIG = dataclasses.replace(
     task=_task.Task("copy", field=8),
     lengths=SMALL_CONFIG.lengths,
     eval_size=SMALL_CONFIG.eval_size,
+    lr=1.5e-3,
+    entropy_coef=0.03,
 )
-""":data:`LLAMA_DEMO_CONFIG` on prompts of up to 8 digits, in a field of 8, evaluated on 128."""
+""":data:`LLAMA_DEMO_CONFIG` on prompts of up to 8 digits, in a field of 8, evaluated on 128,
+with a smaller rate (1.5e-3 down to 1.5e-4) and a larger entropy bonus (0.03). With the demo's
+2e-3 and 0.01 some runs lost a digit for good: the policy stopped emitting it (9 copied as 1
+in one run), no sample then showed it was right, and held-out accuracy stayed at 0.63-0.64
+(about the share of prompts without that digit). That was the sync run at seed 0 on AVX2 and
+AVX-512 kernels alike, and 2 of 5 stream runs at eta 4; the bonus alone (0.03) still lost one
+in the sync run on AVX2 kernels, 0.05 recovered only at the end (0.78 at batch 80). With these
+settings, sync runs through the roles ended at 0.99-1.0 held-out accuracy (seeds 0 and 1, AVX2
+and AVX-512 kernels; >= 0.89 by batch 60), but at 0.89 on torch's scalar (``default``) kernels
+at seed 0, a slow run rather than a lost digit."""
 
 
 @dataclasses.dataclass(frozen=True)
