@@ -38,7 +38,7 @@ config = dataclasses.replace(
 )
 history = train(config)
 print(json.dumps({
-    "seed": seed,
+    "seed": int(seed),
     "evals": [round(e.accuracy, 4) for e in history.evals],
     "last50_reward": round(history.mean_reward(last=50), 4),
     "s": round(time.perf_counter() - start, 1),

@@ -8,6 +8,8 @@
   (:func:`grpo_update`); members of a trainer mesh are data parallel after
   ``ctx.init_distributed``. It publishes versioned, bucketed, checksummed weights
   (:class:`WeightPublisher` / :class:`WeightLoader`) and checkpoints.
+- :class:`KVStore` holds content-addressed KV blocks (host memory, then disk) that generators
+  put and read one-sided over the data plane (``orchestr.roles.kvstore``).
 - :class:`Reward` scores ``(prompt, completion)`` pairs with a scorer named by path.
 - :func:`run_grpo` runs the three together in ``sync``, ``stream`` or ``stream+skew``
   mode; :func:`train` is the single-process reference the ``sync`` mode reproduces.
@@ -34,6 +36,7 @@ from ._common._weightplan import (
 )
 from ._common._weights import WeightLoader, WeightPublisher, WeightsRef
 from .generator import Completion, Engine, EngineStats, Generator, PagedEngine, Request
+from .kvstore import KVNamespace, KVStore, KVStoreError, LeaseExpiredError
 from .reward import Reward
 from .rl import (
     DEMO_CONFIG,
@@ -65,6 +68,10 @@ __all__ = [
     "GRPOConfig",
     "GRPOResult",
     "Generator",
+    "KVNamespace",
+    "KVStore",
+    "KVStoreError",
+    "LeaseExpiredError",
     "LengthRanker",
     "ManifestMismatchError",
     "PagedEngine",

@@ -31,7 +31,8 @@ FABRIC = {
 ROLES = {
     "DEMO_CONFIG", "MODES", "SMALL_CONFIG", "Backend", "BackendError", "BackendSpec",
     "BackendUnavailableError", "ChecksumMismatchError", "Completion", "Engine", "EngineStats",
-    "GRPOConfig", "GRPOResult", "Generator", "LengthRanker", "ManifestMismatchError",
+    "GRPOConfig", "GRPOResult", "Generator", "KVNamespace", "KVStore", "KVStoreError",
+    "LeaseExpiredError", "LengthRanker", "ManifestMismatchError",
     "PagedEngine", "Request",
     "Reward", "StaleWeightsError", "StepRecord", "TinyLM", "TinyLMConfig", "TrainConfig",
     "Trainer", "UpdateConfig", "WeightLoader", "WeightPublisher", "WeightSyncError",

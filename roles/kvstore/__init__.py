@@ -1,21 +1,24 @@
 """The KV store role: content-addressed KV blocks shared between generators.
 
 :class:`BlockIndex` is its sans-IO core: blocks keyed by the generator's chained block hashes
-under a :class:`Namespace`, two-phase puts, leases, pins, tiers (host memory, local disk) with
-watermark eviction and demotion, and a numbered event stream.
+under a :class:`KVNamespace`, two-phase puts, leases, pins, tiers (host memory, local disk) with
+watermark eviction and demotion, and a numbered event stream. :class:`KVStore` is the actor
+around it, holding the blocks in registered host memory (and a disk file) that writers and
+readers reach one-sided: :func:`put_blocks`, :func:`get_blocks`.
 """
 
+from ._actor import KVStore, get_blocks, put_blocks
 from ._index import BlockIndex
 from ._types import (
     BlockLocation,
     Cleared,
     EventPage,
+    KVNamespace,
     KVStoreError,
     Lease,
     LeaseExpiredError,
     Match,
     Move,
-    Namespace,
     Put,
     Removed,
     Stored,
@@ -28,15 +31,18 @@ __all__ = [
     "BlockLocation",
     "Cleared",
     "EventPage",
+    "KVNamespace",
+    "KVStore",
     "KVStoreError",
     "Lease",
     "LeaseExpiredError",
     "Match",
     "Move",
-    "Namespace",
     "Put",
     "Removed",
     "StoreEvent",
     "Stored",
     "Tier",
+    "get_blocks",
+    "put_blocks",
 ]

@@ -41,12 +41,12 @@ from ._tiers import Block, Key, TieredBlocks
 from ._types import (
     BlockLocation,
     Cleared,
+    KVNamespace,
     KVStoreError,
     Lease,
     LeaseExpiredError,
     Match,
     Move,
-    Namespace,
     Put,
     Stored,
     Tier,
@@ -81,7 +81,7 @@ class BlockIndex(TieredBlocks):
 
     # -- puts ----------------------------------------------------------------------------------
 
-    def begin_put(self, namespace: Namespace, hashes: Sequence[bytes], now: float) -> Put:
+    def begin_put(self, namespace: KVNamespace, hashes: Sequence[bytes], now: float) -> Put:
         """Reserve first-tier slots for the blocks of ``hashes`` (a chain, in order) not stored
         or being put already, evicting if there is no free slot; stops at the first block it
         finds no room for (``Put.dropped`` counts it and the rest)."""
@@ -141,7 +141,7 @@ class BlockIndex(TieredBlocks):
 
     # -- lookups and leases --------------------------------------------------------------------
 
-    def match(self, namespace: Namespace, hashes: Sequence[bytes], now: float) -> Match:
+    def match(self, namespace: KVNamespace, hashes: Sequence[bytes], now: float) -> Match:
         """The longest stored prefix of ``hashes``, in tokens, and per tier how many of those
         tokens have a copy there. Counts the query and its hit tokens; marks the blocks used."""
         keys = _keys(namespace, hashes)
@@ -162,7 +162,7 @@ class BlockIndex(TieredBlocks):
 
     def lease(
         self,
-        namespace: Namespace,
+        namespace: KVNamespace,
         hashes: Sequence[bytes],
         now: float,
         ttl: float | None = None,
@@ -202,7 +202,7 @@ class BlockIndex(TieredBlocks):
             locations.append(BlockLocation(key[1], top, slot))
         lease = Lease(lease_id, namespace, tuple(locations), tuple(moves), now + ttl)
         self._leases[lease_id] = (lease, held)
-        self._count["leases"] += 1
+        self._count["leases_granted"] += 1
         return lease
 
     def check_lease(self, lease_id: int, now: float) -> None:
@@ -230,7 +230,7 @@ class BlockIndex(TieredBlocks):
 
     def pin(
         self,
-        namespace: Namespace,
+        namespace: KVNamespace,
         hashes: Sequence[bytes],
         now: float,
         *,
@@ -256,7 +256,7 @@ class BlockIndex(TieredBlocks):
             pinned += 1
         return pinned
 
-    def unpin(self, namespace: Namespace, hashes: Sequence[bytes]) -> int:
+    def unpin(self, namespace: KVNamespace, hashes: Sequence[bytes]) -> int:
         """Drop the pins of ``hashes``; returns how many were pinned."""
         unpinned = 0
         for key in _keys(namespace, hashes):
@@ -266,12 +266,14 @@ class BlockIndex(TieredBlocks):
                 unpinned += 1
         return unpinned
 
-    def remove(self, namespace: Namespace, hashes: Sequence[bytes], now: float) -> tuple[int, int]:
+    def remove(
+        self, namespace: KVNamespace, hashes: Sequence[bytes], now: float
+    ) -> tuple[int, int]:
         """Remove the stored ones of ``hashes``, pinned or not; a leased block (or one being
         moved) stays. Returns ``(removed, refused)``."""
         return self._remove_keys(_keys(namespace, hashes), now, clear=False)
 
-    def clear(self, now: float, namespace: Namespace | None = None) -> int:
+    def clear(self, now: float, namespace: KVNamespace | None = None) -> int:
         """Remove every block (of ``namespace``) but the leased ones and those being moved;
         returns how many stayed. A tier left empty by clearing everything reports
         :class:`Cleared`."""
@@ -345,9 +347,9 @@ class BlockIndex(TieredBlocks):
                 block.pin, block.pin_expires = None, math.inf
 
 
-def _keys(namespace: Namespace, hashes: Sequence[bytes]) -> list[Key]:
-    if not isinstance(namespace, Namespace):
-        raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
+def _keys(namespace: KVNamespace, hashes: Sequence[bytes]) -> list[Key]:
+    if not isinstance(namespace, KVNamespace):
+        raise TypeError(f"namespace must be a KVNamespace, got {type(namespace).__name__}")
     if isinstance(hashes, (bytes, str)):
         raise TypeError("hashes is a sequence of block hashes (bytes), not one value")
     keys = []

@@ -13,10 +13,10 @@ from collections.abc import Iterable, Sequence
 from ._types import (
     BlockLocation,
     EventPage,
+    KVNamespace,
     KVStoreError,
     Lease,
     Move,
-    Namespace,
     Removed,
     Stored,
     StoreEvent,
@@ -25,7 +25,7 @@ from ._types import (
 
 __all__ = ["Block", "Key", "TieredBlocks"]
 
-Key = tuple[Namespace, bytes]
+Key = tuple[KVNamespace, bytes]
 
 
 @dataclasses.dataclass
@@ -202,7 +202,7 @@ class TieredBlocks:
 
     def _drop_copies(self, keys: Iterable[Key], tier_name: str, event: bool = True) -> None:
         tier = self._tiers[self._by_name[tier_name]]
-        gone: dict[Namespace, list[bytes]] = collections.defaultdict(list)
+        gone: dict[KVNamespace, list[bytes]] = collections.defaultdict(list)
         for key in keys:
             block = self._blocks[key]
             tier.free.append(block.copies.pop(tier_name))

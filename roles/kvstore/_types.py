@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 
+from orchestr import register
 from orchestr.errors import OrchestrError
 
 __all__ = [
     "BlockLocation",
     "Cleared",
     "EventPage",
+    "KVNamespace",
     "KVStoreError",
     "Lease",
     "LeaseExpiredError",
     "Match",
     "Move",
-    "Namespace",
     "Put",
     "Removed",
     "StoreEvent",
@@ -34,11 +35,14 @@ class LeaseExpiredError(KVStoreError):
     overwritten and must be discarded."""
 
 
+@register
 @dataclasses.dataclass(frozen=True)
-class Namespace:
+class KVNamespace:
     """What a block's bytes depend on besides its tokens. Blocks of one namespace never answer
     for another's, even under an equal hash: another model, block size, weight version or
     cache salt computes other keys and values."""
+
+    __module__ = "orchestr.roles"  # its name on the wire (pinned)
 
     model: str
     block_size: int
@@ -86,7 +90,7 @@ class Put:
     written by another put); ``dropped`` is how many of the tail found no room."""
 
     id: int
-    namespace: Namespace
+    namespace: KVNamespace
     writes: tuple[BlockLocation, ...]
     skipped: int
     dropped: int
@@ -98,7 +102,7 @@ class Move:
     reports with :meth:`BlockIndex.moved`. Until then the source stays where it is."""
 
     id: int
-    namespace: Namespace
+    namespace: KVNamespace
     block_hash: bytes
     source: BlockLocation
     target: BlockLocation
@@ -111,7 +115,7 @@ class Lease:
     tier) must be done before those blocks are read."""
 
     id: int
-    namespace: Namespace
+    namespace: KVNamespace
     blocks: tuple[BlockLocation, ...]
     moves: tuple[Move, ...]
     expires: float
@@ -134,7 +138,7 @@ class Match:
 class Stored:
     """Blocks got a copy in ``tier``."""
 
-    namespace: Namespace
+    namespace: KVNamespace
     block_hashes: tuple[bytes, ...]
     tier: str
 
@@ -143,7 +147,7 @@ class Stored:
 class Removed:
     """Blocks lost their copy in ``tier`` (evicted, demoted away or removed)."""
 
-    namespace: Namespace
+    namespace: KVNamespace
     block_hashes: tuple[bytes, ...]
     tier: str
 

@@ -12,15 +12,15 @@ from hypothesis import strategies as st
 from orchestr.roles.kvstore import (
     BlockIndex,
     Cleared,
+    KVNamespace,
     KVStoreError,
     LeaseExpiredError,
-    Namespace,
     Removed,
     Stored,
     Tier,
 )
 
-NS = Namespace("tiny-llama", block_size=16, weight_version=3)
+NS = KVNamespace("tiny-llama", block_size=16, weight_version=3)
 
 
 def chain(*names: str) -> list[bytes]:
@@ -46,8 +46,8 @@ def test_a_put_is_visible_only_once_ended_and_is_counted_in_tokens() -> None:
     assert idx.end_put(put.id, 1.0) == 3
     m = idx.match(NS, chain("a", "b", "x", "c"), 1.0)
     assert m.tokens == 32 and m.by_tier == {"host": 32}  # the prefix stops at "x"
-    assert idx.match(Namespace("tiny-llama", 16, weight_version=4), chain("a"), 1.0).tokens == 0
-    assert idx.match(Namespace("tiny-llama", 16, 3, salt="s"), chain("a"), 1.0).tokens == 0
+    assert idx.match(KVNamespace("tiny-llama", 16, weight_version=4), chain("a"), 1.0).tokens == 0
+    assert idx.match(KVNamespace("tiny-llama", 16, 3, salt="s"), chain("a"), 1.0).tokens == 0
     stats = idx.stats(1.0)
     assert (stats["query_tokens"], stats["hit_tokens"]) == (32 + 64 + 16 + 16, 32)
     page = idx.events()
@@ -145,7 +145,7 @@ def test_demotion_at_the_high_watermark_and_promotion_on_a_lease() -> None:
 def test_clear_keeps_leased_blocks_and_reports_emptied_tiers() -> None:
     idx = index(host=4)
     stored(idx, chain("a", "b"))
-    other = Namespace("other", 16)
+    other = KVNamespace("other", 16)
     stored_other = idx.begin_put(other, chain("a"), 0.0)
     idx.end_put(stored_other.id, 0.0)
     assert idx.clear(1.0, namespace=other) == 0
@@ -176,9 +176,9 @@ def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="at least one block"):
         Tier("host", 0)
     with pytest.raises(ValueError, match="block_size"):
-        Namespace("m", 0)
+        KVNamespace("m", 0)
     idx = index()
-    with pytest.raises(TypeError, match="Namespace"):
+    with pytest.raises(TypeError, match="KVNamespace"):
         idx.match("m", chain("a"), 0.0)
     with pytest.raises(TypeError, match="not one value"):
         idx.begin_put(NS, b"abc", 0.0)
@@ -194,7 +194,7 @@ def test_bad_arguments_are_refused() -> None:
 # -- a property test over random operations --------------------------------------------------
 
 HASHES = [f"h{i}".encode() for i in range(12)]
-SPACES = [NS, Namespace("tiny-llama", 16, weight_version=4)]
+SPACES = [NS, KVNamespace("tiny-llama", 16, weight_version=4)]
 chains = st.lists(st.sampled_from(HASHES), min_size=1, max_size=5, unique=True)
 op = st.one_of(
     st.tuples(st.just("store"), st.sampled_from(SPACES), chains),

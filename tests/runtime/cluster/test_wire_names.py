@@ -43,7 +43,7 @@ def test_every_registered_dataclass_and_role_travels_by_a_public_name() -> None:
             continue  # a test's own
         assert name.partition(":")[0] in PUBLIC, name
         assert _resolve(name) is cls, name
-    for actor in (roles.Generator, roles.Trainer, roles.Reward):
+    for actor in (roles.Generator, roles.Trainer, roles.Reward, roles.KVStore):
         assert class_path(actor) == f"orchestr.roles:{actor.__name__}"
         assert _resolve(class_path(actor)) is actor
 

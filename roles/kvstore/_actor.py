@@ -1,0 +1,310 @@
+"""The KV store actor: the block index's I/O shell. It owns the memory (one registered host
+buffer of ``host_blocks`` slots; a disk file of ``disk_blocks``), runs the index's
+housekeeping on a timer, makes the copies between tiers, and hands writers and readers slots
+in its host buffer, which they write and read one-sided over the data plane: block bytes never
+ride an actor call. :func:`put_blocks` and :func:`get_blocks` are the two sides' whole
+exchanges."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+import orchestr as oc
+from orchestr import Buffer, fabric
+
+from ._index import BlockIndex
+from ._types import KVNamespace, Move, Tier
+
+__all__ = ["KVStore", "get_blocks", "put_blocks"]
+
+
+class KVStore(oc.Actor):
+    """Content-addressed KV blocks of ``block_bytes`` each, in ``host_blocks`` slots of host
+    memory and, with ``disk_blocks``, as many more in a file under ``disk_dir`` (default: the
+    temporary folder; the file is removed when the actor stops). Semantics are
+    :class:`BlockIndex`'s; ``maintain_s`` is how often tiers are brought back between their
+    watermarks and expired puts, leases and pins dropped.
+
+    Endpoints answer from the index at once except where they wait on the disk (a lease that
+    promotes blocks). A writer or reader that dies mid-way leaves at most an open put (reclaimed
+    after ``put_timeout_s``) or a lease (expires after its ``ttl``)."""
+
+    __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
+
+    def __init__(
+        self,
+        block_bytes: int,
+        host_blocks: int,
+        *,
+        disk_blocks: int = 0,
+        disk_dir: str | None = None,
+        high_watermark: float = 0.9,
+        low_watermark: float = 0.8,
+        lease_s: float = 10.0,
+        put_timeout_s: float = 30.0,
+        maintain_s: float = 0.25,
+    ) -> None:
+        if block_bytes < 1 or host_blocks < 1 or disk_blocks < 0:
+            raise oc.ConfigError(
+                f"a store needs block_bytes >= 1 and host_blocks >= 1 (disk_blocks >= 0), got "
+                f"{block_bytes}, {host_blocks}, {disk_blocks}"
+            )
+        if not maintain_s > 0:
+            raise oc.ConfigError(f"maintain_s must be positive, got {maintain_s}")
+        tiers = [Tier("host", host_blocks)] + ([Tier("disk", disk_blocks)] if disk_blocks else [])
+        try:
+            self._index = BlockIndex(
+                tiers,
+                high_watermark=high_watermark,
+                low_watermark=low_watermark,
+                lease_s=lease_s,
+                put_timeout_s=put_timeout_s,
+            )
+        except ValueError as exc:
+            raise oc.ConfigError(str(exc)) from exc
+        self.block_bytes, self.maintain_s = block_bytes, maintain_s
+        self._memory = fabric.empty(host_blocks * block_bytes, dtype=torch.uint8)
+        self._buffer = Buffer(self._memory)
+        self._disk: int | None = None
+        if disk_blocks:
+            fd, path = tempfile.mkstemp(prefix="orchestr-kv-", dir=disk_dir)
+            os.unlink(path)  # the blocks live as long as the descriptor: nothing left behind
+            os.ftruncate(fd, disk_blocks * block_bytes)
+            self._disk = fd
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # -- writers ---------------------------------------------------------------------------------
+
+    @oc.endpoint
+    def begin_put(self, namespace: KVNamespace, hashes: list[bytes]) -> dict[str, Any]:
+        """Reserve slots for the blocks of ``hashes`` not stored yet: ``{"put", "buffer",
+        "block_bytes", "writes": [[hash, offset], ...], "skipped", "dropped"}``. Write each block's
+        ``block_bytes`` at its offset of ``buffer``, then :meth:`end_put` (or
+        :meth:`abort_put`). Raises nothing but for malformed arguments."""
+        self._start()
+        put = self._index.begin_put(namespace, hashes, time.monotonic())
+        return {
+            "put": put.id,
+            "buffer": self._buffer,
+            "block_bytes": self.block_bytes,
+            "writes": [[w.block_hash, w.slot * self.block_bytes] for w in put.writes],
+            "skipped": put.skipped,
+            "dropped": put.dropped,
+        }
+
+    @oc.endpoint
+    def end_put(self, put: int) -> int:
+        """Publish a put's blocks; returns how many. Raises :class:`KVStoreError` for a put
+        that timed out, was aborted or ended."""
+        return self._index.end_put(put, time.monotonic())
+
+    @oc.endpoint
+    def abort_put(self, put: int) -> bool:
+        """Drop a put's reservations. Idempotent."""
+        return self._index.abort_put(put)
+
+    # -- readers ---------------------------------------------------------------------------------
+
+    @oc.endpoint
+    def match(self, namespace: KVNamespace, hashes: list[bytes]) -> dict[str, Any]:
+        """``{"tokens", "by_tier"}``: the longest stored prefix of ``hashes``."""
+        found = self._index.match(namespace, hashes, time.monotonic())
+        return {"tokens": found.tokens, "by_tier": found.by_tier}
+
+    @oc.endpoint(concurrent=True)
+    async def lease(
+        self, namespace: KVNamespace, hashes: list[bytes], ttl: float | None = None
+    ) -> dict[str, Any]:
+        """Lease the longest stored prefix of ``hashes`` in host memory, promoting blocks held
+        only on disk first: ``{"lease", "buffer", "block_bytes", "offsets", "tokens", "ttl"}``. Read each
+        block at its offset, then :meth:`check_lease` before using what was read, and
+        :meth:`release`. Blocks on the disk reads of a promotion; raises ``OSError`` if one
+        failed (the lease is released then)."""
+        self._start()
+        lease = self._index.lease(namespace, hashes, time.monotonic(), ttl)
+        try:
+            await self._copy(lease.moves)
+        except BaseException:
+            self._index.release(lease.id)
+            raise
+        return {
+            "lease": lease.id,
+            "buffer": self._buffer,
+            "block_bytes": self.block_bytes,
+            "offsets": [b.slot * self.block_bytes for b in lease.blocks],
+            "tokens": lease.tokens,
+            "ttl": lease.expires - time.monotonic(),
+        }
+
+    @oc.endpoint
+    def check_lease(self, lease: int) -> None:
+        """Raise :class:`LeaseExpiredError` unless ``lease`` is still held."""
+        self._index.check_lease(lease, time.monotonic())
+
+    @oc.endpoint
+    def release(self, lease: int) -> bool:
+        """End a lease. Idempotent."""
+        return self._index.release(lease)
+
+    # -- the rest of the index's surface ---------------------------------------------------------
+
+    @oc.endpoint
+    def pin(
+        self,
+        namespace: KVNamespace,
+        hashes: list[bytes],
+        hard: bool = False,
+        ttl: float | None = None,
+    ) -> int:
+        """Pin stored blocks (see :meth:`BlockIndex.pin`); returns how many."""
+        return self._index.pin(namespace, hashes, time.monotonic(), hard=hard, ttl=ttl)
+
+    @oc.endpoint
+    def unpin(self, namespace: KVNamespace, hashes: list[bytes]) -> int:
+        return self._index.unpin(namespace, hashes)
+
+    @oc.endpoint
+    def remove(self, namespace: KVNamespace, hashes: list[bytes]) -> list[int]:
+        """Remove stored blocks but leased ones: ``[removed, refused]``."""
+        return list(self._index.remove(namespace, hashes, time.monotonic()))
+
+    @oc.endpoint
+    def clear(self, namespace: KVNamespace | None = None) -> int:
+        """Remove every block (of ``namespace``) but leased ones; returns how many stayed."""
+        return self._index.clear(time.monotonic(), namespace)
+
+    @oc.endpoint
+    def events(self, after: int = 0) -> dict[str, Any]:
+        """``{"events": [[seq, kind, namespace | None, hashes, tier], ...], "last", "lost"}``
+        (kinds ``stored``, ``removed``, ``cleared``); see :class:`EventPage`."""
+        page = self._index.events(after)
+        rows = [
+            [seq, type(e).__name__.lower(), getattr(e, "namespace", None),
+             list(getattr(e, "block_hashes", ())), e.tier]
+            for seq, e in page.events
+        ]  # fmt: skip
+        return {"events": rows, "last": page.last, "lost": page.lost}
+
+    @oc.endpoint
+    def stats(self) -> dict[str, Any]:
+        return {**self._index.stats(time.monotonic()), "block_bytes": self.block_bytes}
+
+    @oc.endpoint(concurrent=True)
+    async def aclose(self) -> None:
+        """Stop the housekeeping and close the disk file. Idempotent."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._disk is not None:
+            os.close(self._disk)
+            self._disk = None
+
+    # -- inside ----------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._closed:
+            raise oc.ClosedResourceError("the KV store was closed; spawn a new one")
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._maintain())
+
+    async def _maintain(self) -> None:
+        while True:
+            await self._copy(self._index.maintain(time.monotonic()))
+            await asyncio.sleep(self.maintain_s)
+
+    async def _copy(self, moves: Sequence[Move]) -> None:
+        """Make each move's copy between host memory and the disk file (in a thread), and
+        tell the index; a failed copy is reported failed and raised after the rest."""
+        failed: BaseException | None = None
+        for move in moves:
+            try:
+                await asyncio.to_thread(self._copy_one, move)
+            except OSError as exc:
+                failed = failed or exc
+                self._index.moved(move.id, time.monotonic(), ok=False)
+            else:
+                self._index.moved(move.id, time.monotonic())
+        if failed is not None:
+            raise failed
+
+    def _copy_one(self, move: Move) -> None:
+        if self._disk is None:
+            raise OSError("this store has no disk tier")
+        size = self.block_bytes
+        host = move.source if move.source.tier == "host" else move.target
+        disk = move.target if host is move.source else move.source
+        view = memoryview(self._memory.numpy())[host.slot * size : (host.slot + 1) * size]
+        if host is move.source:
+            written = os.pwrite(self._disk, view, disk.slot * size)
+        else:
+            written = os.preadv(self._disk, [view], disk.slot * size)
+        if written != size:
+            raise OSError(f"moved {written} of a block's {size} bytes")
+
+
+async def put_blocks(
+    store: Any, namespace: KVNamespace, hashes: Sequence[bytes], blocks: Sequence[torch.Tensor]
+) -> int:
+    """Store ``blocks`` (contiguous CPU tensors of the store's ``block_bytes`` each) under
+    ``hashes`` in ``store`` (a one-actor mesh): one call to reserve, one-sided writes into the
+    store's memory, one call to publish. Returns how many blocks were new; a block already
+    stored is not written again. Aborts the put if a write fails. Raises ``ValueError`` for
+    blocks of the wrong size."""
+    if len(blocks) != len(hashes):
+        raise ValueError(f"{len(hashes)} hashes for {len(blocks)} blocks")
+    grant = await store.begin_put.call_one(namespace, list(hashes))
+    at = {h: i for i, h in enumerate(hashes)}
+    try:
+        _check_sizes(blocks, grant["block_bytes"])
+        for block_hash, offset in grant["writes"]:
+            block = blocks[at[block_hash]]
+            await grant["buffer"].write_from(block, offset=offset)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await store.abort_put.call_one(grant["put"])
+        raise
+    return int(await store.end_put.call_one(grant["put"]))
+
+
+async def get_blocks(
+    store: Any, namespace: KVNamespace, hashes: Sequence[bytes], out: Sequence[torch.Tensor]
+) -> int:
+    """Read the longest stored prefix of ``hashes`` from ``store`` into ``out`` (tensors of the
+    store's ``block_bytes`` each, one per hash; those past the prefix are left as they were)
+    and return its length in blocks. One call to lease, one-sided reads of the store's memory,
+    one to confirm the lease still held (else :class:`LeaseExpiredError`, and what was read
+    must not be used), one to release."""
+    if len(out) < len(hashes):
+        raise ValueError(f"{len(hashes)} hashes but room for {len(out)} blocks")
+    lease = await store.lease.call_one(namespace, list(hashes))
+    try:
+        _check_sizes(out[: len(lease["offsets"])], lease["block_bytes"])
+        for offset, dst in zip(lease["offsets"], out, strict=False):
+            await lease["buffer"].read_into(dst, offset=offset)
+        await store.check_lease.call_one(lease["lease"])
+    finally:
+        with contextlib.suppress(Exception):
+            await store.release.call_one(lease["lease"])
+    return len(lease["offsets"])
+
+
+def _check_sizes(blocks: Sequence[torch.Tensor], size: int) -> None:
+    for i, block in enumerate(blocks):
+        nbytes = block.numel() * block.element_size()
+        if nbytes != size or not block.is_contiguous() or block.device.type != "cpu":
+            raise ValueError(
+                f"block {i} is {nbytes} bytes ({block.dtype}, {block.device}, contiguous: "
+                f"{block.is_contiguous()}); this store's blocks are contiguous CPU tensors of "
+                f"{size} bytes"
+            )
