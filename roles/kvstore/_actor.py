@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import structlog
 import torch
 
 import orchestr as oc
@@ -24,6 +25,8 @@ from ._index import BlockIndex
 from ._types import KVNamespace, Move, Tier
 
 __all__ = ["KVStore", "get_blocks", "put_blocks"]
+
+log = structlog.get_logger("orchestr.roles.kvstore")
 
 
 class KVStore(oc.Actor):
@@ -81,6 +84,7 @@ class KVStore(oc.Actor):
             self._disk = fd
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._failures = 0  # housekeeping rounds whose disk copies failed
 
     # -- writers ---------------------------------------------------------------------------------
 
@@ -196,7 +200,13 @@ class KVStore(oc.Actor):
 
     @oc.endpoint
     def stats(self) -> dict[str, Any]:
-        return {**self._index.stats(time.monotonic()), "block_bytes": self.block_bytes}
+        """The index's counts (:meth:`BlockIndex.stats`), ``block_bytes``, and
+        ``failed_rounds`` (housekeeping rounds whose disk copies failed)."""
+        return {
+            **self._index.stats(time.monotonic()),
+            "block_bytes": self.block_bytes,
+            "failed_rounds": self._failures,
+        }
 
     @oc.endpoint(concurrent=True)
     async def aclose(self) -> None:
@@ -220,7 +230,11 @@ class KVStore(oc.Actor):
 
     async def _maintain(self) -> None:
         while True:
-            await self._copy(self._index.maintain(time.monotonic()))
+            try:
+                await self._copy(self._index.maintain(time.monotonic()))
+            except OSError as exc:  # the failed copies were reported: their blocks stay put
+                self._failures += 1
+                log.warning("kv store demotion failed; blocks stay in host memory", error=str(exc))
             await asyncio.sleep(self.maintain_s)
 
     async def _copy(self, moves: Sequence[Move]) -> None:
