@@ -50,7 +50,7 @@ CONFIGS = {"llama": (LLAMA_DEMO_CONFIG, LLAMA_CONFIG), "tinylm": (DEMO_CONFIG, S
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="grpo_reverse", description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=MODES, default="stream+skew")
-    p.add_argument("--small", action="store_true", help="8-digit prompts, 100 small batches")
+    p.add_argument("--small", action="store_true", help="8-digit prompts in 100-120 small batches")
     p.add_argument(
         "--model",
         choices=sorted(CONFIGS),
