@@ -48,6 +48,8 @@ marked with it below. ``tests/test_errors.py`` keeps this drawing and the classe
     │   └── StaleWeightsError            the weights or a sample are older than allowed
     ├── KVStoreError                 a KV store request cannot be served (roles.kvstore)
     │   └── LeaseExpiredError            a lease ran out before its reader finished
+    ├── ServingError                 a request cannot be served (roles.serving)
+    │   └── NoWorkerError                    no generator is in rotation
     └── BackendError                 a torch backend is unknown or badly set (roles; also a
         │                            ``ValueError``)
         └── BackendUnavailableError      ... or cannot run on this node

@@ -1,0 +1,168 @@
+"""The KV-aware router, sans-IO: which generator a request goes to.
+
+It follows each generator's prefix cache through the events its block pool emits
+(``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``), and the KV store's through the
+store's (``Stored``, ``Removed``, ``Cleared``), and prices a request (its chain of full-block
+hashes) on each generator in rotation with Dynamo's rule:
+
+    cost(g) = prefill_weight * (prefill_blocks(g) + new_blocks(g)) + decode_blocks(g)
+
+``prefill_blocks`` and ``decode_blocks`` are the generator's load (blocks of prompts waiting
+to be computed, and of sequences decoding); ``new_blocks`` are the request's blocks past the
+prefix ``g`` has cached: each costs 1, except those the store holds, which cost ``store_cost``
+(onboarding a block is cheaper than computing it). The cheapest wins; ties go to the less
+loaded, then to the name that sorts first. ``round_robin`` and ``least_loaded`` (the least
+``prefill_blocks + decode_blocks``) are there to compare against. A generator taken out of
+rotation (it died) is never chosen again, and its late events are ignored; one added again
+starts with an empty cache.
+
+Hashes are the engine's chained ones, which already cover the model, weight version and salt,
+so one router serves one model's generators with one block size. No I/O here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from orchestr.errors import OrchestrError
+
+from ..generator._blocks import AllBlocksCleared, BlockRemoved, BlockStored
+from ..kvstore._types import Cleared, Removed, Stored
+
+__all__ = ["POLICIES", "Choice", "Load", "NoWorkerError", "Router", "ServingError"]
+
+POLICIES = ("kv", "round_robin", "least_loaded")
+
+
+class ServingError(OrchestrError):
+    """A request cannot be served; the message says why."""
+
+
+class NoWorkerError(ServingError):
+    """No generator is in rotation."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """A generator's work in KV blocks: of prompts still to prefill, and of sequences
+    decoding."""
+
+    prefill_blocks: int = 0
+    decode_blocks: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.prefill_blocks + self.decode_blocks
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """Where a request goes: ``cached_blocks`` of its prefix are in that generator's cache,
+    ``store_blocks`` more in the KV store; ``cost`` as the module docstring defines it."""
+
+    worker: str
+    cached_blocks: int
+    store_blocks: int
+    cost: float
+
+
+class Router:
+    """Routes requests over the generators :meth:`add` put in rotation (see the module
+    docstring). Raises ``ValueError`` for a bad policy or weight."""
+
+    def __init__(
+        self, policy: str = "kv", *, prefill_weight: float = 1.0, store_cost: float = 0.25
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown router policy {policy!r}; use one of {', '.join(POLICIES)}")
+        if not prefill_weight >= 0 or not 0 <= store_cost <= 1:
+            raise ValueError(
+                f"prefill_weight must be >= 0 and store_cost within [0, 1], got "
+                f"{prefill_weight}, {store_cost}"
+            )
+        self.policy, self.prefill_weight, self.store_cost = policy, prefill_weight, store_cost
+        self._cached: dict[str, set[bytes]] = {}
+        self._store: set[bytes] = set()
+        self._turn = itertools.count()
+
+    @property
+    def workers(self) -> list[str]:
+        """The generators in rotation, sorted."""
+        return sorted(self._cached)
+
+    def add(self, worker: str) -> None:
+        """Put ``worker`` in rotation with an empty cache. Raises ``ValueError`` if it is in
+        rotation already."""
+        if not worker or worker in self._cached:
+            raise ValueError(f"worker {worker!r} is empty or in rotation already")
+        self._cached[worker] = set()
+
+    def remove(self, worker: str) -> bool:
+        """Take ``worker`` out of rotation (it died or is draining). Idempotent."""
+        return self._cached.pop(worker, None) is not None
+
+    def apply(self, worker: str, events: Iterable[Any]) -> bool:
+        """Follow ``worker``'s block pool events, in order; ``False`` (and nothing changes)
+        for a worker not in rotation."""
+        cache = self._cached.get(worker)
+        if cache is None:
+            return False
+        _follow(cache, events)
+        return True
+
+    def apply_store(self, events: Iterable[Any]) -> None:
+        """Follow the KV store's events (any tier: a block on disk is onboarded as well)."""
+        _follow(self._store, events)
+
+    def overlap(self, worker: str, hashes: Sequence[bytes]) -> int:
+        """How many of ``hashes``, from the first, ``worker`` has cached."""
+        return _prefix(self._cached.get(worker, set()), hashes)
+
+    def choose(self, hashes: Sequence[bytes], loads: Mapping[str, Load] | None = None) -> Choice:
+        """The generator for a request whose full blocks hash to ``hashes`` (a generator
+        missing from ``loads`` has none). Raises :class:`NoWorkerError` when none is in
+        rotation."""
+        if not self._cached:
+            raise NoWorkerError(
+                "no generator is in rotation: every one died or was removed; add one or wait "
+                "for a restart"
+            )
+        loads = loads or {}
+        priced = [self._price(w, hashes, loads.get(w, Load())) for w in self.workers]
+        if self.policy == "round_robin":
+            return priced[next(self._turn) % len(priced)]
+        if self.policy == "least_loaded":
+            return min(priced, key=lambda c: (loads.get(c.worker, Load()).total, c.worker))
+        return min(priced, key=lambda c: (c.cost, loads.get(c.worker, Load()).total, c.worker))
+
+    def _price(self, worker: str, hashes: Sequence[bytes], load: Load) -> Choice:
+        cached = _prefix(self._cached[worker], hashes)
+        stored = _prefix(self._store, hashes[cached:])
+        new = (len(hashes) - cached - stored) + self.store_cost * stored
+        cost = self.prefill_weight * (load.prefill_blocks + new) + load.decode_blocks
+        return Choice(worker, cached, stored, cost)
+
+
+def _prefix(cache: set[bytes], hashes: Sequence[bytes]) -> int:
+    n = 0
+    for h in hashes:
+        if h not in cache:
+            break
+        n += 1
+    return n
+
+
+def _follow(cache: set[bytes], events: Iterable[Any]) -> None:
+    """Apply a generator pool's or the store's stored/removed/cleared events, in order."""
+    for event in events:
+        if isinstance(event, (BlockStored, Stored)):
+            cache.update(event.block_hashes)
+        elif isinstance(event, (BlockRemoved, Removed)):
+            cache.difference_update(event.block_hashes)
+        elif isinstance(event, (AllBlocksCleared, Cleared)):
+            cache.clear()
+        else:
+            raise TypeError(f"not a block event: {event!r:.80}")

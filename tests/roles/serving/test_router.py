@@ -1,0 +1,105 @@
+"""The KV-aware router, sans-IO: it follows the generators' and the store's block events and
+prices each request by its uncached blocks against each generator's load."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestr.roles.generator._blocks import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored
+from orchestr.roles.kvstore import KVNamespace, Removed, Stored
+from orchestr.roles.serving import Load, NoWorkerError, Router
+
+A = [f"a{i}".encode() for i in range(8)]  # one prompt's chain of block hashes
+B = [f"b{i}".encode() for i in range(8)]
+
+
+def router(policy: str = "kv", **kw: float) -> Router:
+    r = Router(policy, **kw)
+    for name in ("g0", "g1", "g2"):
+        r.add(name)
+    return r
+
+
+def test_it_follows_a_real_block_pool_through_its_events() -> None:
+    pool = BlockPool(num_blocks=4, block_size=2)
+    r = router()
+    blocks = pool.allocate(3)
+    pool.commit(blocks, A[:3], None, [1, 2, 3, 4, 5, 6])
+    r.apply("g1", pool.take_events())
+    assert r.overlap("g1", A) == 3 and r.overlap("g0", A) == 0
+    pool.release(blocks)
+    pool.allocate(2)  # evicts the two oldest cached blocks: A[0] and A[1]
+    r.apply("g1", pool.take_events())
+    assert r.overlap("g1", A) == 0 and r.overlap("g1", A[2:]) == 1
+    r.apply("g1", [AllBlocksCleared()])
+    assert r.overlap("g1", A[2:]) == 0
+
+
+def test_the_longest_prefix_wins_until_its_load_outweighs_it() -> None:
+    r = router()
+    r.apply("g1", [BlockStored(A[:6], None, [0] * 12, 2)])
+    r.apply("g2", [BlockStored(A[:2], None, [0] * 4, 2)])
+    choice = r.choose(A)
+    assert (choice.worker, choice.cached_blocks, choice.cost) == ("g1", 6, 2.0)
+    # g1 decoding 7 blocks' worth: 2 + 7 = 9 > g0's 8 uncached blocks, g2's 6
+    busy = {"g1": Load(decode_blocks=7)}
+    assert r.choose(A, busy).worker == "g2"
+    # a prompt nobody has cached goes to the least loaded, then by name
+    assert r.choose(B, {"g0": Load(1), "g1": Load(0, 1), "g2": Load()}).worker == "g2"
+    assert r.choose(B).worker == "g0"
+    # prefill waiting counts with prefill_weight
+    heavy = Router(prefill_weight=3.0)
+    heavy.add("g0")
+    heavy.add("g1")
+    heavy.apply("g0", [BlockStored(A[:4], None, [0] * 8, 2)])
+    assert heavy.choose(A, {"g0": Load(prefill_blocks=3)}).worker == "g0"  # 3*(3+4) < 3*8
+    assert heavy.choose(A, {"g0": Load(prefill_blocks=5)}).worker == "g1"  # 3*(5+4) > 3*8
+
+
+def test_store_hits_count_at_their_onboarding_cost() -> None:
+    r = router(store_cost=0.25)
+    ns = KVNamespace("m", 2)
+    r.apply("g0", [BlockStored(A[:2], None, [0] * 4, 2)])
+    r.apply_store([Stored(ns, tuple(A[:6]), "host")])
+    c0 = r.choose(A, {"g1": Load(decode_blocks=1), "g2": Load(decode_blocks=1)})
+    # g0: 2 cached, 4 from the store at 0.25, 2 to compute: 3.0; the others: 6 * 0.25 + 2 + 1
+    assert (c0.worker, c0.cached_blocks, c0.store_blocks, c0.cost) == ("g0", 2, 4, 3.0)
+    r.apply_store([Removed(ns, (A[2],), "host")])  # the store's prefix now stops at A[2]
+    assert r.choose(A, {"g0": Load()}).store_blocks == 0
+
+
+def test_round_robin_and_least_loaded_ignore_the_caches() -> None:
+    rr = router("round_robin")
+    rr.apply("g2", [BlockStored(A, None, [0] * 16, 2)])
+    assert [rr.choose(A).worker for _ in range(4)] == ["g0", "g1", "g2", "g0"]
+    ll = router("least_loaded")
+    ll.apply("g2", [BlockStored(A, None, [0] * 16, 2)])
+    loads = {"g0": Load(2, 2), "g1": Load(0, 3), "g2": Load(1, 3)}
+    assert ll.choose(A, loads).worker == "g1"
+
+
+def test_a_dead_generator_is_out_at_once_and_comes_back_empty() -> None:
+    r = router()
+    r.apply("g1", [BlockStored(A, None, [0] * 16, 2)])
+    assert r.choose(A).worker == "g1"
+    assert r.remove("g1") and not r.remove("g1")
+    assert r.choose(A).worker == "g0" and r.workers == ["g0", "g2"]
+    assert not r.apply("g1", [BlockRemoved(A[:1])])  # a late event of the dead one: ignored
+    r.add("g1")
+    assert r.overlap("g1", A) == 0  # a restarted generator's cache starts empty
+    for name in r.workers:
+        r.remove(name)
+    with pytest.raises(NoWorkerError, match="no generator is in rotation"):
+        r.choose(A)
+
+
+def test_bad_settings_and_events_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown router policy 'random'"):
+        Router("random")
+    with pytest.raises(ValueError, match="store_cost within"):
+        Router(store_cost=2.0)
+    r = router()
+    with pytest.raises(ValueError, match="in rotation already"):
+        r.add("g0")
+    with pytest.raises(TypeError, match="not a block event"):
+        r.apply("g0", [("stored", A)])
