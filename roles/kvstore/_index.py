@@ -144,17 +144,18 @@ class BlockIndex(TieredBlocks):
     def match(self, namespace: KVNamespace, hashes: Sequence[bytes], now: float) -> Match:
         """The longest stored prefix of ``hashes``, in tokens, and per tier how many of those
         tokens have a copy there. Counts the query and its hit tokens; marks the blocks used."""
-        keys = _keys(namespace, hashes)
+        keys = _keys(namespace, hashes, chain=False)  # a repeated hash does no harm here
         by_tier = dict.fromkeys(self._by_name, 0)
+        blocks, lru = self._blocks, {t.spec.name: t.lru for t in self._tiers}
         found = 0
         for key in keys:
-            block = self._blocks.get(key)
+            block = blocks.get(key)
             if block is None:
                 break
             found += 1
             for tier in block.copies:
                 by_tier[tier] += namespace.block_size
-            self._touch(key)
+                lru[tier].move_to_end(key)
         tokens = found * namespace.block_size
         self._count["query_tokens"] += len(keys) * namespace.block_size
         self._count["hit_tokens"] += tokens
@@ -347,16 +348,17 @@ class BlockIndex(TieredBlocks):
                 block.pin, block.pin_expires = None, math.inf
 
 
-def _keys(namespace: KVNamespace, hashes: Sequence[bytes]) -> list[Key]:
+def _keys(namespace: KVNamespace, hashes: Sequence[bytes], chain: bool = True) -> list[Key]:
+    """The keys of ``hashes`` under ``namespace``, each checked; a ``chain`` names each block
+    once."""
     if not isinstance(namespace, KVNamespace):
         raise TypeError(f"namespace must be a KVNamespace, got {type(namespace).__name__}")
     if isinstance(hashes, (bytes, str)):
         raise TypeError("hashes is a sequence of block hashes (bytes), not one value")
-    keys = []
-    for h in hashes:
-        if not isinstance(h, bytes) or not h:
-            raise TypeError(f"a block hash is non-empty bytes, got {h!r:.40}")
-        keys.append((namespace, h))
-    if len(set(keys)) != len(keys):
+    if not all(type(h) is bytes and h for h in hashes):
+        bad = next(h for h in hashes if type(h) is not bytes or not h)
+        raise TypeError(f"a block hash is non-empty bytes, got {bad!r:.40}")
+    keys = [(namespace, h) for h in hashes]
+    if chain and len(set(hashes)) != len(keys):
         raise ValueError("a chain of block hashes names each block once")
     return keys

@@ -48,14 +48,27 @@ class KVNamespace:
     block_size: int
     weight_version: int = 0
     salt: str = ""
+    # every block key hashes its namespace: computed once, not per lookup
+    _hash: int = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.model:
-            raise ValueError("a namespace names its model")
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"a namespace names its model (a string), got {self.model!r:.40}")
+        if not isinstance(self.salt, str):
+            raise ValueError(f"salt must be a string, got {self.salt!r:.40}")
+        for name in ("block_size", "weight_version"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an integer, got {value!r:.40}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be at least 1 token, got {self.block_size}")
         if self.weight_version < 0:
             raise ValueError(f"weight_version must be >= 0, got {self.weight_version}")
+        fields = (self.model, self.block_size, self.weight_version, self.salt)
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 @dataclasses.dataclass(frozen=True)

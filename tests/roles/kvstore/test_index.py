@@ -177,6 +177,11 @@ def test_bad_arguments_are_refused() -> None:
         Tier("host", 0)
     with pytest.raises(ValueError, match="block_size"):
         KVNamespace("m", 0)
+    with pytest.raises(ValueError, match="block_size must be an integer, got True"):
+        KVNamespace("m", True)
+    with pytest.raises(ValueError, match="names its model"):
+        KVNamespace(3, 16)
+    assert hash(KVNamespace("m", 16, 1)) == hash(KVNamespace("m", 16, 1))
     idx = index()
     with pytest.raises(TypeError, match="KVNamespace"):
         idx.match("m", chain("a"), 0.0)
