@@ -129,10 +129,13 @@ class KVStore(oc.Actor):
         self, namespace: KVNamespace, hashes: list[bytes], ttl: float | None = None
     ) -> dict[str, Any]:
         """Lease the longest stored prefix of ``hashes`` in host memory, promoting blocks held
-        only on disk first: ``{"lease", "buffer", "block_bytes", "offsets", "tokens", "ttl"}``. Read each
-        block at its offset, then :meth:`check_lease` before using what was read, and
-        :meth:`release`. Blocks on the disk reads of a promotion; raises ``OSError`` if one
-        failed (the lease is released then)."""
+        only on disk first: ``{"lease", "buffer", "block_bytes", "offsets", "tokens",
+        "ttl"}``. Read each block at its offset, then :meth:`check_lease` before using what
+        was read, and :meth:`release`.
+
+        Blocks on the disk reads of a promotion; raises ``OSError`` if one failed (the lease
+        is released then). Cancel-safe: cancelled, the lease is released and a promotion
+        already begun completes on its own."""
         self._start()
         lease = self._index.lease(namespace, hashes, time.monotonic(), ttl)
         try:
@@ -210,7 +213,9 @@ class KVStore(oc.Actor):
 
     @oc.endpoint(concurrent=True)
     async def aclose(self) -> None:
-        """Stop the housekeeping and close the disk file. Idempotent."""
+        """Stop the housekeeping and close the disk file. Idempotent.
+
+        Blocks on the housekeeping round in progress; raises nothing; cancel-safe."""
         self._closed = True
         task, self._task = self._task, None
         if task is not None:
@@ -238,19 +243,29 @@ class KVStore(oc.Actor):
             await asyncio.sleep(self.maintain_s)
 
     async def _copy(self, moves: Sequence[Move]) -> None:
-        """Make each move's copy between host memory and the disk file (in a thread), and
-        tell the index; a failed copy is reported failed and raised after the rest."""
-        failed: BaseException | None = None
+        """Make each move's copy between host memory and the disk file, in a thread that
+        reports each to the index as it is made (or failed), so a cancelled caller leaves
+        none in flight; raises the first failure after the rest are done."""
+        if moves:
+            loop = asyncio.get_running_loop()
+            failed = await asyncio.to_thread(self._copy_all, moves, loop)
+            if failed is not None:
+                raise failed
+
+    def _copy_all(self, moves: Sequence[Move], loop: asyncio.AbstractEventLoop) -> OSError | None:
+        failed = None
         for move in moves:
+            ok = True
             try:
-                await asyncio.to_thread(self._copy_one, move)
+                self._copy_one(move)
             except OSError as exc:
-                failed = failed or exc
-                self._index.moved(move.id, time.monotonic(), ok=False)
-            else:
-                self._index.moved(move.id, time.monotonic())
-        if failed is not None:
-            raise failed
+                failed, ok = failed or exc, False
+            with contextlib.suppress(RuntimeError):  # the loop closed: the store is gone
+                loop.call_soon_threadsafe(self._moved, move.id, ok)
+        return failed
+
+    def _moved(self, move_id: int, ok: bool) -> None:
+        self._index.moved(move_id, time.monotonic(), ok=ok)
 
     def _copy_one(self, move: Move) -> None:
         if self._disk is None:
@@ -304,8 +319,12 @@ async def get_blocks(
     lease = await store.lease.call_one(namespace, list(hashes))
     try:
         _check_sizes(out[: len(lease["offsets"])], lease["block_bytes"])
-        for offset, dst in zip(lease["offsets"], out, strict=False):
-            await lease["buffer"].read_into(dst, offset=offset)
+        try:
+            async with asyncio.TaskGroup() as reads:  # the copies overlap their thread hops
+                for offset, dst in zip(lease["offsets"], out, strict=False):
+                    reads.create_task(lease["buffer"].read_into(dst, offset=offset))
+        except* Exception as group:
+            raise group.exceptions[0] from None  # the first failure, as a plain read raises it
         await store.check_lease.call_one(lease["lease"])
     finally:
         with contextlib.suppress(Exception):
