@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -77,6 +78,9 @@ class KVStore(oc.Actor):
         self._memory = fabric.empty(host_blocks * block_bytes, dtype=torch.uint8)
         self._buffer = Buffer(self._memory)
         self._disk: int | None = None
+        # held by each disk copy (in a thread) and by the close: a closed descriptor's number,
+        # reused by another file, is never written
+        self._disk_lock = threading.Lock()
         if disk_blocks:
             fd, path = tempfile.mkstemp(prefix="orchestr-kv-", dir=disk_dir)
             os.unlink(path)  # the blocks live as long as the descriptor: nothing left behind
@@ -215,15 +219,20 @@ class KVStore(oc.Actor):
     async def aclose(self) -> None:
         """Stop the housekeeping and close the disk file. Idempotent.
 
-        Blocks on the housekeeping round in progress; raises nothing; cancel-safe."""
+        Blocks on the disk copy in progress (a closed file is never written); raises
+        nothing; cancel-safe."""
         self._closed = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        if self._disk is not None:
-            os.close(self._disk)
-            self._disk = None
+        await asyncio.to_thread(self._close_disk)
+
+    def _close_disk(self) -> None:
+        with self._disk_lock:
+            if self._disk is not None:
+                os.close(self._disk)
+                self._disk = None
 
     # -- inside ----------------------------------------------------------------------------------
 
@@ -268,16 +277,17 @@ class KVStore(oc.Actor):
         self._index.moved(move_id, time.monotonic(), ok=ok)
 
     def _copy_one(self, move: Move) -> None:
-        if self._disk is None:
-            raise OSError("this store has no disk tier")
         size = self.block_bytes
         host = move.source if move.source.tier == "host" else move.target
         disk = move.target if host is move.source else move.source
         view = memoryview(self._memory.numpy())[host.slot * size : (host.slot + 1) * size]
-        if host is move.source:
-            written = os.pwrite(self._disk, view, disk.slot * size)
-        else:
-            written = os.preadv(self._disk, [view], disk.slot * size)
+        with self._disk_lock:
+            if self._disk is None:
+                raise OSError("the store's disk file is closed (or it has no disk tier)")
+            if host is move.source:
+                written = os.pwrite(self._disk, view, disk.slot * size)
+            else:
+                written = os.preadv(self._disk, [view], disk.slot * size)
         if written != size:
             raise OSError(f"moved {written} of a block's {size} bytes")
 
