@@ -198,7 +198,7 @@ class BlockIndex(TieredBlocks):
                         self._blocks[rest].leases.discard(lease_id)
                     del held[n:]
                     break
-                moves.append(self._start_move(key, block, self._lowest_copy(block), top, slot))
+                moves.append(self._start_move(key, block, self._nearest_copy(block), top, slot))
             self._touch(key)
             locations.append(BlockLocation(key[1], top, slot))
         lease = Lease(lease_id, namespace, tuple(locations), tuple(moves), now + ttl)

@@ -159,7 +159,8 @@ class TieredBlocks:
     def _leased(self, block: Block, now: float) -> bool:
         return any(self._leases[i][0].expires > now for i in block.leases if i in self._leases)
 
-    def _lowest_copy(self, block: Block) -> str:
+    def _nearest_copy(self, block: Block) -> str:
+        """The tier of the block's copy closest to the first (the one to promote from)."""
         return min(block.copies, key=self._by_name.__getitem__)
 
     def _start_move(self, key: Key, block: Block, source: str, target: str, slot: int) -> Move:
