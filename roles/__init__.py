@@ -35,7 +35,16 @@ from ._common._weightplan import (
     WeightSyncError,
 )
 from ._common._weights import WeightLoader, WeightPublisher, WeightsRef
-from .generator import Completion, Engine, EngineStats, Generator, PagedEngine, Request
+from .generator import (
+    Completion,
+    Engine,
+    EngineStats,
+    Generator,
+    PagedEngine,
+    Request,
+    TokenDelta,
+    Updates,
+)
 from .kvstore import KVNamespace, KVStore, KVStoreError, LeaseExpiredError
 from .reward import Reward
 from .rl import (
@@ -81,9 +90,11 @@ __all__ = [
     "StepRecord",
     "TinyLM",
     "TinyLMConfig",
+    "TokenDelta",
     "TrainConfig",
     "Trainer",
     "UpdateConfig",
+    "Updates",
     "WeightLoader",
     "WeightPublisher",
     "WeightSyncError",

@@ -49,7 +49,11 @@ marked with it below. ``tests/test_errors.py`` keeps this drawing and the classe
     ├── KVStoreError                 a KV store request cannot be served (roles.kvstore)
     │   └── LeaseExpiredError            a lease ran out before its reader finished
     ├── ServingError                 a request cannot be served (roles.serving)
-    │   └── NoWorkerError                    no generator is in rotation
+    │   ├── NoWorkerError                    no generator is in rotation
+    │   ├── OverloadedError                  the front door has its most requests in flight
+    │   ├── GeneratorLostError               the request's generator died before it finished
+    │   └── APIError                         an HTTP request refused: its status and OpenAI's
+    │                                        error body (the front door's own)
     └── BackendError                 a torch backend is unknown or badly set (roles; also a
         │                            ``ValueError``)
         └── BackendUnavailableError      ... or cannot run on this node

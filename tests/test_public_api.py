@@ -34,8 +34,8 @@ ROLES = {
     "GRPOConfig", "GRPOResult", "Generator", "KVNamespace", "KVStore", "KVStoreError",
     "LeaseExpiredError", "LengthRanker", "ManifestMismatchError",
     "PagedEngine", "Request",
-    "Reward", "StaleWeightsError", "StepRecord", "TinyLM", "TinyLMConfig", "TrainConfig",
-    "Trainer", "UpdateConfig", "WeightLoader", "WeightPublisher", "WeightSyncError",
+    "Reward", "StaleWeightsError", "StepRecord", "TinyLM", "TinyLMConfig", "TokenDelta",
+    "TrainConfig", "Trainer", "UpdateConfig", "Updates", "WeightLoader", "WeightPublisher", "WeightSyncError",
     "WeightsRef", "backend_report", "build_model", "choose_backend", "group_advantages",
     "grpo_loss", "grpo_update", "register_backend", "reverse_task", "run_grpo", "train",
 }  # fmt: skip

@@ -4,6 +4,15 @@ it (``_actor``), which streams completions and loads new weights from a trainer.
 from ._actor import Generator
 from ._engine import Engine
 from ._paged_engine import PagedEngine
-from ._types import Completion, EngineStats, Request
+from ._types import Completion, EngineStats, Request, TokenDelta, Updates
 
-__all__ = ["Completion", "Engine", "EngineStats", "Generator", "PagedEngine", "Request"]
+__all__ = [
+    "Completion",
+    "Engine",
+    "EngineStats",
+    "Generator",
+    "PagedEngine",
+    "Request",
+    "TokenDelta",
+    "Updates",
+]

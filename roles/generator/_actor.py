@@ -7,7 +7,8 @@ cancels it too when the worker stops). Every engine access holds one ``asyncio.L
 endpoint that changes the engine waits for the step in progress, at most one step.
 
 A finished completion goes to the :meth:`Generator.generate` call that submitted it, else to
-the stream read by :meth:`Generator.next_completed`, in finishing order.
+the stream read by :meth:`Generator.next_completed`, in finishing order; one submitted with
+``stream=READER`` reaches that reader token by token through :meth:`Generator.updates`.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ import structlog
 import torch
 
 import orchestr as oc
-from orchestr.fabric import Buffer
 from orchestr.roles._common._backend import BackendSpec, choose_backend
 from orchestr.roles._common._factory import DEFAULT_MODEL
 from orchestr.roles._common._weights import WeightLoader, WeightsRef
 
-from ._build import build_engine, in_thread
+from ._build import build_engine, in_thread, read_staged
 from ._metrics import EngineMetrics
-from ._types import Completion, Request, as_request
+from ._streams import Streams
+from ._types import Completion, Request, Updates, as_request
 
 __all__ = ["Completion", "Generator", "Request"]
 
@@ -49,9 +50,8 @@ class Generator(oc.Actor):
     ``backend`` (a :class:`~orchestr.roles.BackendSpec` or a name, default the best this node
     has) says where and how the model runs. With ``checkpoint`` (a Hugging Face format
     folder; ``model`` is vLLM's name for it) the model is loaded from it and runs on
-    ``engine`` ``"paged"`` (the default: orchestr's paged engine, whose options
-    ``num_blocks``, ``block_size``, ``token_budget``, ``on_new_weights`` and ``packed``
-    ``kv`` gives) or
+    ``engine`` ``"paged"`` (the default: orchestr's paged engine, whose options ``kv`` gives:
+    ``num_blocks``, ``block_size``, ``token_budget``, ``on_new_weights``, ``packed``) or
     ``"vllm"`` (vLLM's engine in this process, with the ``vllm`` extra; ``vllm`` gives
     ``EngineArgs`` options)."""
 
@@ -109,20 +109,46 @@ class Generator(oc.Actor):
         self._closed = False
         self._rewind = False  # reset: the next weights may be older than the current ones
         self._token = secrets.token_hex(8)  # this incarnation, until the next reset
+        self._streams = Streams()  # streamed requests, by reader
 
     # -- endpoints ---------------------------------------------------------------------------
     @oc.endpoint(concurrent=True)
-    async def submit(self, requests: list[Any]) -> None:
+    async def submit(self, requests: list[Any], stream: str | None = None) -> None:
         """Queue requests (``Request`` or dicts of its fields); their completions arrive
-        through :meth:`next_completed`. Blocks at most for the step in progress. Raises
-        ``ValueError`` for a bad request, and then queues none of them.
+        through :meth:`next_completed`, or, with ``stream`` (a reader's name), token by token
+        through that reader's :meth:`updates`. Blocks at most for the step in progress.
+        Raises ``ValueError`` for a bad request, and then queues none of them.
 
         Cancel-safe: the requests are queued, all of them, or none."""
         reqs = [as_request(r) for r in requests]
+        if stream is not None:
+            self._streams.reader(stream)
         self._ensure_running()
         async with self._lock:
             self._engine.submit(reqs)
+            if stream is not None:
+                self._streams.add(stream, [r.id for r in reqs])
         self._wake.set()
+
+    @oc.endpoint(concurrent=True)
+    async def updates(self, stream: str, timeout_s: float | None = None) -> Updates:
+        """What reader ``stream`` is owed (:class:`~orchestr.roles.Updates`): its requests'
+        new tokens, the block events since its last call and the load now; as soon as there
+        is news, else after ``timeout_s`` (``None``: no limit). The first call makes
+        ``stream`` a reader. Blocks until news or ``timeout_s``; raises
+        :class:`ClosedResourceError` when the generator closes and ``RuntimeError`` when its
+        engine failed. Cancel-safe: a cancelled call takes nothing."""
+        self._ensure_running()
+        await self._streams.wait(stream, timeout_s, self._check_alive)
+        return self._streams.take(stream, self._engine)
+
+    @oc.endpoint(concurrent=True)
+    async def unsubscribe(self, stream: str) -> int:
+        """Forget reader ``stream``: its requests still waiting or running are cancelled
+        (their blocks freed); returns how many. Blocks at most for the step in progress;
+        raises nothing; cancel-safe (a repeated call finishes the job)."""
+        async with self._lock:
+            return self._streams.remove(stream, self._engine)
 
     @oc.endpoint(concurrent=True)
     async def next_completed(
@@ -190,7 +216,9 @@ class Generator(oc.Actor):
         and a repeated call says which."""
         self._ensure_running()
         async with self._lock:
-            return self._engine.cancel(request_id)
+            completion = self._engine.cancel(request_id)
+            self._streams.drop(request_id)
+            return completion
 
     @oc.endpoint(concurrent=True)
     async def load_weights(self, state: dict[str, Any], version: int) -> None:
@@ -203,16 +231,7 @@ class Generator(oc.Actor):
         nothing; once the copy runs (in a worker thread) it finishes, and ``version`` becomes
         current although the call was cancelled."""
         self._ensure_running()
-        own = self._weights.shapes()
-        tensors: dict[str, torch.Tensor] = {}
-        for k, v in state.items():
-            if isinstance(v, Buffer) and k in own:
-                dst = torch.empty(own[k].shape, dtype=own[k].dtype)
-                if v.nbytes != dst.nbytes:
-                    raise ValueError(f"buffer for {k!r} has {v.nbytes} bytes, needs {dst.nbytes}")
-                await v.read_into(dst)
-                v = dst
-            tensors[k] = v
+        tensors = await read_staged(self._weights.shapes(), state)
         async with self._lock:
             await in_thread(self._engine.load_weights, tensors, version)
         log.info("weights loaded", version=version)
@@ -226,9 +245,8 @@ class Generator(oc.Actor):
 
         Returns ``version``, ``loaded`` (False when that version was already current),
         ``seconds`` (the load itself), ``wait_s`` (for the step in progress before it),
-        ``bytes`` and the ``transports`` the reads used. Raises the loader's
-        errors (:class:`StaleWeightsError`, :class:`ChecksumMismatchError`, ...) with the
-        weights unchanged.
+        ``bytes`` and the ``transports`` the reads used. Raises the loader's errors
+        (:class:`StaleWeightsError`, :class:`ChecksumMismatchError`...), weights unchanged.
 
         Cancel-safe: the reads are checked before the copy, and the copy runs without a pause,
         so a cancelled call loaded all of the version or none of it."""
@@ -243,14 +261,8 @@ class Generator(oc.Actor):
             self._rewind = False
         seconds = time.perf_counter() - t0
         log.info("weights synced", version=ref.version, loaded=loaded, seconds=seconds)
-        return {
-            "version": ref.version,
-            "loaded": loaded,
-            "seconds": seconds,
-            "wait_s": t0 - asked,
-            "bytes": ref.nbytes,
-            "transports": sorted(self._loader.transports),
-        }
+        return {"version": ref.version, "loaded": loaded, "seconds": seconds, "wait_s": t0 - asked,
+                "bytes": ref.nbytes, "transports": sorted(self._loader.transports)}  # fmt: skip
 
     @oc.endpoint(concurrent=True)
     async def reset(self) -> dict[str, Any]:
@@ -267,6 +279,7 @@ class Generator(oc.Actor):
         async with self._lock:
             self._token = secrets.token_hex(8)
             self._has_ready.set()  # waiting readers look at the token again
+            self._streams.dropping(self._engine.request_ids())
             dropped = self._engine.drop_all() + len(self._ready)
             self._ready.clear()
             self._abandoned.clear()
@@ -363,14 +376,14 @@ class Generator(oc.Actor):
                     self._abandoned.clear()
                     finished = await in_thread(self._engine.step)
                     self._metrics.publish()
+                    finished = self._streams.after_step(self._engine, finished)
                 for c in finished:
                     future = self._claimed.pop(c.id, None)
-                    if future is not None:
-                        if not future.done():
-                            future.set_result(c)
-                    elif c.id in self._abandoned:  # its generate() call went during the step
+                    if future is not None and not future.done():
+                        future.set_result(c)
+                    elif future is None and c.id in self._abandoned:  # its call went meanwhile
                         self._abandoned.discard(c.id)
-                    else:
+                    elif future is None:
                         self._ready.append(c)
                         self._has_ready.set()
         except Exception as exc:  # a model error: nothing can continue; say so to every caller
@@ -384,3 +397,4 @@ class Generator(oc.Actor):
                 future.set_exception(exc)
         self._claimed.clear()
         self._has_ready.set()  # next_completed() callers wake and raise
+        self._streams.wake_all()  # updates() callers wake and raise

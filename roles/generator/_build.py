@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import torch
 
 import orchestr as oc
+from orchestr.fabric import Buffer
 from orchestr.roles._common._backend import Backend
 from orchestr.roles._common._factory import build_model
 from orchestr.roles._common._hf._load import load_model
@@ -175,3 +176,21 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
     except asyncio.CancelledError:
         await asyncio.wait([future])
         raise
+
+
+async def read_staged(
+    own: Mapping[str, torch.Tensor], state: Mapping[str, Any]
+) -> dict[str, torch.Tensor]:
+    """``state`` with each :class:`~orchestr.Buffer` value (for a tensor the model has) read
+    into a new tensor shaped like the model's; raises ``ValueError`` for a buffer of another
+    size (nothing is read then for it)."""
+    tensors: dict[str, torch.Tensor] = {}
+    for k, v in state.items():
+        if isinstance(v, Buffer) and k in own:
+            dst = torch.empty(own[k].shape, dtype=own[k].dtype)
+            if v.nbytes != dst.nbytes:
+                raise ValueError(f"buffer for {k!r} has {v.nbytes} bytes, needs {dst.nbytes}")
+            await v.read_into(dst)
+            v = dst
+        tensors[k] = v
+    return tensors

@@ -146,6 +146,11 @@ class Engine(Pausable):
         """Ids of the running requests, then the waiting ones in queue order."""
         return [*self._running, *(w.request.id for w in self._waiting)]
 
+    def live(self, request_id: str) -> Live | None:
+        """The record of a running request (its tokens so far), else ``None`` (a waiting
+        one has none yet)."""
+        return self._running.get(request_id)
+
     # -- weights and pausing -----------------------------------------------------------------
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy ``state`` (every key of the model's ``state_dict``, same shapes) into the model

@@ -139,6 +139,32 @@ class PagedEngine(Pausable):
         """Ids of the running requests, then the waiting ones in queue order."""
         return [s.id for s in self._sched.running] + [s.id for s in self._sched.waiting]
 
+    def live(self, request_id: str) -> Live | None:
+        """The record of a waiting or running request (its tokens so far), else ``None``."""
+        entry = self._live.get(request_id)
+        return None if entry is None else entry[0]
+
+    def load(self) -> tuple[int, int]:
+        """Blocks of work queued: of prompt tokens still to compute (waiting requests and
+        running ones mid-prefill), and held by the sequences decoding."""
+        prefill = decode = 0
+        for seq in self._sched.waiting:
+            prefill += self._sched.blocks_for(seq.num_tokens)
+        for seq in self._sched.running:
+            if seq.num_computed < len(seq.prompt):
+                prefill += self._sched.blocks_for(len(seq.prompt) - seq.num_computed)
+            decode += len(seq.blocks)
+        return prefill, decode
+
+    def cache_keys(self) -> tuple[int, list[Any]]:
+        """The block size and the extra keys every block hash of a request without a cache
+        salt carries now (:func:`~._blocks.hash_block`), for a router that hashes prompts."""
+        return self._pool.block_size, [*self._sched.extra_keys, None]
+
+    def cached_hashes(self) -> list[bytes]:
+        """The hashes of every block in the prefix cache now."""
+        return list(self._pool.cached)
+
     # -- weights -----------------------------------------------------------------------------
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy ``state`` (the model's ``state_dict`` keys and shapes) into the model and make

@@ -8,7 +8,7 @@ from typing import Any
 
 from orchestr import register
 
-__all__ = ["Completion", "EngineStats", "Request", "as_request"]
+__all__ = ["Completion", "EngineStats", "Request", "TokenDelta", "Updates", "as_request"]
 
 
 @register
@@ -67,6 +67,49 @@ class Completion:
     top_logprobs: list[dict[int, float]] | None = None
     text: str | None = None
     stop_reason: int | str | None = None
+
+
+@register
+@dataclasses.dataclass
+class TokenDelta:
+    """The tokens a streamed request was given since the last :class:`Updates`, with their
+    log-probs (and the likeliest tokens' when asked). ``finish_reason`` is ``None`` while it
+    runs, then ``"stop"``, ``"length"``, ``"cancelled"`` or ``"dropped"`` (the generator was
+    reset); ``text`` and ``stop_reason`` are the completion's, in the last delta."""
+
+    __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
+
+    id: str
+    tokens: list[int]
+    logprobs: list[float]
+    top_logprobs: list[dict[int, float]] | None = None
+    finish_reason: str | None = None
+    text: str | None = None
+    stop_reason: int | str | None = None
+
+
+@register
+@dataclasses.dataclass
+class Updates:
+    """What one reader of a generator's streams is told at once (``Generator.updates``):
+    the new tokens of its requests, the prefix cache's block events since the last call
+    (``("stored" | "removed" | "cleared", hashes)`` in order), and the load: ``waiting`` and
+    ``running`` requests and, on the paged engine, ``prefill_blocks`` (prompt blocks still to
+    compute) and ``decode_blocks`` (held by decoding sequences). ``block_size`` and
+    ``extra_keys`` are what the engine's block hashes carry (``0`` and ``[]`` without a
+    prefix cache); ``metrics`` its counters under vLLM's names."""
+
+    __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
+
+    deltas: list[TokenDelta]
+    events: list[tuple[str, list[bytes]]]
+    waiting: int
+    running: int
+    prefill_blocks: int
+    decode_blocks: int
+    block_size: int
+    extra_keys: list[Any]
+    metrics: dict[str, float]
 
 
 @register

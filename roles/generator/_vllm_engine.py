@@ -219,6 +219,14 @@ class VllmEngine(Pausable):
         self._finished += 1
         return live.finish("cancelled", self._version, self._clock())
 
+    def request_ids(self) -> list[str]:
+        """Ids of the waiting and running requests."""
+        return list(self._live)
+
+    def live(self, request_id: str) -> Live | None:
+        """The record of a waiting or running request (its tokens so far), else ``None``."""
+        return self._live.get(request_id)
+
     def drop_all(self) -> int:
         """Abort every request without completions; returns how many."""
         dropped = list(self._live)

@@ -1,6 +1,30 @@
-"""Serving: the router that sends requests to generators by what their prefix caches and the
-KV store hold against their load (:class:`Router`, sans-IO). The front door comes next."""
+"""Serving: OpenAI's API over generator meshes.
 
+- :class:`FrontDoor` routes requests to generators and streams their tokens back
+  (:meth:`FrontDoor.open`, :meth:`FrontDoor.stream`), with bounded admission and generators
+  taken out of rotation when they die;
+- :func:`openai_app` is the HTTP front door, a Starlette (ASGI) app to serve with uvicorn or
+  mount in an app of your own; :class:`ServedModel` is the checkpoint's tokenizer, chat
+  template and context length it needs;
+- :class:`Router` (sans-IO) chooses the generator by what its prefix cache and the KV store
+  hold against its load.
+"""
+
+from ._frontdoor import FrontDoor, GeneratorLostError, OverloadedError, RequestStream
+from ._http import ServedModel, openai_app
 from ._router import POLICIES, Choice, Load, NoWorkerError, Router, ServingError
 
-__all__ = ["POLICIES", "Choice", "Load", "NoWorkerError", "Router", "ServingError"]
+__all__ = [
+    "POLICIES",
+    "Choice",
+    "FrontDoor",
+    "GeneratorLostError",
+    "Load",
+    "NoWorkerError",
+    "OverloadedError",
+    "RequestStream",
+    "Router",
+    "ServedModel",
+    "ServingError",
+    "openai_app",
+]

@@ -1,0 +1,242 @@
+"""``orchestr serve MODEL_DIR``: generators of a checkpoint behind OpenAI's API.
+
+It runs on the running cluster (``--address``, ``$ORCHESTR_ADDRESS`` or the state directory's
+head) or on an embedded one, spawns ``--generators`` generator actors and serves the front
+door (:mod:`orchestr.roles.serving`) with uvicorn until SIGINT or SIGTERM; then the front
+door closes (requests in flight end) and the generators stop with the job.
+
+Without ``--api-key`` (or ``$ORCHESTR_API_KEY``) it binds only a loopback address: a model
+open to the network without a key is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import orchestr
+
+__all__ = ["add_parsers"]
+
+ENGINES = {"native": "paged", "vllm": "vllm"}
+#: The router's policies (``orchestr.roles.serving.POLICIES``, not imported here: that loads
+#: torch, and every ``orchestr`` command builds this parser).
+ROUTERS = ("kv", "round_robin", "least_loaded")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options, if anything."""
+    folder = args.model_dir
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        return f"{folder} is not a model folder (no config.json); make one with `orchestr model make-tiny`"
+    if args.api_key is None and not _loopback(args.host):
+        return (
+            f"--host {args.host} would open the model to the network without a key; give "
+            f"--api-key (or $ORCHESTR_API_KEY), or bind a loopback address"
+        )
+    if args.api_key is not None and not args.api_key:
+        return "--api-key must not be empty"
+    if args.restarts < 0:
+        return f"--restarts must be 0 or more, got {args.restarts}"
+    return None
+
+
+async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from orchestr.roles import Generator
+
+    _Server = _server_class()
+    from orchestr.roles.serving import FrontDoor, ServedModel, openai_app
+
+    model = ServedModel(args.model_dir, args.served_model_name or [])
+    options: dict[str, Any] = {
+        "checkpoint": args.model_dir,
+        "engine": ENGINES[args.engine],
+        "max_batch": args.max_batch,
+    }
+    if args.torch_threads:
+        options["torch_threads"] = args.torch_threads
+    generators = await ctx.spawn(
+        Generator,
+        n=args.generators,
+        name="generator",
+        restart=orchestr.RestartPolicy(max_restarts=args.restarts),
+        # a generator out of restarts is left dead: the others keep serving
+        supervise=lambda failure: "restart" if failure.can_restart else "handle",
+        **options,
+    )
+    async with FrontDoor(
+        generators, router=args.router, max_pending=args.max_pending, resend=args.resend
+    ) as front:
+        app = openai_app(front, model, api_key=args.api_key)
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+        )
+        server = _Server(config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, server.exit)
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():  # noqa: ASYNC110 (uvicorn has no event)
+            await asyncio.sleep(0.05)
+        if server.started:
+            port = server.servers[0].sockets[0].getsockname()[1]
+            print(
+                f"serving {model.names[0]} on http://{args.host}:{port}/v1 with "
+                f"{args.generators} {args.engine} generator(s), router {args.router}",
+                flush=True,
+            )
+        await task  # until SIGINT or SIGTERM, or it fails to bind
+        if not server.started:
+            raise orchestr.ConfigError(f"could not serve on {args.host}:{args.port} (see above)")
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server without its own signal handling (it raises the signal again
+        once stopped): ``orchestr serve`` stops it, then closes the front door and the job."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+        def exit(self) -> None:
+            if self.should_exit:
+                self.force_exit = True  # a second signal: stop without waiting
+            self.should_exit = True
+
+    return Server
+
+
+def serve(args: argparse.Namespace) -> int:
+    if args.api_key is None:
+        args.api_key = os.environ.get("ORCHESTR_API_KEY")
+    problem = _check(args)
+    if problem is not None:
+        print(f"orchestr serve: {problem}", file=sys.stderr)
+        return 2
+    args.model_dir = os.path.abspath(args.model_dir)  # the workers' working folder may differ
+    from ._main import _cluster_of
+
+    try:
+        address, token = _cluster_of(args)
+
+        async def main(ctx: orchestr.JobContext) -> None:
+            await _serve(ctx, args)
+
+        orchestr.run(main, address=address, token=token)
+    except orchestr.OrchestrError as exc:
+        print(f"orchestr serve: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    print("orchestr serve: stopped", file=sys.stderr)
+    return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is from 0 to 65535, got {value}")
+    return value
+
+
+def add_parsers(sub: Any, state_dir_help: str) -> None:
+    p = sub.add_parser(
+        "serve", help="serve a checkpoint over OpenAI's API (completions, chat, streaming)"
+    )
+    p.add_argument("model_dir", metavar="MODEL_DIR", help="a Hugging Face format model folder")
+    p.add_argument("--generators", type=_positive, default=1, help="generator actors (default 1)")
+    p.add_argument(
+        "--engine",
+        choices=sorted(ENGINES),
+        default="native",
+        help="native: orchestr's paged engine (default); vllm: vLLM's engine (the vllm extra)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000; 0: any)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="the key clients send as `Authorization: Bearer KEY` (default $ORCHESTR_API_KEY); "
+        "without one only a loopback address is bound",
+    )
+    p.add_argument(
+        "--router", choices=ROUTERS, default="kv", help="how requests pick a generator (default kv)"
+    )
+    p.add_argument(
+        "--max-batch", type=_positive, default=32, help="sequences per engine step (default 32)"
+    )
+    p.add_argument(
+        "--max-pending",
+        type=_positive,
+        default=256,
+        help="requests in flight before more are refused with 429 (default 256)",
+    )
+    p.add_argument(
+        "--resend",
+        action="store_true",
+        help="send a request whose generator died to another one (if no token was sent yet)",
+    )
+    p.add_argument(
+        "--restarts",
+        type=int,
+        default=3,
+        help="restarts per generator that dies (default 3); the front door serves on the "
+        "others meanwhile, and on it again once it is back",
+    )
+    p.add_argument(
+        "--torch-threads", type=_positive, default=None, help="torch threads per generator"
+    )
+    p.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="the model's names in the API (default MODEL_DIR)",
+    )
+    p.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help="serve on the cluster whose head serves there (default: $ORCHESTR_ADDRESS, else "
+        "the state directory's running head, else an embedded cluster)",
+    )
+    p.add_argument("--state-dir", help=state_dir_help)
+    p.set_defaults(func=serve)

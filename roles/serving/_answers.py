@@ -1,0 +1,105 @@
+"""OpenAI's answers, sans-IO: a choice's text shown as its tokens arrive (:class:`ChoiceText`),
+the usage, finish reasons and log-probs in the shapes OpenAI's clients parse."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["ChoiceText", "chat_logprobs", "completion_logprobs", "finish_reason", "usage"]
+
+
+@dataclasses.dataclass
+class ChoiceText:
+    """One choice's text as its tokens arrive: :meth:`push` gives the text that can be shown
+    now. Text is held back while it ends in an incomplete character (a multi-byte character
+    split over tokens) and, with stop strings, the last ``len(longest) - 1`` characters (they
+    may begin a stop string); :meth:`finish` gives the rest, cut before the stop string."""
+
+    decode: Any  # list[int] -> str
+    stops: list[str]
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    shown: str = ""
+
+    def push(self, tokens: Sequence[int]) -> str:
+        self.tokens += tokens
+        text = self.decode(self.tokens)
+        if text.endswith("\ufffd"):
+            return ""
+        if self.stops:
+            hold = max(map(len, self.stops)) - 1
+            text = text[: max(len(text) - hold, len(self.shown))]
+        return self._show(text)
+
+    def finish(self, final: str | None) -> str:
+        """The text not shown yet; ``final`` is the completion's text when a stop string cut
+        it."""
+        text = final if final is not None else self.decode(self.tokens)
+        return self._show(text)
+
+    def _show(self, text: str) -> str:
+        if not text.startswith(self.shown):  # decoding more tokens changed the text before
+            return ""
+        new, self.shown = text[len(self.shown) :], text
+        return new
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def finish_reason(reason: str | None) -> str | None:
+    """OpenAI's finish reason for an engine's (``"cancelled"`` and ``"dropped"`` read
+    ``"abort"``, as vLLM's do)."""
+    if reason in (None, "stop", "length"):
+        return reason
+    return "abort"
+
+
+def completion_logprobs(
+    token_text: Any,
+    tokens: Sequence[int],
+    logprobs: Sequence[float],
+    top: Sequence[dict[int, float]] | None,
+    offset: int,
+) -> dict[str, Any]:
+    """The legacy completions ``logprobs`` object for ``tokens``, text offsets from
+    ``offset``."""
+    texts = [token_text(t) for t in tokens]
+    offsets = []
+    for t in texts:
+        offsets.append(offset)
+        offset += len(t)
+    return {
+        "tokens": texts,
+        "token_logprobs": list(logprobs),
+        "top_logprobs": None
+        if top is None
+        else [{token_text(k): v for k, v in entry.items()} for entry in top],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(
+    token_text: Any,
+    tokens: Sequence[int],
+    logprobs: Sequence[float],
+    top: Sequence[dict[int, float]] | None,
+) -> dict[str, Any]:
+    """The chat ``logprobs`` object (``{"content": [...]}``) for ``tokens``."""
+
+    def entry(t: int, lp: float) -> dict[str, Any]:
+        text = token_text(t)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+    content = []
+    for i, (t, lp) in enumerate(zip(tokens, logprobs, strict=True)):
+        item = entry(t, lp)
+        item["top_logprobs"] = [] if top is None else [entry(k, v) for k, v in top[i].items()]
+        content.append(item)
+    return {"content": content}

@@ -1,0 +1,302 @@
+"""The front door's generation routes: a checked :class:`~._openai.Job` admitted, run on the
+generators through the :class:`~._frontdoor.FrontDoor`, and answered whole or as server-sent
+events, one chunk per token (:class:`Generation`).
+
+A client that goes away ends its requests on their generators: Starlette cancels a stream's
+body when the connection closes, and for a whole answer a task watches the connection while
+it is computed. Errors are :class:`~._openai.APIError` with OpenAI's bodies; one that happens
+after a stream's headers were sent goes in the stream as an ``error`` event before
+``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+import orchestr as oc
+
+from ..generator._types import TokenDelta
+from . import _answers
+from ._answers import ChoiceText
+from ._frontdoor import FrontDoor, GeneratorLostError, OverloadedError, RequestStream
+from ._openai import APIError, Job
+from ._router import NoWorkerError
+
+if TYPE_CHECKING:
+    from ._http import ServedModel
+
+__all__ = ["RETRY_AFTER_S", "Generation", "api_error"]
+
+log = structlog.get_logger("orchestr.roles.serving")
+
+#: Seconds a client is told to wait when the front door is full, or no generator serves.
+RETRY_AFTER_S = 1
+
+
+def _json(body: dict[str, Any], status: int = 200) -> Response:
+    return JSONResponse(body, status_code=status)
+
+
+def _event(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+class Generation:
+    """Runs the generation routes' jobs through ``front``."""
+
+    def __init__(self, front: FrontDoor, model: ServedModel) -> None:
+        self.front, self.model = front, model
+
+    async def _open(self, job: Job) -> list[RequestStream]:
+        """Admit and submit every choice of ``job``: all, or none (the ones opened are
+        closed again on a failure)."""
+        choices = len(job.prompts) * job.n
+        if self.front.pending + choices > self.front.max_pending:
+            self.front.counts["rejected"] += 1
+            raise APIError(
+                f"the server is at capacity ({self.front.pending} requests in flight); retry "
+                f"after {RETRY_AFTER_S} s",
+                status=429,
+                type="rate_limit_error",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        opened: list[RequestStream] = []
+        try:
+            for p, prompt in enumerate(job.prompts):
+                for i in range(job.n):
+                    opened.append(await self.front.open(prompt, **job.choice_params(p * job.n + i)))
+        except BaseException as exc:
+            for s in opened:
+                s.close()
+            raise api_error(exc) from None
+        return opened
+
+    async def answer(self, request: HTTPRequest, job: Job) -> Response:
+        streams = await self._open(job)
+        if job.stream:
+            return StreamingResponse(
+                self._events(job, streams),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        work = asyncio.ensure_future(self._whole(job, streams))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()  # the client went away (or this handler was cancelled)
+                for s in streams:
+                    s.close()
+        if work.cancelled():
+            return Response(status_code=499)  # nobody is there to read it
+        return _json(work.result())
+
+    async def _whole(self, job: Job, streams: list[RequestStream]) -> dict[str, Any]:
+        try:
+            finals = await asyncio.gather(*(self._collect(job, s) for s in streams))
+        except BaseException as exc:
+            for s in streams:
+                s.close()
+            raise api_error(exc) from None
+        choices, completion_tokens = [], 0
+        for index, (text, reason, tokens, logprobs) in enumerate(finals):
+            completion_tokens += len(tokens)
+            if job.kind == "chat":
+                choices.append(
+                    {
+                        "index": index,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": logprobs,
+                        "finish_reason": _answers.finish_reason(reason),
+                    }
+                )
+            else:
+                choices.append(
+                    {
+                        "index": index,
+                        "text": text,
+                        "logprobs": logprobs,
+                        "finish_reason": _answers.finish_reason(reason),
+                    }
+                )
+        return {
+            "id": job.id,
+            "object": "chat.completion" if job.kind == "chat" else "text_completion",
+            "created": job.created,
+            "model": job.model,
+            "choices": choices,
+            "usage": _answers.usage(self._prompt_tokens(job), completion_tokens),
+        }
+
+    async def _collect(
+        self, job: Job, stream: RequestStream
+    ) -> tuple[str, str | None, list[int], Any]:
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        top: list[dict[int, float]] = []
+        last: TokenDelta | None = None
+        async for delta in stream:
+            tokens += delta.tokens
+            logprobs += delta.logprobs
+            top += delta.top_logprobs or []
+            last = delta
+        assert last is not None
+        text = ChoiceText(self.model.decode, stream.stops)
+        text.push(tokens)
+        shown = text.shown + text.finish(last.text)
+        lp: Any = None
+        if job.logprobs is not None:
+            given = top if job.logprobs else None
+            if job.kind == "chat":
+                lp = _answers.chat_logprobs(self.model.token_text, tokens, logprobs, given)
+            else:
+                lp = _answers.completion_logprobs(self.model.token_text, tokens, logprobs, given, 0)
+        return shown, last.finish_reason, tokens, lp
+
+    def _prompt_tokens(self, job: Job) -> int:
+        return sum(len(p) for p in job.prompts) * job.n
+
+    async def _events(self, job: Job, streams: list[RequestStream]) -> AsyncIterator[str]:
+        """The server-sent events of a streamed job; its requests are cancelled if the
+        client goes away (Starlette cancels this generator) or a write fails."""
+        chat = job.kind == "chat"
+        head = {
+            "id": job.id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": job.created,
+            "model": job.model,
+        }
+        prompt_tokens = self._prompt_tokens(job)
+        generated = 0
+        texts = [ChoiceText(self.model.decode, s.stops) for s in streams]
+        offsets = [0] * len(streams)
+        try:
+            if chat:
+                for index in range(len(streams)):
+                    first = {"index": index, "delta": {"role": "assistant", "content": ""},
+                             "logprobs": None, "finish_reason": None}  # fmt: skip
+                    yield _event({**head, "choices": [first]})
+            async for index, delta in _merged(streams):
+                n = len(delta.tokens)
+                for k in range(max(n, 1)):
+                    tokens = delta.tokens[k : k + 1]
+                    last = k == max(n, 1) - 1 and delta.finish_reason is not None
+                    piece = texts[index].push(tokens)
+                    if last:
+                        piece += texts[index].finish(delta.text)
+                    lp: Any = None
+                    if job.logprobs is not None and tokens:
+                        top = (
+                            delta.top_logprobs[k : k + 1]
+                            if job.logprobs and delta.top_logprobs
+                            else None
+                        )
+                        lp = (
+                            _answers.chat_logprobs(
+                                self.model.token_text, tokens, delta.logprobs[k : k + 1], top
+                            )
+                            if chat
+                            else _answers.completion_logprobs(
+                                self.model.token_text,
+                                tokens,
+                                delta.logprobs[k : k + 1],
+                                top,
+                                offsets[index],
+                            )
+                        )
+                    offsets[index] += len(piece)
+                    reason = _answers.finish_reason(delta.finish_reason) if last else None
+                    choice: dict[str, Any] = {"index": index}
+                    if chat:
+                        choice["delta"] = {"content": piece} if piece or not last else {}
+                    else:
+                        choice["text"] = piece
+                    choice["logprobs"] = lp
+                    choice["finish_reason"] = reason
+                    generated += len(tokens)
+                    body: dict[str, Any] = {**head, "choices": [choice]}
+                    if job.continuous_usage:
+                        body["usage"] = _answers.usage(prompt_tokens, generated)
+                    yield _event(body)
+            if job.include_usage:
+                yield _event(
+                    {**head, "choices": [], "usage": _answers.usage(prompt_tokens, generated)}
+                )
+        except Exception as exc:  # after the headers: the error goes in the stream
+            err = api_error(exc)
+            yield _event(err.body())
+        finally:
+            for s in streams:
+                s.close()
+        yield "data: [DONE]\n\n"
+
+
+def api_error(exc: BaseException) -> APIError:
+    """The HTTP error for a failure of the front door or a generator."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, OverloadedError):
+        return APIError(str(exc), status=429, type="rate_limit_error", code="rate_limit_exceeded",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
+    if isinstance(exc, NoWorkerError | GeneratorLostError | oc.ClosedResourceError):
+        return APIError(str(exc), status=503, type="service_unavailable",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
+    if isinstance(exc, ValueError):
+        return APIError(str(exc))
+    if isinstance(exc, asyncio.CancelledError):
+        raise exc
+    log.error("front door: request failed", error=repr(exc)[:300])
+    return APIError(f"the request failed: {type(exc).__name__}", status=500, type="server_error")
+
+
+async def _disconnected(request: HTTPRequest) -> None:
+    """Returns when the client has gone away (its ``http.disconnect``)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, TokenDelta]]:
+    """The deltas of ``streams`` as they come, with each one's index."""
+    if len(streams) == 1:
+        async for delta in streams[0]:
+            yield 0, delta
+        return
+    queue: asyncio.Queue[tuple[int, TokenDelta | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        try:
+            async for delta in stream:
+                queue.put_nowait((index, delta))
+        except Exception as exc:
+            queue.put_nowait((index, exc))
+        queue.put_nowait((index, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            index, item = await queue.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.gather(*tasks, return_exceptions=True)

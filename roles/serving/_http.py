@@ -1,0 +1,312 @@
+"""The front door over HTTP: OpenAI's API as a Starlette app (decision record 0011).
+
+:func:`openai_app` builds the ASGI app for a started :class:`~._frontdoor.FrontDoor` and
+the checkpoint's :class:`ServedModel`; mount it in an app of your own or serve it with
+uvicorn (:func:`serve`). Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
+``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize``, ``GET /health``,
+``GET /metrics``, ``GET /version``.
+
+Streams are server-sent events, one chunk per token (``data: {json}``), then ``data:
+[DONE]``; with ``stream_options.include_usage`` a last chunk with the usage and no choices
+comes before it. A client that goes away ends its requests on their generators, streaming
+or not (a task watches the connection while a whole answer is computed). Every error is
+OpenAI's error body with its status: 400 for a bad request, 401 without the API key, 429
+with ``Retry-After`` when the front door is full, 503 when no generator is in rotation or a
+request's generator died.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import structlog
+from starlette.applications import Starlette
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+import orchestr as oc
+
+from .._common._hf._config import read_config
+from .._common._hf._tokenizer import Tokenizer
+from . import _openai
+from ._frontdoor import FrontDoor
+from ._generate import RETRY_AFTER_S, Generation
+from ._openai import APIError
+
+__all__ = ["ServedModel", "openai_app"]
+
+log = structlog.get_logger("orchestr.roles.serving")
+
+#: The largest request body read, in bytes.
+MAX_BODY = 16 * 1024 * 1024
+
+
+class ServedModel:
+    """The model a front door serves: its names (the first is the one ``/v1/models`` lists
+    first), context length, vocabulary, tokenizer and chat template, read from the
+    checkpoint folder. Raises :class:`ConfigError` for a folder that is not a checkpoint."""
+
+    def __init__(self, checkpoint: str | os.PathLike[str], names: Sequence[str] = ()) -> None:
+        self.root = os.fspath(checkpoint)
+        config = read_config(self.root)
+        self.tokenizer = Tokenizer(self.root)
+        self.names = list(names) or [self.root]
+        self.max_len = config.max_position_embeddings
+        self.vocab_size = config.vocab_size
+        self.created = int(time.time())
+        self._texts: dict[int, str] = {}
+
+    def encode(self, text: str, *, special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, special=special)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(tokens)
+
+    def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt
+        )
+
+    def token_text(self, token: int) -> str:
+        """One token's text, special tokens included (cached)."""
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self.tokenizer.decode([token], skip_special=False)
+        return text
+
+
+def openai_app(front: FrontDoor, model: ServedModel, *, api_key: str | None = None) -> Starlette:
+    """The ASGI app serving OpenAI's API through ``front`` (started by its owner). With
+    ``api_key``, every route but ``/health`` needs ``Authorization: Bearer <api_key>``."""
+    return _App(front, model, api_key).app
+
+
+def _json(
+    body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class _App:
+    def __init__(self, front: FrontDoor, model: ServedModel, api_key: str | None) -> None:
+        self.front, self.model = front, model
+        self._generation = Generation(front, model)
+        self._key = None if api_key is None else f"Bearer {api_key}".encode()
+        routes = [
+            Route("/v1/completions", self._guard(self.completions), methods=["POST"]),
+            Route("/v1/chat/completions", self._guard(self.chat), methods=["POST"]),
+            Route("/v1/models", self._guard(self.models), methods=["GET"]),
+            Route("/tokenize", self._guard(self.tokenize), methods=["POST"]),
+            Route("/detokenize", self._guard(self.detokenize), methods=["POST"]),
+            Route("/metrics", self._guard(self.metrics), methods=["GET"]),
+            Route("/version", self._guard(self.version), methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+        ]
+        self.app = Starlette(
+            routes=routes,
+            exception_handlers={404: self._not_found, 405: self._not_allowed},
+        )
+
+    # -- plumbing ----------------------------------------------------------------------------
+    def _guard(
+        self, handler: Callable[[HTTPRequest], Awaitable[Response]]
+    ) -> Callable[[HTTPRequest], Awaitable[Response]]:
+        """``handler`` behind the API key check, with every error in OpenAI's shape."""
+
+        async def guarded(request: HTTPRequest) -> Response:
+            try:
+                if self._key is not None:
+                    given = request.headers.get("authorization", "").encode()
+                    if not hmac.compare_digest(given, self._key):
+                        raise APIError(
+                            "Incorrect API key provided: give `Authorization: Bearer <key>`",
+                            status=401,
+                            code="invalid_api_key",
+                        )
+                return await handler(request)
+            except APIError as exc:
+                return _json(exc.body(), exc.status, exc.headers)
+            except Exception:
+                log.exception("front door: unexpected error", path=request.url.path)
+                return _json(
+                    _openai.error_body("internal error; see the server's log", "server_error"), 500
+                )
+
+        return guarded
+
+    async def _not_found(self, request: HTTPRequest, exc: Exception) -> Response:
+        return _json(
+            _openai.error_body(f"no route {request.url.path!r}", "invalid_request_error"), 404
+        )
+
+    async def _not_allowed(self, request: HTTPRequest, exc: Exception) -> Response:
+        return _json(
+            _openai.error_body(
+                f"{request.method} is not allowed on {request.url.path!r}", "invalid_request_error"
+            ),
+            405,
+        )
+
+    async def _body(self, request: HTTPRequest) -> Any:
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_BODY:
+                raise APIError(f"the request body is larger than {MAX_BODY} bytes", status=413)
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise APIError(f"the request body is not valid JSON: {exc}") from None
+
+    # -- generation --------------------------------------------------------------------------
+    async def completions(self, request: HTTPRequest) -> Response:
+        job = _openai.completion_request(await self._body(request), self.model)
+        return await self._generation.answer(request, job)
+
+    async def chat(self, request: HTTPRequest) -> Response:
+        job = _openai.chat_request(await self._body(request), self.model)
+        return await self._generation.answer(request, job)
+
+    # -- the rest ----------------------------------------------------------------------------
+    async def models(self, request: HTTPRequest) -> Response:
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": self.model.created,
+                "owned_by": "orchestr",
+                "root": self.model.root,
+                "parent": None,
+                "max_model_len": self.model.max_len,
+            }
+            for name in self.model.names
+        ]
+        return _json({"object": "list", "data": data})
+
+    async def tokenize(self, request: HTTPRequest) -> Response:
+        body = await self._body(request)
+        if not isinstance(body, dict):
+            raise APIError("the request body must be a JSON object")
+        if "messages" in body:
+            job = _openai.chat_request({**body, "max_tokens": 1, "stream": False}, self.model)
+            tokens = job.prompts[0]
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                raise APIError("'prompt' must be a string", param="prompt")
+            special = body.get("add_special_tokens", True)
+            if not isinstance(special, bool):
+                raise APIError(
+                    "'add_special_tokens' must be true or false", param="add_special_tokens"
+                )
+            try:
+                tokens = self.model.encode(prompt, special=special)
+            except ValueError as exc:
+                raise APIError(str(exc), param="prompt") from None
+        return _json({"count": len(tokens), "max_model_len": self.model.max_len, "tokens": tokens})
+
+    async def detokenize(self, request: HTTPRequest) -> Response:
+        body = await self._body(request)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.model.vocab_size
+            for t in tokens
+        ):
+            raise APIError(
+                f"'tokens' must be a list of token ids in [0, {self.model.vocab_size})",
+                param="tokens",
+            )
+        return _json({"prompt": self.model.decode(tokens)})
+
+    async def health(self, request: HTTPRequest) -> Response:
+        if not self.front.workers:
+            return _json(
+                _openai.error_body("no generator is in rotation", "service_unavailable"),
+                503,
+                {"Retry-After": str(RETRY_AFTER_S)},
+            )
+        return PlainTextResponse("")
+
+    async def version(self, request: HTTPRequest) -> Response:
+        return _json({"version": oc.__version__})
+
+    async def metrics(self, request: HTTPRequest) -> Response:
+        front = self.front
+        lines: list[str] = []
+
+        def family(name: str, kind: str, help: str, value: float) -> None:
+            lines.extend(
+                (
+                    f"# HELP {name} {help}",
+                    f"# TYPE {name} {kind}",
+                    f'{name}{{model_name="{_label(self.model.names[0])}"}} {value!r}',
+                )
+            )
+
+        family(
+            "vllm:num_requests_running",
+            "gauge",
+            "Requests in flight at the front door.",
+            float(front.pending),
+        )
+        family(
+            "vllm:request_success_total",
+            "counter",
+            "Requests finished.",
+            float(front.counts["finished"]),
+        )
+        family(
+            "orchestr:frontdoor_requests_total",
+            "counter",
+            "Requests admitted.",
+            float(front.counts["requests"]),
+        )
+        family(
+            "orchestr:frontdoor_rejected_total",
+            "counter",
+            "Requests refused for capacity (429).",
+            float(front.counts["rejected"]),
+        )
+        family(
+            "orchestr:frontdoor_lost_total",
+            "counter",
+            "Requests whose generator died.",
+            float(front.counts["lost"]),
+        )
+        family(
+            "orchestr:frontdoor_resent_total",
+            "counter",
+            "Requests sent again after their generator died.",
+            float(front.counts["resent"]),
+        )
+        family(
+            "orchestr:frontdoor_generators",
+            "gauge",
+            "Generators in rotation.",
+            float(len(front.workers)),
+        )
+        engine = front.engine_metrics()
+        for name, kind, help in (
+            (
+                "vllm:prefix_cache_queries",
+                "counter",
+                "Prompt tokens looked up in the prefix caches.",
+            ),
+            ("vllm:prefix_cache_hits", "counter", "Prompt tokens found in the prefix caches."),
+            ("vllm:num_preemptions", "counter", "Sequences preempted."),
+        ):
+            if name in engine:
+                family(f"{name}_total", kind, help, engine[name])
+        return PlainTextResponse(
+            "\n".join(lines) + "\n", media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
