@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.orchestr-installed
 VVENV  ?= .venv-vllm
 VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.orchestr-installed
-VLLM_TESTS := tests/roles/generator/test_vllm_engine.py
+VLLM_TESTS := tests/roles/generator/test_vllm_engine.py tests/roles/serving/test_vllm_bench.py
 
 .PHONY: setup setup-vllm demo test test-vllm lint protos bench clean
 

