@@ -60,32 +60,24 @@ def _check(args: argparse.Namespace) -> str | None:
 async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
     import uvicorn
 
-    from orchestr.roles import Generator
+    from orchestr.roles.serving import openai_server
 
-    _Server = _server_class()
-    from orchestr.roles.serving import FrontDoor, ServedModel, openai_app
-
-    model = ServedModel(args.model_dir, args.served_model_name or [])
-    options: dict[str, Any] = {
-        "checkpoint": args.model_dir,
-        "engine": ENGINES[args.engine],
-        "max_batch": args.max_batch,
-    }
+    options: dict[str, Any] = {"max_batch": args.max_batch}
     if args.torch_threads:
         options["torch_threads"] = args.torch_threads
-    generators = await ctx.spawn(
-        Generator,
-        n=args.generators,
-        name="generator",
-        restart=orchestr.RestartPolicy(max_restarts=args.restarts),
-        # a generator out of restarts is left dead: the others keep serving
-        supervise=lambda failure: "restart" if failure.can_restart else "handle",
-        **options,
-    )
-    async with FrontDoor(
-        generators, router=args.router, max_pending=args.max_pending, resend=args.resend
-    ) as front:
-        app = openai_app(front, model, api_key=args.api_key)
+    async with openai_server(
+        ctx,
+        args.model_dir,
+        generators=args.generators,
+        engine=ENGINES[args.engine],
+        names=args.served_model_name or [],
+        router=args.router,
+        api_key=args.api_key,
+        max_pending=args.max_pending,
+        resend=args.resend,
+        restarts=args.restarts,
+        options=options,
+    ) as app:
         config = uvicorn.Config(
             app,
             host=args.host,
@@ -94,7 +86,7 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
             access_log=False,
             lifespan="off",
         )
-        server = _Server(config)
+        server = _server_class()(config)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, server.exit)
@@ -103,8 +95,9 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
             await asyncio.sleep(0.05)
         if server.started:
             port = server.servers[0].sockets[0].getsockname()[1]
+            name = (args.served_model_name or [args.model_dir])[0]
             print(
-                f"serving {model.names[0]} on http://{args.host}:{port}/v1 with "
+                f"serving {name} on http://{args.host}:{port}/v1 with "
                 f"{args.generators} {args.engine} generator(s), router {args.router}",
                 flush=True,
             )
@@ -139,7 +132,6 @@ def serve(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"orchestr serve: {problem}", file=sys.stderr)
         return 2
-    args.model_dir = os.path.abspath(args.model_dir)  # the workers' working folder may differ
     from ._main import _cluster_of
 
     try:

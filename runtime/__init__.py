@@ -71,7 +71,7 @@ if TYPE_CHECKING:
     from ._job._phases import Collective
     from ._job._policy import Failure, RestartPolicy
     from ._job._reservation import Reservation
-    from ._job._session import open_local_cluster, run
+    from ._job._session import connect, open_local_cluster, run
     from .fabric import Buffer
 
 __version__ = "0.1.0"
@@ -117,6 +117,7 @@ __all__ = [
     "TransportUnavailableError",
     "Versioned",
     "__version__",
+    "connect",
     "endpoint",
     "load_config",
     "open_local_cluster",
@@ -134,6 +135,7 @@ _LAZY = {
     "NodeInfo": "._control._convert",
     "Staleness": "._graph._channelstate",
     "JobContext": "._job._context",
+    "connect": "._job._session",
     "open_local_cluster": "._job._session",
     "run": "._job._session",
     "Graph": "._graph._graph",

@@ -15,7 +15,7 @@ EXPECTED = {
     "MeshError", "MessageTooLargeError", "NodeInfo", "OrchestrError", "PlacementError", "ProtocolError",
     "SerializationError", "SpawnError", "StaleDescriptorError", "TransportError",
     "TransportUnavailableError", "__version__", "endpoint", "load_config",
-    "open_local_cluster", "register", "run",
+    "connect", "open_local_cluster", "register", "run",
     "Graph", "GraphNode", "GraphRun", "Staleness", "Versioned",
     "Failure", "RestartPolicy", "SupervisionError",
     "Reservation",

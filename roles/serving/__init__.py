@@ -3,6 +3,8 @@
 - :class:`FrontDoor` routes requests to generators and streams their tokens back
   (:meth:`FrontDoor.open`, :meth:`FrontDoor.stream`), with bounded admission and generators
   taken out of rotation when they die;
+- :func:`openai_server` is the one call from a cluster to an app: it spawns the generators
+  of a checkpoint, starts a front door over them and yields its app;
 - :func:`openai_app` is the HTTP front door, a Starlette (ASGI) app to serve with uvicorn or
   mount in an app of your own; :class:`ServedModel` is the checkpoint's tokenizer, chat
   template and context length it needs;
@@ -13,6 +15,7 @@
 from ._frontdoor import FrontDoor, GeneratorLostError, OverloadedError, RequestStream
 from ._http import ServedModel, openai_app
 from ._router import POLICIES, Choice, Load, NoWorkerError, Router, ServingError
+from ._server import openai_server
 
 __all__ = [
     "POLICIES",
@@ -27,4 +30,5 @@ __all__ = [
     "ServedModel",
     "ServingError",
     "openai_app",
+    "openai_server",
 ]

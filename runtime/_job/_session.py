@@ -29,7 +29,7 @@ from ._context import JobContext
 from ._events import export_trace
 from ._paths import worker_pythonpath
 
-__all__ = ["job_session", "open_local_cluster", "run"]
+__all__ = ["connect", "job_session", "open_local_cluster", "run"]
 
 log = structlog.get_logger("orchestr.driver")
 
@@ -147,6 +147,27 @@ async def job_session(
         await head_channel.aclose()
         if own_session:
             structlog.contextvars.unbind_contextvars("job")
+
+
+@contextlib.asynccontextmanager
+async def connect(
+    address: str | None = None, *, token: str | None = None, config: Config | None = None
+) -> AsyncIterator[JobContext]:
+    """A job on the running cluster whose head serves at ``address`` (default
+    ``$ORCHESTR_ADDRESS``), controlled from an asyncio program of your own: a web service's
+    lifespan, a cache service's main. Yields a :class:`JobContext`; on exit the job's meshes
+    stop and the cluster stays up. ``token`` is the cluster's (default ``$ORCHESTR_TOKEN``).
+
+    Blocks on the connection; raises :class:`ConfigError` without an address or a token, and
+    what the head answers (a wrong token: :class:`AuthenticationError` on the first call)."""
+    address = address or os.environ.get("ORCHESTR_ADDRESS")
+    token = token or os.environ.get("ORCHESTR_TOKEN")
+    if not address:
+        raise ConfigError("connect needs the head's address: give address= or $ORCHESTR_ADDRESS")
+    if not token:
+        raise ConfigError("connect needs the cluster's token: give token= or $ORCHESTR_TOKEN")
+    async with job_session(address, token, config or load_config()) as ctx:
+        yield ctx
 
 
 def run(

@@ -18,10 +18,13 @@ import httpx2
 import openai
 import pytest
 import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
 import orchestr as oc
 from orchestr.roles import Generator, Request, models
-from orchestr.roles.serving import FrontDoor, ServedModel, openai_app
+from orchestr.roles.serving import FrontDoor, ServedModel, openai_app, openai_server
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -31,10 +34,14 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return pathlib.Path(models.make_tiny("llama", tmp_path_factory.mktemp("m") / "llama"))
 
 
-@contextlib.asynccontextmanager
-async def http(front: FrontDoor, model: ServedModel, **options: Any) -> AsyncIterator[str]:
+def http(front: FrontDoor, model: ServedModel, **options: Any) -> Any:
     """``front`` served by uvicorn on a free loopback port; yields the base URL."""
-    app = openai_app(front, model, **options)
+    return served(openai_app(front, model, **options))
+
+
+@contextlib.asynccontextmanager
+async def served(app: Any) -> AsyncIterator[str]:
+    """The ASGI ``app`` served by uvicorn on a free loopback port; yields the base URL."""
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
     )
@@ -345,3 +352,31 @@ async def test_resend_moves_a_request_whose_generator_died_before_its_first_toke
         # a request that had tokens delivered is not sent again
         second = await front.open(model_prompt, max_new_tokens=4, temperature=0.0)
         assert [d async for d in second][-1].finish_reason == "length"
+
+
+async def test_the_front_door_mounts_in_an_app_of_ones_own(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    async def hello(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("the service's own route")
+
+    service = Starlette(routes=[Route("/hello", hello)])
+    options = {"torch_threads": 1}
+    async with openai_server(ctx, folder, names=["tiny"], options=options) as llm:
+        service.mount("/llm", llm)
+        async with served(service) as url, client_of(f"{url}/llm") as client:
+            async with httpx2.AsyncClient(base_url=url) as h:
+                assert (await h.get("/hello")).text == "the service's own route"
+                assert (await h.get("/llm/health")).status_code == 200
+            r = await client.completions.create(model="tiny", prompt="hi", max_tokens=3)
+            assert r.choices and r.model == "tiny"
+            pieces = [
+                c.choices[0].delta.content or ""
+                async for c in await client.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                    stream=True, extra_body={"ignore_eos": True},
+                )
+            ]  # fmt: skip
+            assert len(pieces) == 4  # the role, then one chunk per token
+    # on exit the generators stopped with the front door
+    assert {a.state for a in await ctx.actors() if a.name == "generator"} == {"stopped"}
