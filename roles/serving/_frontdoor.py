@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import itertools
 import secrets
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -211,11 +212,13 @@ class FrontDoor:
 
     async def _submit(self, request: Request, lost: str | None) -> _Pending:
         hashes = self.block_hashes(request.prompt) if self.router.policy == "kv" else []
-        loads = {
-            w: Load(load.prefill_blocks + self._unreported.get(w, 0), load.decode_blocks)
-            for w, load in self._loads.items()
-        }
-        choice = self.router.choose(hashes, loads)
+        loads = {}
+        for w in self.router.workers:  # the last report, and what was sent since
+            load = self._loads.get(w, Load())
+            loads[w] = Load(load.prefill_blocks + self._unreported.get(w, 0), load.decode_blocks)
+        now = time.monotonic()
+        choice = self.router.choose(hashes, loads, now)
+        self.router.expect(choice.worker, hashes, now)
         if lost is not None:
             self.counts["resent"] += 1
         pending = _Pending(request, choice.worker)

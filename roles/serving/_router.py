@@ -16,8 +16,16 @@ loaded, then to the name that sorts first. ``round_robin`` and ``least_loaded`` 
 rotation (it died) is never chosen again, and its late events are ignored; one added again
 starts with an empty cache.
 
+**Expected blocks.** A generator reports a prompt's blocks only once it has computed them, so
+requests sharing a prefix that arrive while the first is still in prefill would each be
+priced as a miss everywhere and spread over the generators. :meth:`Router.expect` records that
+a request's blocks are on their way to the generator it was routed to; they count as cached
+there (for :meth:`Router.choose` given ``now``) until the generator's own event confirms them
+or ``expect_s`` seconds pass (a request cancelled before its prefill never stores them).
+
 Hashes are the engine's chained ones, which already cover the model, weight version and salt,
-so one router serves one model's generators with one block size. No I/O here.
+so one router serves one model's generators with one block size. No I/O, no clock here: the
+caller passes ``now``.
 """
 
 from __future__ import annotations
@@ -74,7 +82,12 @@ class Router:
     docstring). Raises ``ValueError`` for a bad policy or weight."""
 
     def __init__(
-        self, policy: str = "kv", *, prefill_weight: float = 1.0, store_cost: float = 0.25
+        self,
+        policy: str = "kv",
+        *,
+        prefill_weight: float = 1.0,
+        store_cost: float = 0.25,
+        expect_s: float = 30.0,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown router policy {policy!r}; use one of {', '.join(POLICIES)}")
@@ -83,8 +96,12 @@ class Router:
                 f"prefill_weight must be >= 0 and store_cost within [0, 1], got "
                 f"{prefill_weight}, {store_cost}"
             )
+        if not expect_s >= 0:
+            raise ValueError(f"expect_s must be >= 0, got {expect_s}")
         self.policy, self.prefill_weight, self.store_cost = policy, prefill_weight, store_cost
+        self.expect_s = expect_s
         self._cached: dict[str, set[bytes]] = {}
+        self._expected: dict[str, dict[bytes, float]] = {}  # worker -> hash -> until
         self._store: set[bytes] = set()
         self._turn = itertools.count()
 
@@ -99,10 +116,27 @@ class Router:
         if not worker or worker in self._cached:
             raise ValueError(f"worker {worker!r} is empty or in rotation already")
         self._cached[worker] = set()
+        self._expected[worker] = {}
 
     def remove(self, worker: str) -> bool:
         """Take ``worker`` out of rotation (it died or is draining). Idempotent."""
+        self._expected.pop(worker, None)
         return self._cached.pop(worker, None) is not None
+
+    def expect(self, worker: str, hashes: Sequence[bytes], now: float) -> None:
+        """``worker`` was given a request of ``hashes``: count them as cached there until
+        its events confirm them or ``expect_s`` passes (module docstring)."""
+        expected = self._expected.get(worker)
+        if expected is None:
+            return
+        if len(expected) > 4 * len(hashes) + 1024:  # drop the expired now and then
+            for h in [h for h, until in expected.items() if until <= now]:
+                del expected[h]
+        cached = self._cached[worker]
+        until = now + self.expect_s
+        for h in hashes:
+            if h not in cached:
+                expected[h] = until
 
     def apply(self, worker: str, events: Iterable[Any]) -> bool:
         """Follow ``worker``'s block pool events, in order; ``False`` (and nothing changes)
@@ -111,6 +145,10 @@ class Router:
         if cache is None:
             return False
         _follow(cache, events)
+        expected = self._expected[worker]
+        if expected:
+            for h in [h for h in expected if h in cache]:
+                del expected[h]  # confirmed
         return True
 
     def apply_store(self, events: Iterable[Any]) -> None:
@@ -121,9 +159,15 @@ class Router:
         """How many of ``hashes``, from the first, ``worker`` has cached."""
         return _prefix(self._cached.get(worker, set()), hashes)
 
-    def choose(self, hashes: Sequence[bytes], loads: Mapping[str, Load] | None = None) -> Choice:
+    def choose(
+        self,
+        hashes: Sequence[bytes],
+        loads: Mapping[str, Load] | None = None,
+        now: float | None = None,
+    ) -> Choice:
         """The generator for a request whose full blocks hash to ``hashes`` (a generator
-        missing from ``loads`` has none). Raises :class:`NoWorkerError` when none is in
+        missing from ``loads`` has none); with ``now``, the blocks :meth:`expect` recorded
+        and not yet expired count as cached. Raises :class:`NoWorkerError` when none is in
         rotation."""
         if not self._cached:
             raise NoWorkerError(
@@ -131,15 +175,22 @@ class Router:
                 "for a restart"
             )
         loads = loads or {}
-        priced = [self._price(w, hashes, loads.get(w, Load())) for w in self.workers]
+        priced = [self._price(w, hashes, loads.get(w, Load()), now) for w in self.workers]
         if self.policy == "round_robin":
             return priced[next(self._turn) % len(priced)]
         if self.policy == "least_loaded":
             return min(priced, key=lambda c: (loads.get(c.worker, Load()).total, c.worker))
         return min(priced, key=lambda c: (c.cost, loads.get(c.worker, Load()).total, c.worker))
 
-    def _price(self, worker: str, hashes: Sequence[bytes], load: Load) -> Choice:
-        cached = _prefix(self._cached[worker], hashes)
+    def _price(self, worker: str, hashes: Sequence[bytes], load: Load, now: float | None) -> Choice:
+        cache = self._cached[worker]
+        cached = _prefix(cache, hashes)
+        if now is not None and cached < len(hashes) and self._expected[worker]:
+            expected = self._expected[worker]
+            while cached < len(hashes) and (
+                hashes[cached] in cache or expected.get(hashes[cached], now) > now
+            ):
+                cached += 1
         stored = _prefix(self._store, hashes[cached:])
         new = (len(hashes) - cached - stored) + self.store_cost * stored
         cost = self.prefill_weight * (load.prefill_blocks + new) + load.decode_blocks

@@ -219,6 +219,20 @@ async def test_the_kv_router_sends_a_shared_prefix_where_it_is_cached(
         assert sorted(finished) == [0, 5], finished  # all where the prefix is cached
         hits = front.engine_metrics()["vllm:prefix_cache_hits"]
         assert hits >= 4 * 16 * 3  # four requests found at least three blocks each
+        # a burst of unrelated prompts, sent before any generator reports its load, is
+        # spread by what was sent to each
+        before = [(await g.stats.call_one())["finished"] for g in gens]
+        await asyncio.gather(
+            *(
+                client.completions.create(
+                    model=str(folder), prompt=f"burst {i} " * 20, max_tokens=2
+                )
+                for i in range(8)
+            )
+        )
+        after = [(await g.stats.call_one())["finished"] for g in gens]
+        assert min(a - b for a, b in zip(after, before, strict=True)) >= 3, (before, after)
+        finished = after
     # round robin spreads the same requests, whatever the caches hold
     async with (
         FrontDoor(gens, router="round_robin") as front,

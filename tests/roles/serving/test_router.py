@@ -103,3 +103,32 @@ def test_bad_settings_and_events_are_refused() -> None:
         r.add("g0")
     with pytest.raises(TypeError, match="not a block event"):
         r.apply("g0", [("stored", A)])
+
+
+def test_blocks_on_their_way_count_where_they_were_sent_until_confirmed_or_expired() -> None:
+    r = router(expect_s=10.0)
+    loads = {"g0": Load(0, 5), "g1": Load(0, 5), "g2": Load(0, 0)}
+    first = r.choose(A, loads, now=0.0)
+    assert first.worker == "g2"  # nothing cached anywhere: the least loaded
+    r.expect("g2", A, now=0.0)
+    # a second request of the same prefix, before g2 reported the blocks: still g2, even
+    # once g2 is the busiest
+    busy = {"g0": Load(0, 1), "g1": Load(0, 1), "g2": Load(0, 4)}
+    second = r.choose(A[:6] + B[:2], busy, now=1.0)
+    assert (second.worker, second.cached_blocks) == ("g2", 6)
+    # without a clock, or once expired, expectations do not count
+    assert r.choose(A, busy).worker == "g0"
+    assert r.choose(A, busy, now=10.5).worker == "g0"
+    # confirmed by the generator's events, they count for good (the events rule from then on)
+    r.expect("g1", B, now=20.0)
+    r.apply("g1", [BlockStored(B[:4], None, [0] * 8, 2)])
+    assert r.choose(B, busy, now=100.0).cached_blocks == 4
+    r.apply("g1", [BlockRemoved(B[:4])])
+    assert r.choose(B, {"g1": Load(0, 0)}, now=21.0).cached_blocks == 0
+    # a generator out of rotation takes its expectations with it
+    r.expect("g0", A, now=30.0)
+    r.remove("g0")
+    r.add("g0")
+    assert r.choose(A, {"g1": Load(0, 9), "g2": Load(0, 9)}, now=31.0) == r.choose(
+        A, {"g1": Load(0, 9), "g2": Load(0, 9)}
+    )
