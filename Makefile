@@ -91,6 +91,7 @@ bench: setup
 	$(PY) bench/cluster.py
 	$(PY) bench/fabric.py
 	$(PY) bench/generation.py
+	$(PY) bench/serving.py
 
 clean:
 	rm -rf $(VENV) $(VVENV) build dist *.egg-info

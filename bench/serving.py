@@ -7,8 +7,9 @@ system, on this machine's cores.
 The checkpoint is ``bench/generation.py``'s model (Llama family, 8 layers, hidden 512, about
 24M parameters, float32), made locally unless ``--checkpoint`` names one. Systems:
 
-- **orchestr**: ``orchestr serve`` with 2 generators (paged engine, one torch thread each as
-  configured) and the KV-aware router (``--router kv``). The KV store is not in the serving
+- **orchestr**: ``orchestr serve`` with 2 generators (paged engine, one thread each:
+  ``--torch-threads 1`` and ``OMP_NUM_THREADS=1``, since the engine's steps run in a thread
+  that ``torch.set_num_threads`` does not reach) and the KV-aware router (``--router kv``). The KV store is not in the serving
   path yet: the store's offload/onboard in the generators is still to come.
 - **orchestr_rr**: the same with round-robin routing.
 - **vllm**: vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``: the
@@ -81,7 +82,9 @@ def start(system: str, folder: str, port: int, vllm_python: str) -> subprocess.P
         cmd = [sys.executable, "-m", "orchestr.cli", "serve", folder, "--generators", "2",
                "--router", router, "--torch-threads", "1", "--served-model-name", "tiny",
                "--port", str(port)]  # fmt: skip
-        env = dict(os.environ)
+        # one OpenMP thread per generator process, as --torch-threads 1 means: the engine
+        # steps in a thread of its own, where torch's per-thread setting does not reach
+        env = dict(os.environ, OMP_NUM_THREADS="1")
     log(f"starting {system}: {' '.join(cmd[:4])} ...")
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
