@@ -15,7 +15,8 @@ class ChoiceText:
     """One choice's text as its tokens arrive: :meth:`push` gives the text that can be shown
     now. Text is held back while it ends in an incomplete character (a multi-byte character
     split over tokens) and, with stop strings, the last ``len(longest) - 1`` characters (they
-    may begin a stop string); :meth:`finish` gives the rest, cut before the stop string."""
+    may begin a stop string); :meth:`finish` takes the last tokens and gives the rest, cut
+    before the stop string."""
 
     decode: Any  # list[int] -> str
     stops: list[str]
@@ -32,9 +33,11 @@ class ChoiceText:
             text = text[: max(len(text) - hold, len(self.shown))]
         return self._show(text)
 
-    def finish(self, final: str | None) -> str:
-        """The text not shown yet; ``final`` is the completion's text when a stop string cut
-        it."""
+    def finish(self, tokens: Sequence[int], final: str | None) -> str:
+        """The last ``tokens`` given, the text not shown yet; ``final`` is the completion's
+        text when a stop string cut it (the last tokens complete the stop string, so they are
+        never shown through :meth:`push`)."""
+        self.tokens += tokens
         text = final if final is not None else self.decode(self.tokens)
         return self._show(text)
 

@@ -152,9 +152,7 @@ class Generation:
             top += delta.top_logprobs or []
             last = delta
         assert last is not None
-        text = ChoiceText(self.model.decode, stream.stops)
-        text.push(tokens)
-        shown = text.shown + text.finish(last.text)
+        shown = ChoiceText(self.model.decode, stream.stops).finish(tokens, last.text)
         lp: Any = None
         if job.logprobs is not None:
             given = top if job.logprobs else None
@@ -192,9 +190,8 @@ class Generation:
                 for k in range(max(n, 1)):
                     tokens = delta.tokens[k : k + 1]
                     last = k == max(n, 1) - 1 and delta.finish_reason is not None
-                    piece = texts[index].push(tokens)
-                    if last:
-                        piece += texts[index].finish(delta.text)
+                    text = texts[index]
+                    piece = text.finish(tokens, delta.text) if last else text.push(tokens)
                     lp: Any = None
                     if job.logprobs is not None and tokens:
                         top = (

@@ -115,6 +115,24 @@ async def test_openai_clients_get_openai_answers(ctx: oc.JobContext, folder: pat
         usage = chunks[-1].usage
         assert chunks[-1].choices == [] and usage is not None and usage.completion_tokens == 12
 
+        # a stop string: the text ends before it, whole or streamed (nothing of it leaks)
+        full = whole.choices[0].text
+        stop = full[len(full) // 2 : len(full) // 2 + 2]
+        cut = await client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=12, temperature=0, stop=[stop],
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert cut.choices[0].text == full[: full.find(stop)]
+        assert cut.choices[0].finish_reason == "stop"
+        cut_pieces = [
+            c.choices[0].text
+            async for c in await client.completions.create(
+                model="tiny", prompt=prompt, max_tokens=12, temperature=0, stop=[stop],
+                stream=True, extra_body={"ignore_eos": True},
+            )
+        ]  # fmt: skip
+        assert "".join(cut_pieces) == full[: full.find(stop)]
+
         # logprobs: the chosen token's and the likeliest two, per token
         lp = await client.completions.create(
             model="tiny", prompt=prompt, max_tokens=4, temperature=0, logprobs=2,

@@ -168,13 +168,17 @@ def test_choice_text_holds_back_what_may_start_a_stop_string() -> None:
     def ids(text: str) -> list[int]:
         return [ord(c) - 32 for c in text]
 
-    text = ChoiceText(decode, ["END"])
+    text = ChoiceText(decode, ["END", "x"])
     shown = [text.push(ids(c)) for c in "abcdEN"]
     assert "".join(shown) == "abcd"  # "EN" may begin "END"
-    # the engine cut the completion before the stop string
-    assert text.finish("abcd") == ""
+    # the last token completes the stop string; the engine cut the completion before it
+    assert text.finish(ids("D"), "abcd") == ""
+    text = ChoiceText(decode, ["END", "x"])
+    assert "".join(text.push(ids(c)) for c in "abE") + text.finish(ids("x"), "abE") == "abE"
     text = ChoiceText(decode, ["END"])
-    assert "".join(text.push(ids(c)) for c in "abENx") + text.finish(None) == "abENx"
+    assert "".join(text.push(ids(c)) for c in "abENx") + text.finish(ids("y"), None) == "abENxy"
+    # a whole answer: every token at the end
+    assert ChoiceText(decode, ["END"]).finish(ids("abcdEND"), "abcd") == "abcd"
     # a character split over tokens is held until it is whole
     pieces = iter(["a", "a\ufffd", "a\u00e9"])
     text = ChoiceText(lambda tokens: next(pieces), [])
