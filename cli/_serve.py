@@ -23,6 +23,8 @@ from typing import Any
 
 import orchestr
 
+from ._models import _positive
+
 __all__ = ["add_parsers"]
 
 ENGINES = {"native": "paged", "vllm": "vllm"}
@@ -148,16 +150,6 @@ def serve(args: argparse.Namespace) -> int:
         return 130
     print("orchestr serve: stopped", file=sys.stderr)
     return 0
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _port(text: str) -> int:

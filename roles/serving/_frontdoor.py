@@ -55,7 +55,7 @@ class GeneratorLostError(ServingError):
 
 
 class _Pending:
-    __slots__ = ("delivered", "id", "prompt", "queue", "request", "worker")
+    __slots__ = ("delivered", "id", "queue", "request", "worker")
 
     def __init__(self, request: Request, worker: str) -> None:
         self.id = request.id

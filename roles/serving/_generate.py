@@ -41,10 +41,6 @@ log = structlog.get_logger("orchestr.roles.serving")
 RETRY_AFTER_S = 1
 
 
-def _json(body: dict[str, Any], status: int = 200) -> Response:
-    return JSONResponse(body, status_code=status)
-
-
 def _event(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
@@ -100,7 +96,7 @@ class Generation:
                     s.close()
         if work.cancelled():
             return Response(status_code=499)  # nobody is there to read it
-        return _json(work.result())
+        return JSONResponse(work.result())
 
     async def _whole(self, job: Job, streams: list[RequestStream]) -> dict[str, Any]:
         try:

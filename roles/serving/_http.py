@@ -249,48 +249,23 @@ class _App:
                 )
             )
 
-        family(
-            "vllm:num_requests_running",
-            "gauge",
-            "Requests in flight at the front door.",
-            float(front.pending),
-        )
-        family(
-            "vllm:request_success_total",
-            "counter",
-            "Requests finished.",
-            float(front.counts["finished"]),
-        )
-        family(
-            "orchestr:frontdoor_requests_total",
-            "counter",
-            "Requests admitted.",
-            float(front.counts["requests"]),
-        )
-        family(
-            "orchestr:frontdoor_rejected_total",
-            "counter",
-            "Requests refused for capacity (429).",
-            float(front.counts["rejected"]),
-        )
-        family(
-            "orchestr:frontdoor_lost_total",
-            "counter",
-            "Requests whose generator died.",
-            float(front.counts["lost"]),
-        )
-        family(
-            "orchestr:frontdoor_resent_total",
-            "counter",
-            "Requests sent again after their generator died.",
-            float(front.counts["resent"]),
-        )
-        family(
-            "orchestr:frontdoor_generators",
-            "gauge",
-            "Generators in rotation.",
-            float(len(front.workers)),
-        )
+        counts = front.counts
+        for name, kind, help, value in (
+            ("vllm:num_requests_running", "gauge", "Requests in flight at the front door.",
+             front.pending),
+            ("vllm:request_success_total", "counter", "Requests finished.", counts["finished"]),
+            ("orchestr:frontdoor_requests_total", "counter", "Requests admitted.",
+             counts["requests"]),
+            ("orchestr:frontdoor_rejected_total", "counter",
+             "Requests refused for capacity (429).", counts["rejected"]),
+            ("orchestr:frontdoor_lost_total", "counter", "Requests whose generator died.",
+             counts["lost"]),
+            ("orchestr:frontdoor_resent_total", "counter",
+             "Requests sent again after their generator died.", counts["resent"]),
+            ("orchestr:frontdoor_generators", "gauge", "Generators in rotation.",
+             len(front.workers)),
+        ):  # fmt: skip
+            family(name, kind, help, float(value))
         engine = front.engine_metrics()
         for name, kind, help in (
             (

@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import uvicorn
 
 import orchestr as oc
 from orchestr.roles import Generator, models
-from orchestr.roles.serving import FrontDoor, ServedModel, openai_app
+from orchestr.roles.serving import FrontDoor, ServedModel
+from tests.roles.serving.test_frontdoor import http
 
 pytest.importorskip("vllm", reason="vLLM is not installed here; make test runs this in .venv-vllm")
 
@@ -44,20 +44,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 @contextlib.asynccontextmanager
 async def serving(generators: oc.Mesh, folder: pathlib.Path) -> AsyncIterator[str]:
-    async with FrontDoor(generators) as front:
-        app = openai_app(front, ServedModel(folder, ["tiny"]))
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-        server = uvicorn.Server(config)
-        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            assert not task.done(), "uvicorn did not start"
-            await asyncio.sleep(0.02)
-        try:
-            yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-        finally:
-            server.should_exit = True
-            await task
+    async with FrontDoor(generators) as front, http(front, ServedModel(folder, ["tiny"])) as url:
+        yield url
 
 
 async def bench(url: str, folder: pathlib.Path, backend: str, levels: str) -> list[dict[str, Any]]:
