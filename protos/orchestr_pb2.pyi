@@ -429,6 +429,24 @@ class MeshInfo(_message.Message):
     members: _containers.RepeatedCompositeFieldContainer[ActorInfo]
     def __init__(self, mesh_id: _Optional[str] = ..., name: _Optional[str] = ..., class_path: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ActorInfo, _Mapping]]] = ...) -> None: ...
 
+class HostActorRequest(_message.Message):
+    __slots__ = ("name", "class_path", "call_address", "endpoints", "pid", "actor_id", "mesh_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CLASS_PATH_FIELD_NUMBER: _ClassVar[int]
+    CALL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    MESH_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    class_path: str
+    call_address: str
+    endpoints: _containers.RepeatedScalarFieldContainer[str]
+    pid: int
+    actor_id: str
+    mesh_id: str
+    def __init__(self, name: _Optional[str] = ..., class_path: _Optional[str] = ..., call_address: _Optional[str] = ..., endpoints: _Optional[_Iterable[str]] = ..., pid: _Optional[int] = ..., actor_id: _Optional[str] = ..., mesh_id: _Optional[str] = ...) -> None: ...
+
 class StopMeshRequest(_message.Message):
     __slots__ = ("mesh_id",)
     MESH_ID_FIELD_NUMBER: _ClassVar[int]

@@ -59,6 +59,11 @@ class HeadStub:
                 request_serializer=orchestr__pb2.StopMeshRequest.SerializeToString,
                 response_deserializer=orchestr__pb2.Ack.FromString,
                 _registered_method=True)
+        self.HostActor = channel.unary_stream(
+                '/orchestr.v1.Head/HostActor',
+                request_serializer=orchestr__pb2.HostActorRequest.SerializeToString,
+                response_deserializer=orchestr__pb2.MeshInfo.FromString,
+                _registered_method=True)
         self.Reserve = channel.unary_unary(
                 '/orchestr.v1.Head/Reserve',
                 request_serializer=orchestr__pb2.ReserveRequest.SerializeToString,
@@ -169,6 +174,12 @@ class HeadServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StopMesh(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HostActor(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -299,6 +310,11 @@ def add_HeadServicer_to_server(servicer, server):
                     servicer.StopMesh,
                     request_deserializer=orchestr__pb2.StopMeshRequest.FromString,
                     response_serializer=orchestr__pb2.Ack.SerializeToString,
+            ),
+            'HostActor': grpc.unary_stream_rpc_method_handler(
+                    servicer.HostActor,
+                    request_deserializer=orchestr__pb2.HostActorRequest.FromString,
+                    response_serializer=orchestr__pb2.MeshInfo.SerializeToString,
             ),
             'Reserve': grpc.unary_unary_rpc_method_handler(
                     servicer.Reserve,
@@ -516,6 +532,33 @@ class Head:
             '/orchestr.v1.Head/StopMesh',
             orchestr__pb2.StopMeshRequest.SerializeToString,
             orchestr__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HostActor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/orchestr.v1.Head/HostActor',
+            orchestr__pb2.HostActorRequest.SerializeToString,
+            orchestr__pb2.MeshInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -59,6 +59,8 @@ class HeadService(MeshRpcs, JobRpcs, FabricRpcs, pb_grpc.HeadServicer):
         self._forget_meshes: set[str] = set()
         self.meshes: dict[str, MeshRecord] = {}
         self._dirty_meshes: set[str] = set()
+        self._host_streams: dict[str, object] = {}
+        self._born = self.state.now()
         if store is not None:
             nodes, actors, meshes, reservations = store.load()
             self.state.restore(nodes, actors, self.state.now(), reservations)
@@ -205,6 +207,19 @@ class HeadService(MeshRpcs, JobRpcs, FabricRpcs, pb_grpc.HeadServicer):
                 )
                 self._notify(record.actor_id)
                 self._publish("died", record)
+        if self.state.now() - self._born > timeout:  # programs had time to register again
+            orphans = [
+                a.actor_id
+                for a in self.state.actors.values()
+                if not a.node_id and a.state == "alive" and a.actor_id not in self._host_streams
+            ]
+            reason = (
+                f"the program hosting it did not register within {timeout:g} s of a head restart"
+            )
+            for actor_id in orphans:
+                if self.state.host_lost(actor_id, reason):
+                    log.warning("hosted actor lost", actor_id=actor_id, reason=reason)
+                    self._notify(actor_id)
         self.save()
 
     def _notify(self, actor_id: str) -> None:

@@ -31,6 +31,8 @@ class HeadBase:
     meshes: dict[str, MeshRecord]
     _dirty_meshes: set[str]
     _watchers: set[asyncio.Queue[pb.ActorEvent | None]]
+    #: The open registration stream of each actor a program of its own hosts.
+    _host_streams: dict[str, object]
     jobs: JobManager | None
     log_dir: Path | None
     fabric: FabricManager | None

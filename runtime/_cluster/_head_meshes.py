@@ -25,7 +25,7 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
 from ._head_base import HeadBase
 from ._headstore import MeshRecord
-from ._records import ActorRecord, check_mesh_size, validate_python_path
+from ._records import ActorRecord, check_hosted, check_mesh_size, validate_python_path
 
 __all__ = ["MeshRpcs"]
 
@@ -200,6 +200,56 @@ class MeshRpcs(HeadBase):
             self._dirty_meshes.add(mesh.mesh_id)
         self.save()
         return pb.Ack()
+
+    async def HostActor(
+        self, request: pb.HostActorRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.MeshInfo]:
+        """Record an actor a program of its own hosts, answer with its mesh, and hold the
+        stream: when it ends (the program exited or was killed, or lost its connection) with
+        the actor not stopped, the actor is dead."""
+        mesh_id = request.mesh_id or f"m-{secrets.token_hex(4)}"
+        actor_id = request.actor_id or f"a-{secrets.token_hex(6)}"
+        endpoints = list(request.endpoints)
+        try:
+            check_hosted(request.name, request.class_path, request.call_address, endpoints)
+            if bool(request.mesh_id) != bool(request.actor_id):
+                raise ConfigError("registering again takes both mesh_id and actor_id")
+            record = self.state.host(
+                mesh_id,
+                actor_id,
+                request.name,
+                request.class_path,
+                request.call_address,
+                endpoints,
+                max(0, request.pid),
+            )
+        except OrchestrError as exc:
+            await abort_with(context, exc)
+        if mesh_id not in self.meshes:
+            self.meshes[mesh_id] = MeshRecord(
+                mesh_id, request.name, request.class_path, 1, "HOSTED"
+            )
+            self._dirty_meshes.add(mesh_id)
+        stream = self._host_streams[actor_id] = object()  # this registration's, not a later one's
+        self._notify(actor_id)
+        self.save()
+        log.info("actor hosted", actor=record.label, actor_id=actor_id, pid=request.pid)
+        try:
+            yield pb.MeshInfo(
+                mesh_id=mesh_id,
+                name=record.name,
+                class_path=record.class_path,
+                members=[actor_to_pb(record)],
+            )
+            await asyncio.Event().wait()  # until the program ends the stream
+        finally:
+            reason = f"the program hosting it (pid {record.pid}) went away without stopping it"
+            if self._host_streams.get(actor_id) is stream:
+                del self._host_streams[actor_id]
+            if self._host_streams.get(actor_id) is None and self.state.host_lost(actor_id, reason):
+                log.warning("hosted actor lost", actor=record.label, actor_id=actor_id)
+                self._notify(actor_id)
+                self.save()
 
     async def Reserve(
         self, request: pb.ReserveRequest, context: grpc.aio.ServicerContext

@@ -311,6 +311,45 @@ class HeadState(Placement):
         a.state = "dead"
         return self._touch(a)
 
+    # -- actors hosted by programs of their own -------------------------------------------
+    def host(
+        self,
+        mesh_id: str,
+        actor_id: str,
+        name: str,
+        class_path: str,
+        call_address: str,
+        endpoints: list[str],
+        pid: int,
+    ) -> ActorRecord:
+        """An actor a program of its own hosts (no node, no worker, no resources) is alive at
+        ``call_address``: recorded, or alive again at that address when the program registers
+        after this head restarted. Raises :class:`ConfigError` when ``actor_id`` is another
+        actor's or one that was stopped."""
+        a = self.actors.get(actor_id)
+        if a is not None and (
+            a.node_id or a.mesh_id != mesh_id or a.class_path != class_path or a.state == "stopped"
+        ):
+            raise ConfigError(f"actor {actor_id!r} cannot be registered again by this program")
+        if a is None:
+            a = ActorRecord(actor_id, mesh_id, name, 0, class_path, "", {})
+            self.actors[actor_id] = a
+        a.worker_id = f"x-{actor_id[2:]}"  # one per actor: nothing else shares its process
+        a.call_address, a.endpoints, a.pid = call_address, endpoints, pid
+        a.state, a.exit_code, a.signal, a.last_output = "alive", 0, 0, ""
+        self.by_worker[a.worker_id] = {actor_id}
+        return self._touch(a)
+
+    def host_lost(self, actor_id: str, reason: str) -> ActorRecord | None:
+        """The program hosting ``actor_id`` went away without stopping it: it is ``dead``
+        (``None`` when it had ended already)."""
+        a = self.actors.get(actor_id)
+        if a is None or a.node_id or a.state != "alive":
+            return None
+        self.by_worker.pop(a.worker_id, None)
+        a.exit_code, a.last_output = -1, reason
+        return self.actor_ended(actor_id, stopped=False, exit_code=-1)
+
     def mesh_members(self, mesh_id: str) -> list[ActorRecord]:
         return sorted(
             (a for a in self.actors.values() if a.mesh_id == mesh_id), key=lambda a: a.rank

@@ -14,6 +14,7 @@ __all__ = [
     "ActorRecord",
     "NodeRecord",
     "Reservation",
+    "check_hosted",
     "check_mesh_size",
     "validate_python_path",
     "validate_resources",
@@ -70,6 +71,40 @@ def check_mesh_size(size: int) -> None:
     """Raise :class:`ConfigError` unless ``1 <= size <= MAX_MESH_SIZE``."""
     if not 1 <= size <= MAX_MESH_SIZE:
         raise ConfigError(f"a mesh has 1 to {MAX_MESH_SIZE} members, got n={size}")
+
+
+#: Bounds on what a program hosting an actor registers (see :func:`check_hosted`).
+MAX_HOSTED_NAME = 128
+MAX_HOSTED_ENDPOINTS = 1024
+MAX_HOSTED_TEXT = 1024
+
+
+def check_hosted(name: str, class_path: str, call_address: str, endpoints: Sequence[str]) -> None:
+    """Check what a program hosting an actor registers: a name of 1 to
+    :data:`MAX_HOSTED_NAME` printable characters, a ``module:Class`` path and a
+    ``scheme://`` call address of at most :data:`MAX_HOSTED_TEXT` characters without spaces,
+    and at most :data:`MAX_HOSTED_ENDPOINTS` endpoint names that are identifiers. Raises
+    :class:`ConfigError` naming the first bad field."""
+    if not 1 <= len(name) <= MAX_HOSTED_NAME or not name.isprintable():
+        raise ConfigError(
+            f"a hosted actor's name has 1 to {MAX_HOSTED_NAME} printable characters, "
+            f"got {name[:200]!r}"
+        )
+    module, colon, qualname = class_path.partition(":")
+    if not colon or not module or not qualname or len(class_path) > MAX_HOSTED_TEXT:
+        raise ConfigError(f"class_path must be 'module:Class', got {class_path[:200]!r}")
+    scheme, sep, rest = call_address.partition("://")
+    if (
+        not (sep and scheme.isalnum() and rest)
+        or len(call_address) > MAX_HOSTED_TEXT
+        or any(c.isspace() for c in call_address)
+    ):
+        raise ConfigError(f"call_address must be 'scheme://...', got {call_address[:200]!r}")
+    if len(endpoints) > MAX_HOSTED_ENDPOINTS:
+        raise ConfigError(f"at most {MAX_HOSTED_ENDPOINTS} endpoints, got {len(endpoints)}")
+    for e in endpoints:
+        if not e.isidentifier() or len(e) > MAX_HOSTED_NAME:
+            raise ConfigError(f"endpoint names are identifiers, got {e[:200]!r}")
 
 
 def validate_python_path(entries: Sequence[str]) -> list[str]:

@@ -10,6 +10,7 @@ this side.
 
 from __future__ import annotations
 
+import os
 import signal as _signal
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -18,7 +19,7 @@ import grpc
 
 from orchestr._call._lookup import ActorLookup, ActorView
 from orchestr.config import Config
-from orchestr.errors import ActorDiedError
+from orchestr.errors import ActorDiedError, ControlPlaneError
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
@@ -39,7 +40,14 @@ from ._convert import (
 )
 from ._grpc import ControlChannel
 
-__all__ = ["ActorWatch", "HeadClient", "actor_lookup", "death_error", "describe_exit"]
+__all__ = [
+    "ActorWatch",
+    "HeadClient",
+    "HostRegistration",
+    "actor_lookup",
+    "death_error",
+    "describe_exit",
+]
 
 
 def describe_exit(pid: int, exit_code: int, sig: int) -> str:
@@ -93,6 +101,43 @@ class ActorWatch:
                 yield event.kind, actor_from_pb(event.actor)
         except grpc.aio.AioRpcError as exc:
             raise self._head.translate(exc, "WatchActors") from exc
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class HostRegistration:
+    """The stream that keeps an actor hosted by this program registered with the head, as
+    :meth:`HeadClient.host_actor` opens it: :meth:`mesh` waits for the head's record of it,
+    :meth:`held` for the stream to end (it raises the head's error, or
+    :class:`~orchestr.errors.ControlPlaneError` when the head went away); :meth:`cancel`
+    ends it from this side."""
+
+    def __init__(self, head: ControlChannel, call: Any) -> None:
+        self._head = head
+        self._call = call
+        self._replies = aiter(call)
+
+    async def mesh(self) -> MeshInfo:
+        """Blocks until the head recorded the actor; raises what it answered instead."""
+        try:
+            reply = await anext(self._replies)
+        except StopAsyncIteration:
+            raise ControlPlaneError(
+                "the head ended the HostActor stream without an answer"
+            ) from None
+        except grpc.aio.AioRpcError as exc:
+            raise self._head.translate(exc, "HostActor") from exc
+        return mesh_from_pb(reply)
+
+    async def held(self) -> None:
+        """Blocks while the stream lasts; raises the error that ended it."""
+        try:
+            async for _ in self._replies:
+                pass
+        except grpc.aio.AioRpcError as exc:
+            raise self._head.translate(exc, "HostActor") from exc
+        raise ControlPlaneError("the head ended the HostActor stream")
 
     def cancel(self) -> None:
         self._call.cancel()
@@ -162,6 +207,31 @@ class HeadClient:
             reservation_id=reservation_id,
         )
         return mesh_from_pb(await self.channel.rpc(self._stub.SpawnMesh, request, timeout=None))
+
+    def host_actor(
+        self,
+        name: str,
+        class_path: str,
+        call_address: str,
+        endpoints: Sequence[str],
+        *,
+        mesh_id: str = "",
+        actor_id: str = "",
+    ) -> HostRegistration:
+        """Register an actor this program hosts at ``call_address`` (again, after a head
+        restart, with the ``mesh_id`` and ``actor_id`` it was given); it stays registered
+        while the returned stream is open."""
+        request = pb.HostActorRequest(
+            name=name,
+            class_path=class_path,
+            call_address=call_address,
+            endpoints=list(endpoints),
+            pid=os.getpid(),
+            mesh_id=mesh_id,
+            actor_id=actor_id,
+        )
+        call = self._stub.HostActor(request, metadata=self.channel.metadata)
+        return HostRegistration(self.channel, call)
 
     async def stop_mesh(self, mesh_id: str) -> None:
         await self.channel.rpc(self._stub.StopMesh, pb.StopMeshRequest(mesh_id=mesh_id))

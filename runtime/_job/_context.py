@@ -25,6 +25,7 @@ from orchestr.errors import ConfigError, SupervisionError
 
 from ._events import EventLog, export_trace
 from ._hints import tell_fabric
+from ._hosting import Hosting, lookup
 from ._paths import import_path
 from ._phases import FabricHints, Phase, RecordingHints, make_phase
 from ._policy import RestartPolicy, SuperviseHook, check_spawn_options
@@ -76,6 +77,8 @@ class JobContext:
             head, client, self.events, self._escalate, reconnect_s=config.head_reconnect_timeout
         )
         self._host: asyncio.Task[Any] | None = None
+        #: Actors this program hosts itself (:meth:`serve_actor`).
+        self._hosting = Hosting(self._client, client.token, config)
 
     def _escalate(self, error: SupervisionError) -> None:
         """The root policy: an escalated failure fails the job loudly, at once. The job's
@@ -306,8 +309,38 @@ class JobContext:
 
         Blocks until the head has stopped them; raises :class:`ControlPlaneError` when it
         cannot be reached. Cancel-safe: call it again."""
+        if self._hosting.hosts(mesh):
+            await self._hosting.stop(mesh)
+            return
         self.supervisor.forget(mesh)
         await self._client.stop_mesh(mesh.mesh_id)
+
+    async def serve_actor(self, actor: Actor, *, name: str) -> Mesh:
+        """Host ``actor``, an instance this program built, in this process: it serves calls
+        here and the cluster knows it as the mesh ``name`` of one member, which other jobs
+        find with :meth:`lookup` (give it a name no other live mesh has). Returns its mesh.
+        It is stopped by :meth:`stop` or when this job ends; if this program dies, the head
+        records it dead and its callers get :class:`ActorDiedError`. After a head restart it
+        is registered again by itself.
+
+        Blocks until the head recorded it. Raises :class:`ConfigError` for something that
+        is not an actor instance, one hosted already or a bad name, and
+        :class:`ControlPlaneError` when the head cannot be reached. Cancel-safe: a
+        cancelled registration leaves nothing hosted."""
+        mesh = await self._hosting.serve(actor, name)
+        self._meshes.append(mesh)
+        self.events.record("host", mesh=mesh.name, class_path=mesh.class_path)
+        return mesh
+
+    async def lookup(self, name: str) -> Mesh:
+        """The live mesh named ``name``, of any job or program on the cluster (one spawned
+        with ``name=``, or hosted by :meth:`serve_actor`): a handle to call it by. This job
+        does not supervise it.
+
+        Blocks on one call to the head; raises :class:`MeshError` when no live mesh has that
+        name or several have, :class:`ControlPlaneError` when the head cannot be reached.
+        Cancel-safe: it changes nothing."""
+        return lookup(await self._client.actors(), name)
 
     async def init_distributed(
         self, mesh: Mesh, *, backend: str | None = None, timeout_s: float = 120.0

@@ -138,6 +138,7 @@ async def job_session(
             with contextlib.suppress(OrchestrError):
                 await asyncio.gather(*(ctx.stop(m) for m in ctx._meshes))
                 await asyncio.gather(*(ctx.release(r) for r in list(ctx._reservations)))
+            await ctx._hosting.aclose()
             set_current_client(None)
             await client.aclose()
             fabric.shutdown()
