@@ -44,6 +44,7 @@ from .generator import (
     Request,
     TokenDelta,
     Updates,
+    kv_block_bytes,
 )
 from .kvstore import KVNamespace, KVStore, KVStoreError, LeaseExpiredError
 from .reward import Reward
@@ -105,6 +106,7 @@ __all__ = [
     "group_advantages",
     "grpo_loss",
     "grpo_update",
+    "kv_block_bytes",
     "register_backend",
     "reverse_task",
     "run_grpo",

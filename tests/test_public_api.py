@@ -37,7 +37,7 @@ ROLES = {
     "Reward", "StaleWeightsError", "StepRecord", "TinyLM", "TinyLMConfig", "TokenDelta",
     "TrainConfig", "Trainer", "UpdateConfig", "Updates", "WeightLoader", "WeightPublisher", "WeightSyncError",
     "WeightsRef", "backend_report", "build_model", "choose_backend", "group_advantages",
-    "grpo_loss", "grpo_update", "register_backend", "reverse_task", "run_grpo", "train",
+    "grpo_loss", "grpo_update", "kv_block_bytes", "register_backend", "reverse_task", "run_grpo", "train",
 }  # fmt: skip
 
 

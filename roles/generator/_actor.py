@@ -31,6 +31,7 @@ from orchestr.roles._common._factory import DEFAULT_MODEL
 from orchestr.roles._common._weights import WeightLoader, WeightsRef
 
 from ._build import build_engine, in_thread, read_staged
+from ._kvlink import close_store, fetch_stored, with_store
 from ._metrics import EngineMetrics
 from ._streams import Streams
 from ._types import Completion, Request, Updates, as_request
@@ -53,7 +54,8 @@ class Generator(oc.Actor):
     ``engine`` ``"paged"`` (the default: orchestr's paged engine, whose options ``kv`` gives:
     ``num_blocks``, ``block_size``, ``token_budget``, ``on_new_weights``, ``packed``) or
     ``"vllm"`` (vLLM's engine in this process, with the ``vllm`` extra; ``vllm`` gives
-    ``EngineArgs`` options)."""
+    ``EngineArgs`` options). ``kv_store`` (a :class:`~orchestr.roles.KVStore` mesh; paged
+    engine) backs the prefix cache: cached blocks are offloaded, stored prefixes onboarded."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -77,6 +79,7 @@ class Generator(oc.Actor):
         engine: str | None = None,
         vllm: dict[str, Any] | None = None,
         model: str | None = None,
+        kv_store: Any = None,
     ) -> None:
         if model is not None and checkpoint not in (None, model):
             raise oc.ConfigError("give the checkpoint once: model= or checkpoint=")
@@ -92,6 +95,7 @@ class Generator(oc.Actor):
             kv=kv, vllm=vllm, model_kwargs=model_kwargs, version=version, eos_id=eos_id,
             pad_id=pad_id, max_seq_len=max_seq_len, vocab_size=vocab_size,
         )  # fmt: skip
+        self._engine = with_store(self._engine, kv_store, checkpoint or model_factory)
         self._metrics = EngineMetrics(
             self._engine,
             model_name=checkpoint or model_factory,
@@ -124,6 +128,7 @@ class Generator(oc.Actor):
         if stream is not None:
             self._streams.reader(stream)
         self._ensure_running()
+        await fetch_stored(self._engine, reqs)
         async with self._lock:
             self._engine.submit(reqs)
             if stream is not None:
@@ -193,6 +198,7 @@ class Generator(oc.Actor):
         reqs = [as_request(r) for r in requests]
         self._ensure_running()
         loop = asyncio.get_running_loop()
+        await fetch_stored(self._engine, reqs)
         async with self._lock:
             self._engine.submit(reqs)
             futures = {r.id: loop.create_future() for r in reqs}
@@ -239,9 +245,9 @@ class Generator(oc.Actor):
     @oc.endpoint(concurrent=True)
     async def sync_weights(self, ref: WeightsRef) -> dict[str, Any]:
         """Load the version ``ref`` names straight from its publisher's buffers (bucketed
-        reads over the data plane, each bucket's checksum verified before anything is
-        copied) and make it current. Blocks on the step in progress (waits for it to end); requests in flight keep
-        going under the new weights, their next tokens carrying the new version.
+        reads over the data plane, each bucket's checksum verified before anything is copied)
+        and make it current. Blocks on the step in progress (waits for it to end); requests
+        in flight keep going under the new weights, their next tokens carrying the new version.
 
         Returns ``version``, ``loaded`` (False when that version was already current),
         ``seconds`` (the load itself), ``wait_s`` (for the step in progress before it),
@@ -295,14 +301,10 @@ class Generator(oc.Actor):
     @oc.endpoint(concurrent=True)
     async def digest(self) -> dict[str, Any]:
         """The weights' digest (equal to the trainer's when bitwise equal) and version.
-
         Blocks on hashing the weights (between steps); raises nothing; cancel-safe."""
         async with self._lock:
-            return {
-                "digest": self._weights.digest(),
-                "version": self._engine.version,
-                "backend": self._backend.describe(),
-            }
+            digest, version = self._weights.digest(), self._engine.version
+        return {"digest": digest, "version": version, "backend": self._backend.describe()}
 
     @oc.endpoint(concurrent=True)
     async def pause(self) -> None:
@@ -316,9 +318,8 @@ class Generator(oc.Actor):
 
     @oc.endpoint(concurrent=True)
     async def resume(self) -> None:
-        """Continue stepping under the current weights. Idempotent.
-
-        Blocks on nothing; raises nothing; cancel-safe."""
+        """Continue stepping under the current weights. Idempotent. Blocks on nothing;
+        raises nothing; cancel-safe."""
         self._ensure_running()
         async with self._lock:
             self._engine.resume()
@@ -327,7 +328,6 @@ class Generator(oc.Actor):
     @oc.endpoint(concurrent=True)
     async def stats(self) -> dict[str, Any]:
         """The engine's counters plus ``ready`` (completions waiting for next_completed).
-
         Blocks on nothing; raises nothing; cancel-safe."""
         async with self._lock:
             return {**dataclasses.asdict(self._engine.stats()), "ready": len(self._ready)}
@@ -335,14 +335,13 @@ class Generator(oc.Actor):
     @oc.endpoint(concurrent=True)
     async def aclose(self) -> None:
         """Cancel the engine loop (after its step in progress) and fail waiting calls with
-        ``ClosedResourceError``. Idempotent.
-
-        Blocks on the step in progress; raises nothing."""
+        ``ClosedResourceError``. Idempotent. Blocks on the step in progress; raises nothing."""
         self._closed = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        await close_store(self._engine)
         self._fail_waiters(oc.ClosedResourceError("the generator was closed"))
 
     # -- the engine loop ---------------------------------------------------------------------

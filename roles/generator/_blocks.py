@@ -81,6 +81,8 @@ class BlockPool:
         self.cached: dict[bytes, int] = {}
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._events: list[Event] = []
+        #: Blocks entered since :meth:`take_stored` (``None``: not kept), for offloading.
+        self._stored: list[tuple[bytes, int]] | None = None
 
     @property
     def num_free(self) -> int:
@@ -133,11 +135,18 @@ class BlockPool:
                 self._free[b] = None
 
     def commit(
-        self, blocks: Sequence[int], keys: Sequence[bytes], parent: bytes | None, tokens: list[int]
+        self,
+        blocks: Sequence[int],
+        keys: Sequence[bytes],
+        parent: bytes | None,
+        tokens: list[int],
+        *,
+        log: bool = True,
     ) -> None:
         """``blocks`` just became full with ``tokens`` (theirs, end to end): enter them under
         ``keys``, the first one's parent being ``parent``. A key that another block holds
-        already keeps that one (this block stays uncached)."""
+        already keeps that one (this block stays uncached). ``log``: kept for
+        :meth:`take_stored` when that is on (not for blocks that came from a store)."""
         size = self.block_size
         run: list[int] = []  # indexes of a run of blocks entered one after another
 
@@ -156,6 +165,8 @@ class BlockPool:
             self.hashes[b] = key
             self.cached[key] = b
             run.append(i)
+            if log and self._stored is not None:
+                self._stored.append((key, b))
         report()
 
     def clear_cache(self) -> bool:
@@ -167,6 +178,18 @@ class BlockPool:
         self.cached.clear()
         self._events.append(AllBlocksCleared())
         return True
+
+    def keep_stored(self, on: bool) -> None:
+        """Whether to keep the blocks entered into the cache for :meth:`take_stored`."""
+        self._stored = [] if on else None
+
+    def take_stored(self) -> list[tuple[bytes, int]]:
+        """``(key, block)`` of the blocks entered since the last call that still hold that
+        key (not evicted meanwhile), in order."""
+        if not self._stored:
+            return []
+        stored, self._stored = self._stored, []
+        return [(key, b) for key, b in stored if self.hashes[b] == key]
 
     def take_events(self) -> list[Event]:
         """The events since the last call, in order."""

@@ -50,6 +50,37 @@ class PagedKV:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
+    @property
+    def block_nbytes(self) -> int:
+        """The bytes of one block's keys and values in every layer (what :meth:`export`
+        gives per block)."""
+        return self.nbytes // self.keys[0].shape[0]
+
+    def export(self, blocks: list[int]) -> list[torch.Tensor]:
+        """Copies of ``blocks``' keys and values, each a flat ``uint8`` CPU tensor of
+        :attr:`block_nbytes`: every layer's keys, then every layer's values."""
+        if not blocks:
+            return []
+        index = torch.tensor(blocks, device=self.keys[0].device)
+        rows = torch.stack([t.index_select(0, index) for t in (*self.keys, *self.values)], 1)
+        flat = rows.cpu().contiguous().view(torch.uint8).reshape(len(blocks), -1)
+        return list(flat.unbind(0))
+
+    def load(self, blocks: list[int], data: list[torch.Tensor]) -> None:
+        """Write what :meth:`export` gave (of blocks of the same model and block size) into
+        ``blocks``. Raises ``ValueError`` for data of another size."""
+        if not blocks:
+            return
+        size, first = self.block_nbytes, self.keys[0]
+        if len(data) != len(blocks) or any(d.numel() * d.element_size() != size for d in data):
+            raise ValueError(f"{len(blocks)} blocks take {len(blocks)} tensors of {size} bytes")
+        raw = torch.stack([d.reshape(-1).view(torch.uint8) for d in data])
+        rows = raw.view(first.dtype).reshape(len(blocks), 2 * len(self.keys), *first.shape[1:])
+        rows = rows.to(first.device)
+        index = torch.tensor(blocks, device=first.device)
+        for i, t in enumerate((*self.keys, *self.values)):
+            t.index_copy_(0, index, rows[:, i])
+
 
 class PagedRunner:
     """One model step of a :class:`Step` over a :class:`PagedKV`.

@@ -165,6 +165,44 @@ class PagedEngine(Pausable):
         """The hashes of every block in the prefix cache now."""
         return list(self._pool.cached)
 
+    # -- blocks to and from a KV store -------------------------------------------------------
+    @property
+    def block_nbytes(self) -> int:
+        """The bytes of one block's keys and values (all layers)."""
+        return self._kv.block_nbytes
+
+    def keep_offload(self, on: bool) -> None:
+        """Whether :meth:`take_offload` gives the blocks that enter the prefix cache."""
+        self._pool.keep_stored(on)
+
+    def take_offload(self) -> tuple[int, list[bytes], list[torch.Tensor]]:
+        """The weights version, keys and copies of the blocks entered into the prefix cache
+        since the last call (and still there), to offload to a store. Call between steps."""
+        stored = self._pool.take_stored()
+        copies = self._kv.export([b for _, b in stored])
+        return self._version, [key for key, _ in stored], copies
+
+    def prefix_plan(self, prompt: list[int]) -> tuple[list[bytes], int]:
+        """The keys of ``prompt``'s blocks a prefix hit may cover, and how many of them, from
+        the first, are cached here now: a store may hold the rest."""
+        keys = self._sched.prompt_keys(prompt)
+        return keys, self._sched.cached_run(keys)
+
+    def adopt(
+        self, prompt: list[int], keys: list[bytes], start: int, data: list[torch.Tensor]
+    ) -> int:
+        """Enter blocks of ``prompt`` read from a store: ``data[i]`` holds the keys and values
+        of ``keys[start + i]`` (:meth:`prefix_plan`'s keys, under the current weights). Those
+        cached here meanwhile are skipped; none when the blocks before ``start`` are not
+        cached any more, fewer when the pool has fewer free blocks. Returns the tokens
+        entered. Call between steps."""
+        size = self.block_nbytes
+        if any(d.numel() * d.element_size() != size for d in data):
+            raise ValueError(f"a block of this engine is {size} bytes")
+        first, blocks = self._sched.adopt(keys, prompt, start, len(data))
+        self._kv.load(blocks, data[first - start : first - start + len(blocks)])
+        return len(blocks) * self._pool.block_size
+
     # -- weights -----------------------------------------------------------------------------
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy ``state`` (the model's ``state_dict`` keys and shapes) into the model and make
