@@ -56,6 +56,10 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--api-key must not be empty"
     if args.restarts < 0:
         return f"--restarts must be 0 or more, got {args.restarts}"
+    if args.kv_store_blocks < 0:
+        return f"--kv-store-blocks must be 0 or more, got {args.kv_store_blocks}"
+    if args.kv_store_blocks and args.engine != "native":
+        return "--kv-store-blocks backs the native engine's prefix cache; --engine vllm has its own"
     return None
 
 
@@ -79,6 +83,7 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
         resend=args.resend,
         restarts=args.restarts,
         options=options,
+        kv_store_blocks=args.kv_store_blocks,
     ) as app:
         config = uvicorn.Config(
             app,
@@ -205,6 +210,14 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
         default=3,
         help="restarts per generator that dies (default 3); the front door serves on the "
         "others meanwhile, and on it again once it is back",
+    )
+    p.add_argument(
+        "--kv-store-blocks",
+        type=int,
+        default=0,
+        metavar="N",
+        help="a KV store of N blocks in host memory behind the generators' prefix caches "
+        "(native engine; default 0: none)",
     )
     p.add_argument(
         "--torch-threads", type=_positive, default=None, help="torch threads per generator"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from typing import Any
 
@@ -40,8 +41,10 @@ __all__ = ["StoreEngine", "close_store", "fetch_stored", "kv_block_bytes", "with
 
 log = structlog.get_logger("orchestr.roles.generator")
 
-#: Blocks fetched for a request: (prompt keys, index of the first fetched one, their data).
-Fetched = tuple[list[bytes], int, list[torch.Tensor]]
+#: Blocks fetched for a request: (prompt keys, index of the first fetched one, their data, when).
+Fetched = tuple[list[bytes], int, list[torch.Tensor], float]
+#: Seconds fetched blocks wait for their request's submit before they are dropped.
+FETCHED_S = 30.0
 
 
 class StoreEngine:
@@ -99,7 +102,10 @@ class StoreEngine:
                 log.warning("reading blocks from the KV store failed", error=str(exc))
                 continue
             if n:
-                self._fetched[r.id] = (keys, local, out[:n])
+                self._fetched[r.id] = (keys, local, out[:n], time.monotonic())
+        stale = time.monotonic() - FETCHED_S  # fetched for a call cancelled before its submit
+        for rid in [rid for rid, f in self._fetched.items() if f[3] < stale]:
+            del self._fetched[rid]
 
     def submit(self, requests: list[Request]) -> None:
         """The engine's :meth:`~PagedEngine.submit`, after entering what :meth:`fetch` read
@@ -107,7 +113,7 @@ class StoreEngine:
         for r in requests:
             fetched = self._fetched.pop(r.id, None)
             if fetched is not None:
-                keys, start, data = fetched
+                keys, start, data, _ = fetched
                 tokens = self.inner.adopt(r.prompt, keys, start, data)
                 self.counts["orchestr:kv_store_onboarded_tokens"] += tokens
         self.inner.submit(requests)

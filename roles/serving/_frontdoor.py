@@ -34,6 +34,7 @@ import orchestr as oc
 
 from ..generator._blocks import AllBlocksCleared, BlockRemoved, BlockStored, hash_block
 from ..generator._types import Request, TokenDelta, Updates
+from ..kvstore._types import Cleared, Removed, Stored, StoreEvent
 from ._router import Load, Router, ServingError
 
 __all__ = ["FrontDoor", "GeneratorLostError", "OverloadedError", "RequestStream"]
@@ -44,6 +45,8 @@ log = structlog.get_logger("orchestr.roles.serving")
 POLL_S = 5.0
 #: Seconds between tries of a generator that is out of rotation.
 RETRY_S = 1.0
+#: Seconds between reads of the KV store's events.
+STORE_POLL_S = 0.1
 
 
 class OverloadedError(ServingError):
@@ -69,7 +72,9 @@ class FrontDoor:
     """Serves requests on the generators of ``generators`` (a mesh of
     :class:`~orchestr.roles.Generator`), routed by ``router`` (a policy name of
     :data:`~._router.POLICIES` or a :class:`Router`). Use as an async context manager (it
-    starts and stops the readers), from the job or program that owns the mesh.
+    starts and stops the readers), from the job or program that owns the mesh. With
+    ``store`` (the :class:`~orchestr.roles.KVStore` mesh the generators offload to) the
+    router follows the store's events too, and counts its blocks at their onboarding cost.
 
     Raises ``ValueError`` for a bad ``max_pending`` or policy."""
 
@@ -81,6 +86,7 @@ class FrontDoor:
         max_pending: int = 256,
         resend: bool = False,
         name: str | None = None,
+        store: oc.Mesh | None = None,
     ) -> None:
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending must be a positive int, got {max_pending!r}")
@@ -89,6 +95,7 @@ class FrontDoor:
         self.resend = resend
         self.name = name or f"frontdoor-{secrets.token_hex(4)}"
         self._mesh = generators
+        self._store = store
         self._members: dict[str, oc.Mesh] = {
             generators.label(m): generators[i] for i, m in enumerate(generators.members)
         }
@@ -122,6 +129,8 @@ class FrontDoor:
         for worker in self._members:
             self.router.add(worker)
             self._tasks.append(loop.create_task(self._read(worker), name=f"{self.name}:{worker}"))
+        if self._store is not None:
+            self._tasks.append(loop.create_task(self._follow_store(), name=f"{self.name}:store"))
 
     async def aclose(self) -> None:
         """Stop the readers, end every request in flight with :class:`ClosedResourceError`
@@ -276,6 +285,27 @@ class FrontDoor:
                 self.router.add(worker)
             self._apply(worker, updates)
 
+    async def _follow_store(self) -> None:
+        """Read the KV store's events into the router every :data:`STORE_POLL_S`. Events it
+        no longer has, or a store that cannot be reached, make the router forget the store
+        (no hit is counted that may not be there) and read it again from its start."""
+        assert self._store is not None
+        after = 0
+        while True:
+            try:
+                page = await self._store.events.call_one(after)
+            except Exception as exc:
+                log.warning("the KV store's events cannot be read", error=repr(exc)[:200])
+                self.router.forget_store()
+                after = 0
+                await asyncio.sleep(RETRY_S)
+                continue
+            if page["lost"]:
+                self.router.forget_store()
+            self.router.apply_store([_store_event(row) for row in page["events"]])
+            after = page["last"]
+            await asyncio.sleep(STORE_POLL_S)
+
     def _apply(self, worker: str, u: Updates) -> None:
         self._loads[worker] = Load(u.prefill_blocks, u.decode_blocks)
         self._unreported[worker] = 0
@@ -358,3 +388,12 @@ def _event(kind: str, hashes: list[bytes]) -> Any:
     if kind == "removed":
         return BlockRemoved(hashes)
     return AllBlocksCleared()
+
+
+def _store_event(row: list[Any]) -> StoreEvent:
+    _, kind, namespace, hashes, tier = row
+    if kind == "stored":
+        return Stored(namespace, tuple(hashes), tier)
+    if kind == "removed":
+        return Removed(namespace, tuple(hashes), tier)
+    return Cleared(tier)

@@ -102,7 +102,7 @@ class Router:
         self.expect_s = expect_s
         self._cached: dict[str, set[bytes]] = {}
         self._expected: dict[str, dict[bytes, float]] = {}  # worker -> hash -> until
-        self._store: set[bytes] = set()
+        self._store: dict[str, set[bytes]] = {}  # tier -> hashes held there
         self._turn = itertools.count()
 
     @property
@@ -152,8 +152,15 @@ class Router:
         return True
 
     def apply_store(self, events: Iterable[Any]) -> None:
-        """Follow the KV store's events (any tier: a block on disk is onboarded as well)."""
-        _follow(self._store, events)
+        """Follow the KV store's events, in order, per tier (a block in any tier is onboarded:
+        one on disk is promoted first)."""
+        for event in events:
+            _follow(self._store.setdefault(event.tier, set()), [event])
+
+    def forget_store(self) -> None:
+        """Forget what the store holds (its events were lost, or it went away): no store hit
+        is counted until its events say so again."""
+        self._store.clear()
 
     def overlap(self, worker: str, hashes: Sequence[bytes]) -> int:
         """How many of ``hashes``, from the first, ``worker`` has cached."""
@@ -191,7 +198,12 @@ class Router:
                 hashes[cached] in cache or expected.get(hashes[cached], now) > now
             ):
                 cached += 1
-        stored = _prefix(self._store, hashes[cached:])
+        stored = 0
+        tiers = self._store.values()
+        for h in hashes[cached:]:
+            if not any(h in tier for tier in tiers):
+                break
+            stored += 1
         new = (len(hashes) - cached - stored) + self.store_cost * stored
         cost = self.prefill_weight * (load.prefill_blocks + new) + load.decode_blocks
         return Choice(worker, cached, stored, cost)

@@ -12,6 +12,8 @@ from starlette.applications import Starlette
 import orchestr as oc
 
 from ..generator._actor import Generator
+from ..generator._kvlink import kv_block_bytes
+from ..kvstore._actor import KVStore
 from ._frontdoor import FrontDoor
 from ._http import ServedModel, openai_app
 
@@ -32,6 +34,7 @@ async def openai_server(
     resend: bool = False,
     restarts: int = 3,
     options: Mapping[str, Any] | None = None,
+    kv_store_blocks: int = 0,
 ) -> AsyncIterator[Starlette]:
     """Spawn ``generators`` :class:`~orchestr.roles.Generator` actors of ``checkpoint`` on
     ``ctx``'s cluster (``oc.open_local_cluster()`` or ``oc.connect(address)``), start a
@@ -39,12 +42,20 @@ async def openai_server(
     serve with uvicorn. On exit the front door closes (requests in flight end) and the
     generators stop. A generator that dies is restarted up to ``restarts`` times, then left
     dead while the others serve. ``options`` are more keywords for the generators
-    (``max_batch``, ``kv``, ``torch_threads``...).
+    (``max_batch``, ``kv``, ``torch_threads``...). With ``kv_store_blocks`` a
+    :class:`~orchestr.roles.KVStore` of that many blocks in host memory backs the generators'
+    prefix caches (paged engine, float32 blocks) and the router counts its blocks.
 
     Blocks on the spawn (the checkpoints load); raises ``ConfigError`` for a folder that is
     not a checkpoint and what ``ctx.spawn`` raises."""
     folder = os.path.abspath(os.fspath(checkpoint))  # noqa: ASYNC240 (no waiting: a getcwd)
     model = ServedModel(folder, names or [os.fspath(checkpoint)])
+    options = dict(options or {})
+    store = None
+    if kv_store_blocks:
+        block = kv_block_bytes(folder, dict(options.get("kv") or {}).get("block_size", 16))
+        store = await ctx.spawn(KVStore, block, kv_store_blocks, name="kvstore")
+        options["kv_store"] = store
     mesh = await ctx.spawn(
         Generator,
         n=generators,
@@ -54,10 +65,14 @@ async def openai_server(
         supervise=lambda failure: "restart" if failure.can_restart else "handle",
         checkpoint=folder,
         engine=engine,
-        **dict(options or {}),
+        **options,
     )
     try:
-        async with FrontDoor(mesh, router=router, max_pending=max_pending, resend=resend) as front:
+        async with FrontDoor(
+            mesh, router=router, max_pending=max_pending, resend=resend, store=store
+        ) as front:
             yield openai_app(front, model, api_key=api_key)
     finally:
         await ctx.stop(mesh)
+        if store is not None:
+            await ctx.stop(store)

@@ -29,6 +29,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         (["--host", "0.0.0.0"], "would open the model to the network without a key"),
         (["--host", "192.0.2.1", "--api-key", ""], "--api-key must not be empty"),
         (["--restarts", "-1"], "--restarts must be 0 or more"),
+        (["--kv-store-blocks", "-1"], "--kv-store-blocks must be 0 or more"),
+        (["--kv-store-blocks", "8", "--engine", "vllm"], "--engine vllm has its own"),
     ],
 )
 def test_options_that_do_not_fit_are_refused(
@@ -55,7 +57,8 @@ def test_a_folder_that_is_no_model_is_refused(tmp_path: pathlib.Path) -> None:
 def test_serve_answers_openai_clients_and_stops_on_sigint(folder: pathlib.Path) -> None:
     marker = uuid.uuid4().hex
     env = dict(os.environ, ORCHESTR_TEST_MARKER=marker, ORCHESTR_API_KEY="sekrit")
-    args = ["serve", str(folder), "--port", "0", "--served-model-name", "tiny", "--router", "kv"]
+    args = ["serve", str(folder), "--port", "0", "--served-model-name", "tiny", "--router", "kv",
+            "--kv-store-blocks", "64"]  # fmt: skip
     proc = subprocess.Popen(
         [*ORCHESTR, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,

@@ -17,6 +17,7 @@ from orchestr.roles import Generator, KVNamespace, KVStore, Request, kv_block_by
 from orchestr.roles.generator._blocks import BlockPool, BlockStored, hash_block
 from orchestr.roles.generator._paged_engine import PagedEngine
 from orchestr.roles.generator._scheduler import Scheduler
+from orchestr.roles.serving import FrontDoor, Load
 
 BLOCK = 16
 
@@ -137,3 +138,36 @@ async def _metrics(gen: oc.Mesh) -> dict[str, float]:
     u = await gen.updates.call_one("probe", timeout_s=0)
     await gen.unsubscribe.call_one("probe")
     return dict(u.metrics)
+
+
+async def test_the_front_doors_router_counts_the_stores_blocks(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    store = await ctx.spawn(KVStore, kv_block_bytes(str(folder), BLOCK), 64)
+    gens = await ctx.spawn(
+        Generator, n=2, checkpoint=str(folder), torch_threads=1, kv_store=store,
+        kv={"block_size": BLOCK, "num_blocks": 64},
+    )  # fmt: skip
+    p = prompt(200)
+    async with FrontDoor(gens, router="kv", store=store) as front:
+        deltas = [d async for d in front.stream(p, max_new_tokens=4, temperature=0.0)]
+        assert deltas[-1].finish_reason == "length"
+        hashes = front.block_hashes(p)
+        assert len(hashes) == 12
+        for _ in range(200):  # offloaded, then read from the store's events
+            best = front.router.choose(hashes)
+            if (
+                best.cached_blocks == 12
+                and front.router.choose(hashes, {best.worker: Load(decode_blocks=100)}).store_blocks
+                == 12
+            ):
+                break
+            await asyncio.sleep(0.05)
+        computed = front.router.choose(hashes)
+        assert computed.cached_blocks == 12  # where it was computed: cached, the cheapest
+        # the other generator, with the first one busy: no block cached, all 12 in the store
+        busy = {computed.worker: Load(decode_blocks=100)}
+        other = front.router.choose(hashes, busy)
+        assert other.worker != computed.worker
+        assert (other.cached_blocks, other.store_blocks) == (0, 12)
+        assert other.cost == pytest.approx(12 * front.router.store_cost)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestr.roles.generator._blocks import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored
-from orchestr.roles.kvstore import KVNamespace, Removed, Stored
+from orchestr.roles.kvstore import Cleared, KVNamespace, Removed, Stored
 from orchestr.roles.serving import Load, NoWorkerError, Router
 
 A = [f"a{i}".encode() for i in range(8)]  # one prompt's chain of block hashes
@@ -64,7 +64,13 @@ def test_store_hits_count_at_their_onboarding_cost() -> None:
     c0 = r.choose(A, {"g1": Load(decode_blocks=1), "g2": Load(decode_blocks=1)})
     # g0: 2 cached, 4 from the store at 0.25, 2 to compute: 3.0; the others: 6 * 0.25 + 2 + 1
     assert (c0.worker, c0.cached_blocks, c0.store_blocks, c0.cost) == ("g0", 2, 4, 3.0)
-    r.apply_store([Removed(ns, (A[2],), "host")])  # the store's prefix now stops at A[2]
+    # a demotion: on disk first, then gone from host memory; still in the store
+    r.apply_store([Stored(ns, (A[2],), "disk"), Removed(ns, (A[2],), "host")])
+    assert r.choose(A, {"g0": Load()}).store_blocks == 4
+    r.apply_store([Cleared("disk")])  # the store's prefix now stops at A[2]
+    assert r.choose(A, {"g0": Load()}).store_blocks == 0
+    r.apply_store([Stored(ns, (A[2],), "disk")])
+    r.forget_store()
     assert r.choose(A, {"g0": Load()}).store_blocks == 0
 
 
