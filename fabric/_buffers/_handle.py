@@ -8,8 +8,9 @@ the owner's memory and the caller's, over the best backend for where the two are
 
 from __future__ import annotations
 
+import asyncio
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from orchestr.errors import DescriptorError, OrchestrError
@@ -58,6 +59,17 @@ def as_bytes(data: Any, *, writable: bool) -> tuple[memoryview, str, list[int]]:
     if writable and view.readonly:
         raise OrchestrError("this buffer is read-only; read_into needs a writable destination")
     return view, dtype, shape
+
+
+def _plain_tensor(data: Any) -> bool:
+    """A contiguous CPU tensor (whose memory ``data_ptr`` gives)."""
+    return (
+        type(data).__module__.startswith("torch")
+        and data.device.type == "cpu"
+        and data.is_contiguous()
+        and not data.is_conj()
+        and not data.is_neg()
+    )
 
 
 class Buffer:
@@ -160,6 +172,39 @@ class Buffer:
         if reader is not None:
             return t.scheme, await reader(desc, offset, view, piece, fn)
         return t.scheme, await read_pieces_with(t.read_into, desc, offset, view, piece, fn)
+
+    async def read_spans(
+        self,
+        spans: Sequence[tuple[int, Any]],
+        *,
+        transport: str | None = None,
+        fallback: str | None = None,
+    ) -> str:
+        """Several :meth:`read_into` at once: for each ``(offset, dst)``, ``dst.nbytes`` bytes
+        from byte ``offset`` of this buffer into ``dst``, in as few transfers as the backend
+        allows (``shm`` from the owner's shared memory: one hop off the event loop, two
+        threads copying); the others read all spans concurrently. Returns the transport.
+        Blocks on the transfers and raises as :meth:`read_into` does (all spans are checked
+        before any is copied where the backend reads them at once). Not cancel-safe: a
+        cancelled read leaves the destinations partly written."""
+        t, desc = self._choose(transport, fallback)
+        direct = getattr(t, "read_addresses", None)
+        if direct is not None and all(_plain_tensor(dst) for _, dst in spans):
+            # CPU tensors name their memory themselves: no view of each to build
+            await direct(desc, [(o, d.data_ptr(), d.numel() * d.element_size()) for o, d in spans])
+            return t.scheme
+        views = [(offset, as_bytes(dst, writable=True)[0]) for offset, dst in spans]
+        reader = getattr(t, "read_spans", None)
+        if reader is not None:
+            await reader(desc, views)
+            return t.scheme
+        try:
+            async with asyncio.TaskGroup() as reads:
+                for offset, view in views:
+                    reads.create_task(t.read_into(desc, offset, view))
+        except* Exception as group:
+            raise group.exceptions[0] from None  # the first failure, as one read raises it
+        return t.scheme
 
     async def write_from(
         self,

@@ -142,6 +142,10 @@ class KVStore(oc.Actor):
         already begun completes on its own."""
         self._start()
         lease = self._index.lease(namespace, hashes, time.monotonic(), ttl)
+        if not lease.blocks:  # nothing to read: no lease to end
+            self._index.release(lease.id)
+            return {"lease": 0, "buffer": self._buffer, "block_bytes": self.block_bytes,
+                    "offsets": [], "tokens": 0, "ttl": 0.0}  # fmt: skip
         try:
             await self._copy(lease.moves)
         except BaseException:
@@ -160,6 +164,16 @@ class KVStore(oc.Actor):
     def check_lease(self, lease: int) -> None:
         """Raise :class:`LeaseExpiredError` unless ``lease`` is still held."""
         self._index.check_lease(lease, time.monotonic())
+
+    @oc.endpoint
+    def end_read(self, lease: int) -> None:
+        """:meth:`check_lease`, then :meth:`release` whatever it found: the one call after a
+        read. Raises :class:`LeaseExpiredError` when the lease had run out (what was read
+        must not be used)."""
+        try:
+            self._index.check_lease(lease, time.monotonic())
+        finally:
+            self._index.release(lease)
 
     @oc.endpoint
     def release(self, lease: int) -> bool:
@@ -321,24 +335,23 @@ async def get_blocks(
 ) -> int:
     """Read the longest stored prefix of ``hashes`` from ``store`` into ``out`` (tensors of the
     store's ``block_bytes`` each, one per hash; those past the prefix are left as they were)
-    and return its length in blocks. One call to lease, one-sided reads of the store's memory,
-    one to confirm the lease still held (else :class:`LeaseExpiredError`, and what was read
-    must not be used), one to release."""
+    and return its length in blocks. One call to lease, one vectored one-sided read of the
+    store's memory (:meth:`Buffer.read_spans`), one to end the lease that confirms it was still
+    held (else :class:`LeaseExpiredError`, and what was read must not be used); a prefix of
+    no block takes the first call only."""
     if len(out) < len(hashes):
         raise ValueError(f"{len(hashes)} hashes but room for {len(out)} blocks")
     lease = await store.lease.call_one(namespace, list(hashes))
+    if not lease["offsets"]:
+        return 0  # nothing stored: no lease was taken
     try:
         _check_sizes(out[: len(lease["offsets"])], lease["block_bytes"])
-        try:
-            async with asyncio.TaskGroup() as reads:  # the copies overlap their thread hops
-                for offset, dst in zip(lease["offsets"], out, strict=False):
-                    reads.create_task(lease["buffer"].read_into(dst, offset=offset))
-        except* Exception as group:
-            raise group.exceptions[0] from None  # the first failure, as a plain read raises it
-        await store.check_lease.call_one(lease["lease"])
-    finally:
+        await lease["buffer"].read_spans(list(zip(lease["offsets"], out, strict=False)))
+    except BaseException:
         with contextlib.suppress(Exception):
             await store.release.call_one(lease["lease"])
+        raise
+    await store.end_read.call_one(lease["lease"])
     return len(lease["offsets"])
 
 

@@ -128,6 +128,23 @@ class Reader(oc.Actor):
         return [used, sums, float(dst.double().sum())]
 
     @oc.endpoint
+    async def pull_spans(
+        self,
+        buf: oc.Buffer,
+        spans: list[list[int]],
+        transport: str | None = None,
+        arrays: bool = False,
+    ) -> list[Any]:
+        """The transport and, per ``(offset, float32 count)`` span, the floats read (into
+        tensors, or with ``arrays`` numpy arrays)."""
+        dsts = [torch.empty(n) for _, n in spans]
+        into = [d.numpy() for d in dsts] if arrays else dsts
+        used = await buf.read_spans(
+            [(offset, d) for (offset, _), d in zip(spans, into, strict=True)], transport=transport
+        )
+        return [used, [d.tolist() for d in dsts]]
+
+    @oc.endpoint
     async def push(self, buf: oc.Buffer, value: float) -> str:
         return await buf.write_from(torch.full((buf.nbytes // 4,), value))
 

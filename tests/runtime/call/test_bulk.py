@@ -152,6 +152,29 @@ async def test_a_buffer_in_shared_memory_is_read_from_a_mapping_in_verified_piec
             await call
 
 
+async def test_spans_of_a_buffer_are_read_at_once_on_every_path(ctx: oc.JobContext) -> None:
+    """``read_spans``: from the owner's shared memory (one hop, two threads), by kernel copies
+    (a region not in a segment), and over tcp; a span out of bounds is refused before any is
+    copied."""
+    owner = await ctx.spawn(Owner)
+    reader = await ctx.spawn(Reader)
+    n = 3 * MiB  # floats 0 .. n-1
+    shared = await owner.share_shared.call_one(n)
+    plain = await owner.share.call_one(1024, 1.0)
+    spans = [[4 * (n - 8), 8], [0, 3], [4 * MiB, MiB], [400, 0]]  # a MiB: over the thread size
+    want = [[float(i) for i in range(o // 4, o // 4 + c)] for o, c in spans]
+    before = await reader.mapped_bytes.call_one()
+    assert await reader.pull_spans.call_one(shared, spans) == ["shm", want]
+    assert await reader.mapped_bytes.call_one() == before + 4 * (8 + 3 + MiB)  # one mapping
+    assert await reader.pull_spans.call_one(shared, spans, None, True) == ["shm", want]
+    assert await reader.pull_spans.call_one(shared, spans, "tcp") == ["tcp", want]
+    assert await reader.pull_spans.call_one(plain, [[0, 2], [4092, 1]]) == [
+        "shm", [[1.0, 1.0], [1.0]]
+    ]  # fmt: skip
+    with pytest.raises(oc.ActorError, match="DescriptorError"):
+        await reader.pull_spans.call_one(shared, [[0, 4], [4 * n - 4, 2]])
+
+
 async def test_a_router_forwards_handles_without_the_bytes(ctx: oc.JobContext) -> None:
     owner = await ctx.spawn(Owner)
     reader = await ctx.spawn(Reader)
