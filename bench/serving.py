@@ -9,9 +9,10 @@ The checkpoint is ``bench/generation.py``'s model (Llama family, 8 layers, hidde
 
 - **orchestr**: ``orchestr serve`` with 2 generators (paged engine, one thread each:
   ``--torch-threads 1`` and ``OMP_NUM_THREADS=1``, since the engine's steps run in a thread
-  that ``torch.set_num_threads`` does not reach) and the KV-aware router (``--router kv``). The KV store is not in the serving
-  path yet: the store's offload/onboard in the generators is still to come.
-- **orchestr_rr**: the same with round-robin routing.
+  that ``torch.set_num_threads`` does not reach), the KV-aware router (``--router kv``) and a
+  KV store of 2,048 blocks behind both generators (``--kv-store-blocks``: blocks offloaded,
+  stored prefixes onboarded, the store's blocks in the router's cost).
+- **orchestr_rr**: the same with round-robin routing and no store.
 - **vllm**: vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``: the
   ``vllm`` command does not start under the CPU build) from its own venv (``bench/.venvs/vllm``
   or ``--vllm-python``), eager, float32, blocks of 32, prefix caching on, two OpenMP threads.
@@ -78,10 +79,11 @@ def start(system: str, folder: str, port: int, vllm_python: str) -> subprocess.P
                "--port", str(port), "--host", "127.0.0.1"]  # fmt: skip
         env = dict(os.environ, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="1")
     else:
-        router = "kv" if system == "orchestr" else "round_robin"
+        kv = system == "orchestr"
         cmd = [sys.executable, "-m", "orchestr.cli", "serve", folder, "--generators", "2",
-               "--router", router, "--torch-threads", "1", "--served-model-name", "tiny",
-               "--port", str(port)]  # fmt: skip
+               "--router", "kv" if kv else "round_robin", "--torch-threads", "1",
+               "--served-model-name", "tiny", "--port", str(port),
+               *(["--kv-store-blocks", "2048"] if kv else [])]  # fmt: skip
         # one OpenMP thread per generator process, as --torch-threads 1 means: the engine
         # steps in a thread of its own, where torch's per-thread setting does not reach
         env = dict(os.environ, OMP_NUM_THREADS="1")

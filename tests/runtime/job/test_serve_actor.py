@@ -24,21 +24,20 @@ from orchestr._cluster._headstore import HeadStore
 from orchestr._control._grpc import ControlChannel
 from orchestr._control._head_client import HeadClient
 from orchestr._job._hosting import Hosting
-from orchestr.roles import KVNamespace
+from orchestr.roles import Generator, KVNamespace, kv_block_bytes, models
 from tests.roles.kvstore_actors import Reader, Writer
 from tests.runtime.actors import Counter
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 NS = KVNamespace("tiny-llama", block_size=16, weight_version=1)
-SIZE = 4096
 
 PROGRAM = """
-import asyncio
+import asyncio, sys
 import orchestr as oc
 from orchestr.roles import KVStore
 
 async def main():
-    store = KVStore(4096, 16)  # built by the program, as any object of its own
+    store = KVStore(int(sys.argv[1]), 64)  # built by the program, as any object of its own
     async with oc.connect() as job:  # $ORCHESTR_ADDRESS and $ORCHESTR_TOKEN
         await job.serve_actor(store, name="cache")
         print("serving", flush=True)
@@ -50,11 +49,18 @@ asyncio.run(main())
 """
 
 
-async def _start(ctx: oc.JobContext, script: pathlib.Path) -> asyncio.subprocess.Process:
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return pathlib.Path(models.make_tiny("llama", tmp_path_factory.mktemp("m") / "llama"))
+
+
+async def _start(
+    ctx: oc.JobContext, script: pathlib.Path, block_bytes: int
+) -> asyncio.subprocess.Process:
     env = dict(os.environ, ORCHESTR_ADDRESS=ctx.head_address, ORCHESTR_TOKEN=ctx.token,
                PYTHONPATH=str(ROOT))  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(script), env=env, stdin=asyncio.subprocess.PIPE,
+        sys.executable, str(script), str(block_bytes), env=env, stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -69,21 +75,36 @@ async def _states(ctx: oc.JobContext, name: str) -> list[str]:
     return [a.state for a in await ctx.actors() if a.name == name]
 
 
-@pytest.mark.timeout(120)
-async def test_a_program_hosts_a_kv_store_that_a_jobs_actors_use(
-    ctx: oc.JobContext, tmp_path: pathlib.Path
+@pytest.mark.timeout(180)
+async def test_a_program_hosts_a_kv_store_that_a_jobs_generators_use(
+    ctx: oc.JobContext, tmp_path: pathlib.Path, folder: pathlib.Path
 ) -> None:
     script = tmp_path / "cache_service.py"
     script.write_text(textwrap.dedent(PROGRAM))
-    proc = await _start(ctx, script)
+    size = kv_block_bytes(str(folder), 16)
+    proc = await _start(ctx, script, size)
     try:
         store = await ctx.lookup("cache")
         (info,) = [a for a in await ctx.actors() if a.name == "cache"]
         assert (info.state, info.node_id, info.pid) == ("alive", "", proc.pid)
         assert info.class_path == "orchestr.roles:KVStore" and "begin_put" in info.endpoints
-        # two actors of this job, as two generators would: one writes blocks into the store's
-        # memory in the other program, the other reads them back, byte for byte
-        writer, reader = await ctx.spawn(Writer, SIZE), await ctx.spawn(Reader, SIZE)
+        # the job's generators share it: the second computes only what the first did not
+        gens = await ctx.spawn(
+            Generator, n=2, checkpoint=str(folder), torch_threads=1, kv_store=store
+        )
+        ask = {"prompt": [5 + i % 300 for i in range(100)], "max_new_tokens": 4,
+               "temperature": 0.0}  # fmt: skip
+        (first,) = await gens[0].generate.call_one([{"id": "a", **ask}])
+        for _ in range(200):  # offloaded after the step, by a task of the generator's
+            if (await store.stats.call_one())["blocks"] >= 6:
+                break
+            await asyncio.sleep(0.05)
+        (second,) = await gens[1].generate.call_one([{"id": "b", **ask}])
+        assert second.tokens == first.tokens
+        assert (await gens[1].stats.call_one())["tokens"] == (100 - 6 * 16) + 3
+        # and other actors of the job: one writes blocks into the store's memory in the
+        # other program, one reads them back, byte for byte
+        writer, reader = await ctx.spawn(Writer, size), await ctx.spawn(Reader, size)
         chain = [f"block-{i}".encode() for i in range(3)]
         assert await writer.put.call_one(store, NS, chain, [7, 8, 9]) == 3
         assert await reader.get.call_one(store, NS, [*chain, b"missing"]) == [7, 8, 9]
@@ -100,7 +121,7 @@ async def test_a_program_hosts_a_kv_store_that_a_jobs_actors_use(
             await ctx.lookup("cache")
 
         # hosted again, then killed: recorded dead at once, callers fail instead of waiting
-        proc = await _start(ctx, script)
+        proc = await _start(ctx, script, size)
         store = await ctx.lookup("cache")
         assert await writer.put.call_one(store, NS, chain[:1], [5]) == 1
         proc.send_signal(signal.SIGKILL)
