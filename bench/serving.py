@@ -8,8 +8,7 @@ The checkpoint is ``bench/generation.py``'s model (Llama family, 8 layers, hidde
 24M parameters, float32), made locally unless ``--checkpoint`` names one. Systems:
 
 - **orchestr**: ``orchestr serve`` with 2 generators (paged engine, one thread each:
-  ``--torch-threads 1`` and ``OMP_NUM_THREADS=1``, since the engine's steps run in a thread
-  that ``torch.set_num_threads`` does not reach), the KV-aware router (``--router kv``) and a
+  ``--torch-threads 1``, which the steps' thread takes too), the KV-aware router (``--router kv``) and a
   KV store of 2,048 blocks behind both generators (``--kv-store-blocks``: blocks offloaded,
   stored prefixes onboarded, the store's blocks in the router's cost).
 - **orchestr_rr**: the same with round-robin routing and no store.
@@ -84,9 +83,7 @@ def start(system: str, folder: str, port: int, vllm_python: str) -> subprocess.P
                "--router", "kv" if kv else "round_robin", "--torch-threads", "1",
                "--served-model-name", "tiny", "--port", str(port),
                *(["--kv-store-blocks", "2048"] if kv else [])]  # fmt: skip
-        # one OpenMP thread per generator process, as --torch-threads 1 means: the engine
-        # steps in a thread of its own, where torch's per-thread setting does not reach
-        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env = dict(os.environ)  # --torch-threads 1: one thread per generator's steps
     log(f"starting {system}: {' '.join(cmd[:4])} ...")
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

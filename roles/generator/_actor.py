@@ -85,6 +85,7 @@ class Generator(oc.Actor):
             raise oc.ConfigError("give the checkpoint once: model= or checkpoint=")
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
+        self._threads = torch.get_num_threads()  # also where steps run (in_thread's threads)
         if nice:
             os.nice(nice)
         self._backend = choose_backend(backend)
@@ -239,7 +240,7 @@ class Generator(oc.Actor):
         self._ensure_running()
         tensors = await read_staged(self._weights.shapes(), state)
         async with self._lock:
-            await in_thread(self._engine.load_weights, tensors, version)
+            await in_thread(self._engine.load_weights, tensors, version, threads=self._threads)
         log.info("weights loaded", version=version)
 
     @oc.endpoint(concurrent=True)
@@ -373,7 +374,7 @@ class Generator(oc.Actor):
                         with contextlib.suppress(KeyError):  # it may have finished meanwhile
                             self._engine.cancel(rid)
                     self._abandoned.clear()
-                    finished = await in_thread(self._engine.step)
+                    finished = await in_thread(self._engine.step, threads=self._threads)
                     self._metrics.publish()
                     finished = self._streams.after_step(self._engine, finished)
                 for c in finished:

@@ -6,6 +6,7 @@ engine, :class:`~._vllm_engine.VllmEngine`); and :class:`Weights`, where its wei
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -167,15 +168,24 @@ def _recompute(
     return Weights(model, built), built
 
 
-async def in_thread(fn: Callable[..., T], *args: Any) -> T:
-    """Run ``fn`` in the default executor. A thread cannot be interrupted: on cancellation
-    wait for it to end, so nothing touches the engine after the caller has gone."""
-    future = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+async def in_thread(fn: Callable[..., T], *args: Any, threads: int | None = None) -> T:
+    """Run ``fn`` in the default executor, with ``threads`` torch (OpenMP) threads when given:
+    the count is the calling thread's own, so an executor thread has the process's default
+    until told. A thread cannot be interrupted: on cancellation wait for it to end, so nothing
+    touches the engine after the caller has gone."""
+    call = functools.partial(_with_threads, threads, fn, *args) if threads else fn
+    future = asyncio.get_running_loop().run_in_executor(None, call, *(() if threads else args))
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
         await asyncio.wait([future])
         raise
+
+
+def _with_threads(threads: int, fn: Callable[..., T], *args: Any) -> T:
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return fn(*args)
 
 
 async def read_staged(
