@@ -2,7 +2,7 @@
 orchestr's venv): the same prompts, one at a time, three ways:
 
 - **engine**: :class:`orchestr.roles.PagedEngine` in this process, submitted and stepped here
-  (submit to the first token);
+  (submit to the first token), on one torch thread as the generator's steps are;
 - **frontdoor**: :meth:`FrontDoor.stream` in this process over one generator actor (the actor
   hop and the streaming reader, no HTTP);
 - **http**: ``POST /v1/completions`` with ``stream: true`` through uvicorn on loopback, timed
@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 import httpx2
+import torch
 import uvicorn
 
 import orchestr as oc
@@ -117,8 +118,8 @@ def main() -> None:
     vocab = models.read_config(args.checkpoint).vocab_size
     warmup = 4
     batch = prompts(vocab, args.requests + warmup, args.prompt_len, 1)
-    # no thread setting here: a generator's steps run in a thread of their own, where torch
-    # uses every core whatever torch_threads says (its setting is per thread)
+    # one torch thread, as the generator's steps have (torch_threads=1)
+    torch.set_num_threads(1)
     result = {"engine": summary(engine_ttft(args.checkpoint, batch), warmup)}
 
     async def go(ctx: oc.JobContext) -> dict[str, Any]:

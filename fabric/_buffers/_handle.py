@@ -206,6 +206,32 @@ class Buffer:
             raise group.exceptions[0] from None  # the first failure, as one read raises it
         return t.scheme
 
+    async def write_spans(
+        self,
+        spans: Sequence[tuple[int, Any]],
+        *,
+        transport: str | None = None,
+        fallback: str | None = None,
+    ) -> str:
+        """Several :meth:`write_from` at once: for each ``(offset, src)``, all of ``src`` into
+        this buffer from byte ``offset``; in one hop off the event loop where the backend can
+        (``shm``, from CPU tensors), else concurrently. Returns the transport. Blocks on the
+        transfers and raises as :meth:`write_from` does. Not cancel-safe: a cancelled write
+        leaves this buffer partly written."""
+        t, desc = self._choose(transport, fallback)
+        direct = getattr(t, "write_addresses", None)
+        if direct is not None and all(_plain_tensor(src) for _, src in spans):
+            await direct(desc, [(o, d.data_ptr(), d.numel() * d.element_size()) for o, d in spans])
+            return t.scheme
+        views = [(offset, as_bytes(src, writable=False)[0]) for offset, src in spans]
+        try:
+            async with asyncio.TaskGroup() as writes:
+                for offset, view in views:
+                    writes.create_task(t.write_from(desc, offset, view))
+        except* Exception as group:
+            raise group.exceptions[0] from None  # the first failure, as one write raises it
+        return t.scheme
+
     async def write_from(
         self,
         src: Any,

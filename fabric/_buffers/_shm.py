@@ -335,6 +335,27 @@ class ShmBuffers(OneSided):
         self._still_live(desc)
         count(self.scheme, read=total)
 
+    async def write_addresses(self, desc: Descriptor, spans: list[tuple[int, int, int]]) -> None:
+        """Several writes into one region, each ``(offset, local address, nbytes)`` of memory
+        of this process the caller vouches for; every span is checked first, then all are
+        copied by kernel copies in one hop off the event loop."""
+        for offset, _, nbytes in spans:
+            desc.check_span(offset, nbytes)
+        pid, addr, _ = self._entry(desc, True)
+        writes = [(True, pid, local, addr + o, n) for o, local, n in spans if n]
+        total = sum(n for _, _, n in spans)
+
+        def copy_all() -> None:
+            for w in writes:
+                _vm_copy(*w)
+
+        if total >= THREAD_BYTES:
+            await asyncio.to_thread(copy_all)
+        else:
+            copy_all()
+        self._still_live(desc)
+        count(self.scheme, written=total)
+
 
 _workers: concurrent.futures.ThreadPoolExecutor | None = None
 

@@ -310,19 +310,19 @@ async def put_blocks(
     store: Any, namespace: KVNamespace, hashes: Sequence[bytes], blocks: Sequence[torch.Tensor]
 ) -> int:
     """Store ``blocks`` (contiguous CPU tensors of the store's ``block_bytes`` each) under
-    ``hashes`` in ``store`` (a one-actor mesh): one call to reserve, one-sided writes into the
-    store's memory, one call to publish. Returns how many blocks were new; a block already
-    stored is not written again. Aborts the put if a write fails. Raises ``ValueError`` for
-    blocks of the wrong size."""
+    ``hashes`` in ``store`` (a one-actor mesh): one call to reserve, one vectored one-sided
+    write into the store's memory (:meth:`Buffer.write_spans`), one call to publish. Returns
+    how many blocks were new; a block already stored is not written again. Aborts the put if
+    a write fails. Raises ``ValueError`` for blocks of the wrong size."""
     if len(blocks) != len(hashes):
         raise ValueError(f"{len(hashes)} hashes for {len(blocks)} blocks")
     grant = await store.begin_put.call_one(namespace, list(hashes))
     at = {h: i for i, h in enumerate(hashes)}
     try:
         _check_sizes(blocks, grant["block_bytes"])
-        for block_hash, offset in grant["writes"]:
-            block = blocks[at[block_hash]]
-            await grant["buffer"].write_from(block, offset=offset)
+        spans = [(offset, blocks[at[block_hash]]) for block_hash, offset in grant["writes"]]
+        if spans:
+            await grant["buffer"].write_spans(spans)
     except BaseException:
         with contextlib.suppress(Exception):
             await store.abort_put.call_one(grant["put"])

@@ -145,6 +145,11 @@ class Reader(oc.Actor):
         return [used, [d.tolist() for d in dsts]]
 
     @oc.endpoint
+    async def push_spans(self, buf: oc.Buffer, spans: list[list[Any]]) -> str:
+        """Write each ``(offset, float32 count, value)`` span (from tensors) at once."""
+        return await buf.write_spans([(o, torch.full((n,), v)) for o, n, v in spans])
+
+    @oc.endpoint
     async def push(self, buf: oc.Buffer, value: float) -> str:
         return await buf.write_from(torch.full((buf.nbytes // 4,), value))
 

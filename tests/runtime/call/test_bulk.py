@@ -173,6 +173,15 @@ async def test_spans_of_a_buffer_are_read_at_once_on_every_path(ctx: oc.JobConte
     ]  # fmt: skip
     with pytest.raises(oc.ActorError, match="DescriptorError"):
         await reader.pull_spans.call_one(shared, [[0, 4], [4 * n - 4, 2]])
+    # and written at once: two spans, a MiB and one float, then read back
+    assert (
+        await reader.push_spans.call_one(shared, [[0, MiB, -1.0], [4 * (n - 1), 1, -2.0]]) == "shm"
+    )
+    assert [await owner.value_at.call_one(0, i) for i in (0, MiB - 1, MiB, n - 1)] == [
+        -1.0, -1.0, float(MiB), -2.0
+    ]  # fmt: skip
+    with pytest.raises(oc.ActorError, match="DescriptorError"):
+        await reader.push_spans.call_one(shared, [[4 * n, 1, 0.0]])
 
 
 async def test_a_router_forwards_handles_without_the_bytes(ctx: oc.JobContext) -> None:
