@@ -181,30 +181,12 @@ class Buffer:
         fallback: str | None = None,
     ) -> str:
         """Several :meth:`read_into` at once: for each ``(offset, dst)``, ``dst.nbytes`` bytes
-        from byte ``offset`` of this buffer into ``dst``, in as few transfers as the backend
-        allows (``shm`` from the owner's shared memory: one hop off the event loop, two
-        threads copying); the others read all spans concurrently. Returns the transport.
-        Blocks on the transfers and raises as :meth:`read_into` does (all spans are checked
-        before any is copied where the backend reads them at once). Not cancel-safe: a
-        cancelled read leaves the destinations partly written."""
-        t, desc = self._choose(transport, fallback)
-        direct = getattr(t, "read_addresses", None)
-        if direct is not None and all(_plain_tensor(dst) for _, dst in spans):
-            # CPU tensors name their memory themselves: no view of each to build
-            await direct(desc, [(o, d.data_ptr(), d.numel() * d.element_size()) for o, d in spans])
-            return t.scheme
-        views = [(offset, as_bytes(dst, writable=True)[0]) for offset, dst in spans]
-        reader = getattr(t, "read_spans", None)
-        if reader is not None:
-            await reader(desc, views)
-            return t.scheme
-        try:
-            async with asyncio.TaskGroup() as reads:
-                for offset, view in views:
-                    reads.create_task(t.read_into(desc, offset, view))
-        except* Exception as group:
-            raise group.exceptions[0] from None  # the first failure, as one read raises it
-        return t.scheme
+        from byte ``offset`` of this buffer into ``dst``: in one hop off the event loop where
+        the backend can (``shm``, into CPU tensors: every span checked before any is copied),
+        else concurrently. Returns the transport. Blocks on the transfers and raises as
+        :meth:`read_into` does. Not cancel-safe: a cancelled read leaves the destinations
+        partly written."""
+        return await self._spans(False, spans, transport, fallback)
 
     async def write_spans(
         self,
@@ -218,18 +200,29 @@ class Buffer:
         (``shm``, from CPU tensors), else concurrently. Returns the transport. Blocks on the
         transfers and raises as :meth:`write_from` does. Not cancel-safe: a cancelled write
         leaves this buffer partly written."""
+        return await self._spans(True, spans, transport, fallback)
+
+    async def _spans(
+        self,
+        write: bool,
+        spans: Sequence[tuple[int, Any]],
+        transport: str | None,
+        fallback: str | None,
+    ) -> str:
         t, desc = self._choose(transport, fallback)
-        direct = getattr(t, "write_addresses", None)
-        if direct is not None and all(_plain_tensor(src) for _, src in spans):
+        direct = getattr(t, "write_addresses" if write else "read_addresses", None)
+        if direct is not None and all(_plain_tensor(d) for _, d in spans):
+            # CPU tensors name their memory themselves: no view of each to build
             await direct(desc, [(o, d.data_ptr(), d.numel() * d.element_size()) for o, d in spans])
             return t.scheme
-        views = [(offset, as_bytes(src, writable=False)[0]) for offset, src in spans]
+        move = t.write_from if write else t.read_into
+        views = [(offset, as_bytes(d, writable=not write)[0]) for offset, d in spans]
         try:
-            async with asyncio.TaskGroup() as writes:
+            async with asyncio.TaskGroup() as moves:
                 for offset, view in views:
-                    writes.create_task(t.write_from(desc, offset, view))
+                    moves.create_task(move(desc, offset, view))
         except* Exception as group:
-            raise group.exceptions[0] from None  # the first failure, as one write raises it
+            raise group.exceptions[0] from None  # the first failure, as one transfer raises it
         return t.scheme
 
     async def write_from(

@@ -297,64 +297,45 @@ class ShmBuffers(OneSided):
         count(self.scheme, read=dst.nbytes)
         return out
 
-    async def read_spans(self, desc: Descriptor, spans: list[tuple[int, memoryview]]) -> None:
-        """Several reads of one region (:meth:`read_addresses` of the views' memory)."""
-        if any(dst.readonly for _, dst in spans):
-            raise ValueError("read_spans needs writable destinations")
-        await self.read_addresses(desc, [(o, address_of(d), d.nbytes) for o, d in spans])
-
     async def read_addresses(self, desc: Descriptor, spans: list[tuple[int, int, int]]) -> None:
         """Several reads of one region, each ``(offset, local address, nbytes)`` into memory
-        of this process the caller vouches for; every span is checked first. From one of the
-        owner's segments: all copied in one hop off the event loop (at memory bandwidth, one
-        thread: a second one gains nothing on these hosts). Otherwise one kernel copy each."""
-        for offset, _, nbytes in spans:
-            desc.check_span(offset, nbytes)
-        pid, addr, seg = self._entry(desc, False)
-        total = sum(n for _, _, n in spans)
-        if seg[0]:
-            base = self._mapped(pid, seg, 0, desc.length)  # every span was checked within it
-            copies = [(local, base + o, n) for o, local, n in spans if n]
-            self._mapped_bytes += total
-
-            def copy_all() -> None:
-                for c in copies:
-                    ctypes.memmove(*c)
-
-        else:
-            reads = [(False, pid, local, addr + o, n) for o, local, n in spans if n]
-
-            def copy_all() -> None:
-                for r in reads:
-                    _vm_copy(*r)
-
-        if total >= THREAD_BYTES:
-            await asyncio.to_thread(copy_all)
-        else:
-            copy_all()
-        self._still_live(desc)
-        count(self.scheme, read=total)
+        of this process the caller vouches for (:meth:`_move_spans`)."""
+        await self._move_spans(False, desc, spans)
 
     async def write_addresses(self, desc: Descriptor, spans: list[tuple[int, int, int]]) -> None:
-        """Several writes into one region, each ``(offset, local address, nbytes)`` of memory
-        of this process the caller vouches for; every span is checked first, then all are
-        copied by kernel copies in one hop off the event loop."""
+        """Several writes into one region, each ``(offset, local address, nbytes)`` from
+        memory of this process the caller vouches for (:meth:`_move_spans`)."""
+        await self._move_spans(True, desc, spans)
+
+    async def _move_spans(
+        self, write: bool, desc: Descriptor, spans: list[tuple[int, int, int]]
+    ) -> None:
+        """:meth:`move` for several spans of one region: every span is checked first, then all
+        are copied in one hop off the event loop (one thread: a second gains nothing on these
+        hosts), reads from one of the owner's segments by ``memmove`` from its mapping, the
+        rest by kernel copies."""
         for offset, _, nbytes in spans:
             desc.check_span(offset, nbytes)
-        pid, addr, _ = self._entry(desc, True)
-        writes = [(True, pid, local, addr + o, n) for o, local, n in spans if n]
+        pid, addr, seg = self._entry(desc, write)
         total = sum(n for _, _, n in spans)
+        copies: list[tuple[Any, tuple[Any, ...]]]
+        if seg[0] and not write:
+            base = self._mapped(pid, seg, 0, desc.length)  # every span was checked within it
+            copies = [(ctypes.memmove, (local, base + o, n)) for o, local, n in spans if n]
+            self._mapped_bytes += total
+        else:
+            copies = [(_vm_copy, (write, pid, local, addr + o, n)) for o, local, n in spans if n]
 
         def copy_all() -> None:
-            for w in writes:
-                _vm_copy(*w)
+            for copy, args in copies:
+                copy(*args)
 
         if total >= THREAD_BYTES:
             await asyncio.to_thread(copy_all)
         else:
             copy_all()
         self._still_live(desc)
-        count(self.scheme, written=total)
+        count(self.scheme, **({"written": total} if write else {"read": total}))
 
 
 _workers: concurrent.futures.ThreadPoolExecutor | None = None

@@ -61,6 +61,7 @@ class HeadService(MeshRpcs, JobRpcs, FabricRpcs, pb_grpc.HeadServicer):
         self._dirty_meshes: set[str] = set()
         self._host_streams: dict[str, object] = {}
         self._born = self.state.now()
+        self._rehosted = False  # restored hosted actors not yet checked for their programs
         if store is not None:
             nodes, actors, meshes, reservations = store.load()
             self.state.restore(nodes, actors, self.state.now(), reservations)
@@ -207,7 +208,9 @@ class HeadService(MeshRpcs, JobRpcs, FabricRpcs, pb_grpc.HeadServicer):
                 )
                 self._notify(record.actor_id)
                 self._publish("died", record)
-        if self.state.now() - self._born > timeout:  # programs had time to register again
+        if not self._rehosted and self.state.now() - self._born > timeout:
+            # once: only records restored from the store can lack a program's stream
+            self._rehosted = True
             orphans = [
                 a.actor_id
                 for a in self.state.actors.values()

@@ -125,38 +125,35 @@ class Hosting:
     async def stop(self, mesh: Mesh) -> None:
         """Stop hosting ``mesh``'s actor: the head records it stopped, then the registration
         ends and calls to it are refused."""
-        hosted = self._hosted.get(mesh.mesh_id)
-        if hosted is None:
-            return
-        await self._head.stop_mesh(mesh.mesh_id)
-        del self._hosted[mesh.mesh_id]
-        if hosted.task is not None:
-            hosted.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await hosted.task
-        hosted.registration.cancel()
-        host = (
-            self._server.actors.pop(hosted.info.members[0].actor_id, None) if self._server else None
-        )
-        if host is not None:
-            await host.aclose()
+        if mesh.mesh_id in self._hosted:
+            await self._head.stop_mesh(mesh.mesh_id)
+            await self._end(mesh.mesh_id)
 
     async def aclose(self) -> None:
         """Stop hosting everything (each is recorded stopped when the head can be reached)
         and close the call server."""
         for mesh_id in list(self._hosted):
-            hosted = self._hosted[mesh_id]
             with contextlib.suppress(OrchestrError):
                 await self._head.stop_mesh(mesh_id)
-            self._hosted.pop(mesh_id, None)
-            if hosted.task is not None:
-                hosted.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await hosted.task
-            hosted.registration.cancel()
+            await self._end(mesh_id)
         if self._server is not None:
             await self._server.aclose()
             self._server = None
+
+    async def _end(self, mesh_id: str) -> None:
+        """End the registration of ``mesh_id``'s actor and stop serving its calls."""
+        hosted = self._hosted.pop(mesh_id, None)
+        if hosted is None:
+            return
+        if hosted.task is not None:
+            hosted.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await hosted.task
+        hosted.registration.cancel()
+        if self._server is not None:
+            host = self._server.actors.pop(hosted.info.members[0].actor_id, None)
+            if host is not None:
+                await host.aclose()
 
 
 def lookup(actors: list[ActorInfo], name: str) -> Mesh:

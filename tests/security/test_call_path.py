@@ -89,6 +89,28 @@ async def test_nothing_is_imported_for_an_unauthenticated_peer(
         assert await target.add.call_one(1) == 1  # and the worker still serves
 
 
+async def test_an_actor_a_program_hosts_serves_no_one_without_the_token(
+    attacker: Attacker,
+) -> None:
+    """The call server ``serve_actor`` starts in a program of one's own (here this one) is
+    the workers' own: another user's calls before the handshake, a wrong token's frame and
+    garbage close the connection, and the actor runs nothing for them."""
+    async with open_cluster() as ctx:
+        target = Target()
+        hosted = await ctx.serve_actor(target, name="hosted-target")
+        port = _port(hosted.members[0].address)
+        attacks = [
+            rawcall.frame([1, 1, hosted.members[0].actor_id, "add", [5], {}]),  # no handshake
+            rawcall.frame([0, "wrong-token", {}]),
+            _raw(os.urandom(64)),
+        ]
+        for data in attacks:
+            report = await attacker.run("send", port=port, data=data.hex())
+            assert report["closed"], data
+        assert target.total == 0
+        assert await hosted.add.call_one(1) == 1  # and it still serves the cluster
+
+
 async def test_nested_extensions_before_authentication_close_the_connection(
     attacker: Attacker,
 ) -> None:

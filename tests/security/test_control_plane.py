@@ -34,7 +34,16 @@ async def main():
             return exc.code().name
     forged = (("orchestr-signature", "v1.x.1.a.b.c"),)
     old = (("authorization", "Bearer " + "t" * 43),)
-    print(await asyncio.gather(one(()), one(forged), one(old)))
+    host = channel.unary_stream("/orchestr.v1.Head/HostActor")
+    # an unsigned registration of an actor "x" (a:B) at an address of its choosing
+    registration = bytes.fromhex("0a01781203613a42" "1a0f7463703a2f2f312e322e332e343a34")
+    async def hosted():
+        try:
+            async for _ in host(registration, timeout=30):
+                pass
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name
+    print(await asyncio.gather(one(()), one(forged), one(old), hosted()))
 asyncio.run(main())
 """
 
@@ -50,10 +59,11 @@ async def test_an_unsigned_request_is_refused_before_its_body_is_read() -> None:
             stdout=asyncio.subprocess.PIPE,
         )
         out, _ = await asyncio.wait_for(proc.communicate(), 120)
-        assert out.decode().strip() == str(["UNAUTHENTICATED"] * 3)
+        assert out.decode().strip() == str(["UNAUTHENTICATED"] * 4)
         grown = rss_mib() - before
         assert grown < 40, f"the head took in {grown:.0f} MiB for three refused requests"
         assert len(await ctx.nodes()) == 1
+        assert all(a.node_id for a in await ctx.actors())  # no actor registered by it
 
 
 def _head(state: pathlib.Path) -> dict[str, object]:

@@ -7,17 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-from typing import Any
 
 import pytest
 import torch
 
 import orchestr as oc
-from orchestr.roles import Generator, KVNamespace, KVStore, Request, kv_block_bytes, models
+from orchestr.roles import (
+    Completion,
+    Generator,
+    KVNamespace,
+    KVStore,
+    Request,
+    kv_block_bytes,
+    models,
+)
 from orchestr.roles.generator._blocks import BlockPool, BlockStored, hash_block
 from orchestr.roles.generator._paged_engine import PagedEngine
 from orchestr.roles.generator._scheduler import Scheduler
 from orchestr.roles.serving import FrontDoor, Load
+from tests.roles.generator.test_paged_engine import drain
 
 BLOCK = 16
 
@@ -31,13 +39,9 @@ def prompt(n: int, salt: int = 0) -> list[int]:
     return [(7 * i + 3 + salt) % 380 + 5 for i in range(n)]
 
 
-def run(engine: PagedEngine, reqs: list[Request]) -> dict[str, Any]:
+def run(engine: PagedEngine, reqs: list[Request]) -> dict[str, Completion]:
     engine.submit(reqs)
-    done = {}
-    while engine.has_work():
-        for c in engine.step():
-            done[c.id] = c
-    return done
+    return drain(engine)
 
 
 def test_blocks_exported_by_one_engine_serve_another_exactly(folder: pathlib.Path) -> None:
@@ -103,7 +107,7 @@ async def test_a_second_generator_onboards_a_prefix_the_first_computed(
     (first,) = await gens[0].generate.call_one([{"id": "a", **ask}])
     model_id, keys = await _keys(gens[0], p)
     ns = KVNamespace(model_id, BLOCK, 0)
-    for _ in range(200):  # the offload runs after the step, on its own
+    for _ in range(1200):  # the offload runs after the step, on its own
         if (await store.match.call_one(ns, keys))["tokens"] == 12 * BLOCK:
             break
         await asyncio.sleep(0.05)
@@ -154,7 +158,7 @@ async def test_the_front_doors_router_counts_the_stores_blocks(
         assert deltas[-1].finish_reason == "length"
         hashes = front.block_hashes(p)
         assert len(hashes) == 12
-        for _ in range(200):  # offloaded, then read from the store's events
+        for _ in range(1200):  # offloaded, then read from the store's events
             best = front.router.choose(hashes)
             if (
                 best.cached_blocks == 12

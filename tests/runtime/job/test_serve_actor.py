@@ -95,7 +95,7 @@ async def test_a_program_hosts_a_kv_store_that_a_jobs_generators_use(
         ask = {"prompt": [5 + i % 300 for i in range(100)], "max_new_tokens": 4,
                "temperature": 0.0}  # fmt: skip
         (first,) = await gens[0].generate.call_one([{"id": "a", **ask}])
-        for _ in range(200):  # offloaded after the step, by a task of the generator's
+        for _ in range(1200):  # offloaded after the step, by a task of the generator's
             if (await store.stats.call_one())["blocks"] >= 6:
                 break
             await asyncio.sleep(0.05)
@@ -126,7 +126,7 @@ async def test_a_program_hosts_a_kv_store_that_a_jobs_generators_use(
         assert await writer.put.call_one(store, NS, chain[:1], [5]) == 1
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
-        for _ in range(200):
+        for _ in range(1200):
             if "dead" in await _states(ctx, "cache"):
                 break
             await asyncio.sleep(0.05)
@@ -188,7 +188,7 @@ async def test_a_hosted_actor_is_registered_again_after_a_head_restart(
         # the head is gone; a new one on its store registers the actor again once its
         # program reconnects, with the same ids: handles taken before still work
         async with HeadService(token, config, port=port, store=HeadStore(path)) as head:
-            for _ in range(100):
+            for _ in range(600):
                 if actor_id in head._host_streams:
                     break
                 await asyncio.sleep(0.05)
@@ -215,7 +215,7 @@ async def test_an_actor_whose_program_never_comes_back_is_dead_after_the_timeout
     HeadStore(path).save(actors=list(state.actors.values()))
     async with HeadService(secrets.token_urlsafe(16), config, store=HeadStore(path)) as head:
         assert head.state.actors["a-000000000001"].state == "alive"
-        for _ in range(100):
+        for _ in range(600):
             if head.state.actors["a-000000000001"].state == "dead":
                 break
             await asyncio.sleep(0.05)
