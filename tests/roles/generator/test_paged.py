@@ -1,6 +1,7 @@
 """The paged engine's model step against ``transformers``: with the KV cache, prefix caching,
 chunked prefill and preemption all on, every logit is within 1e-4 of the reference's and 64
-greedy tokens are identical."""
+greedy tokens are identical, whether decodes attend through orchestr's paged kernel or
+torch's attention over the decode mirror."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from orchestr.roles import models
 from orchestr.roles.generator._blocks import BlockPool
 from orchestr.roles.generator._mirror import DecodeMirror
-from orchestr.roles.generator._paged import PagedKV, PagedRunner
+from orchestr.roles.generator._paged import Attention, PagedKV, PagedRunner
 from orchestr.roles.generator._scheduler import Scheduler, Seq
 
 SHARED = "please answer the user: the first long token of the layer block cache "
@@ -21,24 +22,34 @@ TEXTS = [SHARED + "reverse 1 2", SHARED + "the model", "a", SHARED + "what is tr
 
 
 @pytest.mark.parametrize(
-    ("arch", "blocks", "budget", "packed"),
+    ("arch", "blocks", "budget", "packed", "attention"),
     [
-        ("llama", 64, 16, True),  # chunked prefill, prefix hits; packed products
-        ("llama", 64, 16, False),  # the modules' own products (a GPU's path)
-        ("qwen2", 40, 7, True),  # too few blocks for all four at once: preemption too
-        ("qwen2_moe", 64, 16, None),  # routed experts and a shared expert
+        # chunked prefill, prefix hits; packed products, the paged attention kernel
+        ("llama", 64, 16, True, "kernel"),
+        # the modules' own products and torch's attention over the decode mirror (a GPU's path)
+        ("llama", 64, 16, False, "torch"),
+        # too few blocks for all four at once: preemption too, on both attentions
+        ("qwen2", 40, 7, True, "kernel"),
+        ("qwen2", 40, 7, True, "torch"),
+        ("qwen2_moe", 64, 16, None, "auto"),  # routed experts and a shared expert
     ],
 )
 def test_greedy_decoding_over_the_paged_cache_matches_transformers(
-    tmp_path: pathlib.Path, arch: str, blocks: int, budget: int, packed: bool | None
+    tmp_path: pathlib.Path,
+    arch: str,
+    blocks: int,
+    budget: int,
+    packed: bool | None,
+    attention: Attention,
 ) -> None:
     folder = models.make_tiny(arch, tmp_path / arch)
     model, tok = models.load_model(folder), models.Tokenizer(folder)
     ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     ref.train(False)
     pool = BlockPool(blocks, 4)
-    runner = PagedRunner(model, PagedKV(model, blocks, 4), packed=packed)
+    runner = PagedRunner(model, PagedKV(model, blocks, 4), packed=packed, attention=attention)
     assert runner.linears.packed is (packed is not False)  # this CPU packs
+    assert (runner.kernel is None) is (attention == "torch")  # and builds the kernel
     sched = Scheduler(pool, max_batch=4, token_budget=budget, extra_keys=(arch, 0))
     seqs = [Seq(str(i), tok.encode(t, special=True), 64) for i, t in enumerate(TEXTS)]
     for seq in seqs:

@@ -14,6 +14,7 @@ import torch
 
 import orchestr as oc
 from orchestr.roles import Completion, Engine, Generator, Request, models
+from orchestr.roles.generator._paged import Attention
 from orchestr.roles.generator._paged_engine import PagedEngine
 from orchestr.roles.generator._sampling import check_sampling, choose_tokens
 
@@ -59,13 +60,18 @@ def drain(engine: Engine | PagedEngine) -> dict[str, Completion]:
     return done
 
 
-def test_the_same_tokens_and_logprobs_as_the_recompute_engine(folder: pathlib.Path) -> None:
+@pytest.mark.parametrize("attention", ["kernel", "torch"])
+def test_the_same_tokens_and_logprobs_as_the_recompute_engine(
+    folder: pathlib.Path, attention: Attention
+) -> None:
     model, tok = models.load_model(folder), models.Tokenizer(folder)
     reqs = requests(tok)
     reference = Engine(model, max_batch=8, pad_id=0, vocab_size=model.config.vocab_size)
     reference.submit(reqs)
     want = drain(reference)
-    paged = PagedEngine(model, num_blocks=48, block_size=4, max_batch=3, token_budget=9)
+    paged = PagedEngine(
+        model, num_blocks=48, block_size=4, max_batch=3, token_budget=9, attention=attention
+    )
     paged.submit(reqs)  # another batch shape, chunked prefill, prefix hits
     got = drain(paged)
     assert got.keys() == want.keys()

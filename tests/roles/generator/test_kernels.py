@@ -1,0 +1,162 @@
+"""orchestr's paged decode attention kernel against torch's attention over the same keys and
+values gathered densely: grouped-query head layouts, head dims on the vectorised path and off
+it, block sizes, ragged lengths; each sequence's output independent of the batch and of the
+threads; bad tables and tensors refused with an error, never read past the pool."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from orchestr.roles.generator._kernels import DecodeAttention, decode_attention, kernel_status
+from orchestr.roles.generator._paged import PagedRunner
+
+
+@pytest.fixture(scope="module")
+def op() -> DecodeAttention:
+    # the machines this runs on have a compiler: a kernel that fails to build is a failure,
+    # not a quiet fall back to torch's attention
+    assert kernel_status() is None
+    kernel = decode_attention()
+    assert kernel is not None
+    return kernel
+
+
+def case(
+    n: int, heads: int, kv_heads: int, dim: int, size: int, lengths: list[int], seed: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """Queries, pools of keys and values with every sequence's blocks scattered at random,
+    the tables (padded with -1 past what each sequence uses) and lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(-(-n_ // size) for n_ in lengths)
+    blocks = n * width + 3
+    k = torch.randn(blocks, size, kv_heads, dim, generator=gen)
+    v = torch.randn(blocks, size, kv_heads, dim, generator=gen)
+    q = torch.randn(n, heads, dim, generator=gen)
+    order = torch.randperm(blocks, generator=gen)
+    tables = torch.full((n, width), -1, dtype=torch.int32)
+    for i, length in enumerate(lengths):
+        used = -(-length // size)
+        tables[i, :used] = order[i * width : i * width + used].to(torch.int32)
+    return q, k, v, tables, torch.tensor(lengths, dtype=torch.int64)
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor,
+              lengths: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    out = []
+    kv_heads, dim = k.shape[2:]
+    for i, length in enumerate(lengths.tolist()):
+        used = tables[i, : -(-length // k.shape[1])].long()
+        kk = k[used].reshape(-1, kv_heads, dim)[:length].transpose(0, 1)[None]
+        vv = v[used].reshape(-1, kv_heads, dim)[:length].transpose(0, 1)[None]
+        qq = q[i][None, :, None]
+        grouped = q.shape[1] != kv_heads
+        out.append(F.scaled_dot_product_attention(qq, kk, vv, enable_gqa=grouped)[0, :, 0])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "size"),
+    [
+        (8, 4, 64, 16),  # the bench model's layout
+        (4, 4, 128, 16),  # no grouping, the other vectorised head dim
+        (8, 1, 64, 4),  # one kv head for all (multi-query)
+        (6, 2, 48, 5),  # groups of 3; a head dim off the vectorised path; odd blocks
+    ],
+)
+def test_the_kernel_equals_torch_attention_over_the_gathered_blocks(
+    op: DecodeAttention, heads: int, kv_heads: int, dim: int, size: int
+) -> None:
+    lengths = [1, size, size + 1, 3 * size - 1, 97, 300]
+    q, k, v, tables, lens = case(len(lengths), heads, kv_heads, dim, size, lengths)
+    got = op(q, k, v, tables, lens, dim**-0.5)
+    want = reference(q, k, v, tables, lens)
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() < 1e-5
+
+
+def test_a_sequence_gets_the_same_bits_alone_in_any_batch_and_on_any_threads(
+    op: DecodeAttention,
+) -> None:
+    lengths = [40, 7, 130, 64, 1, 33]
+    q, k, v, tables, lens = case(len(lengths), 8, 4, 64, 16, lengths, seed=1)
+    together = op(q, k, v, tables, lens, 0.125)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            # one sequence alone: fewer sequences than threads split its heads over tasks
+            for i in range(len(lengths)):
+                alone = op(q[i : i + 1], k, v, tables[i : i + 1], lens[i : i + 1], 0.125)
+                assert torch.equal(alone[0], together[i]), (count, i)
+            assert torch.equal(op(q, k, v, tables, lens, 0.125), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_bad_tables_and_tensors_are_refused_before_anything_is_read(
+    op: DecodeAttention,
+) -> None:
+    q, k, v, tables, lens = case(2, 8, 4, 64, 16, [20, 40])
+    bad_block = tables.clone()
+    bad_block[1, 2] = k.shape[0]  # one past the pool
+    with pytest.raises(RuntimeError, match="names block"):
+        op(q, k, v, bad_block, lens, 0.125)
+    bad_block[1, 2] = -1
+    with pytest.raises(RuntimeError, match="names block"):
+        op(q, k, v, bad_block, lens, 0.125)
+    with pytest.raises(RuntimeError, match="has length"):
+        op(q, k, v, tables, torch.tensor([20, 16 * tables.shape[1] + 1]), 0.125)
+    with pytest.raises(RuntimeError, match="has length"):
+        op(q, k, v, tables, torch.tensor([0, 40]), 0.125)
+    with pytest.raises(RuntimeError, match="float32"):
+        op(q.double(), k, v, tables, lens, 0.125)
+    with pytest.raises(RuntimeError, match="int32"):
+        op(q, k, v, tables.long(), lens, 0.125)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        op(q.transpose(0, 1).contiguous().transpose(0, 1), k, v, tables, lens, 0.125)
+    with pytest.raises(RuntimeError, match="evenly"):
+        op(torch.randn(2, 6, 64), k, v, tables, lens, 0.125)
+    with pytest.raises(RuntimeError, match="sequences"):
+        op(q, k, v, tables[:1], lens, 0.125)
+    with pytest.raises(RuntimeError, match="shape"):
+        op(q, k, v[:, :8].contiguous(), tables, lens, 0.125)
+
+
+def test_turned_off_the_engine_attends_with_torch_and_says_why(tmp_path: pathlib.Path) -> None:
+    code = (
+        "from orchestr.roles import models\n"
+        "from orchestr.roles.generator._kernels import kernel_status\n"
+        "from orchestr.roles.generator._paged import PagedKV, PagedRunner\n"
+        "import sys\n"
+        "model = models.load_model(models.make_tiny('llama', sys.argv[1]))\n"
+        "runner = PagedRunner(model, PagedKV(model, 8, 4))\n"
+        "print(kernel_status(), runner.kernel)\n"
+        "try:\n"
+        "    PagedRunner(model, PagedKV(model, 8, 4), attention='kernel')\n"
+        "except ValueError as exc:\n"
+        "    print(exc)\n"
+    )
+    env = dict(os.environ, ORCHESTR_KERNELS="0")
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "llama")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "ORCHESTR_KERNELS=0 None"
+    assert "cannot run here: it is not built" in lines[1]
+
+
+def test_attention_must_be_a_known_choice() -> None:
+    with pytest.raises(ValueError, match="'auto', 'kernel' or 'torch'"):
+        PagedRunner(None, None, attention="fast")
