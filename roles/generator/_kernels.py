@@ -1,19 +1,26 @@
-"""orchestr's own CPU kernel: decode attention over the paged KV cache (``paged_attention.cpp``).
+"""orchestr's own CPU kernels for the paged runner (``kernels.cpp``): decode attention over the
+paged KV cache, and the elementwise work around the products fused into one pass each.
 
-Torch has no CPU attention that reads a block table, and its fused CPU attention
-(``scaled_dot_product_attention``) spends most of a decode step's time on overhead at one
-query row: measured here on 32 sequences of 256 positions, 8 query / 4 key-value heads of 64
-(two threads), it took 1.29 ms a layer on keys already gathered into dense rows, against 0.82
-ms for this kernel reading the blocks where they are (with the gather saved too).
+- ``decode_attention``: one query per sequence over its keys and values where they lie in the
+  block pool, through its block table. Torch has no CPU attention that reads a block table,
+  and its fused CPU attention (``scaled_dot_product_attention``) spends most of a decode
+  step's time on overhead at one query row: measured here on 32 sequences of 256 positions,
+  8 query / 4 key-value heads of 64 (two threads), it took 1.29 ms a layer on keys already
+  gathered into dense rows, against 0.63 ms for this kernel reading the scattered blocks.
+- ``rope_and_cache``: rotary positions applied in place to a fused q/k/v product's rows, and
+  each token's keys and values written to its slot of the pool (one pass, where torch took a
+  concatenation, a negation, two products, a sum and two indexed writes).
+- ``silu_and_mul``: ``silu(gate) * up`` of the fused gate/up product.
+- ``add_rms_norm``: the residual sum in place, then RMSNorm, per row.
 
-The kernel is compiled on first use with torch's extension builder
+They are compiled on first use with torch's extension builder
 (``torch.utils.cpp_extension.load``: ninja and a C++ compiler), for the CPU capability torch
 itself dispatches to (AVX512, AVX2 or neither: :func:`torch.backends.cpu.get_cpu_capability`),
 and cached under torch's extensions folder (``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``), so later processes only load it. ``make setup`` builds it once
-(calling :func:`kernel_status`). Where it cannot be built (no compiler), or
-with ``ORCHESTR_KERNELS=0``, :func:`decode_attention` is ``None`` and the paged runner uses
-torch's attention instead, with the same results to float32 rounding.
+``~/.cache/torch_extensions``), so later processes only load them. ``make setup`` builds them
+once (calling :func:`kernel_status`). Where they cannot be built (no compiler), or with
+``ORCHESTR_KERNELS=0``, :func:`kernels` is ``None`` and the paged runner uses torch's ops
+instead, with the same tokens (the same values to float32 rounding).
 """
 
 from __future__ import annotations
@@ -24,11 +31,12 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-__all__ = ["DecodeAttention", "decode_attention", "kernel_status"]
+__all__ = ["DecodeAttention", "Kernels", "decode_attention", "kernel_status", "kernels"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +46,23 @@ DecodeAttention = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
 ]
 
-SOURCE = Path(__file__).with_name("paged_attention.cpp")
+
+@dataclass(frozen=True)
+class Kernels:
+    """The built ops (``torch.ops.orchestr_kernels``), each documented in ``kernels.cpp``."""
+
+    decode_attention: DecodeAttention
+    #: ``(qkv [t, (heads + 2 kv_heads) dim], positions [t], cos, sin [positions, dim / 2],
+    #: k_pool, v_pool, slots [t], heads)``: rotates qkv's queries and keys in place, writes
+    #: keys and values to the pools' slots
+    rope_and_cache: Callable[..., None]
+    #: ``(x [.., 2 w]) -> [.., w]``
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
+    #: ``(hidden, delta or None, weight, eps) -> normed``; ``hidden += delta`` in place
+    add_rms_norm: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, float], torch.Tensor]
+
+
+SOURCE = Path(__file__).with_name("kernels.cpp")
 #: compiler flags per CPU capability, matching how torch builds its own kernels for it
 FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"],
@@ -48,7 +72,7 @@ FLAGS = {
 
 _lock = threading.Lock()
 _tried = False
-_op: DecodeAttention | None = None
+_ops: Kernels | None = None
 _why: str | None = None
 
 
@@ -57,7 +81,7 @@ def _capability() -> str:
     return cap if cap in FLAGS else "DEFAULT"
 
 
-def _build() -> DecodeAttention | str:
+def _build() -> Kernels | str:
     """The op, built or loaded; or why it cannot be."""
     if os.environ.get("ORCHESTR_KERNELS", "1") == "0":
         return "ORCHESTR_KERNELS=0"
@@ -74,6 +98,9 @@ def _build() -> DecodeAttention | str:
             sources=[str(SOURCE)],
             extra_cflags=[
                 "-O3",
+                # products and sums rounded one at a time, as torch's elementwise ops round
+                # them (explicit fused multiply-adds stay where the code asks for them)
+                "-ffp-contract=off",
                 "-fopenmp",
                 f"-DCPU_CAPABILITY={cap}",
                 f"-DCPU_CAPABILITY_{cap}",
@@ -85,28 +112,35 @@ def _build() -> DecodeAttention | str:
         )
     except (RuntimeError, OSError, ImportError, ValueError, subprocess.SubprocessError) as exc:
         return f"building {SOURCE.name} failed: {str(exc).strip().splitlines()[-1:]}"
-    op: DecodeAttention = torch.ops.orchestr_kernels.decode_attention
-    return op
+    ops = torch.ops.orchestr_kernels
+    return Kernels(ops.decode_attention, ops.rope_and_cache, ops.silu_and_mul, ops.add_rms_norm)
 
 
-def decode_attention() -> DecodeAttention | None:
-    """The paged decode attention op, built on first call (this can take about 20 s; later
-    processes load the cached build); ``None`` where it cannot run (:func:`kernel_status`
-    says why, and a warning says it once)."""
-    global _tried, _op, _why
+def kernels() -> Kernels | None:
+    """The ops, built on first call (this can take about 30 s; later processes load the cached
+    build); ``None`` where they cannot run (:func:`kernel_status` says why, and a warning
+    says it once)."""
+    global _tried, _ops, _why
     with _lock:
         if not _tried:
             built = _build()
             _tried = True
             if isinstance(built, str):
                 _why = built
-                log.warning("paged decode attention runs on torch's attention: %s", built)
+                log.warning("the paged runner runs on torch's ops alone: %s", built)
             else:
-                _op = built
-        return _op
+                _ops = built
+        return _ops
+
+
+def decode_attention() -> DecodeAttention | None:
+    """The paged decode attention op of :func:`kernels`, or ``None``."""
+    ops = kernels()
+    return None if ops is None else ops.decode_attention
 
 
 def kernel_status() -> str | None:
-    """Why the kernel is not in use (``None`` when it is), building it if not yet tried."""
-    decode_attention()
+    """Why the kernels are not in use (``None`` when they are), building them if not yet
+    tried."""
+    kernels()
     return _why

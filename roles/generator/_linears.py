@@ -22,6 +22,8 @@ too small to gain (:data:`PACK_MIN`), the products are the modules' own calls.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -78,12 +80,19 @@ class Linears:
         entry = self._entry((attn.q_proj, attn.k_proj, attn.v_proj))
         return None if entry is None else _multiply(entry, x)
 
-    def mlp(self, mlp: MLP | SparseMoE, x: torch.Tensor) -> torch.Tensor:
-        """The feed-forward part's output for ``x`` (a mixture of experts runs as it is)."""
+    def mlp(
+        self,
+        mlp: MLP | SparseMoE,
+        x: torch.Tensor,
+        activate: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """The feed-forward part's output for ``x`` (a mixture of experts runs as it is).
+        ``activate``: what makes the down projection's input from the fused gate/up product
+        (default :meth:`MLP.activate`)."""
         if not isinstance(mlp, MLP) or (up := self._entry((mlp.gate_proj, mlp.up_proj))) is None:
             out: torch.Tensor = mlp(x)
             return out
-        return self.linear(mlp.down_proj, mlp.activate(_multiply(up, x)))
+        return self.linear(mlp.down_proj, (activate or mlp.activate)(_multiply(up, x)))
 
     def linear(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         entry = self._entry((module,))

@@ -12,23 +12,24 @@ attention is split into ``project`` / ``core`` so the cache sits between them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, cast
 
 import torch
 
-from orchestr.roles._common._hf._layers import CausalLM, DecoderLayer
+from orchestr.roles._common._hf._layers import Attention, CausalLM, DecoderLayer
 
-from ._kernels import DecodeAttention, decode_attention
+from ._kernels import DecodeAttention, Kernels, kernels
 from ._linears import Linears
 from ._mirror import DecodeMirror
 from ._scheduler import Seq, Step
 
-__all__ = ["Attention", "PagedKV", "PagedRunner"]
+__all__ = ["AttentionMode", "PagedKV", "PagedRunner"]
 
 #: How decodes attend: ``"kernel"``, orchestr's paged kernel (:mod:`._kernels`: float32 on
 #: the CPU) reading the block pool; ``"torch"``, torch's attention over a
 #: :class:`~._mirror.DecodeMirror`; ``"auto"``, the kernel where it runs, else torch.
-Attention = Literal["auto", "kernel", "torch"]
+AttentionMode = Literal["auto", "kernel", "torch"]
 
 
 class PagedKV:
@@ -108,7 +109,7 @@ class PagedRunner:
         kv: PagedKV,
         *,
         packed: bool | None = None,
-        attention: Attention = "auto",
+        attention: AttentionMode = "auto",
     ) -> None:
         if attention not in ("auto", "kernel", "torch"):
             raise ValueError(f"attention is 'auto', 'kernel' or 'torch', got {attention!r}")
@@ -116,13 +117,18 @@ class PagedRunner:
         self.kv = kv
         self.linears = Linears(model, packed)
         cfg, keys = model.config, kv.keys[0]
-        self.kernel: DecodeAttention | None = None
+        self.ops: Kernels | None = None
         if attention != "torch":
             fits = keys.device.type == "cpu" and keys.dtype == torch.float32
-            self.kernel = decode_attention() if fits else None
-            if attention == "kernel" and self.kernel is None:
+            self.ops = kernels() if fits else None
+            if attention == "kernel" and self.ops is None:
                 why = "it takes float32 on the CPU" if not fits else "it is not built"
                 raise ValueError(f"the paged attention kernel cannot run here: {why}")
+        #: the decode attention kernel in use, or ``None`` (torch's attention, the mirror)
+        self.kernel: DecodeAttention | None = (
+            None if self.ops is None else self.ops.decode_attention
+        )
+        self._cos = self._sin = torch.zeros(0, device=keys.device)
         self.mirror = DecodeMirror(
             cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, keys.dtype, keys.device
         )
@@ -142,7 +148,7 @@ class PagedRunner:
         # decodes first (one token each, batched, in their mirror rows' order), then the
         # prefill chunks
         ones = [seq for seq, n in step.scheduled if n == 1]
-        if self.kernel is None:
+        if self.ops is None:
             ones = self.mirror.place(ones, self.kv.keys, self.kv.values, size)
         ordered = [(seq, 1) for seq in ones] + [(s, n) for s, n in step.scheduled if n != 1]
         tokens: list[int] = []
@@ -167,7 +173,7 @@ class PagedRunner:
         lengths = torch.tensor([seq.num_computed + 1 for seq in ones], device=device)
         longest = int(lengths.max()) if ones else 0
         dtype = self.kv.keys[0].dtype
-        if self.kernel is not None:
+        if self.ops is not None:
             tables = _tables(ones, size, longest, device)
         else:
             # an additive mask: torch's CPU attention takes it at about half the time of a
@@ -176,9 +182,25 @@ class PagedRunner:
             valid = torch.zeros(past.shape, dtype=dtype, device=device)
             valid = valid.masked_fill(past, float("-inf"))[:, None, None]
         masks = [_causal(start, n, dtype, device) for _, start, n, _ in chunks]
-        cos, sin = model.rotary(pos)
         hidden = model.embed_tokens(ids)
         layers = cast(list[DecoderLayer], list(model.layers))
+        if self.ops is not None:
+            batch = _Batch(len(ones), pos[0], slot, tables, lengths, chunks, masks)
+            final = self._fused(layers, hidden, batch)
+        else:
+            batch = _Batch(len(ones), pos, slot, valid, lengths, chunks, masks, longest)
+            final = self._unfused(layers, hidden, batch)
+            self.mirror.advance()
+        if not last:
+            return {}
+        rows = torch.tensor(list(last.values()), device=device)
+        normed = final[0, rows] if self.ops is not None else model.norm(final[0, rows])
+        logits = self.linears.linear(self.model.lm_head, normed).float()
+        return {sid: logits[i] for i, sid in enumerate(last)}
+
+    def _unfused(self, layers: list[DecoderLayer], hidden: torch.Tensor, b: _Batch) -> torch.Tensor:
+        """The layers on torch's ops, decodes over the mirror: the last hidden states."""
+        cos, sin = self.model.model.rotary(b.positions)
         for i, (layer, keys, values) in enumerate(
             zip(layers, self.kv.keys, self.kv.values, strict=True)
         ):
@@ -187,37 +209,105 @@ class PagedRunner:
             q, k, v = attn.project(normed, cos, sin, self.linears.qkv(attn, normed))
             heads = keys.shape[2:]
             flat_k, flat_v = keys.view(-1, *heads), values.view(-1, *heads)
-            flat_k[slot] = k[0].transpose(0, 1).to(keys.dtype)
-            flat_v[slot] = v[0].transpose(0, 1).to(values.dtype)
+            flat_k[b.slots] = k[0].transpose(0, 1).to(keys.dtype)
+            flat_v[b.slots] = v[0].transpose(0, 1).to(values.dtype)
             outs = []
-            if ones and self.kernel is not None:
-                b = len(ones)
-                qq = q[0, :, :b].transpose(0, 1).contiguous()  # [b, heads, dim]
-                scale = attn.head_dim**-0.5
-                out = self.kernel(qq, keys, values, tables, lengths, scale)
-                outs.append(out.reshape(1, b, -1))
-            elif ones:
-                b = len(ones)
-                qq = q[0, :, :b].transpose(0, 1)[:, :, None]  # [b, heads, 1, dim]
-                self.mirror.append(i, k[0, :, :b].transpose(0, 1), v[0, :, :b].transpose(0, 1))
-                kk, vv = self.mirror.view(i, longest)  # [b, kv_heads, longest, dim]
-                outs.append(attn.core(qq, kk.to(q.dtype), vv.to(q.dtype), valid).reshape(1, b, -1))
-            for (offset, start, n, table), mask in zip(chunks, masks, strict=True):
-                width = start + n
-                kk = keys[table].reshape(-1, *heads)[:width].transpose(0, 1)[None]
-                vv = values[table].reshape(-1, *heads)[:width].transpose(0, 1)[None]
-                qq = q[:, :, offset : offset + n]
-                outs.append(attn.core(qq, kk.to(q.dtype), vv.to(q.dtype), mask))
+            if b.decodes:
+                n = b.decodes
+                qq = q[0, :, :n].transpose(0, 1)[:, :, None]  # [n, heads, 1, dim]
+                self.mirror.append(i, k[0, :, :n].transpose(0, 1), v[0, :, :n].transpose(0, 1))
+                kk, vv = self.mirror.view(i, b.longest)  # [n, kv_heads, longest, dim]
+                core = attn.core(qq, kk.to(q.dtype), vv.to(q.dtype), b.decode_meta)
+                outs.append(core.reshape(1, n, -1))
+            outs += self._chunks(attn, q, keys, values, b)
             merged = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
             hidden = hidden + self.linears.linear(attn.o_proj, merged)
             hidden = hidden + self.linears.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
-        if self.kernel is None:
-            self.mirror.advance()
-        if not last:
-            return {}
-        rows = torch.tensor(list(last.values()), device=device)
-        logits = self.linears.linear(self.model.lm_head, model.norm(hidden[0, rows])).float()
-        return {sid: logits[i] for i, sid in enumerate(last)}
+        return hidden
+
+    def _fused(self, layers: list[DecoderLayer], hidden: torch.Tensor, b: _Batch) -> torch.Tensor:
+        """The layers on orchestr's kernels (:mod:`._kernels`): rotary and the pool writes in
+        one pass, decodes attending in the pool, residual sums fused with the norms, SwiGLU
+        in one pass. Returns the last layer's output already through the final norm."""
+        ops = self.ops
+        assert ops is not None
+        cos, sin = self._rotations(b.positions)
+        norms = [layer.input_layernorm for layer in layers] + [self.model.model.norm]
+        normed = ops.add_rms_norm(hidden, None, norms[0].weight, norms[0].eps)
+        t = hidden.shape[1]
+        for i, (layer, keys, values) in enumerate(
+            zip(layers, self.kv.keys, self.kv.values, strict=True)
+        ):
+            attn = layer.self_attn
+            qkv = self.linears.qkv(attn, normed)
+            if qkv is None:
+                qkv = torch.cat((attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)), -1)
+            rows = qkv.reshape(t, -1).contiguous()
+            ops.rope_and_cache(rows, b.positions, cos, sin, keys, values, b.slots, attn.heads)
+            q = rows[:, : attn.heads * attn.head_dim].view(t, attn.heads, attn.head_dim)
+            outs = []
+            if b.decodes:
+                scale = attn.head_dim**-0.5
+                out = ops.decode_attention(
+                    q[: b.decodes], keys, values, b.decode_meta, b.lengths, scale
+                )
+                outs.append(out.reshape(1, b.decodes, -1))
+            outs += self._chunks(attn, q.transpose(0, 1)[None], keys, values, b)
+            merged = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+            post = layer.post_attention_layernorm
+            normed = ops.add_rms_norm(
+                hidden, self.linears.linear(attn.o_proj, merged), post.weight, post.eps
+            )
+            mlp = self.linears.mlp(layer.mlp, normed, ops.silu_and_mul)
+            normed = ops.add_rms_norm(hidden, mlp, norms[i + 1].weight, norms[i + 1].eps)
+        return normed
+
+    def _chunks(
+        self,
+        attn: Attention,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        b: _Batch,
+    ) -> list[torch.Tensor]:
+        """Each prefill chunk's attention over its blocks (``q``: ``[1, heads, tokens,
+        dim]``), ``[1, n, heads * dim]`` each."""
+        heads = keys.shape[2:]
+        outs = []
+        for (offset, start, n, table), mask in zip(b.chunks, b.masks, strict=True):
+            width = start + n
+            kk = keys[table].reshape(-1, *heads)[:width].transpose(0, 1)[None]
+            vv = values[table].reshape(-1, *heads)[:width].transpose(0, 1)[None]
+            qq = q[:, :, offset : offset + n]
+            outs.append(attn.core(qq, kk.to(q.dtype), vv.to(q.dtype), mask))
+        return outs
+
+    def _rotations(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[positions, head_dim / 2]`` of every position up to the highest in
+        ``positions`` (kept, and extended when a longer sequence comes), as
+        :class:`~orchestr.roles.models.Rotary` computes them."""
+        top = int(positions.max()) + 1 if positions.numel() else 1
+        if self._cos.shape[0] < top:
+            rotary = self.model.model.rotary
+            at = torch.arange(-(-top // 1024) * 1024, device=positions.device)
+            cos, sin = rotary(at)
+            half = cos.shape[-1] // 2
+            self._cos, self._sin = cos[:, :half].contiguous(), sin[:, :half].contiguous()
+        return self._cos, self._sin
+
+
+@dataclass
+class _Batch:
+    """A step's inputs as the layers read them."""
+
+    decodes: int  # the first ``decodes`` tokens are one-token decodes, in this order
+    positions: torch.Tensor
+    slots: torch.Tensor  # each token's slot in the pool
+    decode_meta: torch.Tensor  # the decodes' block tables (kernel) or additive mask
+    lengths: torch.Tensor  # each decode's positions, its new one included
+    chunks: list[tuple[int, int, int, torch.Tensor]]  # (offset, start, n, table) per prefill
+    masks: list[torch.Tensor | None]
+    longest: int = 0
 
 
 def _tables(seqs: list[Seq], size: int, longest: int, device: torch.device) -> torch.Tensor:

@@ -33,7 +33,7 @@ from orchestr.roles._common._alloc import keep_freed_memory
 from orchestr.roles._common._hf._layers import CausalLM
 
 from ._blocks import BlockPool
-from ._paged import Attention, PagedKV, PagedRunner
+from ._paged import AttentionMode, PagedKV, PagedRunner
 from ._requests import Detokenize, Intake, Latencies, Live, Pausable, check_state, engine_stats
 from ._sampling import choose_tokens
 from ._scheduler import Scheduler, Seq
@@ -49,7 +49,7 @@ class PagedEngine(Pausable):
     tokens. ``detokenize`` (token ids to text: the checkpoint's tokenizer) lets requests
     name stop strings. ``packed``: multiply with weights packed for the CPU
     (:mod:`._linears`; ``None``, the default: wherever they can run). ``attention``: how
-    decodes attend (:data:`~._paged.Attention`; by default orchestr's paged kernel where it
+    decodes attend (:data:`~._paged.AttentionMode`; by default orchestr's paged kernel where it
     runs). On the CPU the engine
     also keeps freed memory in the process
     (:func:`~orchestr.roles._common._alloc.keep_freed_memory`). Not thread-safe: one caller
@@ -70,7 +70,7 @@ class PagedEngine(Pausable):
         clock: Callable[[], float] = time.monotonic,
         detokenize: Detokenize | None = None,
         packed: bool | None = None,
-        attention: Attention = "auto",
+        attention: AttentionMode = "auto",
     ) -> None:
         if on_new_weights not in ("keep", "recompute"):
             raise ValueError(f"on_new_weights is 'keep' or 'recompute', got {on_new_weights!r}")

@@ -1,7 +1,9 @@
-"""orchestr's paged decode attention kernel against torch's attention over the same keys and
-values gathered densely: grouped-query head layouts, head dims on the vectorised path and off
-it, block sizes, ragged lengths; each sequence's output independent of the batch and of the
-threads; bad tables and tensors refused with an error, never read past the pool."""
+"""orchestr's kernels against torch. Decode attention against torch's attention over the same
+keys and values gathered densely: grouped-query head layouts, head dims on the vectorised path
+and off it, block sizes, ragged lengths; each sequence's output independent of the batch and
+of the threads; bad tables and tensors refused with an error, never read past the pool. The
+fused elementwise ops: rotary and the pool writes, SwiGLU's activation and the residual sum
+give torch's bits; RMSNorm within float32 rounding."""
 
 from __future__ import annotations
 
@@ -14,7 +16,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from orchestr.roles.generator._kernels import DecodeAttention, decode_attention, kernel_status
+from orchestr.roles import models
+from orchestr.roles._common._hf._layers import Attention, RMSNorm, Rotary
+from orchestr.roles.generator._kernels import (
+    DecodeAttention,
+    Kernels,
+    decode_attention,
+    kernel_status,
+    kernels,
+)
 from orchestr.roles.generator._paged import PagedRunner
 
 
@@ -160,3 +170,75 @@ def test_turned_off_the_engine_attends_with_torch_and_says_why(tmp_path: pathlib
 def test_attention_must_be_a_known_choice() -> None:
     with pytest.raises(ValueError, match="'auto', 'kernel' or 'torch'"):
         PagedRunner(None, None, attention="fast")
+
+
+@pytest.fixture(scope="module")
+def ops() -> Kernels:
+    built = kernels()
+    assert built is not None
+    return built
+
+
+def test_rotary_and_the_pool_writes_give_torchs_bits(ops: Kernels, tmp_path: pathlib.Path) -> None:
+    folder = models.make_tiny("qwen2", tmp_path / "q", layers=1, hidden=96, heads=6, kv_heads=2)
+    cfg = models.read_config(folder)
+    attn, rotary = Attention(cfg), Rotary(cfg)
+    heads, kv_heads, dim = 6, 2, cfg.head_dim
+    gen = torch.Generator().manual_seed(3)
+    t = 11
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * dim, generator=gen)
+    positions = torch.tensor([0, 1, 2, 15, 16, 17, 200, 3, 4, 5, 511])
+    slots = torch.randperm(8 * 4, generator=gen)[:t]
+    k_pool, v_pool = torch.zeros(8, 4, kv_heads, dim), torch.zeros(8, 4, kv_heads, dim)
+    # the torch path: rotations of these positions, then project's rotation
+    cos, sin = rotary(positions[None])
+    q_want, k_want, v_want = attn.project(qkv[None], cos, sin, qkv[None])
+    table = rotary(torch.arange(512)[None])
+    half = dim // 2
+    cos_t, sin_t = table[0][0, :, :half].contiguous(), table[1][0, :, :half].contiguous()
+    rows = qkv.clone()
+    ops.rope_and_cache(rows, positions, cos_t, sin_t, k_pool, v_pool, slots, heads)
+    q_got = rows[:, : heads * dim].view(t, heads, dim).transpose(0, 1)
+    assert torch.equal(q_got, q_want[0])
+    flat_k, flat_v = k_pool.view(-1, kv_heads, dim), v_pool.view(-1, kv_heads, dim)
+    assert torch.equal(flat_k[slots].transpose(0, 1), k_want[0])
+    assert torch.equal(flat_v[slots].transpose(0, 1), v_want[0])
+    untouched = torch.ones(32, dtype=torch.bool)
+    untouched[slots] = False
+    assert not flat_k[untouched].any() and not flat_v[untouched].any()
+    # refused before anything is written
+    for bad_slots, bad_pos, match in [
+        (torch.tensor([32] + [0] * (t - 1)), positions, "outside the pool"),
+        (slots, torch.tensor([512] + [0] * (t - 1)), "past the 512 rotations"),
+        (slots[:3], positions, "int64"),
+    ]:
+        before = k_pool.clone()
+        with pytest.raises(RuntimeError, match=match):
+            ops.rope_and_cache(qkv.clone(), bad_pos, cos_t, sin_t, k_pool, v_pool, bad_slots, heads)
+        assert torch.equal(k_pool, before)
+    with pytest.raises(RuntimeError, match="qkv must be"):
+        ops.rope_and_cache(qkv.clone(), positions, cos_t, sin_t, k_pool, v_pool, slots, heads + 1)
+
+
+def test_swiglu_activation_and_residual_norm_against_torch(ops: Kernels) -> None:
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(37, 2 * 100, generator=gen)  # a width off the vector size: the tail too
+    gate, up = x.chunk(2, -1)
+    assert torch.equal(ops.silu_and_mul(x), F.silu(gate) * up)
+    with pytest.raises(RuntimeError, match="even"):
+        ops.silu_and_mul(torch.randn(3, 5))
+    norm = RMSNorm(200, 1e-6)
+    norm.weight.data = torch.randn(200, generator=gen)
+    hidden, delta = torch.randn(1, 37, 200, generator=gen), torch.randn(1, 37, 200, generator=gen)
+    summed = hidden + delta
+    got = ops.add_rms_norm(hidden, delta, norm.weight.data, 1e-6)
+    assert torch.equal(hidden, summed)  # the residual sum, in place
+    with torch.no_grad():
+        want = norm(summed)
+    assert (got - want).abs().max().item() < 1e-5 * want.abs().max().item()
+    alone = ops.add_rms_norm(summed.clone(), None, norm.weight.data, 1e-6)
+    assert torch.equal(alone, got)
+    with pytest.raises(RuntimeError, match="weight must be"):
+        ops.add_rms_norm(hidden, delta, torch.ones(10), 1e-6)
+    with pytest.raises(RuntimeError, match="is not hidden's"):
+        ops.add_rms_norm(hidden, delta[:, :3], norm.weight.data, 1e-6)

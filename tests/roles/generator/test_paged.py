@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from orchestr.roles import models
 from orchestr.roles.generator._blocks import BlockPool
 from orchestr.roles.generator._mirror import DecodeMirror
-from orchestr.roles.generator._paged import Attention, PagedKV, PagedRunner
+from orchestr.roles.generator._paged import AttentionMode, PagedKV, PagedRunner
 from orchestr.roles.generator._scheduler import Scheduler, Seq
 
 SHARED = "please answer the user: the first long token of the layer block cache "
@@ -40,7 +40,7 @@ def test_greedy_decoding_over_the_paged_cache_matches_transformers(
     blocks: int,
     budget: int,
     packed: bool | None,
-    attention: Attention,
+    attention: AttentionMode,
 ) -> None:
     folder = models.make_tiny(arch, tmp_path / arch)
     model, tok = models.load_model(folder), models.Tokenizer(folder)

@@ -14,7 +14,7 @@ import torch
 
 import orchestr as oc
 from orchestr.roles import Completion, Engine, Generator, Request, models
-from orchestr.roles.generator._paged import Attention
+from orchestr.roles.generator._paged import AttentionMode
 from orchestr.roles.generator._paged_engine import PagedEngine
 from orchestr.roles.generator._sampling import check_sampling, choose_tokens
 
@@ -62,7 +62,7 @@ def drain(engine: Engine | PagedEngine) -> dict[str, Completion]:
 
 @pytest.mark.parametrize("attention", ["kernel", "torch"])
 def test_the_same_tokens_and_logprobs_as_the_recompute_engine(
-    folder: pathlib.Path, attention: Attention
+    folder: pathlib.Path, attention: AttentionMode
 ) -> None:
     model, tok = models.load_model(folder), models.Tokenizer(folder)
     reqs = requests(tok)
