@@ -68,6 +68,7 @@ class Linears:
         self.packed = why is None if packed is None else packed
         self._min = 0 if packed else PACK_MIN
         self._cache: dict[int, Entry] = {}
+        self._small: dict[int, bool] = {}  # per product: too small to pack
         self.packs = 0  # how many times a product's weights were packed
 
     def invalidate(self) -> None:
@@ -105,12 +106,18 @@ class Linears:
     def _entry(self, modules: tuple[nn.Linear, ...]) -> Entry | None:
         """The packed weights of ``modules``' product (packed again if they changed), or
         ``None`` when it is not packed."""
-        if not self.packed or sum(m.weight.numel() for m in modules) < self._min:
+        if not self.packed:
+            return None
+        key = id(modules[0])
+        small = self._small.get(key)
+        if small is None:
+            small = self._small[key] = sum(m.weight.numel() for m in modules) < self._min
+        if small:
             return None
         stamp = _stamp(modules)
-        entry = self._cache.get(id(modules[0]))
+        entry = self._cache.get(key)
         if entry is None or entry[0] != stamp:
-            entry = self._cache[id(modules[0])] = (stamp, *self._pack(modules))
+            entry = self._cache[key] = (stamp, *self._pack(modules))
         return entry
 
     def _pack(self, modules: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -149,9 +156,11 @@ def _multiply(entry: Entry, x: torch.Tensor) -> torch.Tensor:
 def _stamp(modules: tuple[nn.Linear, ...]) -> Stamp:
     """Where each weight (and bias) lives and its version counter: any write or re-pointing
     changes it."""
-    out = []
-    for m in modules:
-        out.append((m.weight.data_ptr(), m.weight._version))
-        if m.bias is not None:
-            out.append((m.bias.data_ptr(), m.bias._version))
-    return tuple(out)
+    # read from each module's parameter table (what ``m.weight`` looks up, without
+    # nn.Module's attribute machinery: this runs for every product of every step)
+    return tuple(
+        (t.data_ptr(), t._version)
+        for m in modules
+        for t in m._parameters.values()
+        if t is not None
+    )

@@ -48,6 +48,26 @@ inline void prefetch(const float* at, int64_t n) {
   for (int64_t x = 0; x < n; x += 16) __builtin_prefetch(at + x, 0, 3);
 }
 
+// w[t] = exp(w[t] - max(w)) for t < n, with torch's vectorised exp (the tail with std::exp),
+// in place; returns their sum (lanes summed in a fixed order, then the tail).
+inline float softmax_numerators(float* w, int64_t n) {
+  const float top = *std::max_element(w, w + n);
+  const Vec shift(top);
+  Vec lanes(0.f);
+  int64_t t = 0;
+  for (; t + Vec::size() <= n; t += Vec::size()) {
+    const Vec e = (Vec::loadu(w + t) - shift).exp();
+    e.store(w + t);
+    lanes = lanes + e;
+  }
+  float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, lanes);
+  for (; t < n; ++t) {
+    w[t] = std::exp(w[t] - top);
+    sum += w[t];
+  }
+  return sum;
+}
+
 struct Problem {
   const float* q;
   int64_t q_stride;  // floats from one sequence's queries to the next
@@ -96,13 +116,7 @@ void attend(const Problem& p, int64_t i, int64_t first, int64_t last, std::vecto
   float* result = p.out + (i * p.heads + first * group) * dim;
   for (int64_t r = 0; r < rows; ++r) {
     float* w = scores.data() + r * len;
-    const float top = *std::max_element(w, w + len);
-    float sum = 0.f;
-    for (int64_t t = 0; t < len; ++t) {
-      w[t] = std::exp(w[t] - top);
-      sum += w[t];
-    }
-    const float inv = 1.f / sum;
+    const float inv = 1.f / softmax_numerators(w, len);
     const int64_t offset = (first + r / group) * dim;
     float* out = result + r * dim;
     if constexpr (D > 0) {
