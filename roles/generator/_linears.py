@@ -159,8 +159,5 @@ def _stamp(modules: tuple[nn.Linear, ...]) -> Stamp:
     # read from each module's parameter table (what ``m.weight`` looks up, without
     # nn.Module's attribute machinery: this runs for every product of every step)
     return tuple(
-        (t.data_ptr(), t._version)
-        for m in modules
-        for t in m._parameters.values()
-        if t is not None
+        (t.data_ptr(), t._version) for m in modules for t in m._parameters.values() if t is not None
     )

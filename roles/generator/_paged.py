@@ -159,7 +159,8 @@ class PagedRunner:
         for seq, n in ordered:
             start = seq.num_computed
             if n > 1:
-                table = torch.tensor(seq.blocks[: -(-(start + n) // size)], device=device)
+                blocks = seq.blocks[: -(-(start + n) // size)]
+                table = torch.tensor(blocks, dtype=torch.int32, device=device)
                 chunks.append((len(tokens), start, n, table))
             tokens += seq.tokens[start : start + n]
             for p in range(start, start + n):
@@ -227,8 +228,8 @@ class PagedRunner:
 
     def _fused(self, layers: list[DecoderLayer], hidden: torch.Tensor, b: _Batch) -> torch.Tensor:
         """The layers on orchestr's kernels (:mod:`._kernels`): rotary and the pool writes in
-        one pass, decodes attending in the pool, residual sums fused with the norms, SwiGLU
-        in one pass. Returns the last layer's output already through the final norm."""
+        one pass, decodes and prefill chunks attending in the pool, residual sums fused with
+        the norms, SwiGLU in one pass. Returns the last layer's output already through the final norm."""
         ops = self.ops
         assert ops is not None
         cos, sin = self._rotations(b.positions)
@@ -252,7 +253,11 @@ class PagedRunner:
                     q[: b.decodes], keys, values, b.decode_meta, b.lengths, scale
                 )
                 outs.append(out.reshape(1, b.decodes, -1))
-            outs += self._chunks(attn, q.transpose(0, 1)[None], keys, values, b)
+            for offset, start, n, table in b.chunks:
+                out = ops.prefill_attention(
+                    q[offset : offset + n], keys, values, table, start, attn.head_dim**-0.5
+                )
+                outs.append(out.reshape(1, n, -1))
             merged = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
             post = layer.post_attention_layernorm
             normed = ops.add_rms_norm(

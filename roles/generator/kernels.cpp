@@ -219,6 +219,205 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const
   return out;
 }
 
+// Causal attention of a prefill chunk: queries at positions `start .. start + n - 1` (rows of
+// `q`, `[n, heads, dim]` with any row stride) over the sequence's keys and values at positions
+// `0 .. start + n - 1` in the pool, through its block table; query at position p sees keys at
+// positions <= p. A task is one kv head's query heads at a tile of `kRows` positions; it
+// walks the keys in tiles of one vector width: the tile's keys are transposed into a small
+// buffer once, then every query row scores the tile with broadcast multiply-adds (no
+// per-key horizontal sums), keeps a running maximum and sum (online softmax) and adds the
+// weighted values into its accumulator. A row's arithmetic runs over its keys in order, so
+// its result does not depend on the tiles, the tasks or the threads.
+template <int64_t D>
+void prefill_task(const float* q, int64_t q_stride, const float* k, const float* v,
+                  const int32_t* table, int64_t size, int64_t kv_heads, int64_t heads,
+                  int64_t dim_rt, int64_t start, int64_t first, int64_t count, int64_t h,
+                  float scale, float* out) {
+  constexpr int64_t W = Vec::size();
+  const int64_t dim = D > 0 ? D : dim_rt, group = heads / kv_heads, rows = count * group;
+  const int64_t stride = kv_heads * dim;
+  std::vector<float> kt(dim * W), qs(rows * dim), acc(rows * dim, 0.f), top(rows), sum(rows, 0.f);
+  std::vector<float> p(W);
+  std::vector<const float*> values(W);  // the tile's value rows
+  std::vector<float> tile_scores(rows * W);
+  for (int64_t r = 0; r < rows; ++r) {  // row r: position first + r / group, head h*group + r % group
+    const float* src = q + (first + r / group) * q_stride + (h * group + r % group) * dim;
+    for (int64_t x = 0; x < dim; ++x) qs[r * dim + x] = src[x] * scale;
+    top[r] = -std::numeric_limits<float>::infinity();
+  }
+  const int64_t end = start + first + count;  // keys this tile's last row sees
+  for (int64_t t0 = 0; t0 < end; t0 += W) {
+    const int64_t m = std::min(W, end - t0);
+    for (int64_t t = 0; t < W; ++t) {  // transpose the keys of this tile (zeros past the end)
+      if (t < m) {
+        const int64_t pos = t0 + t;
+        const int64_t at = (table[pos / size] * size + pos % size) * stride + h * dim;
+        values[t] = v + at;
+        const float* key = k + at;
+        for (int64_t x = 0; x < dim; ++x) kt[x * W + t] = key[x];
+      } else {
+        for (int64_t x = 0; x < dim; ++x) kt[x * W + t] = 0.f;
+      }
+    }
+    // every row's scores of this tile first, four rows at a time (eight independent chains
+    // of multiply-adds: the tile's transposed keys are loaded once per four rows)
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+      const float* q0 = qs.data() + r * dim;
+      Vec a0(0.f), a1(0.f), b0(0.f), b1(0.f), c0(0.f), c1(0.f), d0(0.f), d1(0.f);
+      for (int64_t x = 0; x + 1 < dim; x += 2) {
+        const Vec k0 = Vec::loadu(kt.data() + x * W), k1 = Vec::loadu(kt.data() + (x + 1) * W);
+        a0 = at::vec::fmadd(Vec(q0[x]), k0, a0);
+        a1 = at::vec::fmadd(Vec(q0[x + 1]), k1, a1);
+        b0 = at::vec::fmadd(Vec(q0[dim + x]), k0, b0);
+        b1 = at::vec::fmadd(Vec(q0[dim + x + 1]), k1, b1);
+        c0 = at::vec::fmadd(Vec(q0[2 * dim + x]), k0, c0);
+        c1 = at::vec::fmadd(Vec(q0[2 * dim + x + 1]), k1, c1);
+        d0 = at::vec::fmadd(Vec(q0[3 * dim + x]), k0, d0);
+        d1 = at::vec::fmadd(Vec(q0[3 * dim + x + 1]), k1, d1);
+      }
+      if (dim % 2 == 1) {
+        const int64_t x = dim - 1;
+        const Vec k0 = Vec::loadu(kt.data() + x * W);
+        a0 = at::vec::fmadd(Vec(q0[x]), k0, a0);
+        b0 = at::vec::fmadd(Vec(q0[dim + x]), k0, b0);
+        c0 = at::vec::fmadd(Vec(q0[2 * dim + x]), k0, c0);
+        d0 = at::vec::fmadd(Vec(q0[3 * dim + x]), k0, d0);
+      }
+      (a0 + a1).store(tile_scores.data() + r * W);
+      (b0 + b1).store(tile_scores.data() + (r + 1) * W);
+      (c0 + c1).store(tile_scores.data() + (r + 2) * W);
+      (d0 + d1).store(tile_scores.data() + (r + 3) * W);
+    }
+    for (; r < rows; ++r) {
+      const float* qr = qs.data() + r * dim;
+      Vec s0(0.f), s1(0.f);
+      int64_t x = 0;
+      for (; x + 1 < dim; x += 2) {
+        s0 = at::vec::fmadd(Vec(qr[x]), Vec::loadu(kt.data() + x * W), s0);
+        s1 = at::vec::fmadd(Vec(qr[x + 1]), Vec::loadu(kt.data() + (x + 1) * W), s1);
+      }
+      if (x < dim) s0 = at::vec::fmadd(Vec(qr[x]), Vec::loadu(kt.data() + x * W), s0);
+      (s0 + s1).store(tile_scores.data() + r * W);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t pos = start + first + r / group;  // this row's position
+      if (t0 > pos) continue;                         // every key of the tile is ahead of it
+      const int64_t seen = std::min(m, pos - t0 + 1);  // keys of the tile it sees
+      Vec scores = Vec::loadu(tile_scores.data() + r * W);
+      if (seen < W) {  // keys ahead of the row (or past the end) weigh nothing
+        scores = Vec::set(Vec(-std::numeric_limits<float>::infinity()), scores, seen);
+      }
+      const float best = std::max(
+          top[r], at::vec::vec_reduce_all<float>(
+                      [](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, scores));
+      const float rescale = std::exp(top[r] - best);  // exp(-inf) = 0 at the first tile
+      const Vec weights = (scores - Vec(best)).exp();
+      weights.store(p.data());
+      float* a = acc.data() + r * dim;
+      top[r] = best;
+      sum[r] = sum[r] * rescale +
+               at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, weights);
+      if constexpr (D > 0) {
+        constexpr int64_t kParts = D / W;
+        // even and odd keys into separate accumulators: twice the independent chains
+        Vec o[kParts], e[kParts];
+        for (int64_t c = 0; c < kParts; ++c) {
+          o[c] = Vec::loadu(a + c * W) * Vec(rescale);
+          e[c] = Vec(0.f);
+        }
+        int64_t t = 0;
+        for (; t + 1 < seen; t += 2) {
+          const float* v0 = values[t];
+          const float* v1 = values[t + 1];
+          const Vec w0(p[t]), w1(p[t + 1]);
+          for (int64_t c = 0; c < kParts; ++c) {
+            o[c] = at::vec::fmadd(w0, Vec::loadu(v0 + c * W), o[c]);
+            e[c] = at::vec::fmadd(w1, Vec::loadu(v1 + c * W), e[c]);
+          }
+        }
+        if (t < seen) {
+          const Vec w0(p[t]);
+          for (int64_t c = 0; c < kParts; ++c) {
+            o[c] = at::vec::fmadd(w0, Vec::loadu(values[t] + c * W), o[c]);
+          }
+        }
+        for (int64_t c = 0; c < kParts; ++c) (o[c] + e[c]).store(a + c * W);
+      } else {
+        for (int64_t y = 0; y < dim; ++y) a[y] *= rescale;
+        for (int64_t t = 0; t < seen; ++t) {
+          const float* value = values[t];
+          for (int64_t y = 0; y < dim; ++y) a[y] += p[t] * value[y];
+        }
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dst = out + ((first + r / group) * heads + h * group + r % group) * dim;
+    const float inv = 1.f / sum[r];
+    for (int64_t x = 0; x < dim; ++x) dst[x] = acc[r * dim + x] * inv;
+  }
+}
+
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
+                             const at::Tensor& v_pool, const at::Tensor& table, int64_t start,
+                             double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.device().is_cpu() && q.scalar_type() == at::kFloat,
+              "q must be a float32 CPU tensor [tokens, heads, head_dim], got ", q.sizes());
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && q.stride(0) >= q.size(1) * q.size(2),
+              "each token's queries must be contiguous [heads, head_dim]");
+  for (const at::Tensor* t : {&k_pool, &v_pool}) {
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->is_contiguous(),
+                "the pools must be contiguous float32 CPU tensors");
+  }
+  TORCH_CHECK(k_pool.dim() == 4 && v_pool.sizes() == k_pool.sizes(),
+              "k_pool and v_pool must be [blocks, block_size, kv_heads, head_dim] alike");
+  TORCH_CHECK(table.device().is_cpu() && table.scalar_type() == at::kInt && table.dim() == 1 &&
+                  table.is_contiguous(),
+              "table must be int32 [blocks]");
+  const int64_t n = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t blocks = k_pool.size(0), size = k_pool.size(1), kv_heads = k_pool.size(2);
+  TORCH_CHECK(k_pool.size(3) == dim, "head_dim ", dim, " of q is not the pool's ", k_pool.size(3));
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, heads, " query heads do not share ", kv_heads,
+              " kv heads evenly");
+  TORCH_CHECK(start >= 0 && n >= 1, "a chunk of ", n, " tokens from position ", start);
+  const int64_t used = (start + n + size - 1) / size;
+  TORCH_CHECK(table.size(0) >= used, "the chunk reaches position ", start + n - 1,
+              "; its table holds ", table.size(0) * size, " positions");
+  const int32_t* tab = table.data_ptr<int32_t>();
+  for (int64_t b = 0; b < used; ++b) {
+    TORCH_CHECK(tab[b] >= 0 && tab[b] < blocks, "the table names block ", tab[b], " of ", blocks);
+  }
+  auto out = at::empty({n, heads, dim}, q.options());
+  constexpr int64_t kRows = 32;  // positions per task
+  const int64_t tiles = (n + kRows - 1) / kRows, tasks = tiles * kv_heads;
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_pool.data_ptr<float>();
+  const float* vp = v_pool.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      // tiles in the order 0, last, 1, last - 1, ...: later tiles see more keys, and any
+      // contiguous run of tasks (what a thread gets) mixes light and heavy ones
+      const int64_t j = task / kv_heads, h = task % kv_heads;
+      const int64_t tile = j % 2 == 0 ? j / 2 : tiles - 1 - j / 2;
+      const int64_t first = tile * kRows, count = std::min(kRows, n - first);
+      if (dim == 64 && 64 % Vec::size() == 0) {
+        prefill_task<64>(qp, q.stride(0), kp, vp, tab, size, kv_heads, heads, dim, start, first,
+                         count, h, fscale, op);
+      } else if (dim == 128 && 128 % Vec::size() == 0) {
+        prefill_task<128>(qp, q.stride(0), kp, vp, tab, size, kv_heads, heads, dim, start, first,
+                          count, h, fscale, op);
+      } else {
+        prefill_task<0>(qp, q.stride(0), kp, vp, tab, size, kv_heads, heads, dim, start, first,
+                        count, h, fscale, op);
+      }
+    }
+  });
+  return out;
+}
+
 void check_cpu_float(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, what,
               " must be a float32 CPU tensor");
@@ -376,6 +575,9 @@ TORCH_LIBRARY(orchestr_kernels, m) {
   m.def(
       "rope_and_cache(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor sin, "
       "Tensor(b!) k_pool, Tensor(c!) v_pool, Tensor slots, int heads) -> ()");
+  m.def(
+      "prefill_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor table, int start, "
+      "float scale) -> Tensor");
   m.def("silu_and_mul(Tensor x) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) hidden, Tensor? delta, Tensor weight, float eps) -> Tensor");
 }
@@ -383,6 +585,7 @@ TORCH_LIBRARY(orchestr_kernels, m) {
 TORCH_LIBRARY_IMPL(orchestr_kernels, CPU, m) {
   m.impl("decode_attention", &decode_attention);
   m.impl("rope_and_cache", &rope_and_cache);
+  m.impl("prefill_attention", &prefill_attention);
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("add_rms_norm", &add_rms_norm);
 }

@@ -242,3 +242,55 @@ def test_swiglu_activation_and_residual_norm_against_torch(ops: Kernels) -> None
         ops.add_rms_norm(hidden, delta, torch.ones(10), 1e-6)
     with pytest.raises(RuntimeError, match="is not hidden's"):
         ops.add_rms_norm(hidden, delta[:, :3], norm.weight.data, 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "size"),
+    [(8, 4, 64, 16), (4, 4, 128, 16), (8, 1, 64, 4), (6, 2, 48, 5)],
+)
+def test_prefill_chunks_attend_causally_as_torch_does(
+    ops: Kernels, heads: int, kv_heads: int, dim: int, size: int
+) -> None:
+    gen = torch.Generator().manual_seed(5)
+    for start, n in [(0, 1), (0, 37), (0, 130), (19, 1), (50, 30), (200, 75)]:
+        total = start + n
+        used = -(-total // size)
+        k = torch.randn(used + 4, size, kv_heads, dim, generator=gen)
+        v = torch.randn(used + 4, size, kv_heads, dim, generator=gen)
+        table = torch.randperm(used + 4, generator=gen)[:used].to(torch.int32)
+        # queries as the runner passes them: rows of a fused q/k/v product
+        rows = torch.randn(n, (heads + 2 * kv_heads) * dim, generator=gen)
+        q = rows[:, : heads * dim].view(n, heads, dim)
+        got = ops.prefill_attention(q, k, v, table, start, dim**-0.5)
+        kk = k[table.long()].reshape(-1, kv_heads, dim)[:total].transpose(0, 1)[None]
+        vv = v[table.long()].reshape(-1, kv_heads, dim)[:total].transpose(0, 1)[None]
+        sees = torch.arange(total)[None, :] <= torch.arange(start, total)[:, None]
+        want = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], kk, vv, attn_mask=sees, enable_gqa=heads != kv_heads
+        )[0].transpose(0, 1)
+        assert (got - want).abs().max().item() < 1e-5, (start, n)
+        # a position's result is the same bits whether its chunk is split or not, on any
+        # number of threads
+        if n > 1:
+            cut = n // 2
+            first = ops.prefill_attention(q[:cut], k, v, table, start, dim**-0.5)
+            threads = torch.get_num_threads()
+            try:
+                torch.set_num_threads(1)
+                second = ops.prefill_attention(q[cut:], k, v, table, start + cut, dim**-0.5)
+            finally:
+                torch.set_num_threads(threads)
+            assert torch.equal(torch.cat([first, second]), got)
+
+
+def test_prefill_refuses_tables_that_do_not_reach(ops: Kernels) -> None:
+    k = v = torch.zeros(4, 16, 2, 64)
+    q = torch.randn(20, 4, 64)
+    with pytest.raises(RuntimeError, match="its table holds 32"):
+        ops.prefill_attention(q, k, v, torch.tensor([0, 1], dtype=torch.int32), 20, 0.125)
+    with pytest.raises(RuntimeError, match="names block 4"):
+        ops.prefill_attention(q, k, v, torch.tensor([0, 4], dtype=torch.int32), 0, 0.125)
+    with pytest.raises(RuntimeError, match="from position -1"):
+        ops.prefill_attention(q, k, v, torch.tensor([0, 1, 2], dtype=torch.int32), -1, 0.125)
+    with pytest.raises(RuntimeError, match="int32"):
+        ops.prefill_attention(q, k, v, torch.tensor([0, 1]), 0, 0.125)
