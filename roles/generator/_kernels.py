@@ -22,7 +22,8 @@ They are compiled on first use with torch's extension builder
 (``torch.utils.cpp_extension.load``: ninja and a C++ compiler), for the CPU capability torch
 itself dispatches to (AVX512, AVX2 or neither: :func:`torch.backends.cpu.get_cpu_capability`),
 and cached under torch's extensions folder (``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``), so later processes only load them. ``make setup`` builds them
+``~/.cache/torch_extensions/pyXY``) in a folder named by a digest of the source, the flags and
+the torch install, so later processes load the library directly. ``make setup`` builds them
 once (calling :func:`kernel_status`). Where they cannot be built (no compiler), or with
 ``ORCHESTR_KERNELS=0``, :func:`kernels` is ``None`` and the paged runner uses torch's ops
 instead, with the same tokens (the same values to float32 rounding).
@@ -90,38 +91,61 @@ def _capability() -> str:
     return cap if cap in FLAGS else "DEFAULT"
 
 
+def _build_root() -> Path:
+    """Where builds go: ``TORCH_EXTENSIONS_DIR``, else torch's default root
+    (``$XDG_CACHE_HOME/torch_extensions``, as ``get_default_build_root`` says, without
+    importing the builder) and a folder per Python."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root:
+        return Path(root)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    version = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return Path(cache).resolve() / "torch_extensions" / version
+
+
 def _build() -> Kernels | str:
     """The op, built or loaded; or why it cannot be."""
     if os.environ.get("ORCHESTR_KERNELS", "1") == "0":
         return "ORCHESTR_KERNELS=0"
     if sys.platform != "linux":
         return f"the kernel is built on Linux only, not {sys.platform}"
-    try:
-        from torch.utils.cpp_extension import load
-    except ImportError as exc:  # pragma: no cover - torch always ships it
-        return f"torch's extension builder is missing: {exc}"
     cap = _capability()
-    # one build per torch install: each venv's build names its own torch's headers, and one
-    # build folder shared by two venvs would be rebuilt by each in turn
-    install = hashlib.sha256(str(Path(torch.__file__).parent).encode()).hexdigest()[:10]
+    cflags = [
+        "-O3",
+        # products and sums rounded one at a time, as torch's elementwise ops round them
+        # (explicit fused multiply-adds stay where the code asks for them)
+        "-ffp-contract=off",
+        "-fopenmp",
+        f"-DCPU_CAPABILITY={cap}",
+        f"-DCPU_CAPABILITY_{cap}",
+        *FLAGS[cap],
+    ]
+    # one build per torch install (each venv's build names its own torch's headers, and one
+    # folder shared by two venvs would be rebuilt by each in turn), source and flags: a
+    # folder's library is then current by its name alone
+    key = "\0".join([str(Path(torch.__file__).parent), torch.__version__, *cflags])
+    digest = hashlib.sha256(key.encode() + b"\0" + SOURCE.read_bytes()).hexdigest()[:12]
+    name = f"orchestr_kernels_{cap.lower()}_{digest}"
+    folder = _build_root() / name
+    library = folder / f"{name}.so"
     try:
-        load(
-            name=f"orchestr_kernels_{cap.lower()}_{install}",
-            sources=[str(SOURCE)],
-            extra_cflags=[
-                "-O3",
-                # products and sums rounded one at a time, as torch's elementwise ops round
-                # them (explicit fused multiply-adds stay where the code asks for them)
-                "-ffp-contract=off",
-                "-fopenmp",
-                f"-DCPU_CAPABILITY={cap}",
-                f"-DCPU_CAPABILITY_{cap}",
-                *FLAGS[cap],
-            ],
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
-        )
+        if library.is_file() and not (folder / "lock").exists():
+            # built before: load it directly (torch's builder spends 0.05-0.1 s here
+            # importing itself and asking ninja whether the build is current)
+            torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]
+        else:
+            from torch.utils.cpp_extension import load
+
+            folder.mkdir(parents=True, exist_ok=True)
+            load(
+                name=name,
+                sources=[str(SOURCE)],
+                extra_cflags=cflags,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(folder),
+                is_python_module=False,
+                verbose=False,
+            )
     except (RuntimeError, OSError, ImportError, ValueError, subprocess.SubprocessError) as exc:
         return f"building {SOURCE.name} failed: {str(exc).strip().splitlines()[-1:]}"
     ops = torch.ops.orchestr_kernels
