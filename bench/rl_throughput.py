@@ -45,10 +45,12 @@ moved the bytes once. Then one ``Trainer`` and one ``Generator`` are spawned per
 the trainer takes one small training step (untimed; the version must advance for a new publish)
 and the controller times ``trainer.publish`` and ``generator.sync_weights`` (the generator's
 reported ``seconds`` is the figure; median of 20 for the demo model, 5 for the large one, after
-2 and 1 warm-ups); the trainer's and generator's weight digests must agree at the end. The sync
-reads each bucket over the data plane into the half of the generator's double-buffered model
-not in use, checksums each piece (XXH3) as it lands, and points the model at it, so
-``of_limit`` = limit_seconds / seconds says how close it comes to moving the bytes once.
+2 and 1 warm-ups); the trainer's and generator's weight digests must agree at the end. On
+one host the sync borrows the publisher's buckets (``Buffer.borrow``: the model's tensors
+become views of them, no copy), checksums each piece (XXH3) where it lies, and points the model
+at them; across hosts it reads each bucket into the half of a double-buffered model not in use.
+``of_limit`` = limit_seconds / seconds: 1 is moving the bytes once and nothing else, above 1
+a sync that moved fewer (borrowed).
 ``weight_sync.standalone_seconds`` is the demo model's standalone figure, and ``transports``
 what the job's reads used.
 
@@ -637,7 +639,10 @@ def print_tables(report: dict[str, Any], modes: list[str]) -> None:
             f"{bw['bytes'] >> 20} MiB between two worker processes ({'/'.join(bw['transports'])})."
         )
     print("orchestr / ray: the generator's time to load a version (sync_weights; Ray: get + copy).")
-    print("of limit: limit / orchestr (1 = the sync moved the bytes once and did nothing else).")
+    print(
+        "of limit: limit / orchestr (1 = the sync moved the bytes once and did nothing else; "
+        "above 1: it borrowed them, moving none)."
+    )
     print("round trip: publish + sync_weights (Ray: put + get + copy), timed by the controller.")
     print("vs ray: Ray's time over orchestr's (> 1: orchestr is faster).")
     skipped = report["_meta"].get("ray_skipped")

@@ -12,6 +12,7 @@ transport a transfer wanted is an error or logged and counted, never silent. :fu
 allocates tensors in shared memory: sending one to an actor on this host copies nothing.
 """
 
+from ._buffers._borrow import Borrowed, Claim
 from ._buffers._handle import Buffer
 from ._buffers._segments import empty
 from ._buffers._transport import BufferTransport, Descriptor, Region
@@ -37,8 +38,10 @@ from ._streams._transport import (
 )
 
 __all__ = [
+    "Borrowed",
     "Buffer",
     "BufferTransport",
+    "Claim",
     "Descriptor",
     "Listener",
     "Region",

@@ -22,7 +22,7 @@ EXPECTED = {
 }  # fmt: skip
 
 FABRIC = {
-    "Buffer", "BufferTransport", "Descriptor", "Listener", "Region", "StreamTransport",
+    "Borrowed", "Buffer", "BufferTransport", "Claim", "Descriptor", "Listener", "Region", "StreamTransport",
     "buffer_transport", "buffer_transports", "configure", "connect_stream", "connections", "empty", "host_id",
     "listen_stream", "process_key", "register_buffer_transport", "register_stream_transport",
     "release_all", "shutdown", "split_url", "stream_transports", "transport_report",

@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 from orchestr.errors import DescriptorError, OrchestrError
 from orchestr.fabric import _local, _registry
 
-from . import _transport
+from . import _borrow, _transport
+from ._borrow import Borrowed, Claim
 from ._transport import Descriptor, Region, read_pieces_with
 
 T = TypeVar("T")
@@ -242,6 +243,31 @@ class Buffer:
         t, desc = self._choose(transport, fallback)
         await t.write_from(desc, offset, view)
         return t.scheme
+
+    def borrow(self) -> Borrowed | None:
+        """Use the owner's bytes in place, with no copy: a :class:`~._borrow.Borrowed` whose
+        ``view`` is a read-only memoryview of them, unchanged until it is released (the owner
+        cannot :meth:`claim` them meanwhile; a borrower that dies lets go with its process).
+
+        ``None`` where that is not possible: the owner is on another host,
+        its memory is not in shared memory (only ``orchestr.fabric.empty`` tensors are), or it
+        holds a claim now (changing the bytes). Read then, as usual. Raises
+        :class:`StaleDescriptorError` for a released buffer."""
+        desc = self.descriptors.get("shm")
+        shm = _registry.buffer_transport("shm") if desc is not None else None
+        if desc is None or shm is None or shm.probe() is not None or not shm.reaches(self.owner):
+            return None
+        return _borrow.borrow(shm, desc)  # type: ignore[arg-type]
+
+    def claim(self) -> Claim | None:
+        """The owner's hold on its bytes while it changes them: ``None`` while a peer
+        :meth:`borrow` s them, else a :class:`~._borrow.Claim` to release (or use ``with``)
+        when done, during which no borrow starts. Owner only (:class:`DescriptorError`)."""
+        if self._region is None:
+            if self._data is None:
+                raise DescriptorError(f"only the owner ({self.owner}) can claim this buffer")
+            raise DescriptorError("this buffer was released")
+        return _borrow.claim(self._region)
 
     def _choose(
         self, want: str | None, fallback: str | None

@@ -26,6 +26,7 @@ from typing import Any
 
 from orchestr.errors import DescriptorError, StaleDescriptorError
 
+from ._borrow import borrowed
 from ._memfd import HEADER, Segment, generation_of, open_peer
 from ._shm import address_of
 
@@ -107,12 +108,18 @@ class SegmentPool:
         with self._lock:
             self._enter()
             self._reap_orphans()
-            best = None
-            for i, slot in enumerate(self._free):
-                if slot.segment.capacity >= nbytes and (
-                    best is None or slot.segment.capacity < self._free[best].segment.capacity
-                ):
-                    best = i
+            while True:
+                best = None
+                for i, slot in enumerate(self._free):
+                    if slot.segment.capacity >= nbytes and (
+                        best is None or slot.segment.capacity < self._free[best].segment.capacity
+                    ):
+                        best = i
+                if best is None or not borrowed(self._free[best].segment):
+                    break
+                # a peer still uses some of it in place (orchestr.Buffer.borrow): it is theirs
+                # until they let go, and the kernel frees it then
+                self._drop(self._free.pop(best))
             if best is not None:
                 slot = self._free.pop(best)
             else:

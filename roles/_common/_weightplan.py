@@ -11,17 +11,18 @@ loader in :mod:`._weights` do the transfers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import NamedTuple
 
 import torch
 import xxhash
 
-from orchestr.errors import OrchestrError
+from orchestr.errors import OrchestrError, StaleDescriptorError
 
 __all__ = [
     "CHECKSUMS",
@@ -39,6 +40,7 @@ __all__ = [
     "few",
     "piece_digests",
     "plan_buckets",
+    "released_as_stale",
     "sync_devices",
     "to_dtype",
     "views",
@@ -264,3 +266,15 @@ def weights_digest(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> str:
         h.update(f"{name}|{dtype_name(t.dtype)}|{list(t.shape)}|".encode())
         h.update(bytes_of(t.detach().cpu().contiguous()))
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def released_as_stale() -> Iterator[None]:
+    """:class:`StaleDescriptorError` from a publisher's buffers as :class:`StaleWeightsError`."""
+    try:
+        yield
+    except StaleDescriptorError as exc:
+        raise StaleWeightsError(
+            f"the publisher released its weight buffers ({exc}); it closed or its actor "
+            f"stopped. Ask it for a new ref"
+        ) from exc

@@ -8,7 +8,14 @@ from typing import NamedTuple
 
 from orchestr import Buffer, register
 
-from ._weightplan import BucketPlan, BucketSpec, ManifestMismatchError, TensorSlot
+from ._weightplan import (
+    BucketPlan,
+    BucketSpec,
+    ChecksumMismatchError,
+    ManifestMismatchError,
+    TensorSlot,
+    few,
+)
 
 __all__ = ["BucketRef", "WeightsRef"]
 
@@ -53,3 +60,16 @@ class WeightsRef:
     @property
     def nbytes(self) -> int:
         return self.plan.nbytes
+
+    def verify(self, sums: list[str]) -> None:
+        """Raise :class:`ChecksumMismatchError` unless ``sums`` (one per bucket, as the
+        publisher forms them) are the published checksums."""
+        for i, (b, got) in enumerate(zip(self.buckets, sums, strict=True)):
+            if got != b.checksum:
+                names = [t.name for t in self.tensors if t.bucket == i]
+                raise ChecksumMismatchError(
+                    f"bucket {i} of weights version {self.version} ({b.numel} {b.dtype}: "
+                    f"{few(names, 3)}) arrived with {self.algorithm} {got}, the publisher "
+                    f"computed {b.checksum}; the publisher's memory was changed after publish "
+                    f"or the transfer corrupted it. Nothing was loaded"
+                )

@@ -1,67 +1,66 @@
 """Versioned weight sync, trainer to generators, over the data plane.
 
 The trainer's :class:`WeightPublisher` copies a model's tensors into a few flat buckets (one
-dtype each, at most ``bucket_bytes``; the layout is :func:`~._weightplan.plan_buckets`),
-registers each bucket once as an :class:`orchestr.Buffer` and returns a small
-:class:`WeightsRef` per version. The controller passes only that ref; each generator's
-:class:`WeightLoader` reads the buckets straight from the trainer's memory (one kernel copy on a
-host, tcp or rdma across hosts), verifies them and copies them into its model in place. The
-bytes never go through the controller, and never one tensor per call.
+dtype each, at most ``bucket_bytes``; the layout is :func:`~._weightplan.plan_buckets`) in
+shared memory (``orchestr.fabric.empty``), registers each once as an :class:`orchestr.Buffer`
+and returns a small :class:`WeightsRef` per version. The controller passes only that ref; each
+generator's :class:`WeightLoader` takes the buckets straight from the trainer's memory: on its
+host it *borrows* them and its model's tensors become views of them, no copy
+(:mod:`._weightborrow`); across hosts (or for a GPU model) it reads them (tcp or rdma) and
+copies. The bytes never go through the controller, and never one tensor per call.
 
-**Double buffering**: the publisher keeps ``slots`` (default 2) sets of buckets and writes
-version *v* into the set that does not hold *v - 1*, so a generator still reading the previous
-version is never disturbed by the next publish. A reader that lags further behind finds its slot
+**Slots**: the publisher keeps ``slots`` (default 2) sets of buckets and writes version *v*
+into a set that holds neither *v - 1* nor a version some loader still borrows (a new set when
+all are in use, up to ``max_slots``), so a generator still using or reading an earlier version
+is not disturbed by the next publish. A reader that lags further behind finds its slot
 rewritten: each slot has a one-word stamp (its version; -1 while being written) that the loader
-reads before and after the buckets (a seqlock), so that case is reported as
-:class:`StaleWeightsError`, never loaded. It relies on the publisher's stores becoming visible
-in order (true on x86); elsewhere the checksum still catches the torn read.
+reads before and after the buckets (a seqlock), so that case is :class:`StaleWeightsError`,
+never loaded. It relies on the publisher's stores becoming visible in order (true on x86);
+elsewhere the checksum still catches the torn read.
 
-**Checksum**: a 64-bit XXH3 per bucket by default (the ``xxhash`` library: about 7 GB/s a
-core here, against 2.2 GB/s for zlib's CRC-32, and it releases the GIL). It guards against
-accidents, not adversaries (peers share a cluster token): a torn or corrupted bucket escapes it
-with probability about 2**-64, and the stale read a checksum could miss (a slot rewritten with
-equal bytes) is caught by the stamp. ``checksum="crc32"``, ``"sha256"`` or ``"blake2b"`` are
-the others (the last two buy a cryptographic digest at several times the cost). The loader
-verifies every bucket before it touches the model, so a failed load leaves it as it was.
+**Checksum**: XXH3-64 (the ``xxhash`` library: about 7 GB/s a core here, against 2.2 GB/s for
+CRC-32, and it releases the GIL), in pieces of :data:`PIECE_BYTES` (a digest each), against
+accidents, not adversaries (peers share a cluster token); ``"crc32"``, ``"sha256"`` or
+``"blake2b"`` are the others. A loader verifies every piece, where it lies when borrowed or
+right after reading it (still in the cache), before it touches the model, so a failed load
+leaves the model as it was.
 
-**Pieces**: the publisher checksums each bucket in pieces of :data:`PIECE_BYTES` (a digest
-each), so a loader verifies each piece right after reading it, while its bytes are still in
-the cache, two pieces at a time: reading and hashing overlap and the hash rarely goes back to
-memory. The publisher's buckets live in shared memory (``orchestr.fabric.empty``), which a
-loader on the same host copies from a mapping at memory bandwidth.
-
-**Loading without a second copy** (CPU models): the loader keeps two sets of buckets and the
-model's tensors are views of one of them. A load reads into the other set; once every piece
-and the stamp check out, each tensor is pointed at its view of the new set (``tensor.data =
-view``, no bytes moved) and the old set becomes the next load's. So a load costs one read,
-and the model is touched only after everything verified. The price is a second copy of the
-weights in memory. GPU models (and ``double_buffer=False``) read into host buckets and copy
-from them.
+**No second copy**: a borrowed load moves no bytes (it hashes them in place). A read into a
+CPU model goes into the half of two sets of host buckets the model does not view, and then
+points each tensor at its view of it (``tensor.data = view``). GPU models (and
+``double_buffer=False``) read into host buckets and copy from them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import torch
 
-from orchestr import Buffer, fabric
-from orchestr.errors import StaleDescriptorError
+from orchestr import Buffer
+from orchestr.fabric import Borrowed, Claim
 
+from ._weightborrow import (
+    WRITING,
+    Slot,
+    borrow_buckets,
+    claim_slot,
+    hash_in_place,
+    release,
+    tensors_of,
+)
 from ._weightplan import (
     CHECKSUMS,
     DEFAULT_BUCKET_BYTES,
     BucketPlan,
-    ChecksumMismatchError,
     StaleWeightsError,
     WeightSyncError,
     bytes_of,
-    few,
     piece_digests,
     plan_buckets,
+    released_as_stale,
     sync_devices,
     to_dtype,
     views,
@@ -71,40 +70,20 @@ from ._weightref import BucketRef, WeightsRef
 
 __all__ = ["BucketRef", "WeightLoader", "WeightPublisher", "WeightsRef"]
 
-#: A slot's stamp while the publisher writes it.
-WRITING = -1
 #: Buckets are checksummed, and loads verify them, in pieces of this many bytes.
 PIECE_BYTES = 4 << 20
 #: What a load hands verified tensors to instead of copying them (``WeightLoader.load``).
 Apply = Callable[[list[tuple[str, torch.Tensor]]], Awaitable[None]]
 
 
-class _Slot:
-    def __init__(self, plan: BucketPlan, pin: bool) -> None:
-        # in shared memory unless pinned for a GPU: readers on this host then copy from a
-        # mapping of it, at memory bandwidth (see orchestr.fabric's shm buffers)
-        self.buckets = [
-            torch.empty(b.numel, dtype=to_dtype(b.dtype), pin_memory=True)
-            if pin
-            else fabric.empty(b.numel, dtype=to_dtype(b.dtype))
-            for b in plan.buckets
-        ]
-        self.buffers = [Buffer(b) for b in self.buckets]
-        self.stamp = torch.zeros(1, dtype=torch.int64)
-        self.stamp_buffer = Buffer(self.stamp)
-
-    def release(self) -> None:
-        for buf in [*self.buffers, self.stamp_buffer]:
-            buf.release()
-
-
 class WeightPublisher:
     """Trainer side: publishes versions of a model's weights as registered buckets.
 
-    ``slots`` sets of buckets are registered on the first publish and reused for every later
-    version (see double buffering above); a ref stays readable until ``slots`` newer versions
-    have been published (with 2: version v until v + 2). Use ``with`` or :meth:`close` to
-    release the buffers.
+    ``slots`` sets of buckets are registered on the first publish and reused for later
+    versions, and more while loaders borrow them (see the module docstring; each loader
+    borrows one at a time, so at most one more per loader; ``max_slots`` caps them, past which
+    a publish is refused). A ref stays readable until at least ``slots`` newer versions have
+    been published. Use ``with`` or :meth:`close` to release the buffers.
     """
 
     def __init__(
@@ -113,6 +92,7 @@ class WeightPublisher:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         slots: int = 2,
         checksum: str = "xxh3",
+        max_slots: int | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}")
@@ -121,9 +101,13 @@ class WeightPublisher:
         self.bucket_bytes, self.algorithm = bucket_bytes, checksum
         self.version: int | None = None
         self._plan: BucketPlan | None = None
-        self._slots: list[_Slot] = []
+        self._slots: list[Slot] = []
         self._n_slots = slots
-        self._next = 0
+        self._max_slots = max_slots if max_slots is not None else 1 << 30
+        if self._max_slots < slots:
+            raise ValueError(f"max_slots ({max_slots}) is below slots ({slots})")
+        self._pin = False
+        self._next, self._newest = 0, -1
         self._closed = False
 
     def publish(
@@ -149,23 +133,25 @@ class WeightPublisher:
         plan = plan_buckets(tensors, self.bucket_bytes)
         if self._plan is None:
             self._plan = plan
-            pin = any(t.device.type == "cuda" for t in tensors.values())
-            self._slots = [_Slot(plan, pin) for _ in range(self._n_slots)]
+            self._pin = any(t.device.type == "cuda" for t in tensors.values())
+            self._slots = [Slot(plan, self._pin) for _ in range(self._n_slots)]
         elif plan != self._plan:
             raise WeightSyncError(
                 "the model's tensors (names, dtypes or shapes) changed since the first "
                 "publish; a publisher serves one layout, make a new one for another"
             )
-        slot = self._slots[self._next]
-        self._next = (self._next + 1) % len(self._slots)
-        slot.stamp.fill_(WRITING)  # a reader that overlaps this write sees it
-        with torch.no_grad():
-            for name, view in views(plan, slot.buckets):
-                src = tensors[name].detach()
-                view.copy_(src, non_blocking=src.device.type == "cuda")
-        sync_devices(tensors.values())
-        sums = [piece_digests(bytes_of(b), self.algorithm, PIECE_BYTES) for b in slot.buckets]
-        slot.stamp.fill_(version)
+        slot, claims = self._claim_slot()
+        try:
+            slot.stamp.fill_(WRITING)  # a reader that overlaps this write sees it
+            with torch.no_grad():
+                for name, view in views(plan, slot.buckets):
+                    src = tensors[name].detach()
+                    view.copy_(src, non_blocking=src.device.type == "cuda")
+            sync_devices(tensors.values())
+            sums = [piece_digests(bytes_of(b), self.algorithm, PIECE_BYTES) for b in slot.buckets]
+            slot.stamp.fill_(version)
+        finally:
+            release(claims)
         self.version = version
         return WeightsRef(
             version,
@@ -178,6 +164,23 @@ class WeightPublisher:
             self.algorithm,
             PIECE_BYTES,
         )
+
+    def _claim_slot(self) -> tuple[Slot, list[Claim]]:
+        assert self._plan is not None
+        i, claims = claim_slot(self._slots, self._next, self._newest if self._n_slots > 1 else -1)
+        if claims is None:
+            n = len(self._slots)
+            if n >= self._max_slots:
+                raise WeightSyncError(
+                    f"every one of this publisher's {n} slots is still borrowed by a loader "
+                    f"that has not loaded a newer version (max_slots={self._max_slots}); "
+                    f"nothing was published. Sync the generators, or allow more slots"
+                )
+            self._slots.append(Slot(self._plan, self._pin))
+            i, claims = n, self._slots[n].claim()
+            assert claims is not None  # nobody has seen it yet
+        self._next, self._newest = (i + 1) % len(self._slots), i
+        return self._slots[i], claims
 
     def close(self) -> None:
         """Release every bucket; readers of any ref then get :class:`StaleWeightsError`.
@@ -196,11 +199,11 @@ class WeightPublisher:
 class WeightLoader:
     """Generator side: loads published versions into a model, in place.
 
-    Host buckets are allocated on the first load (pinned when the model is on a GPU) and
-    reused. Reads go in pieces, each verified as it lands. With
-    ``double_buffer`` (the default) a CPU model's tensors become views of the loader's
-    buckets and each load reads into the set they do not view (see the module docstring).
-    ``max_inflight`` is kept for compatibility (pieces are read two at a time).
+    With ``borrow`` (the default) a CPU model on the publisher's host uses the publisher's
+    buckets in place; otherwise host buckets are allocated on the first load (pinned for a GPU
+    model) and read into, in pieces verified as they land. With ``double_buffer`` (the
+    default) a CPU model's tensors are views of the buckets (see the module docstring); a
+    compiled model needs ``double_buffer=False``. ``max_inflight`` is kept for compatibility.
     ``transport`` and ``fallback`` are passed to :meth:`orchestr.Buffer.read_into`.
     """
 
@@ -211,6 +214,7 @@ class WeightLoader:
         transport: str | None = None,
         fallback: str | None = None,
         double_buffer: bool = True,
+        borrow: bool = True,
     ) -> None:
         if max_inflight < 1:
             raise ValueError(f"max_inflight must be at least 1, got {max_inflight}")
@@ -219,6 +223,8 @@ class WeightLoader:
         self.transports: set[str] = set()
         self._read_options: dict[str, Any] = {"transport": transport, "fallback": fallback}
         self._double = double_buffer
+        self._borrow = borrow
+        self._borrowed: list[Borrowed] = []  # the buckets the model views, when borrowed
         self._plan: BucketPlan | None = None
         self._sets: list[list[torch.Tensor]] = []  # bucket sets: staging, or the two halves
         self._lock = asyncio.Lock()  # one load at a time: they share the host buckets
@@ -238,20 +244,18 @@ class WeightLoader:
         *,
         apply: Apply | None = None,
     ) -> bool:
-        """Read version ``ref.version`` from the publisher and copy it into ``model``.
-        With ``apply``, ``model`` is a mapping of tensors shaped like the published ones
-        (meta tensors will do) and the verified tensors (views of the loader's host buckets,
-        valid until the next load) are passed to ``apply`` (awaited) instead of copied: for a
-        model that keeps its weights in a layout of its own, as vLLM's fuses q, k and v.
+        """Load version ``ref.version`` into ``model`` (borrowed or read: see the class).
+        With ``apply``, ``model`` maps names to tensors shaped as published (meta tensors will
+        do) and the verified tensors (views valid until the next load) go to ``apply``
+        (awaited) instead: for a model with a weight layout of its own (vLLM fuses q, k, v).
 
-        Returns ``False`` (and moves nothing) when that version is already loaded. Blocks on
-        the reads, which go straight to the publisher's memory. The model is written only after
-        every bucket has arrived and verified, so a failed load leaves it untouched. Raises
+        Returns ``False`` (moving nothing) when that version is already loaded. Blocks on the
+        reads, straight from the publisher's memory. The model is changed only once every
+        bucket verified, so a failed load leaves it as it was. Raises
         :class:`StaleWeightsError` for a version older than the loaded one or one the publisher
         has rewritten or released, :class:`ManifestMismatchError` when the manifest does not
-        fit ``model``, :class:`ChecksumMismatchError` for a bucket that arrived corrupted, and
-        transport errors as the data plane raises them. Cancel-safe: cancelled, it leaves the
-        model as it was. Loads on one loader run one at a time.
+        fit ``model``, :class:`ChecksumMismatchError` for a corrupted bucket, and transport
+        errors. Cancel-safe: cancelled, it leaves the model as it was. One load at a time.
         """
         async with self._lock:
             return await self._load(model, ref, apply)
@@ -287,34 +291,48 @@ class WeightLoader:
         flip = (
             apply is None and self._double and all(t.device.type == "cpu" for t in tensors.values())
         )
-        target = self._target(plan, tensors, flip)
         self.transports = set()
-        await self._check_stamp(ref, "before reading")
-        sums = await self._read_all(ref, target)
-        await self._check_stamp(ref, "while it was read")
-        for i, (b, got) in enumerate(zip(ref.buckets, sums, strict=True)):
-            if got != b.checksum:
-                names = [t.name for t in ref.tensors if t.bucket == i]
-                raise ChecksumMismatchError(
-                    f"bucket {i} of weights version {ref.version} ({b.numel} {b.dtype}: "
-                    f"{few(names, 3)}) arrived with {ref.algorithm} {got}, the publisher "
-                    f"computed {b.checksum}; the publisher's memory was changed after publish "
-                    f"or the transfer corrupted it. Nothing was loaded"
-                )
-        if apply is not None:
-            await apply(list(views(plan, target)))
-            self.version = ref.version
-            return True
-        with torch.no_grad():
-            for name, view in views(plan, target):
-                dst = tensors[name]
-                if flip:
-                    dst.data = view  # the new half: no bytes move
-                else:
-                    dst.copy_(view, non_blocking=dst.device.type == "cuda")
-        sync_devices(tensors.values())
+        borrowed = None
+        if self._borrow and (flip or apply is not None):
+            with released_as_stale():
+                borrowed = borrow_buckets(ref)
+        try:
+            if borrowed is not None:  # the publisher's own bytes, in place (see _weightborrow)
+                target = tensors_of(ref, borrowed)
+                await self._check_stamp(ref, "once borrowed")
+                sums = await hash_in_place(ref, borrowed)
+                self.transports = {"shm"}  # the buckets' (the stamp's is a plain read)
+            else:
+                target = self._target(plan, tensors, flip)
+                await self._check_stamp(ref, "before reading")
+                sums = await self._read_all(ref, target)
+                await self._check_stamp(ref, "while it was read")
+            ref.verify(sums)
+            if apply is not None:
+                await apply(list(views(plan, target)))
+            else:
+                with torch.no_grad():
+                    for name, view in views(plan, target):
+                        dst = tensors[name]
+                        if flip:
+                            dst.data = view  # the new half, or the publisher's: no bytes move
+                        else:
+                            dst.copy_(view, non_blocking=dst.device.type == "cuda")
+                sync_devices(tensors.values())
+        except BaseException:
+            release(borrowed or [])
+            raise
+        release(self._borrowed)  # nothing views the previous version's buckets any more
+        self._borrowed = borrowed or []
+        if borrowed is not None and flip:
+            self._sets = []  # the halves are not needed while the publisher's bytes are used
         self.version = ref.version
         return True
+
+    @property
+    def borrowing(self) -> bool:
+        """Whether the loaded version is the publisher's memory, borrowed, not a copy."""
+        return bool(self._borrowed)
 
     def _target(
         self, plan: BucketPlan, tensors: Mapping[str, torch.Tensor], flip: bool
@@ -348,7 +366,7 @@ class WeightLoader:
         )
 
     async def _read(self, buf: Buffer, into: Any) -> None:
-        with _released_as_stale():
+        with released_as_stale():
             self.transports.add(await buf.read_into(into, **self._read_options))
 
     async def _check_stamp(self, ref: WeightsRef, when: str) -> None:
@@ -371,19 +389,8 @@ class WeightLoader:
         sums = []
         for b, bucket in zip(ref.buckets, target, strict=True):
             step = ref.piece_bytes or max(bucket.numel() * bucket.element_size(), 1)
-            with _released_as_stale():
+            with released_as_stale():
                 scheme, digests = await b.buffer.read_pieces(bucket, step, fn, **self._read_options)
             self.transports.add(scheme)
             sums.append(",".join(digests))
         return sums
-
-
-@contextlib.contextmanager
-def _released_as_stale() -> Iterator[None]:
-    try:
-        yield
-    except StaleDescriptorError as exc:
-        raise StaleWeightsError(
-            f"the publisher released its weight buffers ({exc}); it closed or its actor "
-            f"stopped. Ask it for a new ref"
-        ) from exc

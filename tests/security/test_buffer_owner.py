@@ -101,10 +101,12 @@ def _read_own_fd(fd: int, nbytes: int) -> bytes:
 
 async def test_another_user_cannot_map_a_buffers_shared_memory(attacker: Attacker) -> None:
     """A region in shared memory (as weights are published) is read by mapping the owner's
-    segment through ``/proc/PID/fd``: that path is this process's user's alone."""
+    segment through ``/proc/PID/fd``: that path is this process's user's alone. So another
+    user can neither borrow it nor hold the lock a borrow takes (which would keep the owner
+    from claiming it): the lock needs that open of the segment file."""
     data = fabric.empty(1 << 20, dtype=torch.uint8)
     data.fill_(7)
-    with fabric.Buffer(data):
+    with fabric.Buffer(data) as buf:
         fds = _own_segments()
         assert len(fds) >= 2  # the buffer's segment and the region table at least
         # the owner's own user reads them (the segment's bytes among them): the fds are right
@@ -112,6 +114,9 @@ async def test_another_user_cannot_map_a_buffers_shared_memory(attacker: Attacke
         assert any(bytes([7]) * 4096 in b for b in mine)
         report = await attacker.run("peek", pid=os.getpid(), fds=fds, nbytes=8192)
         assert set(report["fds"].values()) == {"PermissionError"}, report
+        claim = buf.claim()  # nobody else could borrow it: the owner's claim is granted
+        assert claim is not None
+        claim.release()
     config = oc.load_config(transfer_stall_timeout=1.0)
     async with open_cluster(config) as ctx:
         owner = await ctx.spawn(Owner)

@@ -168,7 +168,7 @@ def test_a_flipped_byte_changes_the_checksum(algorithm: str) -> None:
 async def test_publish_and_load_in_one_process() -> None:
     trainer, gen = make_net(0), make_net(1)
     assert weights_digest(trainer) != weights_digest(gen)
-    loader = WeightLoader()
+    loader = WeightLoader(borrow=False)  # reads (borrowing: the next test)
     with WeightPublisher(bucket_bytes=4096) as publisher:
         for version in (1, 2, 3):
             with torch.no_grad():
@@ -195,6 +195,47 @@ async def test_publish_and_load_in_one_process() -> None:
             publisher.publish(trainer, 3)
         with pytest.raises(WeightSyncError, match="changed since the first publish"):
             publisher.publish({"x": torch.zeros(3)}, 6)
+
+
+async def test_a_borrowed_version_is_never_rewritten_while_a_model_uses_it() -> None:
+    """A CPU model on the publisher's host uses the published buckets in place; the publisher
+    writes later versions around the slots loaders borrow (a new slot when it must, up to
+    max_slots, then a clear refusal that publishes nothing), and takes a slot back once a
+    newer load let go of it."""
+    trainer, a, b = make_net(0), make_net(1), make_net(2)
+    first, second = WeightLoader(), WeightLoader()
+
+    async def step(version: int) -> WeightsRef:
+        with torch.no_grad():
+            trainer.fc1.weight.add_(1.0)
+        return publisher.publish(trainer, version)
+
+    with WeightPublisher(bucket_bytes=4096, max_slots=3) as publisher:
+        v1 = await step(1)  # slot 0
+        assert await first.load(a, v1) and first.borrowing and first.transports == {"shm"}
+        assert not first._sets  # no bytes of its own
+        mine = {t.data_ptr() for t in weight_tensors(trainer).values()}
+        assert not {t.data_ptr() for t in weight_tensors(a).values()} & mine
+        at_v1 = weights_digest(a)
+        v2 = await step(2)  # slot 1
+        assert await second.load(b, v2) and second.borrowing
+        at_v2 = weights_digest(b)
+        v3 = await step(3)  # slot 0 is borrowed and 1 holds the newest: a new slot 2
+        at_v3 = weights_digest(trainer)
+        assert len(publisher._slots) == 3
+        assert (weights_digest(a), weights_digest(b)) == (at_v1, at_v2)  # untouched
+        with pytest.raises(WeightSyncError, match="3 slots is still borrowed.*max_slots=3"):
+            await step(4)  # 0 and 1 borrowed, 2 the newest, and no room for a fourth
+        assert publisher.version == 3 and (weights_digest(a), weights_digest(b)) == (at_v1, at_v2)
+        assert await first.load(a, v3) and weights_digest(a) == at_v3
+        v4 = publisher.publish(trainer, 4)  # slot 0, let go by the first loader's load of 3
+        assert len(publisher._slots) == 3 and weights_digest(b) == at_v2
+        assert await second.load(b, v4) and weights_digest(b) == weights_digest(trainer)
+        with pytest.raises(StaleWeightsError, match="version 1 now holds version 4"):
+            await WeightLoader().load(make_net(3), v1)
+        # a loader that cannot borrow (asked not to) reads, as across hosts
+        reader = WeightLoader(borrow=False)
+        assert await reader.load(make_net(3), v4) and not reader.borrowing
 
 
 @pytest.mark.parametrize("algorithm", ["xxh3", "crc32", "sha256", "blake2b"])
