@@ -14,8 +14,8 @@ sent to a ``KVStore`` actor holding the prompt (in blocks of 64 bytes) from the 
 **get.** A ``KVStore`` actor holds ``--blocks`` blocks of ``--block-kib`` KiB in host memory
 (written by a writer actor with ``put_blocks``); a reader actor in another worker process
 times, per iteration, ``get_blocks`` of all of them into preallocated, pre-faulted tensors
-(a lease call, one vectored ``Buffer.read_spans`` of every block, the call that ends the
-lease; ``get_gbps``) and one
+(a lease call, one vectored ``Buffer.read_spans`` of every block, and the lease's release,
+sent without waiting when the read ended within the lease; ``get_gbps``) and one
 ``Buffer.read_into`` of the same number of bytes from the store's buffer into one tensor
 (``read_into_gbps``, the data plane's limit for those bytes); medians over ``--iters`` after
 one warm-up, and ``get_of_limit`` = get / read_into (the target is >= 0.8).

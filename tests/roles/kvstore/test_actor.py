@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
+import torch
 
 import orchestr as oc
 from orchestr.roles import KVNamespace, KVStore
+from orchestr.roles.kvstore import get_blocks
 from tests.roles.kvstore_actors import Reader, Writer
 
 NS = KVNamespace("tiny-llama", block_size=16, weight_version=1)
@@ -58,7 +61,12 @@ async def test_blocks_go_writer_to_store_to_reader_through_the_disk_under_leases
     # a read of disk-only blocks promotes them first, and they come back byte for byte
     assert await reader.get.call_one(store, NS, chain(8)) == list(range(10, 18))
     stats = await store.stats.call_one()
-    assert stats["promotions"] >= 1 and stats["demotions"] >= 5 and stats["leases"] == 0
+    assert stats["promotions"] >= 1 and stats["demotions"] >= 5
+
+    async def released() -> bool:  # (a read within its lease lets go without waiting)
+        return (await store.stats.call_one())["leases"] == 0
+
+    await wait_for(released, "the readers' leases to end")
     page = await store.events.call_one()
     kinds = {(kind, tier) for _, kind, _, _, tier in page["events"]}
     assert {("stored", "host"), ("stored", "disk"), ("removed", "host")} <= kinds
@@ -107,3 +115,32 @@ async def test_a_writer_that_never_finishes_leaves_nothing_and_its_space_returns
     await wait_for(reclaimed, "the put's timeout")
     assert await late.put.call_one(store, NS, chain(2, 10), [1, 2]) == 2
     assert (await store.stats.call_one())["tiers"]["host"]["used"] == 2
+
+
+class _LateReplies:
+    """A store whose lease replies reach the reader ``delay`` seconds after the store granted
+    them (a slow network): the reader cannot know the lease held through its read."""
+
+    def __init__(self, store: Any, delay: float) -> None:
+        self._store, self._delay = store, delay
+        self.release, self.end_read = store.release, store.end_read
+        self.lease = self
+
+    async def call_one(self, *args: Any) -> Any:
+        granted = await self._store.lease.call_one(*args)
+        await asyncio.sleep(self._delay)
+        return granted
+
+
+async def test_a_read_that_may_have_outlived_its_lease_asks_and_is_refused(
+    ctx: oc.JobContext,
+) -> None:
+    store = await ctx.spawn(KVStore, SIZE, 4, lease_s=0.05, maintain_s=0.05)
+    writer = await ctx.spawn(Writer, SIZE)
+    assert await writer.put.call_one(store, NS, chain(2), [3, 4]) == 2
+    out = [torch.zeros(SIZE, dtype=torch.uint8) for _ in range(2)]
+    with pytest.raises(oc.ActorError, match="LeaseExpiredError"):
+        await get_blocks(_LateReplies(store, 0.2), NS, chain(2), out)
+    assert (await store.stats.call_one())["leases"] == 0  # ended, refused, released
+    assert await get_blocks(_LateReplies(store, 0.0), NS, chain(2), out) == 2  # in time
+    assert [int(t[0]) for t in out] == [3, 4]
