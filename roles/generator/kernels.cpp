@@ -225,104 +225,175 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const
 // `q`, `[n, heads, dim]` with any row stride) over the sequence's keys and values at positions
 // `0 .. start + n - 1` in the pool, through its block table; query at position p sees keys at
 // positions <= p. A task is one kv head's query heads at a tile of `kRows` positions; it
-// walks the keys in tiles of one vector width: the tile's keys are transposed into a small
+// walks the keys in tiles of two vector widths: the tile's keys are transposed into a small
 // buffer once, then every query row scores the tile with broadcast multiply-adds (no
-// per-key horizontal sums), keeps a running maximum and sum (online softmax) and adds the
-// weighted values into its accumulator. A row's arithmetic runs over its keys in order, so
-// its result does not depend on the tiles, the tasks or the threads.
+// per-key horizontal sums), keeps a running maximum and sum (online softmax), and adds the
+// weighted values into its accumulator, four rows at a time (each value loaded once for the
+// four). A row's arithmetic runs over its keys in order, so its result does not depend on
+// the tiles, the tasks, the rows beside it or the threads.
 template <int64_t D>
 void prefill_task(const float* q, int64_t q_stride, const float* k, const float* v,
                   const int32_t* table, int64_t size, int64_t kv_heads, int64_t heads,
                   int64_t dim_rt, int64_t start, int64_t first, int64_t count, int64_t h,
                   float scale, float* out) {
   constexpr int64_t W = Vec::size();
+  constexpr int64_t T = 2 * W;  // keys per tile: two vectors
   const int64_t dim = D > 0 ? D : dim_rt, group = heads / kv_heads, rows = count * group;
   const int64_t stride = kv_heads * dim;
-  std::vector<float> kt(dim * W), qs(rows * dim), acc(rows * dim, 0.f), top(rows), sum(rows, 0.f);
-  std::vector<float> p(W);
-  std::vector<const float*> values(W);  // the tile's value rows
-  std::vector<float> tile_scores(rows * W);
+  std::vector<float> kt(dim * T), qs(rows * dim), acc(rows * dim, 0.f), top(rows), sum(rows, 0.f);
+  std::vector<const float*> values(T);  // the tile's value rows
+  std::vector<float> tile_scores(rows * T), probs(rows * T), rescales(rows);
+  std::vector<int64_t> seen_by(rows);
   for (int64_t r = 0; r < rows; ++r) {  // row r: position first + r / group, head h*group + r % group
     const float* src = q + (first + r / group) * q_stride + (h * group + r % group) * dim;
     for (int64_t x = 0; x < dim; ++x) qs[r * dim + x] = src[x] * scale;
     top[r] = -std::numeric_limits<float>::infinity();
   }
   const int64_t end = start + first + count;  // keys this tile's last row sees
-  for (int64_t t0 = 0; t0 < end; t0 += W) {
-    const int64_t m = std::min(W, end - t0);
-    for (int64_t t = 0; t < W; ++t) {  // transpose the keys of this tile (zeros past the end)
+  for (int64_t t0 = 0; t0 < end; t0 += T) {
+    const int64_t m = std::min(T, end - t0);
+    for (int64_t t = 0; t < T; ++t) {  // transpose the keys of this tile (zeros past the end)
       if (t < m) {
         const int64_t pos = t0 + t;
         const int64_t at = (table[pos / size] * size + pos % size) * stride + h * dim;
         values[t] = v + at;
         const float* key = k + at;
-        for (int64_t x = 0; x < dim; ++x) kt[x * W + t] = key[x];
+        for (int64_t x = 0; x < dim; ++x) kt[x * T + t] = key[x];
       } else {
-        for (int64_t x = 0; x < dim; ++x) kt[x * W + t] = 0.f;
+        for (int64_t x = 0; x < dim; ++x) kt[x * T + t] = 0.f;
       }
     }
     // every row's scores of this tile first, four rows at a time (eight independent chains
-    // of multiply-adds: the tile's transposed keys are loaded once per four rows)
+    // of multiply-adds, two per row: the tile's transposed keys are loaded once per four rows)
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4) {
       const float* q0 = qs.data() + r * dim;
       Vec a0(0.f), a1(0.f), b0(0.f), b1(0.f), c0(0.f), c1(0.f), d0(0.f), d1(0.f);
-      for (int64_t x = 0; x + 1 < dim; x += 2) {
-        const Vec k0 = Vec::loadu(kt.data() + x * W), k1 = Vec::loadu(kt.data() + (x + 1) * W);
-        a0 = at::vec::fmadd(Vec(q0[x]), k0, a0);
-        a1 = at::vec::fmadd(Vec(q0[x + 1]), k1, a1);
-        b0 = at::vec::fmadd(Vec(q0[dim + x]), k0, b0);
-        b1 = at::vec::fmadd(Vec(q0[dim + x + 1]), k1, b1);
-        c0 = at::vec::fmadd(Vec(q0[2 * dim + x]), k0, c0);
-        c1 = at::vec::fmadd(Vec(q0[2 * dim + x + 1]), k1, c1);
-        d0 = at::vec::fmadd(Vec(q0[3 * dim + x]), k0, d0);
-        d1 = at::vec::fmadd(Vec(q0[3 * dim + x + 1]), k1, d1);
+      for (int64_t x = 0; x < dim; ++x) {
+        const Vec k0 = Vec::loadu(kt.data() + x * T), k1 = Vec::loadu(kt.data() + x * T + W);
+        const Vec qa(q0[x]), qb(q0[dim + x]), qc(q0[2 * dim + x]), qd(q0[3 * dim + x]);
+        a0 = at::vec::fmadd(qa, k0, a0);
+        a1 = at::vec::fmadd(qa, k1, a1);
+        b0 = at::vec::fmadd(qb, k0, b0);
+        b1 = at::vec::fmadd(qb, k1, b1);
+        c0 = at::vec::fmadd(qc, k0, c0);
+        c1 = at::vec::fmadd(qc, k1, c1);
+        d0 = at::vec::fmadd(qd, k0, d0);
+        d1 = at::vec::fmadd(qd, k1, d1);
       }
-      if (dim % 2 == 1) {
-        const int64_t x = dim - 1;
-        const Vec k0 = Vec::loadu(kt.data() + x * W);
-        a0 = at::vec::fmadd(Vec(q0[x]), k0, a0);
-        b0 = at::vec::fmadd(Vec(q0[dim + x]), k0, b0);
-        c0 = at::vec::fmadd(Vec(q0[2 * dim + x]), k0, c0);
-        d0 = at::vec::fmadd(Vec(q0[3 * dim + x]), k0, d0);
-      }
-      (a0 + a1).store(tile_scores.data() + r * W);
-      (b0 + b1).store(tile_scores.data() + (r + 1) * W);
-      (c0 + c1).store(tile_scores.data() + (r + 2) * W);
-      (d0 + d1).store(tile_scores.data() + (r + 3) * W);
+      float* ts = tile_scores.data() + r * T;
+      a0.store(ts);
+      a1.store(ts + W);
+      b0.store(ts + T);
+      b1.store(ts + T + W);
+      c0.store(ts + 2 * T);
+      c1.store(ts + 2 * T + W);
+      d0.store(ts + 3 * T);
+      d1.store(ts + 3 * T + W);
     }
     for (; r < rows; ++r) {
       const float* qr = qs.data() + r * dim;
       Vec s0(0.f), s1(0.f);
-      int64_t x = 0;
-      for (; x + 1 < dim; x += 2) {
-        s0 = at::vec::fmadd(Vec(qr[x]), Vec::loadu(kt.data() + x * W), s0);
-        s1 = at::vec::fmadd(Vec(qr[x + 1]), Vec::loadu(kt.data() + (x + 1) * W), s1);
+      for (int64_t x = 0; x < dim; ++x) {
+        const Vec qx(qr[x]);
+        s0 = at::vec::fmadd(qx, Vec::loadu(kt.data() + x * T), s0);
+        s1 = at::vec::fmadd(qx, Vec::loadu(kt.data() + x * T + W), s1);
       }
-      if (x < dim) s0 = at::vec::fmadd(Vec(qr[x]), Vec::loadu(kt.data() + x * W), s0);
-      (s0 + s1).store(tile_scores.data() + r * W);
+      s0.store(tile_scores.data() + r * T);
+      s1.store(tile_scores.data() + r * T + W);
     }
+    // each row's softmax over the tile: its weights (zero for keys it does not see), the
+    // factor that rescales what it summed so far, and how many keys it sees
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t pos = start + first + r / group;  // this row's position
-      if (t0 > pos) continue;                         // every key of the tile is ahead of it
+      float* w = probs.data() + r * T;
+      if (t0 > pos) {  // every key of the tile is ahead of it
+        Vec(0.f).store(w);
+        Vec(0.f).store(w + W);
+        rescales[r] = 1.f;
+        seen_by[r] = 0;
+        continue;
+      }
       const int64_t seen = std::min(m, pos - t0 + 1);  // keys of the tile it sees
-      Vec scores = Vec::loadu(tile_scores.data() + r * W);
-      if (seen < W) {  // keys ahead of the row (or past the end) weigh nothing
-        scores = Vec::set(Vec(-std::numeric_limits<float>::infinity()), scores, seen);
+      const Vec none(-std::numeric_limits<float>::infinity());
+      Vec s0 = Vec::loadu(tile_scores.data() + r * T), s1 = Vec::loadu(tile_scores.data() + r * T + W);
+      if (seen <= W) {  // keys ahead of the row (or past the end) weigh nothing
+        s1 = none;
+        if (seen < W) s0 = Vec::set(none, s0, seen);
+      } else if (seen < T) {
+        s1 = Vec::set(none, s1, seen - W);
       }
       const float best = std::max(
           top[r], at::vec::vec_reduce_all<float>(
-                      [](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, scores));
+                      [](Vec& a, Vec& b) { return at::vec::maximum(a, b); },
+                      at::vec::maximum(s0, s1)));
       const float rescale = std::exp(top[r] - best);  // exp(-inf) = 0 at the first tile
-      const Vec weights = (scores - Vec(best)).exp();
-      weights.store(p.data());
-      float* a = acc.data() + r * dim;
+      const Vec w0 = (s0 - Vec(best)).exp(), w1 = (s1 - Vec(best)).exp();
+      w0.store(w);
+      w1.store(w + W);
       top[r] = best;
       sum[r] = sum[r] * rescale +
-               at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, weights);
+               at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, w0 + w1);
+      rescales[r] = rescale;
+      seen_by[r] = seen;
+    }
+    // the weighted values into each row's accumulator. With a vector-sized head dim, four
+    // rows at a time, each value vector loaded once for the four; a row that sees fewer keys
+    // than its neighbours adds their values times an exact zero, which changes nothing, so a
+    // row's sums are the same whichever rows share its four
+    int64_t r4 = 0;
+    if constexpr (D > 0) {
+      constexpr int64_t kParts = D / W;
+      for (; r4 + 4 <= rows; r4 += 4) {
+        const int64_t seen = std::max(std::max(seen_by[r4], seen_by[r4 + 1]),
+                                      std::max(seen_by[r4 + 2], seen_by[r4 + 3]));
+        if (seen == 0) continue;  // rescales of 1 and no keys: nothing changes
+        const float* p0 = probs.data() + r4 * T;
+        const float* p1 = p0 + T;
+        const float* p2 = p1 + T;
+        const float* p3 = p2 + T;
+        float* a0 = acc.data() + r4 * dim;
+        for (int64_t c = 0; c < kParts; ++c) {
+          // even and odd keys into separate accumulators: twice the independent chains
+          Vec o0 = Vec::loadu(a0 + c * W) * Vec(rescales[r4]);
+          Vec o1 = Vec::loadu(a0 + dim + c * W) * Vec(rescales[r4 + 1]);
+          Vec o2 = Vec::loadu(a0 + 2 * dim + c * W) * Vec(rescales[r4 + 2]);
+          Vec o3 = Vec::loadu(a0 + 3 * dim + c * W) * Vec(rescales[r4 + 3]);
+          Vec e0(0.f), e1(0.f), e2(0.f), e3(0.f);
+          int64_t t = 0;
+          for (; t + 1 < seen; t += 2) {
+            const Vec v0 = Vec::loadu(values[t] + c * W), v1 = Vec::loadu(values[t + 1] + c * W);
+            o0 = at::vec::fmadd(Vec(p0[t]), v0, o0);
+            e0 = at::vec::fmadd(Vec(p0[t + 1]), v1, e0);
+            o1 = at::vec::fmadd(Vec(p1[t]), v0, o1);
+            e1 = at::vec::fmadd(Vec(p1[t + 1]), v1, e1);
+            o2 = at::vec::fmadd(Vec(p2[t]), v0, o2);
+            e2 = at::vec::fmadd(Vec(p2[t + 1]), v1, e2);
+            o3 = at::vec::fmadd(Vec(p3[t]), v0, o3);
+            e3 = at::vec::fmadd(Vec(p3[t + 1]), v1, e3);
+          }
+          if (t < seen) {
+            const Vec v0 = Vec::loadu(values[t] + c * W);
+            o0 = at::vec::fmadd(Vec(p0[t]), v0, o0);
+            o1 = at::vec::fmadd(Vec(p1[t]), v0, o1);
+            o2 = at::vec::fmadd(Vec(p2[t]), v0, o2);
+            o3 = at::vec::fmadd(Vec(p3[t]), v0, o3);
+          }
+          (o0 + e0).store(a0 + c * W);
+          (o1 + e1).store(a0 + dim + c * W);
+          (o2 + e2).store(a0 + 2 * dim + c * W);
+          (o3 + e3).store(a0 + 3 * dim + c * W);
+        }
+      }
+    }
+    for (int64_t r = r4; r < rows; ++r) {  // the rest one row at a time, as the four do
+      const int64_t seen = seen_by[r];
+      if (seen == 0) continue;
+      const float* w = probs.data() + r * T;
+      float* a = acc.data() + r * dim;
+      const float rescale = rescales[r];
       if constexpr (D > 0) {
         constexpr int64_t kParts = D / W;
-        // even and odd keys into separate accumulators: twice the independent chains
         Vec o[kParts], e[kParts];
         for (int64_t c = 0; c < kParts; ++c) {
           o[c] = Vec::loadu(a + c * W) * Vec(rescale);
@@ -330,16 +401,14 @@ void prefill_task(const float* q, int64_t q_stride, const float* k, const float*
         }
         int64_t t = 0;
         for (; t + 1 < seen; t += 2) {
-          const float* v0 = values[t];
-          const float* v1 = values[t + 1];
-          const Vec w0(p[t]), w1(p[t + 1]);
+          const Vec w0(w[t]), w1(w[t + 1]);
           for (int64_t c = 0; c < kParts; ++c) {
-            o[c] = at::vec::fmadd(w0, Vec::loadu(v0 + c * W), o[c]);
-            e[c] = at::vec::fmadd(w1, Vec::loadu(v1 + c * W), e[c]);
+            o[c] = at::vec::fmadd(w0, Vec::loadu(values[t] + c * W), o[c]);
+            e[c] = at::vec::fmadd(w1, Vec::loadu(values[t + 1] + c * W), e[c]);
           }
         }
         if (t < seen) {
-          const Vec w0(p[t]);
+          const Vec w0(w[t]);
           for (int64_t c = 0; c < kParts; ++c) {
             o[c] = at::vec::fmadd(w0, Vec::loadu(values[t] + c * W), o[c]);
           }
@@ -349,7 +418,7 @@ void prefill_task(const float* q, int64_t q_stride, const float* k, const float*
         for (int64_t y = 0; y < dim; ++y) a[y] *= rescale;
         for (int64_t t = 0; t < seen; ++t) {
           const float* value = values[t];
-          for (int64_t y = 0; y < dim; ++y) a[y] += p[t] * value[y];
+          for (int64_t y = 0; y < dim; ++y) a[y] += w[t] * value[y];
         }
       }
     }
