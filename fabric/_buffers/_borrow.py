@@ -20,6 +20,7 @@ A segment the owner freed while a peer borrows part of it is not lent out again
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import struct
@@ -42,7 +43,7 @@ def _lock(fd: int, kind: int, start: int, length: int) -> bool:
     try:
         fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, start, length, 0))
     except OSError as exc:
-        if exc.errno in (11, 13):  # EAGAIN, EACCES: held by another open
+        if exc.errno in (errno.EAGAIN, errno.EACCES):  # held by another open
             return False
         raise
     return True
