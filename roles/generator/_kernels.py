@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DecodeAttention", "Kernels", "decode_attention", "kernel_status", "kernels"]
+__all__ = ["DecodeAttention", "Kernels", "kernel_status", "kernels"]
 
 log = logging.getLogger(__name__)
 
@@ -173,12 +173,6 @@ def kernels() -> Kernels | None:
             else:
                 _ops = built
         return _ops
-
-
-def decode_attention() -> DecodeAttention | None:
-    """The paged decode attention op of :func:`kernels`, or ``None``."""
-    ops = kernels()
-    return None if ops is None else ops.decode_attention
 
 
 def kernel_status() -> str | None:

@@ -19,7 +19,7 @@ import torch
 
 from orchestr.roles._common._hf._layers import Attention, CausalLM, DecoderLayer
 
-from ._kernels import DecodeAttention, Kernels, kernels
+from ._kernels import Kernels, kernels
 from ._linears import Linears
 from ._mirror import DecodeMirror
 from ._scheduler import Seq, Step
@@ -117,6 +117,8 @@ class PagedRunner:
         self.kv = kv
         self.linears = Linears(model, packed)
         cfg, keys = model.config, kv.keys[0]
+        #: orchestr's kernels where they run (:meth:`_fused`), else ``None`` (torch's ops and
+        #: the decode mirror: :meth:`_unfused`)
         self.ops: Kernels | None = None
         if attention != "torch":
             fits = keys.device.type == "cpu" and keys.dtype == torch.float32
@@ -124,10 +126,6 @@ class PagedRunner:
             if attention == "kernel" and self.ops is None:
                 why = "it takes float32 on the CPU" if not fits else "it is not built"
                 raise ValueError(f"the paged attention kernel cannot run here: {why}")
-        #: the decode attention kernel in use, or ``None`` (torch's attention, the mirror)
-        self.kernel: DecodeAttention | None = (
-            None if self.ops is None else self.ops.decode_attention
-        )
         self._cos = self._sin = torch.zeros(0, device=keys.device)
         self.mirror = DecodeMirror(
             cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, keys.dtype, keys.device

@@ -21,7 +21,6 @@ from orchestr.roles._common._hf._layers import Attention, RMSNorm, Rotary
 from orchestr.roles.generator._kernels import (
     DecodeAttention,
     Kernels,
-    decode_attention,
     kernel_status,
     kernels,
 )
@@ -33,9 +32,9 @@ def op() -> DecodeAttention:
     # the machines this runs on have a compiler: a kernel that fails to build is a failure,
     # not a quiet fall back to torch's attention
     assert kernel_status() is None
-    kernel = decode_attention()
-    assert kernel is not None
-    return kernel
+    ops = kernels()
+    assert ops is not None
+    return ops.decode_attention
 
 
 def case(
@@ -147,7 +146,7 @@ def test_turned_off_the_engine_attends_with_torch_and_says_why(tmp_path: pathlib
         "import sys\n"
         "model = models.load_model(models.make_tiny('llama', sys.argv[1]))\n"
         "runner = PagedRunner(model, PagedKV(model, 8, 4))\n"
-        "print(kernel_status(), runner.kernel)\n"
+        "print(kernel_status(), runner.ops)\n"
         "try:\n"
         "    PagedRunner(model, PagedKV(model, 8, 4), attention='kernel')\n"
         "except ValueError as exc:\n"

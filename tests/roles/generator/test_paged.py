@@ -49,7 +49,7 @@ def test_greedy_decoding_over_the_paged_cache_matches_transformers(
     pool = BlockPool(blocks, 4)
     runner = PagedRunner(model, PagedKV(model, blocks, 4), packed=packed, attention=attention)
     assert runner.linears.packed is (packed is not False)  # this CPU packs
-    assert (runner.kernel is None) is (attention == "torch")  # and builds the kernel
+    assert (runner.ops is None) is (attention == "torch")  # and builds the kernel
     sched = Scheduler(pool, max_batch=4, token_budget=budget, extra_keys=(arch, 0))
     seqs = [Seq(str(i), tok.encode(t, special=True), 64) for i, t in enumerate(TEXTS)]
     for seq in seqs:
