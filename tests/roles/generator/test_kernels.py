@@ -77,6 +77,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.T
         (4, 4, 128, 16),  # no grouping, the other vectorised head dim
         (8, 1, 64, 4),  # one kv head for all (multi-query)
         (6, 2, 48, 5),  # groups of 3; a head dim off the vectorised path; odd blocks
+        (2, 2, 32, 16),  # the RL example's model (head dim 32, unrolled)
     ],
 )
 def test_the_kernel_equals_torch_attention_over_the_gathered_blocks(
@@ -245,7 +246,7 @@ def test_swiglu_activation_and_residual_norm_against_torch(ops: Kernels) -> None
 
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim", "size"),
-    [(8, 4, 64, 16), (4, 4, 128, 16), (8, 1, 64, 4), (6, 2, 48, 5)],
+    [(8, 4, 64, 16), (4, 4, 128, 16), (8, 1, 64, 4), (6, 2, 48, 5), (2, 2, 32, 16)],
 )
 def test_prefill_chunks_attend_causally_as_torch_does(
     ops: Kernels, heads: int, kv_heads: int, dim: int, size: int
