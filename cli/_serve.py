@@ -42,6 +42,14 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _labels(text: str) -> dict[str, str] | None:
+    """``"k=v,k2=v2"`` as a dict; ``None`` when it is not that."""
+    pairs = [item.partition("=") for item in text.split(",")]
+    if any(not k or not sep or not v for k, sep, v in pairs):
+        return None
+    return {k: v for k, _, v in pairs}
+
+
 def _check(args: argparse.Namespace) -> str | None:
     """What is wrong with the options, if anything."""
     folder = args.model_dir
@@ -58,6 +66,15 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--restarts must be 0 or more, got {args.restarts}"
     if args.kv_store_blocks < 0:
         return f"--kv-store-blocks must be 0 or more, got {args.kv_store_blocks}"
+    if args.prefill < 0:
+        return f"--prefill must be 0 or more, got {args.prefill}"
+    if args.prefill and args.engine != "native":
+        return "--prefill hands off the native engine's KV blocks; --engine vllm cannot"
+    if not args.prefill and (args.prefill_min_tokens or args.prefill_labels):
+        return "--prefill-min-tokens and --prefill-labels apply with --prefill P"
+    for flag in ("prefill_labels", "decode_labels"):
+        if getattr(args, flag) is not None and _labels(getattr(args, flag)) is None:
+            return f"--{flag.replace('_', '-')} is K=V pairs separated by commas"
     if args.kv_store_blocks and args.engine != "native":
         return "--kv-store-blocks backs the native engine's prefix cache; --engine vllm has its own"
     return None
@@ -84,6 +101,13 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
         restarts=args.restarts,
         options=options,
         kv_store_blocks=args.kv_store_blocks,
+        prefill=args.prefill,
+        **({"prefill_min_tokens": args.prefill_min_tokens} if args.prefill_min_tokens else {}),
+        placement={
+            pool: {"labels": _labels(text)}
+            for pool, text in (("prefill", args.prefill_labels), ("decode", args.decode_labels))
+            if text
+        },
     ) as app:
         config = uvicorn.Config(
             app,
@@ -103,9 +127,11 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
         if server.started:
             port = server.servers[0].sockets[0].getsockname()[1]
             name = (args.served_model_name or [args.model_dir])[0]
+            pools = f"{args.generators} {args.engine} generator(s)"
+            if args.prefill:
+                pools = f"{args.prefill} prefill + {args.generators} decode generator(s)"
             print(
-                f"serving {name} on http://{args.host}:{port}/v1 with "
-                f"{args.generators} {args.engine} generator(s), router {args.router}",
+                f"serving {name} on http://{args.host}:{port}/v1 with {pools}, router {args.router}",
                 flush=True,
             )
         await task  # until SIGINT or SIGTERM, or it fails to bind
@@ -172,7 +198,40 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
         "serve", help="serve a checkpoint over OpenAI's API (completions, chat, streaming)"
     )
     p.add_argument("model_dir", metavar="MODEL_DIR", help="a Hugging Face format model folder")
-    p.add_argument("--generators", type=_positive, default=1, help="generator actors (default 1)")
+    p.add_argument(
+        "--generators",
+        "--decode",
+        type=_positive,
+        default=1,
+        help="generator actors (default 1); with --prefill, the decode pool",
+    )
+    p.add_argument(
+        "--prefill",
+        type=int,
+        default=0,
+        metavar="P",
+        help="prefill generators: prompts are computed there and their KV handed to the "
+        "decode pool (native engine; default 0: every generator does both)",
+    )
+    p.add_argument(
+        "--prefill-min-tokens",
+        type=_positive,
+        default=None,
+        metavar="T",
+        help="with --prefill, shorter prompts are prefilled where they decode (default 64)",
+    )
+    p.add_argument(
+        "--prefill-labels",
+        default=None,
+        metavar="K=V,...",
+        help="node labels the prefill generators are placed on",
+    )
+    p.add_argument(
+        "--decode-labels",
+        default=None,
+        metavar="K=V,...",
+        help="node labels the other generators (decode, or all without --prefill) are placed on",
+    )
     p.add_argument(
         "--engine",
         choices=sorted(ENGINES),

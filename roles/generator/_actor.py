@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import os
 import secrets
-import time
 from collections import deque
 from typing import Any
 
@@ -28,20 +27,22 @@ import torch
 import orchestr as oc
 from orchestr.roles._common._backend import BackendSpec, choose_backend
 from orchestr.roles._common._factory import DEFAULT_MODEL
-from orchestr.roles._common._weights import WeightLoader, WeightsRef
+from orchestr.roles._common._weights import WeightLoader
 
-from ._build import build_engine, in_thread, read_staged
-from ._kvlink import close_store, fetch_stored, with_store
+from ._build import build_engine, in_thread
+from ._handoff import HandoffEndpoints
+from ._kvlink import close_store, with_store
 from ._metrics import EngineMetrics
 from ._streams import Streams
 from ._types import Completion, Request, Updates, as_request
+from ._weight_endpoints import WeightEndpoints
 
 __all__ = ["Completion", "Generator", "Request"]
 
 log = structlog.get_logger("orchestr.roles.generator")
 
 
-class Generator(oc.Actor):
+class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
     """Hosts a causal LM built by ``model_factory`` (``"module:callable"``, called with
     ``model_kwargs`` after ``torch.manual_seed(seed)``; default :class:`~orchestr.roles.TinyLM`) and
     serves requests with continuous batching of up to ``max_batch``. ``version`` is the
@@ -55,7 +56,9 @@ class Generator(oc.Actor):
     ``num_blocks``, ``block_size``, ``token_budget``, ``on_new_weights``, ``packed``,
     ``attention``) or ``"vllm"`` (vLLM's engine in this process, with the ``vllm`` extra;
     ``vllm`` gives ``EngineArgs`` options). ``kv_store`` (a :class:`~orchestr.roles.KVStore` mesh; paged
-    engine) backs the prefix cache: cached blocks are offloaded, stored prefixes onboarded."""
+    engine) backs the prefix cache: cached blocks are offloaded, stored prefixes onboarded.
+    A paged generator also hands prompts' KV to others (:mod:`._handoff`: :meth:`prefill`
+    there, ``kv_from`` here); ``on_handoff_failure`` is what a failed read does here."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -80,6 +83,7 @@ class Generator(oc.Actor):
         vllm: dict[str, Any] | None = None,
         model: str | None = None,
         kv_store: Any = None,
+        on_handoff_failure: str = "recompute",
     ) -> None:
         if model is not None and checkpoint not in (None, model):
             raise oc.ConfigError("give the checkpoint once: model= or checkpoint=")
@@ -97,8 +101,10 @@ class Generator(oc.Actor):
             pad_id=pad_id, max_seq_len=max_seq_len, vocab_size=vocab_size,
         )  # fmt: skip
         self._engine = with_store(self._engine, kv_store, checkpoint or model_factory)
+        self._init_handoff(on_handoff_failure)
         self._metrics = EngineMetrics(
             self._engine,
+            extra=(self._holds.counts, self._handoff_counts),
             model_name=checkpoint or model_factory,
             engine_name=f"{self.mesh_name}[{self.rank}]",
         )
@@ -118,7 +124,9 @@ class Generator(oc.Actor):
 
     # -- endpoints ---------------------------------------------------------------------------
     @oc.endpoint(concurrent=True)
-    async def submit(self, requests: list[Any], stream: str | None = None) -> None:
+    async def submit(
+        self, requests: list[Any], stream: str | None = None, kv_from: dict[str, Any] | None = None
+    ) -> None:
         """Queue requests (``Request`` or dicts of its fields); their completions arrive
         through :meth:`next_completed`, or, with ``stream`` (a reader's name), token by token
         through that reader's :meth:`updates`. Blocks at most for the step in progress.
@@ -129,9 +137,7 @@ class Generator(oc.Actor):
         if stream is not None:
             self._streams.reader(stream)
         self._ensure_running()
-        await fetch_stored(self._engine, reqs)
-        async with self._lock:
-            self._engine.submit(reqs)
+        async with self._entering(reqs, kv_from):
             if stream is not None:
                 self._streams.add(stream, [r.id for r in reqs])
         self._wake.set()
@@ -188,7 +194,9 @@ class Generator(oc.Actor):
         return out
 
     @oc.endpoint(concurrent=True)
-    async def generate(self, requests: list[Any]) -> list[Completion]:
+    async def generate(
+        self, requests: list[Any], kv_from: dict[str, Any] | None = None
+    ) -> list[Completion]:
         """Submit ``requests`` and return their completions in request order, when all are
         done. They do not appear in :meth:`next_completed`. Cancelling the call cancels the
         requests still running.
@@ -199,9 +207,7 @@ class Generator(oc.Actor):
         reqs = [as_request(r) for r in requests]
         self._ensure_running()
         loop = asyncio.get_running_loop()
-        await fetch_stored(self._engine, reqs)
-        async with self._lock:
-            self._engine.submit(reqs)
+        async with self._entering(reqs, kv_from):
             futures = {r.id: loop.create_future() for r in reqs}
             self._claimed.update(futures)
         self._wake.set()
@@ -223,53 +229,9 @@ class Generator(oc.Actor):
         and a repeated call says which."""
         self._ensure_running()
         async with self._lock:
-            completion = self._engine.cancel(request_id)
+            completion: Completion = self._engine.cancel(request_id)
             self._streams.drop(request_id)
             return completion
-
-    @oc.endpoint(concurrent=True)
-    async def load_weights(self, state: dict[str, Any], version: int) -> None:
-        """Load a state dict whose values are tensors or :class:`orchestr.Buffer` handles
-        (read into staging tensors shaped like the model's, before anything is copied) and
-        make ``version`` current. Tokens of the next step carry it; pause first for a clean
-        cut. Raises ``ValueError`` if the state does not fit (weights unchanged).
-
-        Blocks on the reads and the step in progress. A cancellation during the reads applies
-        nothing; once the copy runs (in a worker thread) it finishes, and ``version`` becomes
-        current although the call was cancelled."""
-        self._ensure_running()
-        tensors = await read_staged(self._weights.shapes(), state)
-        async with self._lock:
-            await in_thread(self._engine.load_weights, tensors, version, threads=self._threads)
-        log.info("weights loaded", version=version)
-
-    @oc.endpoint(concurrent=True)
-    async def sync_weights(self, ref: WeightsRef) -> dict[str, Any]:
-        """Load the version ``ref`` names straight from its publisher's buffers (bucketed
-        reads over the data plane, each bucket's checksum verified before anything is copied)
-        and make it current. Blocks on the step in progress (waits for it to end); requests
-        in flight keep going under the new weights, their next tokens carrying the new version.
-
-        Returns ``version``, ``loaded`` (False when that version was already current),
-        ``seconds`` (the load itself), ``wait_s`` (for the step in progress before it),
-        ``bytes`` and the ``transports`` the reads used. Raises the loader's errors
-        (:class:`StaleWeightsError`, :class:`ChecksumMismatchError`...), weights unchanged.
-
-        Cancel-safe: the reads are checked before the copy, and the copy runs without a pause,
-        so a cancelled call loaded all of the version or none of it."""
-        self._ensure_running()
-        if not isinstance(ref, WeightsRef):
-            raise TypeError(f"sync_weights takes a WeightsRef, got {type(ref).__name__}")
-        asked = time.perf_counter()
-        async with self._lock:
-            t0 = time.perf_counter()
-            loaded = await self._weights.sync(self._loader, ref)
-            self._engine.set_version(ref.version, rewind=self._rewind)
-            self._rewind = False
-        seconds = time.perf_counter() - t0
-        log.info("weights synced", version=ref.version, loaded=loaded, seconds=seconds)
-        return {"version": ref.version, "loaded": loaded, "seconds": seconds, "wait_s": t0 - asked,
-                "bytes": ref.nbytes, "transports": sorted(self._loader.transports)}  # fmt: skip
 
     @oc.endpoint(concurrent=True)
     async def reset(self) -> dict[str, Any]:
@@ -300,14 +262,6 @@ class Generator(oc.Actor):
         return {"dropped": dropped, "token": self._token}
 
     @oc.endpoint(concurrent=True)
-    async def digest(self) -> dict[str, Any]:
-        """The weights' digest (equal to the trainer's when bitwise equal) and version.
-        Blocks on hashing the weights (between steps); raises nothing; cancel-safe."""
-        async with self._lock:
-            digest, version = self._weights.digest(), self._engine.version
-        return {"digest": digest, "version": version, "backend": self._backend.describe()}
-
-    @oc.endpoint(concurrent=True)
     async def pause(self) -> None:
         """Stop stepping after the step in progress (returns when it has ended). Running
         requests keep their tokens and continue after :meth:`resume`. Idempotent.
@@ -328,10 +282,16 @@ class Generator(oc.Actor):
 
     @oc.endpoint(concurrent=True)
     async def stats(self) -> dict[str, Any]:
-        """The engine's counters plus ``ready`` (completions waiting for next_completed).
-        Blocks on nothing; raises nothing; cancel-safe."""
+        """The engine's counters plus ``ready`` (completions waiting for next_completed),
+        the KV handoffs' counters and ``held`` (their leases held here now). Blocks on
+        nothing; raises nothing; cancel-safe."""
         async with self._lock:
-            return {**dataclasses.asdict(self._engine.stats()), "ready": len(self._ready)}
+            handoffs = {**self._holds.counts, **self._handoff_counts, "held": self._holds.leases}
+            return {
+                **dataclasses.asdict(self._engine.stats()),
+                "ready": len(self._ready),
+                **handoffs,
+            }
 
     @oc.endpoint(concurrent=True)
     async def aclose(self) -> None:
@@ -343,6 +303,7 @@ class Generator(oc.Actor):
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         await close_store(self._engine)
+        await self._stop_expiring()
         self._fail_waiters(oc.ClosedResourceError("the generator was closed"))
 
     # -- the engine loop ---------------------------------------------------------------------
@@ -376,6 +337,7 @@ class Generator(oc.Actor):
                     self._abandoned.clear()
                     finished = await in_thread(self._engine.step, threads=self._threads)
                     self._metrics.publish()
+                    self._holds.after_step(self._engine, finished)
                     finished = self._streams.after_step(self._engine, finished)
                 for c in finished:
                     future = self._claimed.pop(c.id, None)

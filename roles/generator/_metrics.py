@@ -16,11 +16,18 @@ name                                   kind       meaning
 ``vllm:prefix_cache_queries``          counter    prompt tokens looked up in the prefix cache
 ``vllm:prefix_cache_hits``             counter    of those, found there
 ``vllm:num_preemptions``               counter    sequences preempted (recomputed later)
+``orchestr:kv_transfers``              counter    prefilled KV handed here and read
+``orchestr:kv_transfer_bytes``         counter    the bytes of those reads
+``orchestr:kv_transfer_seconds``       counter    seconds reading them (each lease's end too)
+``orchestr:kv_transfer_failures``      counter    reads failed or leases expired first
+``orchestr:kv_handoff_leases``         counter    prompts prefilled here for another generator
+``orchestr:kv_handoff_expired``        counter    of their leases, those no reader ended
 =====================================  =========  ==============================================
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from orchestr import metrics
@@ -44,6 +51,12 @@ _COUNTERS = {
     "vllm:prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
     "vllm:prefix_cache_hits": "Prompt tokens found in the prefix cache.",
     "vllm:num_preemptions": "Sequences preempted, to be recomputed.",
+    "orchestr:kv_transfers": "Requests whose prefilled KV was read from another generator.",
+    "orchestr:kv_transfer_bytes": "Bytes of prefilled KV read from other generators.",
+    "orchestr:kv_transfer_seconds": "Seconds spent reading prefilled KV, each lease's end too.",
+    "orchestr:kv_transfer_failures": "Prefilled KV reads that failed or found the lease expired.",
+    "orchestr:kv_handoff_leases": "Prompts prefilled here and held for another generator.",
+    "orchestr:kv_handoff_expired": "Held prefills whose lease expired before a reader ended it.",
 }
 
 
@@ -59,8 +72,16 @@ class EngineMetrics:
     """Publishes one engine's metrics; :meth:`publish` after each step (a few dict updates
     and one histogram bucket per token)."""
 
-    def __init__(self, engine: _Engine, *, model_name: str, engine_name: str) -> None:
+    def __init__(
+        self,
+        engine: _Engine,
+        *,
+        model_name: str,
+        engine_name: str,
+        extra: tuple[Mapping[str, float], ...] = (),
+    ) -> None:
         self.engine = engine
+        self.extra = extra  # counters kept beside the engine, read at each publish
         self.tags = {"model_name": model_name, "engine": engine_name}
         self._running = metrics.Gauge(
             "vllm:num_requests_running", "Requests in the running batch.", TAGS
@@ -98,6 +119,8 @@ class EngineMetrics:
         for t in itl:
             self._itl.observe(t, self.tags)
         now = self.engine.metrics()  # the recompute engine has none of these
+        for counts in self.extra:
+            now = {**now, **counts}
         if "vllm:kv_cache_usage_perc" in now:
             self._usage.set(now["vllm:kv_cache_usage_perc"], self.tags)
         for name in _COUNTERS:

@@ -17,6 +17,7 @@ from typing import Literal, cast
 
 import torch
 
+from orchestr import fabric
 from orchestr.roles._common._hf._layers import Attention, CausalLM, DecoderLayer
 
 from ._kernels import Kernels, kernels
@@ -24,7 +25,7 @@ from ._linears import Linears
 from ._mirror import DecodeMirror
 from ._scheduler import Seq, Step
 
-__all__ = ["AttentionMode", "PagedKV", "PagedRunner"]
+__all__ = ["AttentionMode", "PagedKV", "PagedRunner", "block_spans"]
 
 #: How decodes attend: ``"kernel"``, orchestr's paged kernel (:mod:`._kernels`: float32 on
 #: the CPU) reading the block pool; ``"torch"``, torch's attention over a
@@ -33,7 +34,12 @@ AttentionMode = Literal["auto", "kernel", "torch"]
 
 
 class PagedKV:
-    """The cache's tensors for ``model``: ``num_blocks`` blocks of ``block_size`` tokens."""
+    """The cache's tensors for ``model``: ``num_blocks`` blocks of ``block_size`` tokens.
+
+    Every layer's keys, then every layer's values, lie end to end in one region,
+    :attr:`memory`: on the CPU it is shared memory (:func:`orchestr.fabric.empty`), so a
+    :class:`~orchestr.Buffer` over it lets a peer read blocks one-sided (:meth:`spans` says
+    where they are) while this process keeps computing."""
 
     def __init__(
         self,
@@ -47,11 +53,38 @@ class PagedKV:
         cfg = model.config
         weight = model.lm_head.weight
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
-        dtype, device = dtype or weight.dtype, device or weight.device
+        dtype, device = dtype or weight.dtype, torch.device(device or weight.device)
         self.block_size = block_size
-        layers = range(cfg.num_hidden_layers)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in layers]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in layers]
+        layers = cfg.num_hidden_layers
+        per = num_blocks * block_size * cfg.num_key_value_heads * cfg.head_dim
+        self.memory: torch.Tensor
+        if device.type == "cpu":
+            self.memory = fabric.empty(2 * layers * per, dtype=dtype).zero_()
+        else:
+            self.memory = torch.zeros(2 * layers * per, dtype=dtype, device=device)
+        planes = [self.memory[i * per : (i + 1) * per].view(shape) for i in range(2 * layers)]
+        self.keys, self.values = planes[:layers], planes[layers:]
+
+    def spans(self, blocks: list[int]) -> list[tuple[int, int, int]]:
+        """:func:`block_spans` of ``blocks`` in :attr:`memory`."""
+        plane = self.keys[0]
+        row = plane[0].numel() * plane.element_size()
+        return block_spans(blocks, 2 * len(self.keys), plane.shape[0] * row, row)
+
+    def load_rows(self, blocks: list[int], rows: torch.Tensor) -> None:
+        """Write a copy laid out as :meth:`spans` reads it (``rows``: flat bytes, or any
+        tensor of that many bytes) into ``blocks``. Raises ``ValueError`` for another size."""
+        if not blocks:
+            return
+        first = self.keys[0]
+        nbytes = 2 * len(self.keys) * len(blocks) * first[0].numel() * first.element_size()
+        if rows.numel() * rows.element_size() != nbytes:
+            raise ValueError(f"{len(blocks)} blocks are {nbytes} bytes here")
+        planes = rows.reshape(-1).view(torch.uint8).view(first.dtype)
+        planes = planes.reshape(2 * len(self.keys), len(blocks), *first.shape[1:]).to(first.device)
+        index = torch.tensor(blocks, device=first.device)
+        for plane, t in zip(planes, (*self.keys, *self.values), strict=True):
+            t.index_copy_(0, index, plane)
 
     @property
     def nbytes(self) -> int:
@@ -297,6 +330,29 @@ class PagedRunner:
             half = cos.shape[-1] // 2
             self._cos, self._sin = cos[:, :half].contiguous(), sin[:, :half].contiguous()
         return self._cos, self._sin
+
+
+def block_spans(
+    blocks: list[int], planes: int, plane_bytes: int, row_bytes: int
+) -> list[tuple[int, int, int]]:
+    """Where ``blocks`` lie in a :class:`PagedKV`'s memory of ``planes`` layer planes (every
+    layer's keys, then every layer's values) of ``plane_bytes`` each, a block being
+    ``row_bytes`` of each plane: ``(offset, nbytes, at)`` per plane per run of consecutive
+    block ids, ``at`` being where the span goes in a copy laid out as
+    :meth:`PagedKV.load_rows` takes it (each plane's blocks in ``blocks``' order). So blocks
+    allocated one after another are ``planes`` spans, whatever their number."""
+    runs: list[list[int]] = []  # [first block, count, index in blocks]
+    for i, b in enumerate(blocks):
+        if runs and runs[-1][0] + runs[-1][1] == b:
+            runs[-1][1] += 1
+        else:
+            runs.append([b, 1, i])
+    n = len(blocks)
+    return [
+        (p * plane_bytes + first * row_bytes, count * row_bytes, (p * n + at) * row_bytes)
+        for p in range(planes)
+        for first, count, at in runs
+    ]
 
 
 @dataclass

@@ -192,19 +192,65 @@ class PagedEngine(Pausable):
         return keys, self._sched.cached_run(keys)
 
     def adopt(
-        self, prompt: list[int], keys: list[bytes], start: int, data: list[torch.Tensor]
+        self,
+        prompt: list[int],
+        keys: list[bytes],
+        start: int,
+        data: list[torch.Tensor] | torch.Tensor,
     ) -> int:
-        """Enter blocks of ``prompt`` read from a store: ``data[i]`` holds the keys and values
-        of ``keys[start + i]`` (:meth:`prefix_plan`'s keys, under the current weights). Those
-        cached here meanwhile are skipped; none when the blocks before ``start`` are not
-        cached any more, fewer when the pool has fewer free blocks. Returns the tokens
-        entered. Call between steps."""
-        size = self.block_nbytes
-        if any(d.numel() * d.element_size() != size for d in data):
-            raise ValueError(f"a block of this engine is {size} bytes")
-        first, blocks = self._sched.adopt(keys, prompt, start, len(data))
-        self._kv.load(blocks, data[first - start : first - start + len(blocks)])
+        """Enter blocks of ``prompt`` read from elsewhere: ``data`` holds the keys and values
+        of ``keys[start:]`` (:meth:`prefix_plan`'s keys, under the current weights), one
+        tensor per block as :meth:`take_offload` gives them, or one copy of all of them laid
+        out as :meth:`kv_spans` reads it. Those cached here meanwhile are skipped; none when
+        the blocks before ``start`` are not cached any more, fewer when the pool has fewer
+        free blocks. Returns the tokens entered. Call between steps."""
+        if isinstance(data, torch.Tensor):
+            count = data.numel() * data.element_size() // self.block_nbytes
+            if count * self.block_nbytes != data.numel() * data.element_size():
+                raise ValueError(f"a block of this engine is {self.block_nbytes} bytes")
+        else:
+            count = len(data)
+            if any(d.numel() * d.element_size() != self.block_nbytes for d in data):
+                raise ValueError(f"a block of this engine is {self.block_nbytes} bytes")
+        first, blocks = self._sched.adopt(keys, prompt, start, count)
+        if not blocks:
+            return 0
+        lo, hi = first - start, first - start + len(blocks)
+        if isinstance(data, torch.Tensor):
+            planes = data.reshape(-1).view(torch.uint8).reshape(2 * self.layers, count, -1)
+            self._kv.load_rows(blocks, planes[:, lo:hi].contiguous())
+        else:
+            self._kv.load(blocks, data[lo:hi])
         return len(blocks) * self._pool.block_size
+
+    # -- blocks handed to another engine (prefill -> decode) -------------------------------
+    @property
+    def layers(self) -> int:
+        return len(self._kv.keys)
+
+    @property
+    def kv_memory(self) -> torch.Tensor:
+        """The region holding every block (:attr:`PagedKV.memory`): register it as a
+        :class:`~orchestr.Buffer` for peers to read blocks from."""
+        return self._kv.memory
+
+    def kv_spans(self, blocks: list[int]) -> list[tuple[int, int, int]]:
+        """:meth:`PagedKV.spans`: where ``blocks`` lie in :attr:`kv_memory`."""
+        return self._kv.spans(blocks)
+
+    def hold_prefix(self, prompt: list[int]) -> tuple[list[bytes], list[int]]:
+        """Hold the blocks of ``prompt``'s prefix cached here (the full blocks before its
+        last token, as far as they are cached), so nothing evicts or rewrites them until
+        :meth:`release_blocks`: their keys and block ids. Call between steps."""
+        keys, cached = self.prefix_plan(prompt)
+        blocks = [self._pool.lookup(k) for k in keys[:cached]]
+        held = [b for b in blocks if b is not None]
+        self._pool.take(held)
+        return keys[: len(held)], held
+
+    def release_blocks(self, blocks: list[int]) -> None:
+        """End a :meth:`hold_prefix`. Call between steps."""
+        self._pool.release(reversed(blocks))
 
     # -- weights -----------------------------------------------------------------------------
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:

@@ -11,11 +11,9 @@ generator, which frees its KV blocks at the end of the step in progress.
 Admission is bounded: at most ``max_pending`` requests in flight; one more is refused with
 :class:`OverloadedError` (the HTTP layer answers 429 with ``Retry-After``), so memory never
 grows with the offered load. A generator whose calls fail (it died, or its engine failed)
-is taken out of rotation at once; the requests it was streaming end with
-:class:`GeneratorLostError`, or are sent again to another generator from their start when
-``resend`` is set and no token of theirs was delivered yet. Its reader keeps asking it for
-updates and puts it back in rotation (with an empty cache) when it answers again: a
-restarted generator serves again.
+is out of rotation at once; its requests end with :class:`GeneratorLostError`, or are sent
+again to another generator from their start when ``resend`` is set and no token of theirs
+was delivered yet. Its reader puts it back in rotation when it answers again.
 """
 
 from __future__ import annotations
@@ -32,10 +30,16 @@ import structlog
 
 import orchestr as oc
 
-from ..generator._blocks import AllBlocksCleared, BlockRemoved, BlockStored, hash_block
 from ..generator._types import Request, TokenDelta, Updates
-from ..kvstore._types import Cleared, Removed, Stored, StoreEvent
-from ._router import Load, Router, ServingError
+from ._disagg import MIN_TOKENS, Prefill
+from ._events import follow_store, worker_event
+from ._router import (
+    GeneratorLostError,
+    Load,
+    OverloadedError,
+    Router,
+    prompt_hashes,
+)  # fmt: skip
 
 __all__ = ["FrontDoor", "GeneratorLostError", "OverloadedError", "RequestStream"]
 
@@ -45,16 +49,6 @@ log = structlog.get_logger("orchestr.roles.serving")
 POLL_S = 5.0
 #: Seconds between tries of a generator that is out of rotation.
 RETRY_S = 1.0
-#: Seconds between reads of the KV store's events.
-STORE_POLL_S = 0.1
-
-
-class OverloadedError(ServingError):
-    """The front door has ``max_pending`` requests in flight already; try again later."""
-
-
-class GeneratorLostError(ServingError):
-    """The generator serving a request died or failed before the request finished."""
 
 
 class _Pending:
@@ -75,8 +69,11 @@ class FrontDoor:
     starts and stops the readers), from the job or program that owns the mesh. With
     ``store`` (the :class:`~orchestr.roles.KVStore` mesh the generators offload to) the
     router follows the store's events too, and counts its blocks at their onboarding cost.
+    With ``prefill`` (a second mesh of generators) prompts of ``prefill_min_tokens`` or more
+    are prefilled there and handed to ``generators`` to decode (:mod:`._disagg`; each
+    handoff's lease lasts ``hold_s``).
 
-    Raises ``ValueError`` for a bad ``max_pending`` or policy."""
+    Raises ``ValueError`` for a bad ``max_pending``, policy, threshold or ``hold_s``."""
 
     def __init__(
         self,
@@ -87,6 +84,9 @@ class FrontDoor:
         resend: bool = False,
         name: str | None = None,
         store: oc.Mesh | None = None,
+        prefill: oc.Mesh | None = None,
+        prefill_min_tokens: int = MIN_TOKENS,
+        hold_s: float = 10.0,
     ) -> None:
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending must be a positive int, got {max_pending!r}")
@@ -94,7 +94,6 @@ class FrontDoor:
         self.max_pending = max_pending
         self.resend = resend
         self.name = name or f"frontdoor-{secrets.token_hex(4)}"
-        self._mesh = generators
         self._store = store
         self._members: dict[str, oc.Mesh] = {
             generators.label(m): generators[i] for i, m in enumerate(generators.members)
@@ -109,6 +108,10 @@ class FrontDoor:
         self._ids = itertools.count()
         self._started = False
         self.counts = {"requests": 0, "finished": 0, "rejected": 0, "lost": 0, "resent": 0}
+        self.prefill: Prefill | None = None
+        if prefill is not None:
+            door = FrontDoor(prefill, name=f"{self.name}-prefill", store=store)
+            self.prefill = Prefill(door, min_tokens=prefill_min_tokens, hold_s=hold_s)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def __aenter__(self) -> FrontDoor:
@@ -130,7 +133,10 @@ class FrontDoor:
             self.router.add(worker)
             self._tasks.append(loop.create_task(self._read(worker), name=f"{self.name}:{worker}"))
         if self._store is not None:
-            self._tasks.append(loop.create_task(self._follow_store(), name=f"{self.name}:store"))
+            follow = follow_store(self._store, self.router)
+            self._tasks.append(loop.create_task(follow, name=f"{self.name}:store"))
+        if self.prefill is not None:
+            await self.prefill.door.start()
 
     async def aclose(self) -> None:
         """Stop the readers, end every request in flight with :class:`ClosedResourceError`
@@ -149,6 +155,8 @@ class FrontDoor:
                 return_exceptions=True,
             )
         await asyncio.gather(*self._cancels, return_exceptions=True)
+        if self.prefill is not None:
+            await self.prefill.door.aclose()
         self._started = False
 
     # -- state -------------------------------------------------------------------------------
@@ -174,15 +182,7 @@ class FrontDoor:
     def block_hashes(self, prompt: Sequence[int]) -> list[bytes]:
         """The chained hashes of ``prompt``'s full blocks, as the generators' engines key
         them (empty until a generator has said how, or when it has no prefix cache)."""
-        size, extra = self._hash
-        if size <= 0:
-            return []
-        out: list[bytes] = []
-        parent: bytes | None = None
-        for b in range((len(prompt) - 1) // size):  # an engine always computes the last token
-            parent = hash_block(parent, prompt[b * size : (b + 1) * size], extra)
-            out.append(parent)
-        return out
+        return prompt_hashes(prompt, *self._hash)
 
     # -- requests ----------------------------------------------------------------------------
     async def open(self, prompt: list[int], **params: Any) -> RequestStream:
@@ -219,7 +219,9 @@ class FrontDoor:
         finally:
             s.close()
 
-    async def _submit(self, request: Request, lost: str | None) -> _Pending:
+    def route(self, request: Request) -> str:
+        """Choose the generator for ``request`` by the router's policy, and count its blocks
+        there until the generator's next report. Raises :class:`NoWorkerError`."""
         hashes = self.block_hashes(request.prompt) if self.router.policy == "kv" else []
         loads = {}
         for w in self.router.workers:  # the last report, and what was sent since
@@ -228,25 +230,42 @@ class FrontDoor:
         now = time.monotonic()
         choice = self.router.choose(hashes, loads, now)
         self.router.expect(choice.worker, hashes, now)
-        if lost is not None:
-            self.counts["resent"] += 1
-        pending = _Pending(request, choice.worker)
-        self._pending[request.id] = pending
         size = self._hash[0] or 16
         self._unreported[choice.worker] = self._unreported.get(choice.worker, 0) + max(
             1, (len(request.prompt) - choice.cached_blocks * size) // size
         )
+        return choice.worker
+
+    def member(self, worker: str) -> oc.Mesh:
+        """The one-actor mesh of generator ``worker``."""
+        return self._members[worker]
+
+    async def _submit(self, request: Request, lost: str | None) -> _Pending:
+        kv_from = None if self.prefill is None else await self.prefill.handoff(request)
         try:
-            await self._members[choice.worker].submit.call_one([request], stream=self.name)
+            worker = self.route(request)
+        except BaseException:
+            Prefill.release(kv_from)
+            raise
+        if lost is not None:
+            self.counts["resent"] += 1
+        pending = _Pending(request, worker)
+        self._pending[request.id] = pending
+        try:
+            await self._members[worker].submit.call_one(
+                [request], stream=self.name, kv_from=kv_from
+            )
         except oc.ActorError as exc:
             self._pending.pop(request.id, None)
+            Prefill.release(kv_from)
             if exc.remote_type in ("ValueError", "TypeError"):
                 raise ValueError(exc.remote_message) from None
-            raise
+            raise GeneratorLostError(f"generator {worker}: {exc.remote_message}") from exc
         except (oc.ActorDiedError, oc.CallError) as exc:
             self._pending.pop(request.id, None)
-            self._lose(choice.worker, exc)
-            raise GeneratorLostError(f"generator {choice.worker} failed: {exc}") from exc
+            Prefill.release(kv_from)
+            self.lose(worker, exc)
+            raise GeneratorLostError(f"generator {worker} failed: {exc}") from exc
         except BaseException:  # cancelled: the request may have reached the generator
             self._pending.pop(request.id, None)
             self._cancel_later(pending)
@@ -277,34 +296,13 @@ class FrontDoor:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self._lose(worker, exc)
+                self.lose(worker, exc)
                 await asyncio.sleep(RETRY_S)
                 continue
             if worker not in self.router.workers:
                 log.info("generator back in rotation", generator=worker)
                 self.router.add(worker)
             self._apply(worker, updates)
-
-    async def _follow_store(self) -> None:
-        """Read the KV store's events into the router every :data:`STORE_POLL_S`. Events it
-        no longer has, or a store that cannot be reached, make the router forget the store
-        (no hit is counted that may not be there) and read it again from its start."""
-        assert self._store is not None
-        after = 0
-        while True:
-            try:
-                page = await self._store.events.call_one(after)
-            except Exception as exc:
-                log.warning("the KV store's events cannot be read", error=repr(exc)[:200])
-                self.router.forget_store()
-                after = 0
-                await asyncio.sleep(RETRY_S)
-                continue
-            if page["lost"]:
-                self.router.forget_store()
-            self.router.apply_store([_store_event(row) for row in page["events"]])
-            after = page["last"]
-            await asyncio.sleep(STORE_POLL_S)
 
     def _apply(self, worker: str, u: Updates) -> None:
         self._loads[worker] = Load(u.prefill_blocks, u.decode_blocks)
@@ -313,13 +311,14 @@ class FrontDoor:
         if u.block_size:
             self._hash = (u.block_size, list(u.extra_keys))
         if u.events:
-            self.router.apply(worker, [_event(kind, hashes) for kind, hashes in u.events])
+            self.router.apply(worker, [worker_event(kind, hashes) for kind, hashes in u.events])
         for delta in u.deltas:
             pending = self._pending.get(delta.id)
             if pending is not None:
                 pending.queue.put_nowait(delta)
 
-    def _lose(self, worker: str, exc: BaseException) -> None:
+    def lose(self, worker: str, exc: BaseException) -> None:
+        """Take ``worker`` out of rotation; its requests end with :class:`GeneratorLostError`."""
         if not self.router.remove(worker):
             return  # out of rotation already: its requests were told
         log.warning("generator out of rotation", generator=worker, error=repr(exc)[:200])
@@ -380,20 +379,3 @@ class RequestStream:
         if front._pending.pop(pending.id, None) is not None and not self.finished:
             if pending.worker in front.router.workers:
                 front._cancel_later(pending)
-
-
-def _event(kind: str, hashes: list[bytes]) -> Any:
-    if kind == "stored":
-        return BlockStored(hashes, None, [], 0)
-    if kind == "removed":
-        return BlockRemoved(hashes)
-    return AllBlocksCleared()
-
-
-def _store_event(row: list[Any]) -> StoreEvent:
-    _, kind, namespace, hashes, tier = row
-    if kind == "stored":
-        return Stored(namespace, tuple(hashes), tier)
-    if kind == "removed":
-        return Removed(namespace, tuple(hashes), tier)
-    return Cleared(tier)

@@ -266,6 +266,14 @@ class _App:
              len(front.workers)),
         ):  # fmt: skip
             family(name, kind, help, float(value))
+        if front.prefill is not None:  # which path each request's prompt took
+            for path, help in (
+                ("remote", "Prompts prefilled on a prefill generator and handed off."),
+                ("local", "Prompts under the handoff threshold, prefilled where they decode."),
+                ("fallback", "Prompts prefilled where they decode as no prefill generator could."),
+            ):
+                value = front.prefill.counts[f"prefill_{path}"]
+                family(f"orchestr:frontdoor_prefill_{path}_total", "counter", help, float(value))
         engine = front.engine_metrics()
         for name, kind, help in (
             (

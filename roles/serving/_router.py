@@ -37,16 +37,26 @@ from typing import Any
 
 from orchestr.errors import OrchestrError
 
-from ..generator._blocks import AllBlocksCleared, BlockRemoved, BlockStored
+from ..generator._blocks import AllBlocksCleared, BlockRemoved, BlockStored, hash_block
 from ..kvstore._types import Cleared, Removed, Stored
 
-__all__ = ["POLICIES", "Choice", "Load", "NoWorkerError", "Router", "ServingError"]
+__all__ = [
+    "POLICIES", "Choice", "GeneratorLostError", "Load", "NoWorkerError", "OverloadedError", "Router", "ServingError", "prompt_hashes",
+]  # fmt: skip
 
 POLICIES = ("kv", "round_robin", "least_loaded")
 
 
 class ServingError(OrchestrError):
     """A request cannot be served; the message says why."""
+
+
+class OverloadedError(ServingError):
+    """The front door has ``max_pending`` requests in flight already; try again later."""
+
+
+class GeneratorLostError(ServingError):
+    """The generator serving a request died or failed before the request finished."""
 
 
 class NoWorkerError(ServingError):
@@ -229,3 +239,15 @@ def _follow(cache: set[bytes], events: Iterable[Any]) -> None:
             cache.clear()
         else:
             raise TypeError(f"not a block event: {event!r:.80}")
+
+
+def prompt_hashes(prompt: Sequence[int], size: int, extra: Sequence[Any]) -> list[bytes]:
+    """The chained hashes of ``prompt``'s full blocks of ``size`` tokens under ``extra``
+    keys, as an engine keys them (the last token is always computed, so a block holding it
+    has none); ``[]`` for ``size`` 0 (no prefix cache)."""
+    out: list[bytes] = []
+    parent: bytes | None = None
+    for b in range((len(prompt) - 1) // size if size > 0 else 0):
+        parent = hash_block(parent, prompt[b * size : (b + 1) * size], extra)
+        out.append(parent)
+    return out

@@ -14,6 +14,7 @@ import orchestr as oc
 from ..generator._actor import Generator
 from ..generator._kvlink import kv_block_bytes
 from ..kvstore._actor import KVStore
+from ._disagg import MIN_TOKENS
 from ._frontdoor import FrontDoor
 from ._http import ServedModel, openai_app
 
@@ -35,6 +36,9 @@ async def openai_server(
     restarts: int = 3,
     options: Mapping[str, Any] | None = None,
     kv_store_blocks: int = 0,
+    prefill: int = 0,
+    prefill_min_tokens: int = MIN_TOKENS,
+    placement: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> AsyncIterator[Starlette]:
     """Spawn ``generators`` :class:`~orchestr.roles.Generator` actors of ``checkpoint`` on
     ``ctx``'s cluster (``oc.open_local_cluster()`` or ``oc.connect(address)``), start a
@@ -44,7 +48,12 @@ async def openai_server(
     dead while the others serve. ``options`` are more keywords for the generators
     (``max_batch``, ``kv``, ``torch_threads``...). With ``kv_store_blocks`` a
     :class:`~orchestr.roles.KVStore` of that many blocks in host memory backs the generators'
-    prefix caches (paged engine, float32 blocks) and the router counts its blocks.
+    prefix caches (paged engine, float32 blocks) and the router counts its blocks. With
+    ``prefill`` generators more, spawned beside them, prompts of ``prefill_min_tokens`` or
+    more are prefilled on those and decoded on the others (:mod:`._disagg`; 0: every
+    generator does both). ``placement`` gives ``ctx.spawn``'s placement keywords
+    (``resources``, ``labels``...) per pool, ``"decode"`` and ``"prefill"``: to pin the two
+    pools to different hosts.
 
     Blocks on the spawn (the checkpoints load); raises ``ConfigError`` for a folder that is
     not a checkpoint and what ``ctx.spawn`` raises."""
@@ -56,23 +65,43 @@ async def openai_server(
         block = kv_block_bytes(folder, dict(options.get("kv") or {}).get("block_size", 16))
         store = await ctx.spawn(KVStore, block, kv_store_blocks, name="kvstore")
         options["kv_store"] = store
-    mesh = await ctx.spawn(
-        Generator,
-        n=generators,
-        name="generator",
-        restart=oc.RestartPolicy(max_restarts=restarts),
-        # a generator out of restarts is left dead: the others keep serving
-        supervise=lambda failure: "restart" if failure.can_restart else "handle",
-        checkpoint=folder,
-        engine=engine,
-        **options,
-    )
+    if prefill and engine != "paged":
+        raise oc.ConfigError("prefill generators hand off the paged engine's KV blocks")
+    placement = dict(placement or {})
+    if set(placement) - {"decode", "prefill"}:
+        raise oc.ConfigError(f"placement names pools 'decode' and 'prefill', got {placement}")
+    pools = {"decode": ("generator", generators), "prefill": ("prefill", prefill)}
+    meshes: dict[str, oc.Mesh] = {}
+    try:
+        for pool, (name, n) in pools.items():
+            if n:
+                meshes[pool] = await ctx.spawn(
+                    Generator,
+                    n=n,
+                    name=name,
+                    restart=oc.RestartPolicy(max_restarts=restarts),
+                    # a generator out of restarts is left dead: the others keep serving
+                    supervise=lambda failure: "restart" if failure.can_restart else "handle",
+                    checkpoint=folder,
+                    engine=engine,
+                    **dict(placement.get(pool) or {}),
+                    **options,
+                )
+    except BaseException:
+        for m in meshes.values():
+            await ctx.stop(m)
+        if store is not None:
+            await ctx.stop(store)
+        raise
+    mesh = meshes["decode"]
     try:
         async with FrontDoor(
-            mesh, router=router, max_pending=max_pending, resend=resend, store=store
-        ) as front:
+            mesh, router=router, max_pending=max_pending, resend=resend, store=store,
+            prefill=meshes.get("prefill"), prefill_min_tokens=prefill_min_tokens,
+        ) as front:  # fmt: skip
             yield openai_app(front, model, api_key=api_key)
     finally:
-        await ctx.stop(mesh)
+        for m in meshes.values():
+            await ctx.stop(m)
         if store is not None:
             await ctx.stop(store)

@@ -31,6 +31,11 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         (["--restarts", "-1"], "--restarts must be 0 or more"),
         (["--kv-store-blocks", "-1"], "--kv-store-blocks must be 0 or more"),
         (["--kv-store-blocks", "8", "--engine", "vllm"], "--engine vllm has its own"),
+        (["--prefill", "-1"], "--prefill must be 0 or more"),
+        (["--prefill", "1", "--engine", "vllm"], "--engine vllm cannot"),
+        (["--prefill-min-tokens", "8"], "apply with --prefill P"),
+        (["--prefill", "1", "--prefill-labels", "gpu"], "--prefill-labels is K=V pairs"),
+        (["--decode-labels", "a=b,"], "--decode-labels is K=V pairs"),
     ],
 )
 def test_options_that_do_not_fit_are_refused(

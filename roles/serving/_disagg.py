@@ -1,0 +1,85 @@
+"""Prefill/decode disaggregation at the front door: which prompts are prefilled on a prefill
+generator, and the handoff that lets the decode generator continue them.
+
+A request whose prompt has at least ``min_tokens`` tokens goes first to a prefill generator,
+chosen by the KV-aware router over the prefill pool (its own :class:`~._frontdoor.FrontDoor`
+follows their block events and loads); that generator computes the prompt and holds its
+blocks under a lease (:meth:`~orchestr.roles.Generator.prefill`), and the front door submits
+the request to the decode generator with the handoff, which reads the blocks one-sided from
+the prefill generator's memory (see :mod:`orchestr.roles.generator._handoff`). A shorter
+prompt costs its decode generator less to compute than a handoff costs (a call, a read, a
+lease), so it is prefilled there: the "conditional disaggregation" rule, with its threshold
+in tokens. A prefill generator that fails is taken out of the prefill rotation and the
+request is prefilled on its decode generator instead (counted), so a dead prefill side slows
+requests down but never fails them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import structlog
+
+import orchestr as oc
+
+from ..generator._types import Request
+from ._router import NoWorkerError
+
+__all__ = ["Prefill"]
+
+log = structlog.get_logger("orchestr.roles.serving")
+
+#: Prompts shorter than this many tokens are prefilled on their decode generator.
+MIN_TOKENS = 64
+
+
+class Prefill:
+    """The prefill pool behind a front door: ``generators`` (a mesh of
+    :class:`~orchestr.roles.Generator`), routed by ``door`` (a :class:`FrontDoor` over them,
+    for its readers and router). ``hold_s`` is each handoff's lease. Counts requests by path
+    in :attr:`counts`."""
+
+    def __init__(self, door: Any, *, min_tokens: int = MIN_TOKENS, hold_s: float = 10.0) -> None:
+        if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 1:
+            raise ValueError(f"min_tokens must be a positive int, got {min_tokens!r}")
+        if not hold_s > 0:
+            raise ValueError(f"hold_s must be positive, got {hold_s!r}")
+        self.door = door
+        self.min_tokens = min_tokens
+        self.hold_s = hold_s
+        self.counts = {"prefill_remote": 0, "prefill_local": 0, "prefill_fallback": 0}
+
+    async def handoff(self, request: Request) -> dict[str, Any] | None:
+        """Prefill ``request`` on a prefill generator and return the decode side's
+        ``kv_from``; ``None`` when it is to be prefilled on its decode generator (a short
+        prompt, or no prefill generator could do it).
+
+        Blocks on the prefill. Raises nothing but cancellation; cancelled after the
+        handoff was made, its lease is released."""
+        if len(request.prompt) < self.min_tokens:
+            self.counts["prefill_local"] += 1
+            return None
+        try:
+            worker = self.door.route(request)
+        except NoWorkerError:
+            self.counts["prefill_fallback"] += 1
+            return None
+        member = self.door.member(worker)
+        try:
+            handoff = await member.prefill.call_one(request, hold_s=self.hold_s)
+        except (oc.ActorDiedError, oc.CallError) as exc:
+            self.door.lose(worker, exc)
+            self.counts["prefill_fallback"] += 1
+            log.warning("prefill failed: prefilled on the decode side", generator=worker)
+            return None
+        self.counts["prefill_remote"] += 1
+        return {request.id: {**handoff, "source": member}}
+
+    @staticmethod
+    def release(kv_from: dict[str, Any] | None) -> None:
+        """Let a handoff's lease go unread (the request never reached its decode side)."""
+        for h in (kv_from or {}).values():
+            if h["lease"]:
+                with contextlib.suppress(Exception):
+                    h["source"].release_handoff.broadcast(h["lease"])

@@ -1,0 +1,191 @@
+"""Prefill/decode handoff: one generator computes a prompt and holds its KV blocks under a
+lease, another reads them one-sided from the first one's memory and continues the request,
+with the tokens and log-probs of one engine doing it all. First the engines alone (the spans
+of held blocks copied by hand), then real generator actors: a decode side that already holds
+part of the prefix, a lease nobody reads, and a prefill generator killed before the read."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import signal
+import time
+from typing import Any
+
+import pytest
+import torch
+
+import orchestr as oc
+from orchestr.roles import Completion, Generator, Request, kv_block_bytes, models
+from orchestr.roles.generator._paged import block_spans
+from orchestr.roles.generator._paged_engine import PagedEngine
+from tests.roles.generator.test_paged_engine import drain
+
+pytestmark = pytest.mark.timeout(180)
+
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return pathlib.Path(models.make_tiny("llama", tmp_path_factory.mktemp("m") / "llama"))
+
+
+def prompt(n: int, salt: int = 0) -> list[int]:
+    return [(7 * i + 3 + salt) % 380 + 5 for i in range(n)]
+
+
+def engine(folder: pathlib.Path) -> PagedEngine:
+    return PagedEngine(models.load_model(folder), num_blocks=64, block_size=BLOCK, model_id="m")
+
+
+def close(a: Completion, b: Completion) -> None:
+    assert a.tokens == b.tokens
+    assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+def test_block_spans_merge_runs_of_consecutive_blocks() -> None:
+    # 2 planes of 10 rows of 4 bytes: blocks 3,4,5 are one run, 8 another
+    assert block_spans([3, 4, 5, 8], 2, 40, 4) == [
+        (12, 12, 0), (32, 4, 12), (52, 12, 16), (72, 4, 28),
+    ]  # fmt: skip
+    assert block_spans([], 2, 40, 4) == []
+
+
+def test_held_blocks_read_by_another_engine_continue_the_request_exactly(
+    folder: pathlib.Path,
+) -> None:
+    pre, dec, alone = engine(folder), engine(folder), engine(folder)
+    p = prompt(100)  # 6 full blocks before its last token
+    pre.submit([Request("p", p, 1, temperature=0.0)])
+    drain(pre)
+    keys, blocks = pre.hold_prefix(p)
+    assert len(keys) == len(blocks) == 6
+    # held: a burst of other prompts that needs every block cannot take them
+    pre.submit([Request(f"o{i}", prompt(200, salt=i + 1), 1) for i in range(3)])
+    drain(pre)
+    assert pre.prefix_plan(p)[1] == 6  # still cached, as held
+    spans = pre.kv_spans(blocks)
+    assert len(spans) == 2 * pre.layers  # allocated one after another: one run
+    memory = pre.kv_memory.view(torch.uint8)
+    data = torch.empty(len(blocks) * pre.block_nbytes, dtype=torch.uint8)
+    for at, n, to in spans:
+        data[to : to + n] = memory[at : at + n]
+    want, local = dec.prefix_plan(p)
+    assert want == keys and local == 0
+    assert dec.adopt(p, want, 0, data) == 6 * BLOCK
+    request = Request("r", p, 12, temperature=1.0, seed=7, top_logprobs=2)
+    dec.submit([request])
+    alone.submit([request])
+    got, reference = drain(dec)["r"], drain(alone)["r"]
+    close(got, reference)
+    assert dec.stats().tokens == 100 - 6 * BLOCK + 11  # the prompt's last 4 tokens, 11 decodes
+    pre.release_blocks(blocks)
+    assert pre.metrics()["vllm:kv_cache_usage_perc"] == 0.0
+    with pytest.raises(ValueError, match="a block of this engine is"):
+        dec.adopt(p, want, 0, torch.zeros(5, dtype=torch.uint8))
+
+
+async def spawn(ctx: oc.JobContext, folder: pathlib.Path, name: str, **kw: Any) -> oc.Mesh:
+    return await ctx.spawn(
+        Generator, name=name, checkpoint=str(folder), torch_threads=1, supervise="handle",
+        kv={"num_blocks": 64, "block_size": BLOCK}, **kw,
+    )  # fmt: skip
+
+
+async def handoff(pre: oc.Mesh, request: Request, hold_s: float = 10.0) -> dict[str, Any]:
+    h: dict[str, Any] = await pre.prefill.call_one(request, hold_s=hold_s)
+    return {**h, "source": pre}
+
+
+async def usage(gen: oc.Mesh) -> float:
+    u = await gen.updates.call_one("probe", timeout_s=0)
+    await gen.unsubscribe.call_one("probe")
+    return float(u.metrics["vllm:kv_cache_usage_perc"])
+
+
+async def test_a_decode_generator_continues_what_a_prefill_generator_computed(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    pre = await spawn(ctx, folder, "prefill")
+    dec = await spawn(ctx, folder, "decode")
+    alone = await spawn(ctx, folder, "alone")
+    shared = prompt(160)
+    first = Request("a", shared + prompt(41, salt=3), 10, temperature=1.0, seed=3)
+    second = Request("b", shared + prompt(57, salt=4), 10, temperature=0.0)
+    for r in (first, second):
+        h = await handoff(pre, r)
+        assert h["tokens"] == (len(r.prompt) - 1) // BLOCK * BLOCK and h["lease"] > 0
+        (got,) = await dec.generate.call_one([r], kv_from={r.id: h})
+        (want,) = await alone.generate.call_one([r])
+        close(got, want)
+    stats = await dec.stats.call_one()
+    assert stats["orchestr:kv_transfers"] == 2 and stats["orchestr:kv_transfer_failures"] == 0
+    # the second request shares 10 blocks the decode side holds already: only 3 were read
+    size = kv_block_bytes(str(folder), BLOCK)
+    assert stats["orchestr:kv_transfer_bytes"] == (200 // BLOCK + 216 // BLOCK - 10) * size
+    pre_stats = await pre.stats.call_one()
+    assert pre_stats["orchestr:kv_handoff_leases"] == 2 and pre_stats["held"] == 0
+    assert pre_stats["orchestr:kv_handoff_expired"] == 0
+    assert await usage(pre) == 0.0 and await usage(dec) == 0.0
+
+
+async def test_a_lease_nobody_reads_expires_and_a_late_reader_recomputes(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    pre = await spawn(ctx, folder, "prefill")
+    dec = await spawn(ctx, folder, "decode")
+    r = Request("late", prompt(120), 6, temperature=0.0)
+    h = await handoff(pre, r, hold_s=0.05)
+    deadline = time.monotonic() + 30
+    while (await pre.stats.call_one())["held"]:
+        assert time.monotonic() < deadline, "the lease never expired"
+        await asyncio.sleep(0.05)
+    assert (await pre.stats.call_one())["orchestr:kv_handoff_expired"] == 1
+    # read after the expiry: the lease's end says so, what was read is not used
+    (got,) = await dec.generate.call_one([r], kv_from={r.id: h})
+    (want,) = await pre.generate.call_one([r])
+    close(got, want)
+    stats = await dec.stats.call_one()
+    assert stats["orchestr:kv_transfer_failures"] == 1 and stats["orchestr:kv_transfers"] == 0
+    assert stats["tokens"] == 120 + 5  # the whole prompt computed here
+    assert await usage(pre) == 0.0
+
+
+async def pid_of(ctx: oc.JobContext, mesh: oc.Mesh) -> int:
+    return next(a.pid for a in await ctx.actors() if a.name == mesh.name)
+
+
+async def test_a_prefill_generator_killed_before_the_read(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    pre = await spawn(ctx, folder, "prefill")
+    dec = await spawn(ctx, folder, "decode")
+    strict = await spawn(ctx, folder, "strict", on_handoff_failure="fail")
+    r = Request("k", prompt(90), 5, temperature=0.0)
+    h = await handoff(pre, r)
+    os.kill(await pid_of(ctx, pre), signal.SIGKILL)
+    with pytest.raises(oc.ActorError, match="could not be read") as e:
+        await strict.generate.call_one([r], kv_from={r.id: h})
+    assert e.value.remote_type == "HandoffError"
+    (got,) = await dec.generate.call_one([r], kv_from={r.id: h})  # recomputed there
+    (want,) = await strict.generate.call_one([r])  # nothing was queued by the refused call
+    close(got, want)
+    assert (await dec.stats.call_one())["orchestr:kv_transfer_failures"] == 1
+    assert await usage(dec) == 0.0 and await usage(strict) == 0.0
+
+
+async def test_bad_handoffs_are_refused_clearly(ctx: oc.JobContext, folder: pathlib.Path) -> None:
+    dec = await spawn(ctx, folder, "decode")
+    r = Request("x", prompt(40), 2)
+    with pytest.raises(oc.ActorError, match="kv_from names requests not submitted"):
+        await dec.generate.call_one([r], kv_from={"other": {}})
+    with pytest.raises(oc.ActorError, match="hold_s must be positive"):
+        await dec.prefill.call_one(r, hold_s=0)
+    with pytest.raises(oc.ConfigError, match="on_handoff_failure is one of"):
+        Generator(checkpoint=str(folder), on_handoff_failure="retry")
+    toy = await ctx.spawn(Generator, name="toy")
+    with pytest.raises(oc.ActorError, match="prefill hands off KV blocks of the paged engine"):
+        await toy.prefill.call_one(Request("t", [1, 2, 3], 2))
+    assert await usage(dec) == 0.0

@@ -1,0 +1,129 @@
+"""Prefill/decode disaggregation behind the front door, on real generators and a real HTTP
+client: long prompts are prefilled on the prefill pool and decoded on the other with the
+tokens one generator gives alone, short ones stay where they decode, a prefill generator
+killed with SIGKILL only moves prompts back to their decode side, and a client that goes
+away leaves no block held on either side."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import signal
+import time
+
+import httpx2
+import pytest
+
+import orchestr as oc
+from orchestr.roles import Generator, models
+from orchestr.roles.serving import FrontDoor, ServedModel
+
+from .test_frontdoor import client_of, http, kv_usage, pid_of, until_idle
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return pathlib.Path(models.make_tiny("llama", tmp_path_factory.mktemp("m") / "llama"))
+
+
+async def spawn(ctx: oc.JobContext, folder: pathlib.Path, name: str) -> oc.Mesh:
+    return await ctx.spawn(
+        Generator, name=name, checkpoint=str(folder), torch_threads=1, supervise="handle"
+    )
+
+
+def words(n: int) -> str:
+    return " ".join(f"w{i % 37}" for i in range(n))
+
+
+async def test_long_prompts_are_prefilled_on_the_prefill_pool(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    pre, dec, alone = [await spawn(ctx, folder, n) for n in ("prefill", "decode", "alone")]
+    model = ServedModel(folder, ["m"])
+    async with (
+        FrontDoor(dec, prefill=pre, prefill_min_tokens=32) as front,
+        http(front, model) as url,
+        client_of(url) as client,
+    ):
+        # the second shares 3 blocks with the first: its decode side reads only the 4th
+        for ids in (list(range(5, 65)), list(range(5, 85)), [5, 6, 7]):
+            r = await client.completions.create(
+                model="m", prompt=ids, max_tokens=12, temperature=0.0, logprobs=1
+            )
+            (want,) = await alone.generate.call_one(
+                [{"id": "x", "prompt": ids, "max_new_tokens": 12, "temperature": 0.0}]
+            )
+            assert r.choices[0].text == model.tokenizer.decode(want.tokens)
+            assert r.choices[0].logprobs is not None
+            got = r.choices[0].logprobs.token_logprobs or []
+            assert max(abs(a - b) for a, b in zip(got, want.logprobs, strict=True)) <= 1e-5
+        assert front.prefill is not None
+        assert front.prefill.counts == {
+            "prefill_remote": 2, "prefill_local": 1, "prefill_fallback": 0,
+        }  # fmt: skip
+        stats = await dec.stats.call_one()
+        assert stats["orchestr:kv_transfers"] == 2
+        assert stats["orchestr:kv_transfer_failures"] == 0
+        async with httpx2.AsyncClient(base_url=url) as h:
+            text = (await h.get("/metrics")).text
+        assert 'orchestr:frontdoor_prefill_remote_total{model_name="m"} 2.0' in text
+        assert 'orchestr:frontdoor_prefill_local_total{model_name="m"} 1.0' in text
+        await until_idle(dec)
+        await until_idle(pre)
+        assert (await pre.stats.call_one())["held"] == 0
+
+
+async def test_a_prefill_generator_killed_moves_prompts_to_their_decode_side(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    pre = await spawn(ctx, folder, "prefill")
+    dec = await spawn(ctx, folder, "decode")
+    model = ServedModel(folder, ["m"])
+    async with (
+        FrontDoor(dec, prefill=pre, prefill_min_tokens=8) as front,
+        http(front, model) as url,
+        client_of(url) as client,
+    ):
+        assert front.prefill is not None
+        first = await client.completions.create(model="m", prompt=words(40), max_tokens=4)
+        os.kill(await pid_of(ctx, pre, 0), signal.SIGKILL)
+        for i in range(3):
+            r = await client.completions.create(model="m", prompt=words(40 + i), max_tokens=4)
+            assert r.choices[0].finish_reason in ("length", "stop")
+        assert first.choices[0].finish_reason in ("length", "stop")
+        counts = front.prefill.counts
+        assert counts["prefill_remote"] == 1 and counts["prefill_fallback"] == 3
+        assert front.prefill.door.workers == []
+        await until_idle(dec)
+
+
+async def test_a_client_that_goes_away_frees_blocks_on_both_sides(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    pre = await spawn(ctx, folder, "prefill")
+    dec = await spawn(ctx, folder, "decode")
+    model = ServedModel(folder, ["m"])
+    async with (
+        FrontDoor(dec, prefill=pre, prefill_min_tokens=8) as front,
+        http(front, model) as url,
+        client_of(url) as client,
+    ):
+        stream = await client.completions.create(
+            model="m", prompt=words(80), max_tokens=3000, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        chunks = aiter(stream)
+        await anext(chunks)
+        assert (await kv_usage(dec))[0] > 0
+        await stream.close()
+        await until_idle(dec)
+        deadline = time.monotonic() + 20
+        while (await pre.stats.call_one())["held"]:  # ended by the decode side's read
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        await until_idle(pre)
+        assert front.pending == 0
