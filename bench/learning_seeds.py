@@ -1,14 +1,14 @@
 """How far the learning test's recipe clears its thresholds, over seeds and torch's CPU kernels.
 
-    python bench/learning_seeds.py [--model llama|tinylm] [--seeds 0-9]
+    python bench/learning_seeds.py [--model llama|llama-demo|tinylm] [--seeds 0-9]
                                    [--kernels avx2,default] [--steps N] [--jobs J]
                                    [--set FIELD=VALUE ...]
 
 Each (kernel path, seed) runs ``orchestr.roles.train(config)`` (the single-process reference
 the sync-mode roles reproduce) in a process of its own with ``ATEN_CPU_CAPABILITY`` set to
 that path: each rounds differently, as another machine would. ``config`` is the learning
-test's: ``LLAMA_CONFIG`` (the example's ``--small``, the default) or ``SMALL_CONFIG``
-(``--model tinylm``), with ``--set`` overriding its fields (``--set entropy_coef=0.03``;
+test's: ``LLAMA_CONFIG`` (the example's ``--small``, the default), ``LLAMA_DEMO_CONFIG`` (the
+main job's, ``--model llama-demo``) or ``SMALL_CONFIG`` (``--model tinylm``), with ``--set`` overriding its fields (``--set entropy_coef=0.03``;
 values are read as JSON). ``--jobs`` runs that many at once, each on one torch thread.
 A path the CPU lacks (``avx512`` without AVX-512) is skipped and said so. Prints one JSON line
 per run (held-out accuracy at each evaluation, the last-50 mean reward, seconds), then a
@@ -28,9 +28,9 @@ import time
 _RUN = """
 import dataclasses, json, sys, time
 from orchestr.roles import SMALL_CONFIG, train
-from orchestr.roles.rl import LLAMA_CONFIG
+from orchestr.roles.rl import LLAMA_CONFIG, LLAMA_DEMO_CONFIG
 seed, steps, name, changes, threads = sys.argv[1:6]
-base = {"llama": LLAMA_CONFIG, "tinylm": SMALL_CONFIG}[name]
+base = {"llama": LLAMA_CONFIG, "llama-demo": LLAMA_DEMO_CONFIG, "tinylm": SMALL_CONFIG}[name]
 start = time.perf_counter()
 config = dataclasses.replace(
     base, seed=int(seed), steps=int(steps) or base.steps, **json.loads(changes),
@@ -67,7 +67,7 @@ def main() -> int:
     parser.add_argument("--seeds", default="0-9")
     parser.add_argument("--kernels", default="avx2,default,avx512")
     parser.add_argument("--steps", type=int, default=0)
-    parser.add_argument("--model", choices=("llama", "tinylm"), default="llama")
+    parser.add_argument("--model", choices=("llama", "llama-demo", "tinylm"), default="llama")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     args = parser.parse_args()

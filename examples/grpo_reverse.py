@@ -4,7 +4,7 @@
     make demo          # the same, stream+skew, on an embedded cluster
 
 The model is a Llama-family checkpoint made at the start from the seed (random init, the
-digits tokenizer; nothing is downloaded). Its task is to copy a prompt of up to 12 digits out of
+digits tokenizer; nothing is downloaded). Its task is to copy a prompt of up to 8 digits out of
 a fixed-width field (``<s> 0 4 2 _ _ .. <sep>`` -> ``0 4 2``): with rotary positions, which
 see only the distance between tokens, the field puts each answer digit a fixed distance behind
 the position that writes it, a thing such a model learns in tens of steps, where reversing
@@ -50,7 +50,12 @@ CONFIGS = {"llama": (LLAMA_DEMO_CONFIG, LLAMA_CONFIG), "tinylm": (DEMO_CONFIG, S
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="grpo_reverse", description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=MODES, default="stream+skew")
-    p.add_argument("--small", action="store_true", help="8-digit prompts in 100-120 small batches")
+    p.add_argument(
+        "--small",
+        action="store_true",
+        help="the learning tests' run: the demo's, evaluated on 128 prompts (tinylm: 8-digit "
+        "prompts in 100 small batches)",
+    )
     p.add_argument(
         "--model",
         choices=sorted(CONFIGS),
