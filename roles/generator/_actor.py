@@ -152,7 +152,9 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
         engine failed. Cancel-safe: a cancelled call takes nothing."""
         self._ensure_running()
         await self._streams.wait(stream, timeout_s, self._check_alive)
-        return self._streams.take(stream, self._engine)
+        u = self._streams.take(stream, self._engine)
+        u.metrics.update({**self._holds.counts, **self._handoff_counts})
+        return u
 
     @oc.endpoint(concurrent=True)
     async def unsubscribe(self, stream: str) -> int:

@@ -232,8 +232,9 @@ async def _read(engine: Any, r: Request, h: Handoff) -> tuple[float, Received] |
     except BaseException:
         source.release_handoff.broadcast(h["lease"])
         raise
+    seconds = time.perf_counter() - started
     await source.end_handoff.call_one(h["lease"])  # raises if it had expired: unusable
-    return time.perf_counter() - started, Received(keys, local, data)
+    return seconds, Received(keys, local, data)
 
 
 def adopt(engine: Any, requests: list[Request], received: dict[str, Received]) -> int:
@@ -362,6 +363,6 @@ class HandoffEndpoints:
 TRANSFER_COUNTERS = (
     "orchestr:kv_transfers",  # handoffs read (decode side)
     "orchestr:kv_transfer_bytes",
-    "orchestr:kv_transfer_seconds",  # reading them, the lease's end included
+    "orchestr:kv_transfer_seconds",  # reading them (each also ends its lease: one call)
     "orchestr:kv_transfer_failures",  # reads failed or leases expired: recomputed or refused
 )

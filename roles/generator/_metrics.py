@@ -18,7 +18,7 @@ name                                   kind       meaning
 ``vllm:num_preemptions``               counter    sequences preempted (recomputed later)
 ``orchestr:kv_transfers``              counter    prefilled KV handed here and read
 ``orchestr:kv_transfer_bytes``         counter    the bytes of those reads
-``orchestr:kv_transfer_seconds``       counter    seconds reading them (each lease's end too)
+``orchestr:kv_transfer_seconds``       counter    seconds reading them (then one call ends a lease)
 ``orchestr:kv_transfer_failures``      counter    reads failed or leases expired first
 ``orchestr:kv_handoff_leases``         counter    prompts prefilled here for another generator
 ``orchestr:kv_handoff_expired``        counter    of their leases, those no reader ended
@@ -53,7 +53,7 @@ _COUNTERS = {
     "vllm:num_preemptions": "Sequences preempted, to be recomputed.",
     "orchestr:kv_transfers": "Requests whose prefilled KV was read from another generator.",
     "orchestr:kv_transfer_bytes": "Bytes of prefilled KV read from other generators.",
-    "orchestr:kv_transfer_seconds": "Seconds spent reading prefilled KV, each lease's end too.",
+    "orchestr:kv_transfer_seconds": "Seconds spent reading prefilled KV (not ending leases).",
     "orchestr:kv_transfer_failures": "Prefilled KV reads that failed or found the lease expired.",
     "orchestr:kv_handoff_leases": "Prompts prefilled here and held for another generator.",
     "orchestr:kv_handoff_expired": "Held prefills whose lease expired before a reader ended it.",

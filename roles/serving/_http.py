@@ -283,6 +283,11 @@ class _App:
             ),
             ("vllm:prefix_cache_hits", "counter", "Prompt tokens found in the prefix caches."),
             ("vllm:num_preemptions", "counter", "Sequences preempted."),
+            ("orchestr:kv_transfers", "counter", "Requests whose prefilled KV was read."),
+            ("orchestr:kv_transfer_bytes", "counter", "Bytes of prefilled KV read."),
+            ("orchestr:kv_transfer_seconds", "counter", "Seconds reading prefilled KV."),
+            ("orchestr:kv_transfer_failures", "counter", "Prefilled KV reads that failed."),
+            ("orchestr:kv_handoff_expired", "counter", "Prefill leases no reader ended."),
         ):
             if name in engine:
                 family(f"{name}_total", kind, help, engine[name])

@@ -20,20 +20,14 @@ import orchestr as oc
 from orchestr.roles import Completion, Generator, Request, kv_block_bytes, models
 from orchestr.roles.generator._paged import block_spans
 from orchestr.roles.generator._paged_engine import PagedEngine
+from tests.roles.generator.test_kv_offload import folder, prompt
 from tests.roles.generator.test_paged_engine import drain
+
+__all__ = ["folder"]  # the fixture, used by name
 
 pytestmark = pytest.mark.timeout(180)
 
 BLOCK = 16
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    return pathlib.Path(models.make_tiny("llama", tmp_path_factory.mktemp("m") / "llama"))
-
-
-def prompt(n: int, salt: int = 0) -> list[int]:
-    return [(7 * i + 3 + salt) % 380 + 5 for i in range(n)]
 
 
 def engine(folder: pathlib.Path) -> PagedEngine:

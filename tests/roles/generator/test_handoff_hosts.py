@@ -10,7 +10,8 @@ import pytest
 
 import orchestr as oc
 from orchestr.roles import Generator, Request, models
-from tests.roles.generator.test_handoff import BLOCK, close, prompt
+from tests.roles.generator.test_handoff import BLOCK, close
+from tests.roles.generator.test_kv_offload import prompt
 from tests.runtime.cluster.test_cross_host import two_hosts
 
 __all__ = ["two_hosts"]  # the fixture, used by name

@@ -7,12 +7,16 @@ away leaves no block held on either side."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import signal
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx2
+import openai
 import pytest
 
 import orchestr as oc
@@ -39,16 +43,28 @@ def words(n: int) -> str:
     return " ".join(f"w{i % 37}" for i in range(n))
 
 
+@contextlib.asynccontextmanager
+async def served(
+    ctx: oc.JobContext, folder: pathlib.Path, **options: Any
+) -> AsyncIterator[tuple[oc.Mesh, oc.Mesh, FrontDoor, str, openai.AsyncOpenAI]]:
+    """A prefill and a decode generator behind a front door served over HTTP: yields them,
+    the front door, its URL and an OpenAI client of it."""
+    pre = await spawn(ctx, folder, "prefill")
+    dec = await spawn(ctx, folder, "decode")
+    async with (
+        FrontDoor(dec, prefill=pre, **options) as front,
+        http(front, ServedModel(folder, ["m"])) as url,
+        client_of(url) as client,
+    ):
+        yield pre, dec, front, url, client
+
+
 async def test_long_prompts_are_prefilled_on_the_prefill_pool(
     ctx: oc.JobContext, folder: pathlib.Path
 ) -> None:
-    pre, dec, alone = [await spawn(ctx, folder, n) for n in ("prefill", "decode", "alone")]
+    alone = await spawn(ctx, folder, "alone")
     model = ServedModel(folder, ["m"])
-    async with (
-        FrontDoor(dec, prefill=pre, prefill_min_tokens=32) as front,
-        http(front, model) as url,
-        client_of(url) as client,
-    ):
+    async with served(ctx, folder, prefill_min_tokens=32) as (pre, dec, front, url, client):
         # the second shares 3 blocks with the first: its decode side reads only the 4th
         for ids in (list(range(5, 65)), list(range(5, 85)), [5, 6, 7]):
             r = await client.completions.create(
@@ -80,14 +96,7 @@ async def test_long_prompts_are_prefilled_on_the_prefill_pool(
 async def test_a_prefill_generator_killed_moves_prompts_to_their_decode_side(
     ctx: oc.JobContext, folder: pathlib.Path
 ) -> None:
-    pre = await spawn(ctx, folder, "prefill")
-    dec = await spawn(ctx, folder, "decode")
-    model = ServedModel(folder, ["m"])
-    async with (
-        FrontDoor(dec, prefill=pre, prefill_min_tokens=8) as front,
-        http(front, model) as url,
-        client_of(url) as client,
-    ):
+    async with served(ctx, folder, prefill_min_tokens=8) as (pre, dec, front, _, client):
         assert front.prefill is not None
         first = await client.completions.create(model="m", prompt=words(40), max_tokens=4)
         os.kill(await pid_of(ctx, pre, 0), signal.SIGKILL)
@@ -104,14 +113,7 @@ async def test_a_prefill_generator_killed_moves_prompts_to_their_decode_side(
 async def test_a_client_that_goes_away_frees_blocks_on_both_sides(
     ctx: oc.JobContext, folder: pathlib.Path
 ) -> None:
-    pre = await spawn(ctx, folder, "prefill")
-    dec = await spawn(ctx, folder, "decode")
-    model = ServedModel(folder, ["m"])
-    async with (
-        FrontDoor(dec, prefill=pre, prefill_min_tokens=8) as front,
-        http(front, model) as url,
-        client_of(url) as client,
-    ):
+    async with served(ctx, folder, prefill_min_tokens=8) as (pre, dec, front, _, client):
         stream = await client.completions.create(
             model="m", prompt=words(80), max_tokens=3000, stream=True,
             extra_body={"ignore_eos": True},
@@ -126,4 +128,28 @@ async def test_a_client_that_goes_away_frees_blocks_on_both_sides(
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         await until_idle(pre)
+        assert front.pending == 0
+
+
+async def test_a_request_abandoned_during_its_prefill_leaves_nothing_held(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    pre = await spawn(ctx, folder, "prefill")
+    dec = await spawn(ctx, folder, "decode")
+    async with FrontDoor(dec, prefill=pre, prefill_min_tokens=8, hold_s=0.2) as front:
+        await pre.pause.call_one()  # the prefill waits until the caller has gone
+        opening = asyncio.create_task(front.open(list(range(5, 105)), max_new_tokens=4))
+        deadline = time.monotonic() + 20
+        while (await pre.stats.call_one())["waiting"] == 0:
+            assert time.monotonic() < deadline, "the prefill never reached its generator"
+            await asyncio.sleep(0.02)
+        opening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await opening
+        await pre.resume.call_one()
+        while (s := await pre.stats.call_one())["held"] or s["waiting"] or s["running"]:
+            assert time.monotonic() < deadline, f"the prefill generator still holds work: {s}"
+            await asyncio.sleep(0.05)
+        await until_idle(pre)
+        await until_idle(dec)
         assert front.pending == 0

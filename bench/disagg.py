@@ -1,0 +1,220 @@
+"""Prefill/decode disaggregation against co-location: ``orchestr serve`` both ways on one
+checkpoint and the same cores, driven by vLLM's benchmark client (``vllm bench serve``,
+through ``bench/vllm_bench_serve.py``).
+
+    python bench/disagg.py [--quick] [--checkpoint DIR] [--vllm-python PY] [--mixes ...]
+                           [--rates R,R,..] [--slo-ttft MS] [--slo-tpot MS]
+
+The checkpoint is ``bench/serving.py``'s (Llama family, 8 layers, hidden 512, about 24M
+parameters, float32), made locally unless ``--checkpoint`` names one. Two servers, each two
+generators of one thread (``--torch-threads 1``: two cores in all):
+
+- **colocated**: ``orchestr serve --generators 2 --router kv``: each generator prefills and
+  decodes its own requests (chunked prefill shares a step with the decodes).
+- **disagg**: ``orchestr serve --prefill 1 --decode 1``: prompts of 64 tokens or more are
+  computed on the prefill generator and their KV read one-sided by the decode generator.
+
+Mixes (random tokens, ``ignore_eos`` so every output has its length): **prefill_heavy**
+(input 1,024, output 64) and **decode_heavy** (input 128, output 512), each at the request
+rates ``--rates`` (Poisson arrivals). Goodput counts the requests that meet both SLOs, TTFT
+<= ``--slo-ttft`` and TPOT <= ``--slo-tpot`` (vLLM's per-request mean time per output token);
+each system's figure is the best rate's. ``kv_transfer_gbps`` is the disaggregated server's
+bytes read over seconds reading them (its ``/metrics`` counters, over the mix). The limit is
+the data plane's own: one ``Buffer.read_into`` of a 1,024-token prompt's KV between two
+worker processes on this machine (``read_into_gbps``), beside ``read_spans`` in the layout a
+handoff reads (``spans_gbps``: one span per layer plane).
+
+Prints a table per mix and one JSON line last: ``{"prefill_heavy": {"colocated": {...},
+"disagg": {...}, "limit": {...}}, "decode_heavy": {...}}`` with ``goodput_req_per_s``,
+``ttft_ms_p99``, ``tpot_ms_p99``, ``kv_transfer_gbps`` (disagg) and ``by_rate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+from serving import (  # noqa: E402
+    MODEL,
+    client,
+    common_args,
+    free_port,
+    prepared,
+    stop,
+    wait_healthy,
+)
+
+import orchestr as oc  # noqa: E402
+from orchestr.roles.generator._paged import block_spans  # noqa: E402
+
+SYSTEMS = ("colocated", "disagg")
+MIXES = {"prefill_heavy": (1024, 64), "decode_heavy": (128, 512)}
+KEYS = ("goodput_req_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99")
+
+
+def log(message: str) -> None:
+    print(f"[disagg] {message}", file=sys.stderr, flush=True)
+
+
+def start(system: str, folder: str, port: int) -> subprocess.Popen[bytes]:
+    pools = ["--generators", "2"] if system == "colocated" else ["--prefill", "1", "--decode", "1"]
+    cmd = [sys.executable, "-m", "orchestr.cli", "serve", folder, *pools, "--router", "kv",
+           "--torch-threads", "1", "--served-model-name", "tiny", "--port", str(port)]  # fmt: skip
+    log(f"starting {system}: orchestr serve {' '.join(pools)}")
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def counters(url: str) -> dict[str, float]:
+    """The server's KV transfer counters (summed over generators)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for name in ("bytes", "seconds", "failures"):
+        pattern = rf"^orchestr:kv_transfer_{name}_total(?:\{{[^}}]*\}})? ([0-9.e+-]+)$"
+        out[name] = sum(float(m) for m in re.findall(pattern, text, re.M))
+    return out
+
+
+def run_mix(
+    system: str, folder: str, vllm_python: str, mix: str, rates: list[str], n: int,
+    slo: dict[str, float],
+) -> dict[str, Any]:  # fmt: skip
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start(system, folder, port)
+    inp, out = MIXES[mix]
+    try:
+        wait_healthy(url, proc)
+        by_rate = {}
+        before = counters(url)
+        for rate in rates:
+            log(f"{system} {mix}: rate {rate}")
+            r = client(vllm_python, url, folder, [
+                "--dataset-name", "random", "--random-input-len", str(inp),
+                "--random-output-len", str(out), "--ignore-eos", "--num-prompts", str(n),
+                "--request-rate", rate,
+            ], slo)  # fmt: skip
+            by_rate[rate] = {
+                "goodput_req_per_s": r.get("request_goodput", 0.0),
+                "ttft_ms_p50": r["p50_ttft_ms"],
+                "ttft_ms_p99": r["p99_ttft_ms"],
+                "tpot_ms_p50": r["p50_tpot_ms"],
+                "tpot_ms_p99": r["p99_tpot_ms"],
+                "output_tokens_per_s": r["output_throughput"],
+                "failed": r["failed"],
+            }
+        after = counters(url)
+        best = max(by_rate.values(), key=lambda x: x["goodput_req_per_s"])
+        result: dict[str, Any] = {**best, "by_rate": by_rate}
+        if system == "disagg":
+            moved, took = after["bytes"] - before["bytes"], after["seconds"] - before["seconds"]
+            result["kv_transfer_gbps"] = moved / took / 1e9 if took else 0.0
+            result["kv_transfer_mb"] = moved / 1e6
+            result["kv_transfer_failures"] = after["failures"] - before["failures"]
+        return result
+    finally:
+        stop(proc)
+
+
+class Owner(oc.Actor):
+    @oc.endpoint
+    def share(self, n: int) -> oc.Buffer:
+        self.memory = oc.fabric.empty(n, dtype=torch.uint8).fill_(1)
+        return oc.Buffer(self.memory)
+
+
+class Reader(oc.Actor):
+    @oc.endpoint
+    async def read(self, buf: oc.Buffer, n: int, iters: int, planes: int) -> list[float]:
+        """Seconds of ``read_into`` of all ``n`` bytes and of ``read_spans`` of them in a
+        handoff's layout (64 blocks, one span per plane), alternately, after one warm-up."""
+        whole, spans = torch.ones(n, dtype=torch.uint8), torch.ones(n, dtype=torch.uint8)
+        layout = block_spans(list(range(64)), planes, n // planes, n // 64 // planes)
+        times: list[float] = []
+        for _ in range(iters + 1):
+            t0 = time.perf_counter()
+            await buf.read_into(whole)
+            t1 = time.perf_counter()
+            await buf.read_spans([(at, spans[to : to + k]) for at, k, to in layout])
+            times += [t1 - t0, time.perf_counter() - t1]
+        return times[2:]
+
+
+def limit(folder: str, iters: int) -> dict[str, Any]:
+    """The data plane's bandwidth for one 1,024-token prompt's KV, between two processes."""
+    from orchestr.roles import kv_block_bytes
+
+    block = kv_block_bytes(folder, 16)
+    nbytes = 1024 // 16 * block
+    planes = 2 * MODEL["layers"]
+
+    async def job(ctx: oc.JobContext) -> list[float]:
+        owner = await ctx.spawn(Owner)
+        reader = await ctx.spawn(Reader)
+        buf = await owner.share.call_one(nbytes)
+        times: list[float] = await reader.read.call_one(buf, nbytes, iters, planes)
+        return times
+
+    times = oc.run(job)
+    whole, spans = times[0::2], times[1::2]
+    return {
+        "bytes": nbytes,
+        "read_into_gbps": nbytes / statistics.median(whole) / 1e9,
+        "spans_gbps": nbytes / statistics.median(spans) / 1e9,
+    }
+
+
+def table(mix: str, res: dict[str, Any]) -> None:
+    print(f"{mix:<22}{'colocated':>14}{'disagg':>14}{'disagg/colocated':>20}")
+    for key in (*KEYS, "failed"):
+        a, b = res["colocated"][key], res["disagg"][key]
+        ratio = f"{b / a:>18.2f}x" if a else ""
+        print(f"{key:<22}{a:>14.2f}{b:>14.2f}{ratio}")
+    lim, d = res["limit"], res["disagg"]
+    print(
+        f"kv transfer {d['kv_transfer_gbps']:.2f} GB/s ({d['kv_transfer_mb']:.0f} MB); limit: "
+        f"read_into {lim['read_into_gbps']:.2f} GB/s, spans {lim['spans_gbps']:.2f} GB/s: "
+        f"{d['kv_transfer_gbps'] / lim['read_into_gbps']:.2f}x of read_into"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    common_args(parser)
+    parser.add_argument("--mixes", default=",".join(MIXES))
+    parser.add_argument("--rates", default=None, help="request rates (default per mix)")
+    parser.add_argument("--prompts", type=int, default=None, help="requests per rate")
+    parser.add_argument("--slo-ttft", type=float, default=2000.0, help="ms (default 2000)")
+    parser.add_argument("--slo-tpot", type=float, default=60.0, help="ms (default 60)")
+    args = parser.parse_args()
+    slo = {"ttft": args.slo_ttft, "tpot": args.slo_tpot}
+    defaults = {"prefill_heavy": "0.5,1,1.5", "decode_heavy": "0.5,1,2"}
+    results: dict[str, Any] = {}
+    with prepared(args) as (vllm_python, folder):
+        lim = limit(folder, 5 if args.quick else 20)
+        for mix in args.mixes.split(","):
+            rates = (args.rates or defaults[mix]).split(",")
+            if args.quick:
+                rates = rates[-1:]
+            n = args.prompts or (12 if args.quick else 40)
+            results[mix] = {s: run_mix(s, folder, vllm_python, mix, rates, n, slo) for s in SYSTEMS}
+            results[mix]["limit"] = lim
+            table(mix, results[mix])
+    results["slo_ms"] = slo
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
