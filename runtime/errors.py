@@ -48,6 +48,8 @@ marked with it below. ``tests/test_errors.py`` keeps this drawing and the classe
     │   └── StaleWeightsError            the weights or a sample are older than allowed
     ├── KVStoreError                 a KV store request cannot be served (roles.kvstore)
     │   └── LeaseExpiredError            a lease ran out before its reader finished
+    ├── HandoffError                 a prompt's prefilled KV could not be read, and the decode
+    │                                generator does not recompute it (roles.generator)
     ├── ServingError                 a request cannot be served (roles.serving)
     │   ├── NoWorkerError                    no generator is in rotation
     │   ├── OverloadedError                  the front door has its most requests in flight

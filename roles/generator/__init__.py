@@ -3,6 +3,7 @@ it (``_actor``), which streams completions and loads new weights from a trainer.
 
 from ._actor import Generator
 from ._engine import Engine
+from ._handoff import HandoffError
 from ._kvlink import kv_block_bytes
 from ._paged_engine import PagedEngine
 from ._types import Completion, EngineStats, Request, TokenDelta, Updates
@@ -12,6 +13,7 @@ __all__ = [
     "Engine",
     "EngineStats",
     "Generator",
+    "HandoffError",
     "PagedEngine",
     "Request",
     "TokenDelta",

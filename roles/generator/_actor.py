@@ -129,8 +129,11 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
     ) -> None:
         """Queue requests (``Request`` or dicts of its fields); their completions arrive
         through :meth:`next_completed`, or, with ``stream`` (a reader's name), token by token
-        through that reader's :meth:`updates`. Blocks at most for the step in progress.
-        Raises ``ValueError`` for a bad request, and then queues none of them.
+        through that reader's :meth:`updates`. ``kv_from`` maps request ids to handoffs of
+        their prompts' KV from prefill generators (:meth:`prefill`), read before they are
+        queued. Blocks on those reads and at most the step in progress. Raises
+        ``ValueError`` for a bad request, and then queues none of them, and
+        :class:`~orchestr.roles.HandoffError` for a handoff not read under ``on_handoff_failure="fail"``.
 
         Cancel-safe: the requests are queued, all of them, or none."""
         reqs = [as_request(r) for r in requests]
@@ -201,10 +204,10 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
     ) -> list[Completion]:
         """Submit ``requests`` and return their completions in request order, when all are
         done. They do not appear in :meth:`next_completed`. Cancelling the call cancels the
-        requests still running.
+        requests still running. ``kv_from``: as :meth:`submit` takes it.
 
         Blocks until the last request has finished; raises ``ValueError`` for a bad request
-        (none is queued), :class:`ClosedResourceError` when the generator closes meanwhile and
+        (none is queued), :class:`HandoffError` as :meth:`submit` does, :class:`ClosedResourceError` when the generator closes meanwhile and
         ``RuntimeError`` when it is reset."""
         reqs = [as_request(r) for r in requests]
         self._ensure_running()

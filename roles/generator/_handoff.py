@@ -58,6 +58,8 @@ Handoff = dict[str, Any]
 class HandoffError(oc.OrchestrError):
     """A request's prefilled KV could not be read, and this generator does not recompute it."""
 
+    __module__ = "orchestr.roles"
+
 
 def prefill_request(request: Request) -> Request:
     """The request a prefill generator runs for ``request``: its prompt, one greedy token

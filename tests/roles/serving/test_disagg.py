@@ -153,3 +153,23 @@ async def test_a_request_abandoned_during_its_prefill_leaves_nothing_held(
         await until_idle(pre)
         await until_idle(dec)
         assert front.pending == 0
+
+
+async def test_a_decode_generator_killed_fails_its_requests_and_holds_nothing(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    async with served(ctx, folder, prefill_min_tokens=8) as (pre, dec, front, _, client):
+        stream = await client.completions.create(
+            model="m", prompt=words(60), max_tokens=3000, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        chunks = aiter(stream)
+        await anext(chunks)
+        os.kill(await pid_of(ctx, dec, 0), signal.SIGKILL)
+        with pytest.raises(openai.APIError, match="generator decode\\[0\\] failed"):
+            async for _ in chunks:
+                pass
+        assert front.workers == [] and front.pending == 0
+        assert front.prefill is not None and front.prefill.counts["prefill_remote"] == 1
+        assert (await pre.stats.call_one())["held"] == 0  # the read had ended the lease
+        await until_idle(pre)
