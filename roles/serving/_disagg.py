@@ -35,10 +35,10 @@ MIN_TOKENS = 64
 
 
 class Prefill:
-    """The prefill pool behind a front door: ``generators`` (a mesh of
-    :class:`~orchestr.roles.Generator`), routed by ``door`` (a :class:`FrontDoor` over them,
-    for its readers and router). ``hold_s`` is each handoff's lease. Counts requests by path
-    in :attr:`counts`."""
+    """The prefill pool behind a front door: ``door``, a :class:`FrontDoor` over the prefill
+    generators (for its readers and router). Prompts under ``min_tokens`` tokens stay on
+    their decode generator; ``hold_s`` is each handoff's lease. Counts requests by path in
+    :attr:`counts`. Raises ``ValueError`` for a bad threshold or ``hold_s``."""
 
     def __init__(self, door: Any, *, min_tokens: int = MIN_TOKENS, hold_s: float = 10.0) -> None:
         if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 1:
@@ -55,8 +55,8 @@ class Prefill:
         ``kv_from``; ``None`` when it is to be prefilled on its decode generator (a short
         prompt, or no prefill generator could do it).
 
-        Blocks on the prefill. Raises nothing but cancellation; cancelled after the
-        handoff was made, its lease is released."""
+        Blocks on the prefill. Raises ``ValueError`` for a request the prefill generator
+        refuses; cancel-safe (a lease granted meanwhile expires unread)."""
         if len(request.prompt) < self.min_tokens:
             self.counts["prefill_local"] += 1
             return None
@@ -68,6 +68,12 @@ class Prefill:
         member = self.door.member(worker)
         try:
             handoff = await member.prefill.call_one(request, hold_s=self.hold_s)
+        except oc.ActorError as exc:
+            if exc.remote_type in ("ValueError", "TypeError"):
+                raise ValueError(exc.remote_message) from None
+            self.counts["prefill_fallback"] += 1  # its engine failed: the decode side can
+            log.warning("prefill failed: prefilled on the decode side", error=repr(exc)[:200])
+            return None
         except (oc.ActorDiedError, oc.CallError) as exc:
             self.door.lose(worker, exc)
             self.counts["prefill_fallback"] += 1

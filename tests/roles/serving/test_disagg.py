@@ -137,6 +137,9 @@ async def test_a_request_abandoned_during_its_prefill_leaves_nothing_held(
     pre = await spawn(ctx, folder, "prefill")
     dec = await spawn(ctx, folder, "decode")
     async with FrontDoor(dec, prefill=pre, prefill_min_tokens=8, hold_s=0.2) as front:
+        with pytest.raises(ValueError, match="longer than|context|max"):  # refused, not lost
+            await front.open([5] * 5000, max_new_tokens=4)
+        assert front.prefill is not None and front.prefill.counts["prefill_fallback"] == 0
         await pre.pause.call_one()  # the prefill waits until the caller has gone
         opening = asyncio.create_task(front.open(list(range(5, 105)), max_new_tokens=4))
         deadline = time.monotonic() + 20
