@@ -37,6 +37,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,25 @@ def _build_root() -> Path:
     return Path(cache).resolve() / "torch_extensions" / version
 
 
+#: A build lock older than this was left by a build that was killed (a build takes about a
+#: minute here): torch's builder would wait on it forever.
+STALE_LOCK_S = 600.0
+
+
+def clear_stale_lock(folder: Path, max_age_s: float = STALE_LOCK_S) -> bool:
+    """Remove ``folder``'s build lock when it is older than ``max_age_s`` (torch's builder
+    takes the lock by creating the file and never checks its holder is alive, so a build
+    killed mid-way blocks every later one); returns whether it did."""
+    lock = folder / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime <= max_age_s:
+            return False
+        lock.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def _build() -> Kernels | str:
     """The op, built or loaded; or why it cannot be."""
     if os.environ.get("ORCHESTR_KERNELS", "1") == "0":
@@ -137,6 +157,7 @@ def _build() -> Kernels | str:
             from torch.utils.cpp_extension import load
 
             folder.mkdir(parents=True, exist_ok=True)
+            clear_stale_lock(folder)
             load(
                 name=name,
                 sources=[str(SOURCE)],
