@@ -107,14 +107,10 @@ class Holds:
                 self._granted[c.id] = self._grant(engine, c, hold_s)
 
     def take(self, request_id: str) -> Handoff | None:
-        """The handoff of a wanted request that finished (once), else ``None``."""
-        return self._granted.pop(request_id, None)
-
-    def forget(self, request_id: str) -> None:
-        """Stop wanting ``request_id`` (its caller went away); a lease granted already
-        expires on its own."""
+        """The handoff of a wanted request that finished, else ``None``; either way
+        ``request_id`` is wanted no more (a lease granted and not taken expires)."""
         self._wanted.pop(request_id, None)
-        self._granted.pop(request_id, None)
+        return self._granted.pop(request_id, None)
 
     def end(self, engine: Any, lease: int, *, check: bool) -> bool:
         """Release ``lease``'s blocks. With ``check``, raise :class:`LeaseExpiredError`
@@ -150,7 +146,7 @@ class Holds:
             self._leases[lease] = (blocks, self._clock() + hold_s)
         if self.buffer is None:
             self.buffer = oc.Buffer(engine.kv_memory)
-        planes = 2 * engine.layers
+        planes, plane_bytes, row_bytes = engine.kv_layout
         self.counts["orchestr:kv_handoff_leases"] += 1
         return {
             "lease": lease if blocks else 0,
@@ -158,8 +154,8 @@ class Holds:
             "blocks": blocks,
             "keys": keys,
             "planes": planes,
-            "plane_bytes": engine.kv_memory.numel() * engine.kv_memory.element_size() // planes,
-            "row_bytes": engine.block_nbytes // planes,
+            "plane_bytes": plane_bytes,
+            "row_bytes": row_bytes,
             "tokens": len(blocks) * engine.cache_keys()[0],
             "ttl": hold_s,
             "version": c.version,
@@ -294,7 +290,6 @@ class HandoffEndpoints:
             await self.generate([r])
         finally:
             handoff = self._holds.take(r.id)
-            self._holds.forget(r.id)
             if self._holds.leases and (self._expiring is None or self._expiring.done()):
                 self._expiring = asyncio.get_running_loop().create_task(self._expire())
         if handoff is None:  # the generator was reset meanwhile

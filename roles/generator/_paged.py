@@ -38,8 +38,8 @@ class PagedKV:
 
     Every layer's keys, then every layer's values, lie end to end in one region,
     :attr:`memory`: on the CPU it is shared memory (:func:`orchestr.fabric.empty`), so a
-    :class:`~orchestr.Buffer` over it lets a peer read blocks one-sided (:meth:`spans` says
-    where they are) while this process keeps computing."""
+    :class:`~orchestr.Buffer` over it lets a peer read blocks one-sided (:func:`block_spans`
+    of its :attr:`layout` says where they are) while this process keeps computing."""
 
     def __init__(
         self,
@@ -65,26 +65,13 @@ class PagedKV:
         planes = [self.memory[i * per : (i + 1) * per].view(shape) for i in range(2 * layers)]
         self.keys, self.values = planes[:layers], planes[layers:]
 
-    def spans(self, blocks: list[int]) -> list[tuple[int, int, int]]:
-        """:func:`block_spans` of ``blocks`` in :attr:`memory`."""
+    @property
+    def layout(self) -> tuple[int, int, int]:
+        """``(planes, plane_bytes, row_bytes)`` of :attr:`memory`, as :func:`block_spans`
+        takes them: every layer's keys then values, and one block's share of each."""
         plane = self.keys[0]
         row = plane[0].numel() * plane.element_size()
-        return block_spans(blocks, 2 * len(self.keys), plane.shape[0] * row, row)
-
-    def load_rows(self, blocks: list[int], rows: torch.Tensor) -> None:
-        """Write a copy laid out as :meth:`spans` reads it (``rows``: flat bytes, or any
-        tensor of that many bytes) into ``blocks``. Raises ``ValueError`` for another size."""
-        if not blocks:
-            return
-        first = self.keys[0]
-        nbytes = 2 * len(self.keys) * len(blocks) * first[0].numel() * first.element_size()
-        if rows.numel() * rows.element_size() != nbytes:
-            raise ValueError(f"{len(blocks)} blocks are {nbytes} bytes here")
-        planes = rows.reshape(-1).view(torch.uint8).view(first.dtype)
-        planes = planes.reshape(2 * len(self.keys), len(blocks), *first.shape[1:]).to(first.device)
-        index = torch.tensor(blocks, device=first.device)
-        for plane, t in zip(planes, (*self.keys, *self.values), strict=True):
-            t.index_copy_(0, index, plane)
+        return 2 * len(self.keys), plane.shape[0] * row, row
 
     @property
     def nbytes(self) -> int:
@@ -106,20 +93,36 @@ class PagedKV:
         flat = rows.cpu().contiguous().view(torch.uint8).reshape(len(blocks), -1)
         return list(flat.unbind(0))
 
-    def load(self, blocks: list[int], data: list[torch.Tensor]) -> None:
-        """Write what :meth:`export` gave (of blocks of the same model and block size) into
-        ``blocks``. Raises ``ValueError`` for data of another size."""
+    def planes_of(self, data: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+        """Blocks' keys and values as ``[planes, blocks, block_size, kv_heads, head_dim]``:
+        ``data`` is what :meth:`export` gave (a tensor per block, copied into one) or one
+        copy laid out as :func:`block_spans` reads the pool (viewed as it is). Raises
+        ``ValueError`` for data that is not whole blocks of this cache."""
+        first, size = self.keys[0], self.block_nbytes
+        planes = 2 * len(self.keys)
+        if isinstance(data, torch.Tensor):
+            nbytes = data.numel() * data.element_size()
+            if nbytes % size:
+                raise ValueError(f"a block of this engine is {size} bytes, not part of {nbytes}")
+            flat = data.reshape(-1).view(torch.uint8).view(first.dtype)
+            return flat.view(planes, nbytes // size, *first.shape[1:])
+        if any(d.numel() * d.element_size() != size for d in data):
+            raise ValueError(f"a block of this engine is {size} bytes")
+        if not data:
+            return first.new_empty((planes, 0, *first.shape[1:]))
+        raw = torch.stack([d.reshape(-1).view(torch.uint8) for d in data]).view(first.dtype)
+        return raw.view(len(data), planes, *first.shape[1:]).transpose(0, 1)
+
+    def write(self, blocks: list[int], planes: torch.Tensor) -> None:
+        """Write ``planes`` (:meth:`planes_of`, one block of each plane per id in
+        ``blocks``) into ``blocks``."""
         if not blocks:
             return
-        size, first = self.block_nbytes, self.keys[0]
-        if len(data) != len(blocks) or any(d.numel() * d.element_size() != size for d in data):
-            raise ValueError(f"{len(blocks)} blocks take {len(blocks)} tensors of {size} bytes")
-        raw = torch.stack([d.reshape(-1).view(torch.uint8) for d in data])
-        rows = raw.view(first.dtype).reshape(len(blocks), 2 * len(self.keys), *first.shape[1:])
-        rows = rows.to(first.device)
+        first = self.keys[0]
+        planes = planes.to(first.device)
         index = torch.tensor(blocks, device=first.device)
-        for i, t in enumerate((*self.keys, *self.values)):
-            t.index_copy_(0, index, rows[:, i])
+        for plane, t in zip(planes, (*self.keys, *self.values), strict=True):
+            t.index_copy_(0, index, plane)
 
 
 class PagedRunner:
@@ -339,7 +342,7 @@ def block_spans(
     layer's keys, then every layer's values) of ``plane_bytes`` each, a block being
     ``row_bytes`` of each plane: ``(offset, nbytes, at)`` per plane per run of consecutive
     block ids, ``at`` being where the span goes in a copy laid out as
-    :meth:`PagedKV.load_rows` takes it (each plane's blocks in ``blocks``' order). So blocks
+    :meth:`PagedKV.planes_of` takes it (each plane's blocks in ``blocks``' order). So blocks
     allocated one after another are ``planes`` spans, whatever their number."""
     runs: list[list[int]] = []  # [first block, count, index in blocks]
     for i, b in enumerate(blocks):

@@ -201,42 +201,27 @@ class PagedEngine(Pausable):
         """Enter blocks of ``prompt`` read from elsewhere: ``data`` holds the keys and values
         of ``keys[start:]`` (:meth:`prefix_plan`'s keys, under the current weights), one
         tensor per block as :meth:`take_offload` gives them, or one copy of all of them laid
-        out as :meth:`kv_spans` reads it. Those cached here meanwhile are skipped; none when
-        the blocks before ``start`` are not cached any more, fewer when the pool has fewer
-        free blocks. Returns the tokens entered. Call between steps."""
-        if isinstance(data, torch.Tensor):
-            count = data.numel() * data.element_size() // self.block_nbytes
-            if count * self.block_nbytes != data.numel() * data.element_size():
-                raise ValueError(f"a block of this engine is {self.block_nbytes} bytes")
-        else:
-            count = len(data)
-            if any(d.numel() * d.element_size() != self.block_nbytes for d in data):
-                raise ValueError(f"a block of this engine is {self.block_nbytes} bytes")
-        first, blocks = self._sched.adopt(keys, prompt, start, count)
-        if not blocks:
-            return 0
-        lo, hi = first - start, first - start + len(blocks)
-        if isinstance(data, torch.Tensor):
-            planes = data.reshape(-1).view(torch.uint8).reshape(2 * self.layers, count, -1)
-            self._kv.load_rows(blocks, planes[:, lo:hi].contiguous())
-        else:
-            self._kv.load(blocks, data[lo:hi])
+        out as a peer reads them from :attr:`kv_memory` (:func:`~._paged.block_spans`).
+        Those cached here meanwhile are skipped; none when the blocks before ``start`` are
+        not cached any more, fewer when the pool has fewer free blocks. Returns the tokens
+        entered. Raises ``ValueError`` for data that is not whole blocks. Call between
+        steps."""
+        planes = self._kv.planes_of(data)
+        first, blocks = self._sched.adopt(keys, prompt, start, planes.shape[1])
+        self._kv.write(blocks, planes[:, first - start : first - start + len(blocks)])
         return len(blocks) * self._pool.block_size
 
     # -- blocks handed to another engine (prefill -> decode) -------------------------------
-    @property
-    def layers(self) -> int:
-        return len(self._kv.keys)
-
     @property
     def kv_memory(self) -> torch.Tensor:
         """The region holding every block (:attr:`PagedKV.memory`): register it as a
         :class:`~orchestr.Buffer` for peers to read blocks from."""
         return self._kv.memory
 
-    def kv_spans(self, blocks: list[int]) -> list[tuple[int, int, int]]:
-        """:meth:`PagedKV.spans`: where ``blocks`` lie in :attr:`kv_memory`."""
-        return self._kv.spans(blocks)
+    @property
+    def kv_layout(self) -> tuple[int, int, int]:
+        """:attr:`PagedKV.layout` of :attr:`kv_memory`: where a block lies in it."""
+        return self._kv.layout
 
     def hold_prefix(self, prompt: list[int]) -> tuple[list[bytes], list[int]]:
         """Hold the blocks of ``prompt``'s prefix cached here (the full blocks before its

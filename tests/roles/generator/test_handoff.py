@@ -57,11 +57,11 @@ def test_held_blocks_read_by_another_engine_continue_the_request_exactly(
     keys, blocks = pre.hold_prefix(p)
     assert len(keys) == len(blocks) == 6
     # held: a burst of other prompts that needs every block cannot take them
-    pre.submit([Request(f"o{i}", prompt(200, salt=i + 1), 1) for i in range(3)])
+    pre.submit([Request(f"o{i}", prompt(200, salt=i + 1), 1) for i in range(5)])
     drain(pre)
     assert pre.prefix_plan(p)[1] == 6  # still cached, as held
-    spans = pre.kv_spans(blocks)
-    assert len(spans) == 2 * pre.layers  # allocated one after another: one run
+    spans = block_spans(blocks, *pre.kv_layout)
+    assert len(spans) == pre.kv_layout[0]  # allocated one after another: one span a plane
     memory = pre.kv_memory.view(torch.uint8)
     data = torch.empty(len(blocks) * pre.block_nbytes, dtype=torch.uint8)
     for at, n, to in spans:

@@ -43,6 +43,17 @@ def words(n: int) -> str:
     return " ".join(f"w{i % 37}" for i in range(n))
 
 
+async def streaming(client: openai.AsyncOpenAI, prompt: str) -> tuple[Any, AsyncIterator[Any]]:
+    """A long streamed completion of ``prompt``, once its first chunk has arrived: the
+    stream, and its chunks from the second on."""
+    stream = await client.completions.create(
+        model="m", prompt=prompt, max_tokens=3000, stream=True, extra_body={"ignore_eos": True}
+    )
+    chunks = aiter(stream)
+    await anext(chunks)
+    return stream, chunks
+
+
 @contextlib.asynccontextmanager
 async def served(
     ctx: oc.JobContext, folder: pathlib.Path, **options: Any
@@ -114,12 +125,7 @@ async def test_a_client_that_goes_away_frees_blocks_on_both_sides(
     ctx: oc.JobContext, folder: pathlib.Path
 ) -> None:
     async with served(ctx, folder, prefill_min_tokens=8) as (pre, dec, front, _, client):
-        stream = await client.completions.create(
-            model="m", prompt=words(80), max_tokens=3000, stream=True,
-            extra_body={"ignore_eos": True},
-        )  # fmt: skip
-        chunks = aiter(stream)
-        await anext(chunks)
+        stream, _ = await streaming(client, words(80))
         assert (await kv_usage(dec))[0] > 0
         await stream.close()
         await until_idle(dec)
@@ -162,12 +168,7 @@ async def test_a_decode_generator_killed_fails_its_requests_and_holds_nothing(
     ctx: oc.JobContext, folder: pathlib.Path
 ) -> None:
     async with served(ctx, folder, prefill_min_tokens=8) as (pre, dec, front, _, client):
-        stream = await client.completions.create(
-            model="m", prompt=words(60), max_tokens=3000, stream=True,
-            extra_body={"ignore_eos": True},
-        )  # fmt: skip
-        chunks = aiter(stream)
-        await anext(chunks)
+        _, chunks = await streaming(client, words(60))
         os.kill(await pid_of(ctx, dec, 0), signal.SIGKILL)
         with pytest.raises(openai.APIError, match="generator decode\\[0\\] failed"):
             async for _ in chunks:
