@@ -10,6 +10,8 @@
   (:class:`WeightPublisher` / :class:`WeightLoader`) and checkpoints.
 - :class:`KVStore` holds content-addressed KV blocks (host memory, then disk) that generators
   put and read one-sided over the data plane (``orchestr.roles.kvstore``).
+- :class:`ExpertHost` holds routed experts of a MoE checkpoint apart from its generators
+  (``Generator(expert_hosts=...)``); placement and rebalancing in ``orchestr.roles.experts``.
 - :class:`Reward` scores ``(prompt, completion)`` pairs with a scorer named by path.
 - :func:`run_grpo` runs the three together in ``sync``, ``stream`` or ``stream+skew``
   mode; :func:`train` is the single-process reference the ``sync`` mode reproduces.
@@ -35,6 +37,7 @@ from ._common._weightplan import (
     WeightSyncError,
 )
 from ._common._weights import WeightLoader, WeightPublisher, WeightsRef
+from .experts import ExpertHost, ExpertUnavailableError
 from .generator import (
     Completion,
     Engine,
@@ -76,6 +79,8 @@ __all__ = [
     "Completion",
     "Engine",
     "EngineStats",
+    "ExpertHost",
+    "ExpertUnavailableError",
     "GRPOConfig",
     "GRPOResult",
     "Generator",

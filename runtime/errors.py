@@ -50,6 +50,8 @@ marked with it below. ``tests/test_errors.py`` keeps this drawing and the classe
     │   └── LeaseExpiredError            a lease ran out before its reader finished
     ├── HandoffError                 a prompt's prefilled KV could not be read, and the decode
     │                                generator does not recompute it (roles.generator)
+    ├── ExpertUnavailableError       an expert tokens were routed to is held by no live expert
+    │                                host (roles.experts)
     ├── ServingError                 a request cannot be served (roles.serving)
     │   ├── NoWorkerError                    no generator is in rotation
     │   ├── OverloadedError                  the front door has its most requests in flight

@@ -31,7 +31,7 @@ FABRIC = {
 ROLES = {
     "DEMO_CONFIG", "MODES", "SMALL_CONFIG", "Backend", "BackendError", "BackendSpec",
     "BackendUnavailableError", "ChecksumMismatchError", "Completion", "Engine", "EngineStats",
-    "GRPOConfig", "GRPOResult", "Generator", "HandoffError", "KVNamespace", "KVStore", "KVStoreError",
+    "ExpertHost", "ExpertUnavailableError", "GRPOConfig", "GRPOResult", "Generator", "HandoffError", "KVNamespace", "KVStore", "KVStoreError",
     "LeaseExpiredError", "LengthRanker", "ManifestMismatchError",
     "PagedEngine", "Request",
     "Reward", "StaleWeightsError", "StepRecord", "TinyLM", "TinyLMConfig", "TokenDelta",

@@ -29,7 +29,7 @@ from orchestr.roles._common._backend import BackendSpec, choose_backend
 from orchestr.roles._common._factory import DEFAULT_MODEL
 from orchestr.roles._common._weights import WeightLoader
 
-from ._build import build_engine, in_thread
+from ._build import build_engine, in_thread, use_hosts
 from ._handoff import HandoffEndpoints
 from ._kvlink import close_store, with_store
 from ._metrics import EngineMetrics
@@ -58,7 +58,9 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
     ``vllm`` gives ``EngineArgs`` options). ``kv_store`` (a :class:`~orchestr.roles.KVStore` mesh; paged
     engine) backs the prefix cache: cached blocks are offloaded, stored prefixes onboarded.
     A paged generator also hands prompts' KV to others (:mod:`._handoff`: :meth:`prefill`
-    there, ``kv_from`` here); ``on_handoff_failure`` is what a failed read does here."""
+    there, ``kv_from`` here); ``on_handoff_failure`` is what a failed read does here.
+    ``expert_hosts`` (an :class:`~orchestr.roles.ExpertHost` mesh; paged engine, MoE
+    checkpoint) runs the routed experts of every sparse layer on those hosts."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -84,6 +86,7 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
         model: str | None = None,
         kv_store: Any = None,
         on_handoff_failure: str = "recompute",
+        expert_hosts: Any = None,
     ) -> None:
         if model is not None and checkpoint not in (None, model):
             raise oc.ConfigError("give the checkpoint once: model= or checkpoint=")
@@ -100,6 +103,7 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
             kv=kv, vllm=vllm, model_kwargs=model_kwargs, version=version, eos_id=eos_id,
             pad_id=pad_id, max_seq_len=max_seq_len, vocab_size=vocab_size,
         )  # fmt: skip
+        self._experts = None if expert_hosts is None else use_hosts(self._engine, expert_hosts)
         self._engine = with_store(self._engine, kv_store, checkpoint or model_factory)
         self._init_handoff(on_handoff_failure)
         self._metrics = EngineMetrics(
@@ -292,11 +296,14 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
         nothing; raises nothing; cancel-safe."""
         async with self._lock:
             handoffs = {**self._holds.counts, **self._handoff_counts, "held": self._holds.leases}
-            return {
+            out = {
                 **dataclasses.asdict(self._engine.stats()),
                 "ready": len(self._ready),
                 **handoffs,
             }
+            if self._experts is not None:
+                out["experts"] = self._experts.stats()
+            return out
 
     @oc.endpoint(concurrent=True)
     async def aclose(self) -> None:

@@ -22,6 +22,7 @@ from orchestr.roles._common._hf._tokenizer import Tokenizer
 from orchestr.roles._common._model import TinyLM
 from orchestr.roles._common._weightplan import weights_digest
 from orchestr.roles._common._weights import WeightLoader, WeightsRef
+from orchestr.roles.experts import ExpertClient, attach_experts
 
 from ._engine import Engine
 from ._paged_engine import PagedEngine
@@ -168,6 +169,16 @@ def _recompute(
         vocab_size=vocab_size,
     )
     return Weights(model, built), built
+
+
+def use_hosts(engine: Any, hosts: Any) -> ExpertClient:
+    """``engine``'s model with its routed experts on expert ``hosts``. Raises
+    :class:`ConfigError` for an engine other than the paged one or a model without experts."""
+    if not isinstance(engine, PagedEngine):
+        raise oc.ConfigError(
+            f"expert hosts serve the paged engine's model; this generator runs {type(engine).__name__}"
+        )
+    return attach_experts(engine.model, hosts)
 
 
 async def in_thread(fn: Callable[..., T], *args: Any, threads: int | None = None) -> T:

@@ -13,6 +13,7 @@ are computed from positions in float32, as the reference does.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -187,7 +188,11 @@ class SparseMoE(nn.Module):
     ``experts`` (SwiGLU MLPs), whose outputs are summed with the router's softmax weights;
     a ``shared_expert`` every token passes through is added, scaled by
     ``sigmoid(shared_expert_gate(x))``. :meth:`route`, :meth:`run_experts` and
-    :meth:`shared` are the three parts, each over tokens ``[n, hidden]``."""
+    :meth:`shared` are the three parts, each over tokens ``[n, hidden]``. When ``remote`` is
+    set (``remote(x, experts, weights)``, :meth:`run_experts`'s signature), the routed experts
+    run there instead: on expert hosts (``orchestr.roles.experts``)."""
+
+    remote: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -230,7 +235,8 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         experts, weights = self.route(flat)
-        return (self.run_experts(flat, experts, weights) + self.shared(flat)).reshape(x.shape)
+        run = self.remote or self.run_experts
+        return (run(flat, experts, weights) + self.shared(flat)).reshape(x.shape)
 
 
 class DecoderLayer(nn.Module):

@@ -21,9 +21,9 @@ from safetensors import SafetensorError, safe_open
 import orchestr as oc
 
 from ._config import ModelConfig, read_config
-from ._layers import CausalLM
+from ._layers import MLP, CausalLM
 
-__all__ = ["load_model", "shards", "weight_names"]
+__all__ = ["expert_names", "load_experts", "load_model", "shards", "weight_names"]
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -98,6 +98,56 @@ def load_model(
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval()
+
+
+def expert_names(layer: int, expert: int) -> list[str]:
+    """The three tensors of one routed expert of a Qwen2-MoE layer."""
+    prefix = f"model.layers.{layer}.mlp.experts.{expert}."
+    return [f"{prefix}{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")]
+
+
+def load_experts(
+    folder: str | os.PathLike[str],
+    wanted: dict[int, list[int]],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> dict[tuple[int, int], MLP]:
+    """Only the routed experts ``wanted`` (layer -> experts) of the MoE checkpoint in
+    ``folder``, each an :class:`MLP` keyed ``(layer, expert)``: no other tensor is read. Raises
+    :class:`ConfigError` for a checkpoint without experts, a layer that does not route to
+    experts, an expert it does not have, or a missing or misshapen tensor."""
+    folder = os.fspath(folder)
+    cfg = read_config(folder)
+    moe = cfg.moe
+    if moe is None:
+        raise oc.ConfigError(f"{folder}: a {cfg.model_type} checkpoint has no experts")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for layer, experts in wanted.items():
+        if not (0 <= layer < cfg.num_hidden_layers and moe.sparse(layer)):
+            raise oc.ConfigError(f"{folder}: layer {layer} does not route to experts")
+        for e in experts:
+            if not 0 <= e < moe.num_experts:
+                raise oc.ConfigError(f"{folder}: no expert {e} (it has {moe.num_experts})")
+            gate, up, down = expert_names(layer, e)
+            width = moe.moe_intermediate_size
+            shapes |= {gate: (width, cfg.hidden_size), up: (width, cfg.hidden_size)}
+            shapes[down] = (cfg.hidden_size, width)
+    located = shards(folder)
+    for name in shapes:
+        if name not in located:
+            raise oc.ConfigError(f"{folder}: missing tensor {name!r}")
+    state = dict(_read(shapes, located, dtype, device))
+    out = {}
+    for layer, experts in wanted.items():
+        for e in experts:
+            with torch.device("meta"):
+                mlp = MLP(cfg, moe.moe_intermediate_size)
+            parts = [state[n] for n in expert_names(layer, e)]
+            keys = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+            mlp.load_state_dict(dict(zip(keys, parts, strict=True)), assign=True)
+            out[layer, e] = mlp.eval()
+    return out
 
 
 def _read(

@@ -1,0 +1,166 @@
+"""Experts on hosts of their own: dispatch and combine against the model's own MoE layer, a
+host that reads only its experts' tensors, and a generator whose sparse layers run on two
+expert host actors producing the logits, tokens and log-probs of the model in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import orchestr as oc
+from orchestr.roles import ExpertHost, Generator, Request, models
+from orchestr.roles._common._hf._load import load_experts
+from orchestr.roles.experts import ExpertMap, LoadWindow, attach_experts, combine, run_experts
+from orchestr.roles.generator._paged_engine import PagedEngine
+from tests.roles.generator.test_paged_engine import drain
+
+pytestmark = pytest.mark.timeout(240)
+
+EXPERTS = 8
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    path = tmp_path_factory.mktemp("moe") / "moe"
+    return pathlib.Path(
+        models.make_tiny("qwen2_moe", path, experts=EXPERTS, experts_per_token=2, layers=2)
+    )
+
+
+@pytest.fixture(scope="module")
+def model(folder: pathlib.Path) -> models.CausalLM:
+    return models.load_model(folder)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 1000),
+    tokens=st.integers(1, 40),
+    hosts=st.integers(1, 4),
+    extra=st.integers(0, 6),
+)
+def test_dispatch_and_combine_equal_the_layers_own_experts(
+    model: models.CausalLM, seed: int, tokens: int, hosts: int, extra: int
+) -> None:
+    moe = model.model.layers[0].mlp
+    assert isinstance(moe, models.SparseMoE)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, model.config.hidden_size, generator=gen)
+    experts, weights = moe.route(x)
+    # each expert on one host, then ``extra`` replicas on random hosts
+    holders = [[e % hosts] for e in range(EXPERTS)]
+    for _ in range(extra):
+        holders[int(torch.randint(EXPERTS, (1,), generator=gen))].append(
+            int(torch.randint(hosts, (1,), generator=gen))
+        )
+    sends = ExpertMap({0: holders}).plan(0, experts, weights)
+    assert len({s.host for s in sends}) == len(sends) <= hosts
+    assert sum(s.experts.numel() for s in sends) == experts.numel()
+    for s in sends:
+        assert all(s.host in holders[e] for e in s.experts.tolist())
+    modules = dict(enumerate(moe.experts))
+    outputs = [run_experts(modules, x[s.rows], s.slot, s.experts, s.weights) for s in sends]
+    assert torch.allclose(
+        combine(x, sends, outputs), moe.run_experts(x, experts, weights), atol=1e-6
+    )
+
+
+def test_replicas_take_equal_shares() -> None:
+    experts = torch.zeros(10, 1, dtype=torch.int64)  # ten tokens, all to expert 0
+    sends = ExpertMap({3: [[0, 1], [1]]}).plan(3, experts, torch.ones(10, 1))
+    assert [(s.host, s.experts.numel()) for s in sends] == [(0, 5), (1, 5)]
+    with pytest.raises(ValueError, match="no host holds expert 1"):
+        ExpertMap({0: [[0], []]})
+    with pytest.raises(ValueError, match="holds expert 9 of 8"):
+        ExpertMap.of_hosts([{0: [9]}], EXPERTS)
+
+
+def test_the_load_window_forgets_old_passes() -> None:
+    window = LoadWindow([0, 2], 4, window=2)
+    for routed in ([[0, 1]], [[1, 1]], [[3, 3]]):
+        window.add(2, torch.tensor(routed))
+    assert window.load() == {0: [0, 0, 0, 0], 2: [0, 2, 0, 2]}
+    with pytest.raises(ValueError, match="at least one pass"):
+        LoadWindow([0], 4, window=0)
+
+
+def test_a_host_reads_only_its_experts(folder: pathlib.Path, model: models.CausalLM) -> None:
+    held = load_experts(folder, {1: [2, 5]})
+    assert sorted(held) == [(1, 2), (1, 5)]
+    moe = model.model.layers[1].mlp
+    assert isinstance(moe, models.SparseMoE)
+    own = moe.experts[5].state_dict()
+    assert all(torch.equal(own[k], v) for k, v in held[1, 5].state_dict().items())
+    for wanted, match in (({2: [0]}, "layer 2 does not route"), ({0: [8]}, "no expert 8")):
+        with pytest.raises(oc.ConfigError, match=match):
+            load_experts(folder, wanted)
+
+
+async def test_a_generator_with_expert_hosts_matches_the_model_in_one_process(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    # experts 0-3 on host 0, 4-7 on host 1, and expert 2 on both (a replica)
+    hosts = await ctx.spawn(ExpertHost, str(folder), n=2, torch_threads=1)
+    await hosts[0].load.call_one({0: [0, 1, 2, 3], 1: [0, 1, 2, 3]})
+    assert await hosts[1].load.call_one({0: [2, 4, 5, 6, 7], 1: [4, 5, 6, 7]}) == {
+        0: [2, 4, 5, 6, 7],
+        1: [4, 5, 6, 7],
+    }
+    # logits of a batch, the experts dispatched from this process's own copy of the model
+    whole, split = models.load_model(folder), models.load_model(folder)
+    client = attach_experts(split, hosts)
+    assert all(len(layer.mlp.experts) == 0 for layer in split.model.layers)  # type: ignore[union-attr]
+    tokens = torch.tensor([[(5 * i + 3 * b) % 380 + 5 for i in range(24)] for b in range(3)])
+    lengths = torch.tensor([24, 17, 9])
+    with torch.no_grad():
+        want = whole(tokens, lengths)
+        got = await asyncio.to_thread(split, tokens, lengths)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert client.calls == 4  # two layers, two hosts each: one call per host per layer
+    assert sum(client.stats()["load"][0]) == 3 * 24 * 2  # every row, padding too, top 2
+    with pytest.raises(RuntimeError, match="engine's thread"):
+        client.run(0, tokens.float(), tokens[:, :2], tokens[:, :2].float())
+
+    # a generator serving a batch of mixed requests, against one engine holding it all
+    gen = await ctx.spawn(
+        Generator, checkpoint=str(folder), torch_threads=1, expert_hosts=hosts,
+        kv={"num_blocks": 64, "block_size": 16},
+    )  # fmt: skip
+    requests = [
+        Request(f"r{i}", [(11 * j + i) % 380 + 5 for j in range(n)], 10, temperature=0.0,
+                top_logprobs=1)
+        for i, n in enumerate((40, 7, 23, 64))
+    ]  # fmt: skip
+    got_c = await gen.generate.call_one(requests)
+    alone = PagedEngine(models.load_model(folder), num_blocks=64, block_size=16, model_id="m")
+    alone.submit(requests)
+    reference = drain(alone)
+    for c in got_c:
+        assert c.tokens == reference[c.id].tokens
+        assert torch.allclose(
+            torch.tensor(c.logprobs), torch.tensor(reference[c.id].logprobs), atol=1e-5
+        )
+    stats = await gen.stats.call_one()
+    assert stats["experts"]["holders"][0][2] == [0, 1]
+    host_stats = await hosts.stats.call()
+    assert all(s["tokens"][0][2] > 0 for s in host_stats)  # the replica took its share
+
+    # what a host refuses
+    with pytest.raises(oc.ActorError, match="ExpertUnavailableError: .* no expert 7 of layer 0"):
+        await hosts[0].forward.call_one(
+            0, torch.zeros(1, 64), torch.zeros(1, dtype=torch.int64),
+            torch.tensor([7]), torch.ones(1),
+        )  # fmt: skip
+    with pytest.raises(oc.ActorError, match="ValueError: .* of one length"):
+        await hosts[0].forward.call_one(
+            0, torch.zeros(1, 64), torch.zeros(2, dtype=torch.int64),
+            torch.tensor([1]), torch.ones(1),
+        )  # fmt: skip
+    with pytest.raises(oc.ActorError, match="ConfigError: .*no expert 9"):
+        await hosts[0].load.call_one({0: [9]})
+    assert await hosts[0].drop.call_one({0: [0]}) == {0: [1, 2, 3], 1: [0, 1, 2, 3]}
