@@ -9,7 +9,11 @@
 - A generator given ``expert_hosts=`` routes each sparse layer's tokens there:
   :class:`ExpertMap` plans one call per host per layer (replicas take turns), the hosts'
   partial sums are combined back in token order (:func:`attach_experts`); :class:`LoadWindow`
-  counts each expert's tokens over recent passes.
+  counts each expert's tokens over recent passes. A host that dies leaves the map and its
+  pairs go to other replicas; an expert with none fails the step or waits for a host
+  (``on_lost``).
+- :func:`rebalance_serving` applies a new placement while the generators serve: new replicas
+  loaded first, the switch between two engine steps, old ones dropped last.
 """
 
 from ._dispatch import ExpertMap, LoadWindow, Send, combine, run_experts
@@ -22,10 +26,12 @@ from ._placement import (
     host_loads,
     rebalance,
 )
-from ._remote import ExpertClient, attach_experts
+from ._rebalance import holder_balancedness, host_experts, placement_of, rebalance_serving
+from ._remote import ON_LOST, ExpertClient, attach_experts
 
 __all__ = [
     "MODES",
+    "ON_LOST",
     "ExpertClient",
     "ExpertHost",
     "ExpertMap",
@@ -37,7 +43,11 @@ __all__ = [
     "balancedness",
     "combine",
     "experts_moved",
+    "holder_balancedness",
+    "host_experts",
     "host_loads",
+    "placement_of",
     "rebalance",
+    "rebalance_serving",
     "run_experts",
 ]

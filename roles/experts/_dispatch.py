@@ -40,32 +40,57 @@ class Send:
 
 class ExpertMap:
     """Which hosts hold which experts: ``holders[layer][expert]`` lists the hosts with a
-    replica (a host may appear once per replica it holds). Raises ``ValueError`` for an
-    expert no host holds."""
+    replica (a host may appear once per replica it holds; an expert may have none, which
+    :meth:`holes` names and :meth:`plan` refuses)."""
 
     def __init__(self, holders: Mapping[int, Sequence[Sequence[int]]]) -> None:
         self.holders = {layer: [list(h) for h in row] for layer, row in holders.items()}
         self._tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for layer, row in self.holders.items():
-            orphans = [e for e, hosts in enumerate(row) if not hosts]
-            if orphans:
-                raise ValueError(f"layer {layer}: no host holds expert {orphans[0]}")
-            widest = max(len(hosts) for hosts in row)
+            widest = max(1, *(len(hosts) for hosts in row))
             table = torch.tensor([[*hosts, *[-1] * (widest - len(hosts))] for hosts in row])
             self._tables[layer] = (table, torch.tensor([len(hosts) for hosts in row]))
 
     @classmethod
-    def of_hosts(cls, hosted: Sequence[Mapping[int, Sequence[int]]], experts: int) -> ExpertMap:
-        """The map from what each host says it holds (``hosted[host][layer]``: experts)."""
-        holders: dict[int, list[list[int]]] = {}
-        for host, layers in enumerate(hosted):
-            for layer, held in layers.items():
+    def of_hosts(
+        cls,
+        hosted: Sequence[Mapping[int, Sequence[int]]],
+        experts: int,
+        layers: Sequence[int] = (),
+    ) -> ExpertMap:
+        """The map from what each host says it holds (``hosted[host][layer]``: experts), with
+        an entry for every layer in ``layers`` too. Raises ``ValueError`` for an expert out of
+        range."""
+        holders: dict[int, list[list[int]]] = {
+            layer: [[] for _ in range(experts)] for layer in layers
+        }
+        for host, held_layers in enumerate(hosted):
+            for layer, held in held_layers.items():
                 row = holders.setdefault(int(layer), [[] for _ in range(experts)])
                 for e in held:
                     if not 0 <= e < experts:
                         raise ValueError(f"host {host} says it holds expert {e} of {experts}")
                     row[e].append(host)
         return cls(holders)
+
+    def holes(self, layers: Sequence[int], experts: int) -> list[tuple[int, int]]:
+        """``(layer, expert)`` of ``layers`` that no host holds."""
+        out = []
+        for layer in layers:
+            row = self.holders.get(layer, [])
+            out += [(layer, e) for e in range(experts) if e >= len(row) or not row[e]]
+        return out
+
+    def without(self, hosts: set[int]) -> ExpertMap:
+        """This map with ``hosts`` holding nothing."""
+        if not hosts:
+            return self
+        return ExpertMap(
+            {
+                layer: [[h for h in held if h not in hosts] for held in row]
+                for layer, row in self.holders.items()
+            }
+        )
 
     @property
     def layers(self) -> list[int]:
@@ -76,6 +101,9 @@ class ExpertMap:
         table, counts = self._tables[layer]
         n, k = experts.shape
         flat = experts.reshape(-1)
+        if flat.numel() and int(counts[flat].min()) == 0:
+            orphan = int(flat[counts[flat] == 0][0])
+            raise ValueError(f"layer {layer}: no host holds expert {orphan}")
         token = torch.arange(n).repeat_interleave(k)
         # the j-th pair routed to expert e (in token order) goes to its replica j mod count
         order = torch.argsort(flat, stable=True)

@@ -36,8 +36,11 @@ class ExpertUnavailableError(oc.OrchestrError):
 
 class ExpertHost(oc.Actor):
     """Holds routed experts of ``checkpoint`` (a Qwen2-MoE folder): ``experts`` maps a layer
-    to the experts to load now (more come with :meth:`load`). Only those tensors are read.
-    ``torch_threads`` sets the threads its expert products use. Raises
+    to the experts to load now, or ``placement[rank]`` does for the mesh member of that rank
+    (:func:`host_experts` makes it from a :class:`Placement`); more come with :meth:`load`.
+    Only those tensors are read. ``torch_threads`` sets the threads its expert products use.
+    Its state (what it holds) is saved with ``ctx.checkpoint(mesh)``, so a host restarted
+    after a rebalance comes back holding what it held then. Raises
     :class:`orchestr.ConfigError` (as a spawn error) for a bad checkpoint, layer or expert."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
@@ -47,6 +50,7 @@ class ExpertHost(oc.Actor):
         checkpoint: str,
         experts: Mapping[int, Sequence[int]] | None = None,
         *,
+        placement: Sequence[Mapping[int, Sequence[int]]] | None = None,
         dtype: str = "float32",
         torch_threads: int | None = None,
     ) -> None:
@@ -58,8 +62,23 @@ class ExpertHost(oc.Actor):
         self._modules: dict[int, dict[int, nn.Module]] = {}
         self._tokens: dict[int, dict[int, int]] = {}
         self._calls = 0
+        if placement is not None:
+            if experts is not None or not 0 <= self.rank < len(placement):
+                raise oc.ConfigError(
+                    f"give experts or a placement with an entry for each of the mesh's hosts "
+                    f"(this is rank {self.rank}; the placement has {len(placement)})"
+                )
+            experts = placement[self.rank]
         if experts:
             self._install(load_experts(checkpoint, _wanted(experts), dtype=self._dtype))
+
+    def save_state(self) -> dict[int, list[int]]:
+        return self.hosted()
+
+    def load_state(self, state: Any) -> None:
+        self._modules.clear()
+        if state:
+            self._install(load_experts(self._checkpoint, _wanted(state), dtype=self._dtype))
 
     @oc.endpoint
     def hosted(self) -> dict[int, list[int]]:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import torch
@@ -26,15 +27,25 @@ from torch import nn
 import orchestr as oc
 from orchestr.roles._common._hf._layers import CausalLM, SparseMoE
 
-from ._dispatch import ExpertMap, LoadWindow, Send, combine
+from ._dispatch import ExpertMap, LoadWindow, Send
 from ._host import ExpertUnavailableError
 
-__all__ = ["ExpertClient", "attach_experts"]
+__all__ = ["ON_LOST", "ExpertClient", "attach_experts"]
+
+ON_LOST = ("fail", "wait")
+#: How long a host may take to say what it holds before it counts as holding nothing.
+ASK_S = 5.0
 
 
 class ExpertClient:
     """Runs routed experts of ``layers`` (of ``experts`` each) on the actors of ``hosts``
-    (an :class:`ExpertHost` mesh) from an engine thread, with ``loop`` the actor's loop."""
+    (an :class:`ExpertHost` mesh) from an engine thread, with ``loop`` the actor's loop.
+
+    A host that dies (its call fails with anything but an error its endpoint raised) leaves
+    the map, and the pairs it was sent go again to the experts' other replicas. An expert no
+    live host holds is ``on_lost``: ``"fail"`` raises :class:`ExpertUnavailableError` naming
+    it; ``"wait"`` asks the hosts again every ``poll_s`` until one holds it (a restarted or
+    newly loaded host) and sends then, failing the same way after ``wait_s``."""
 
     def __init__(
         self,
@@ -44,81 +55,163 @@ class ExpertClient:
         loop: asyncio.AbstractEventLoop,
         *,
         window: int = 64,
+        on_lost: str = "fail",
+        wait_s: float = 30.0,
+        poll_s: float = 0.2,
     ) -> None:
+        if on_lost not in ON_LOST:
+            raise oc.ConfigError(
+                f"on_expert_lost must be one of {', '.join(ON_LOST)}, got {on_lost!r}"
+            )
         self.hosts = [hosts[i] for i in range(len(hosts))]
         self.layers, self.experts = list(layers), experts
         self.loop = loop
         self._loop_thread = threading.get_ident()  # made on the loop (attach_experts)
         self.window = LoadWindow(self.layers, experts, window)
+        self.on_lost, self.wait_s, self.poll_s = on_lost, wait_s, poll_s
         self.map: ExpertMap | None = None
         self.calls = 0
+        self.lost_hosts = 0
+        self.resent_pairs = 0
 
     async def refresh(self) -> ExpertMap:
-        """Ask every host what it holds and route by that from the next layer on. Raises
-        :class:`ExpertUnavailableError` when an expert of a layer is held by none (the
-        previous map stays). Blocks on one call per host; cancel-safe."""
-        hosted = await asyncio.gather(*(h.hosted.call_one() for h in self.hosts))
-        try:
-            new = ExpertMap.of_hosts(hosted, self.experts)
-        except ValueError as exc:
-            raise ExpertUnavailableError(f"the expert hosts cannot serve: {exc}") from None
-        missing = [layer for layer in self.layers if layer not in new.holders]
-        if missing:
-            raise ExpertUnavailableError(f"no expert host holds any expert of layer {missing[0]}")
+        """Ask every host what it holds and route by that from the next layer on (a host that
+        does not answer holds nothing). Raises :class:`ExpertUnavailableError` when an expert
+        of a layer is held by none (the previous map stays). Blocks on one call per host;
+        cancel-safe."""
+        answers = await asyncio.gather(
+            *(h.hosted.options(timeout=ASK_S).call_one() for h in self.hosts),
+            return_exceptions=True,
+        )
+        hosted = [a if isinstance(a, dict) else {} for a in answers]
+        self.use(ExpertMap.of_hosts(hosted, self.experts, self.layers))
+        assert self.map is not None
+        return self.map
+
+    def use(self, new: ExpertMap) -> None:
+        """Route by ``new`` from the next layer on. Raises :class:`ExpertUnavailableError`
+        for a map that lacks a layer or an expert (nothing changes then)."""
+        holes = new.holes(self.layers, self.experts)
+        if holes:
+            layer, expert = holes[0]
+            raise ExpertUnavailableError(
+                f"no live expert host holds expert {expert} of layer {layer}"
+                + (f" (and {len(holes) - 1} more)" if len(holes) > 1 else "")
+            )
         self.map = new
-        return new
 
     def run(
         self, layer: int, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
         """Layer ``layer``'s routed experts over tokens ``x`` ``[n, hidden]`` routed as
         ``experts``/``weights`` ``[n, k]``: the weighted sums ``[n, hidden]``. Blocks the
-        calling (engine) thread on the hosts. Raises :class:`ExpertUnavailableError` when a host
-        with work fails, naming the layer and the experts it was asked for."""
+        calling (engine) thread on the hosts. Raises :class:`ExpertUnavailableError` when an
+        expert it needs is held by no live host (after ``wait_s`` under ``on_lost="wait"``)."""
         if threading.get_ident() == self._loop_thread:
             raise RuntimeError("expert hosts are called from the engine's thread, not the loop's")
-        if self.map is None:
-            asyncio.run_coroutine_threadsafe(self.refresh(), self.loop).result()
-        assert self.map is not None
         self.window.add(layer, experts)
-        sends = self.map.plan(layer, experts, weights)
-        outputs = asyncio.run_coroutine_threadsafe(self._send(layer, x, sends), self.loop).result()
-        self.calls += len(sends)
-        return combine(x, sends, outputs)
+        work = self._run(layer, x, experts.reshape(len(x), -1), weights.reshape(len(x), -1))
+        return asyncio.run_coroutine_threadsafe(work, self.loop).result()
 
-    async def _send(self, layer: int, x: torch.Tensor, sends: list[Send]) -> list[torch.Tensor]:
-        calls = [
-            self.hosts[s.host].forward.call_one(layer, x[s.rows], s.slot, s.experts, s.weights)
-            for s in sends
-        ]
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        for send, result in zip(sends, results, strict=True):
-            if isinstance(result, BaseException):
-                wanted = sorted(set(send.experts.tolist()))
-                raise ExpertUnavailableError(
-                    f"expert host {send.host} failed running experts {wanted} of layer "
-                    f"{layer}: {type(result).__name__}: {result}"
-                ) from result
-        return [r for r in results if isinstance(r, torch.Tensor)]
+    async def _run(
+        self, layer: int, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        if self.map is None:
+            await self._covered(self.refresh)
+        assert self.map is not None
+        out = torch.zeros_like(x)
+        sends = self.map.plan(layer, experts, weights)
+        while sends:
+            results = await asyncio.gather(
+                *(self._call(layer, x, s) for s in sends), return_exceptions=True
+            )
+            again: list[Send] = []
+            dead: set[int] = set()
+            for send, result in zip(sends, results, strict=True):
+                if isinstance(result, torch.Tensor):
+                    out.index_add_(0, send.rows, result.to(out.dtype))
+                    continue
+                if not isinstance(result, Exception):
+                    raise result
+                if isinstance(result, oc.ActorError):
+                    if "ExpertUnavailableError" not in str(result):
+                        raise result  # the host's endpoint refused: a bug, not a loss
+                else:  # the call did not reach a live host: it is gone
+                    dead.add(send.host)
+                again.append(send)
+            sends = await self._resend(layer, again, dead) if again else []
+        return out
+
+    async def _call(self, layer: int, x: torch.Tensor, send: Send) -> torch.Tensor:
+        self.calls += 1
+        y: torch.Tensor = await self.hosts[send.host].forward.call_one(
+            layer, x[send.rows], send.slot, send.experts, send.weights
+        )
+        return y
+
+    async def _resend(self, layer: int, failed: list[Send], dead: set[int]) -> list[Send]:
+        """The failed sends' pairs planned again (each pair its own row of the original
+        tokens): without the ``dead`` hosts, over a map asked afresh when it no longer covers
+        every expert or a live host no longer held what it was sent (a rebalance)."""
+        assert self.map is not None
+        self.lost_hosts += len(dead)
+        self.map = self.map.without(dead)
+        stale = len(dead) < len({s.host for s in failed})
+        await self._covered(self.refresh if stale else self._check_or_refresh)
+        assert self.map is not None
+        token = torch.cat([s.rows[s.slot] for s in failed])
+        experts = torch.cat([s.experts for s in failed])
+        weights = torch.cat([s.weights for s in failed])
+        self.resent_pairs += len(token)
+        plan = self.map.plan(layer, experts[:, None], weights[:, None])
+        return [Send(p.host, token[p.rows], p.slot, p.experts, p.weights) for p in plan]
+
+    async def _check_or_refresh(self) -> ExpertMap:
+        assert self.map is not None
+        try:
+            self.use(self.map)
+        except ExpertUnavailableError:
+            return await self.refresh()
+        return self.map
+
+    async def _covered(self, attempt: Callable[[], Awaitable[ExpertMap]]) -> None:
+        """``attempt`` until the map covers every expert: once under ``"fail"``, every
+        ``poll_s`` up to ``wait_s`` under ``"wait"``."""
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                await attempt()
+                return
+            except ExpertUnavailableError:
+                if self.on_lost == "fail" or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(self.poll_s)
+            attempt = self.refresh
 
     def stats(self) -> dict[str, Any]:
-        """The load window (``load[layer][expert]`` tokens), host calls made, and what each
-        host holds as last asked."""
-        holders = self.map.holders if self.map else {}
-        return {"load": self.window.load(), "calls": self.calls, "holders": holders}
+        """The load window (``load[layer][expert]`` tokens), host calls made, hosts lost,
+        pairs sent again, and what each host holds as last known."""
+        return {
+            "load": self.window.load(),
+            "calls": self.calls,
+            "lost_hosts": self.lost_hosts,
+            "resent_pairs": self.resent_pairs,
+            "holders": self.map.holders if self.map else {},
+        }
 
 
-def attach_experts(model: CausalLM, hosts: oc.Mesh, *, window: int = 64) -> ExpertClient:
-    """Route ``model``'s sparse layers' experts to ``hosts`` and drop its own copies of them.
-    Call on the actor's event loop (it keeps it). Raises :class:`orchestr.ConfigError` for a
-    model without experts or ``hosts`` that is not a mesh."""
+def attach_experts(model: CausalLM, hosts: oc.Mesh, **options: Any) -> ExpertClient:
+    """Route ``model``'s sparse layers' experts to ``hosts`` and drop its own copies of them;
+    ``options`` go to :class:`ExpertClient`. Call on the actor's event loop (it keeps it).
+    Raises :class:`orchestr.ConfigError` for a model without experts, ``hosts`` that is not a
+    mesh or a bad option."""
     if not isinstance(hosts, oc.Mesh) or len(hosts) == 0:
         raise oc.ConfigError(f"expert_hosts is a mesh of ExpertHost actors, got {hosts!r}")
     sparse = [i for i, layer in enumerate(model.model.layers) if isinstance(layer.mlp, SparseMoE)]
     moe = model.config.moe
     if moe is None or not sparse:
         raise oc.ConfigError(f"a {model.config.model_type} model has no experts to host apart")
-    client = ExpertClient(hosts, sparse, moe.num_experts, asyncio.get_running_loop(), window=window)
+    client = ExpertClient(hosts, sparse, moe.num_experts, asyncio.get_running_loop(), **options)
     for i in sparse:
         mlp = model.model.layers[i].mlp
         assert isinstance(mlp, SparseMoE)

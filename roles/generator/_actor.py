@@ -28,6 +28,7 @@ import orchestr as oc
 from orchestr.roles._common._backend import BackendSpec, choose_backend
 from orchestr.roles._common._factory import DEFAULT_MODEL
 from orchestr.roles._common._weights import WeightLoader
+from orchestr.roles.experts import ExpertMap
 
 from ._build import build_engine, in_thread, use_hosts
 from ._handoff import HandoffEndpoints
@@ -60,7 +61,9 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
     A paged generator also hands prompts' KV to others (:mod:`._handoff`: :meth:`prefill`
     there, ``kv_from`` here); ``on_handoff_failure`` is what a failed read does here.
     ``expert_hosts`` (an :class:`~orchestr.roles.ExpertHost` mesh; paged engine, MoE
-    checkpoint) runs the routed experts of every sparse layer on those hosts."""
+    checkpoint) runs the routed experts of every sparse layer on those hosts;
+    ``expert_options`` go to :class:`~orchestr.roles.experts.ExpertClient` (``on_lost``
+    ``"fail"`` or ``"wait"``, ``wait_s``, ``poll_s``, ``window``)."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -87,6 +90,7 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
         kv_store: Any = None,
         on_handoff_failure: str = "recompute",
         expert_hosts: Any = None,
+        expert_options: dict[str, Any] | None = None,
     ) -> None:
         if model is not None and checkpoint not in (None, model):
             raise oc.ConfigError("give the checkpoint once: model= or checkpoint=")
@@ -103,7 +107,7 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
             kv=kv, vllm=vllm, model_kwargs=model_kwargs, version=version, eos_id=eos_id,
             pad_id=pad_id, max_seq_len=max_seq_len, vocab_size=vocab_size,
         )  # fmt: skip
-        self._experts = None if expert_hosts is None else use_hosts(self._engine, expert_hosts)
+        self._experts = use_hosts(self._engine, expert_hosts, expert_options)
         self._engine = with_store(self._engine, kv_store, checkpoint or model_factory)
         self._init_handoff(on_handoff_failure)
         self._metrics = EngineMetrics(
@@ -304,6 +308,21 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
             if self._experts is not None:
                 out["experts"] = self._experts.stats()
             return out
+
+    @oc.endpoint(concurrent=True)
+    async def route_experts(self, holders: dict[int, list[list[int]]] | None = None) -> None:
+        """Route the sparse layers' experts by ``holders`` (``[layer][expert]``: host ranks;
+        ``None``: ask the hosts) from the next engine step on: a rebalance's switch. Blocks on
+        the step in progress. Raises :class:`~orchestr.ConfigError` without expert hosts and
+        :class:`~orchestr.roles.ExpertUnavailableError` for a map that leaves an expert
+        without a host (the old one stays). Cancel-safe: the switch is made or not."""
+        if self._experts is None:
+            raise oc.ConfigError("this generator has no expert hosts (expert_hosts=)")
+        async with self._lock:
+            if holders is None:
+                await self._experts.refresh()
+            else:
+                self._experts.use(ExpertMap(holders))
 
     @oc.endpoint(concurrent=True)
     async def aclose(self) -> None:

@@ -171,14 +171,22 @@ def _recompute(
     return Weights(model, built), built
 
 
-def use_hosts(engine: Any, hosts: Any) -> ExpertClient:
-    """``engine``'s model with its routed experts on expert ``hosts``. Raises
-    :class:`ConfigError` for an engine other than the paged one or a model without experts."""
+def use_hosts(engine: Any, hosts: Any, options: dict[str, Any] | None) -> ExpertClient | None:
+    """``engine``'s model with its routed experts on expert ``hosts`` (``None``: its own).
+    Raises :class:`ConfigError` for an engine other than the paged one, a model without
+    experts or an unknown option."""
+    if hosts is None:
+        if options:
+            raise oc.ConfigError("expert_options apply to expert hosts (expert_hosts=)")
+        return None
+    unknown = sorted(set(options or {}) - {"on_lost", "wait_s", "poll_s", "window"})
+    if unknown:
+        raise oc.ConfigError(f"unknown expert option(s) {unknown}")
     if not isinstance(engine, PagedEngine):
         raise oc.ConfigError(
             f"expert hosts serve the paged engine's model; this generator runs {type(engine).__name__}"
         )
-    return attach_experts(engine.model, hosts)
+    return attach_experts(engine.model, hosts, **(options or {}))
 
 
 async def in_thread(fn: Callable[..., T], *args: Any, threads: int | None = None) -> T:

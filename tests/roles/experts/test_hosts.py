@@ -74,8 +74,11 @@ def test_replicas_take_equal_shares() -> None:
     experts = torch.zeros(10, 1, dtype=torch.int64)  # ten tokens, all to expert 0
     sends = ExpertMap({3: [[0, 1], [1]]}).plan(3, experts, torch.ones(10, 1))
     assert [(s.host, s.experts.numel()) for s in sends] == [(0, 5), (1, 5)]
+    orphan = ExpertMap({0: [[0], []]})
+    assert orphan.holes([0, 1], 2) == [(0, 1), (1, 0), (1, 1)]
     with pytest.raises(ValueError, match="no host holds expert 1"):
-        ExpertMap({0: [[0], []]})
+        orphan.plan(0, torch.tensor([[0], [1]]), torch.ones(2, 1))
+    assert ExpertMap({0: [[0, 1], [1]]}).without({1}).holders == {0: [[0], []]}
     with pytest.raises(ValueError, match="holds expert 9 of 8"):
         ExpertMap.of_hosts([{0: [9]}], EXPERTS)
 
