@@ -164,13 +164,19 @@ class LoadWindow:
         self._passes = {layer: deque[torch.Tensor](maxlen=window) for layer in layers}
         self._totals = {layer: torch.zeros(experts, dtype=torch.int64) for layer in layers}
 
-    def add(self, layer: int, experts: torch.Tensor) -> None:
+    def add(self, layer: int, experts: torch.Tensor) -> torch.Tensor:
+        """Count one pass of ``layer`` routed as ``experts``; returns its counts per expert."""
         counts = torch.bincount(experts.reshape(-1), minlength=self.experts)
         passes = self._passes[layer]
         if len(passes) == passes.maxlen:
             self._totals[layer] -= passes[0]
         passes.append(counts)
         self._totals[layer] += counts
+        return counts
+
+    def of(self, layer: int) -> list[int]:
+        """Tokens per expert of ``layer`` over the window."""
+        return self._totals[layer].tolist()
 
     def load(self) -> dict[int, list[int]]:
         """``{layer: tokens per expert}`` over the window."""

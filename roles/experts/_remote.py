@@ -29,6 +29,7 @@ from orchestr.roles._common._hf._layers import CausalLM, SparseMoE
 
 from ._dispatch import ExpertMap, LoadWindow, Send
 from ._host import ExpertUnavailableError
+from ._metrics import ExpertMetrics
 
 __all__ = ["ON_LOST", "ExpertClient", "attach_experts"]
 
@@ -55,6 +56,7 @@ class ExpertClient:
         loop: asyncio.AbstractEventLoop,
         *,
         window: int = 64,
+        engine: str = "",
         on_lost: str = "fail",
         wait_s: float = 30.0,
         poll_s: float = 0.2,
@@ -68,6 +70,7 @@ class ExpertClient:
         self.loop = loop
         self._loop_thread = threading.get_ident()  # made on the loop (attach_experts)
         self.window = LoadWindow(self.layers, experts, window)
+        self.metrics = ExpertMetrics(engine)
         self.on_lost, self.wait_s, self.poll_s = on_lost, wait_s, poll_s
         self.map: ExpertMap | None = None
         self.calls = 0
@@ -109,7 +112,6 @@ class ExpertClient:
         expert it needs is held by no live host (after ``wait_s`` under ``on_lost="wait"``)."""
         if threading.get_ident() == self._loop_thread:
             raise RuntimeError("expert hosts are called from the engine's thread, not the loop's")
-        self.window.add(layer, experts)
         work = self._run(layer, x, experts.reshape(len(x), -1), weights.reshape(len(x), -1))
         return asyncio.run_coroutine_threadsafe(work, self.loop).result()
 
@@ -119,6 +121,8 @@ class ExpertClient:
         if self.map is None:
             await self._covered(self.refresh)
         assert self.map is not None
+        counts = self.window.add(layer, experts)
+        self.metrics.routed(layer, counts, self.window.of(layer), self.map)
         out = torch.zeros_like(x)
         sends = self.map.plan(layer, experts, weights)
         while sends:
@@ -156,6 +160,7 @@ class ExpertClient:
         assert self.map is not None
         self.lost_hosts += len(dead)
         self.map = self.map.without(dead)
+        self.metrics.failed(len(dead), sum(len(s.experts) for s in failed))
         stale = len(dead) < len({s.host for s in failed})
         await self._covered(self.refresh if stale else self._check_or_refresh)
         assert self.map is not None

@@ -107,14 +107,15 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
             kv=kv, vllm=vllm, model_kwargs=model_kwargs, version=version, eos_id=eos_id,
             pad_id=pad_id, max_seq_len=max_seq_len, vocab_size=vocab_size,
         )  # fmt: skip
-        self._experts = use_hosts(self._engine, expert_hosts, expert_options)
+        name = f"{self.mesh_name}[{self.rank}]"
+        self._experts = use_hosts(self._engine, expert_hosts, expert_options, name)
         self._engine = with_store(self._engine, kv_store, checkpoint or model_factory)
         self._init_handoff(on_handoff_failure)
         self._metrics = EngineMetrics(
             self._engine,
             extra=(self._holds.counts, self._handoff_counts),
             model_name=checkpoint or model_factory,
-            engine_name=f"{self.mesh_name}[{self.rank}]",
+            engine_name=name,
         )
         self._loader = WeightLoader(double_buffer=not self._backend.compiled)
         self._lock = asyncio.Lock()

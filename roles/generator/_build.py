@@ -171,7 +171,9 @@ def _recompute(
     return Weights(model, built), built
 
 
-def use_hosts(engine: Any, hosts: Any, options: dict[str, Any] | None) -> ExpertClient | None:
+def use_hosts(
+    engine: Any, hosts: Any, options: dict[str, Any] | None, name: str
+) -> ExpertClient | None:
     """``engine``'s model with its routed experts on expert ``hosts`` (``None``: its own).
     Raises :class:`ConfigError` for an engine other than the paged one, a model without
     experts or an unknown option."""
@@ -186,7 +188,7 @@ def use_hosts(engine: Any, hosts: Any, options: dict[str, Any] | None) -> Expert
         raise oc.ConfigError(
             f"expert hosts serve the paged engine's model; this generator runs {type(engine).__name__}"
         )
-    return attach_experts(engine.model, hosts, **(options or {}))
+    return attach_experts(engine.model, hosts, engine=name, **(options or {}))
 
 
 async def in_thread(fn: Callable[..., T], *args: Any, threads: int | None = None) -> T:

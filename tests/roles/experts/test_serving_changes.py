@@ -19,7 +19,7 @@ from orchestr.roles import Completion, ExpertHost, Generator, Request, models
 from orchestr.roles.experts import rebalance_serving
 from orchestr.roles.generator._paged_engine import PagedEngine
 from tests.roles.experts.test_hosts import folder
-from tests.roles.generator.test_paged_engine import drain
+from tests.roles.generator.test_paged_engine import drain, scrape, series
 
 __all__ = ["folder"]  # the fixture, used by name
 
@@ -118,6 +118,23 @@ async def test_a_dead_hosts_experts_run_on_their_replicas(
     stats = (await gen.stats.call_one())["experts"]
     assert after > 0 and stats["lost_hosts"] >= 1 and stats["resent_pairs"] > 0
     assert all(holders == [1] for row in stats["holders"].values() for holders in row)
+    # the routing in the head's /metrics
+    text = await asyncio.to_thread(scrape, ctx.metrics_address)
+    engine = 'engine="Generator[0]"'
+    assert series(text, f"orchestr:expert_hosts_lost_total{{{engine}}}") == stats["lost_hosts"]
+    assert series(text, f"orchestr:expert_pairs_resent_total{{{engine}}}") == stats["resent_pairs"]
+    routed = sum(
+        series(text, f'orchestr:expert_tokens_total{{{engine},expert="{e}",layer="0"}}')
+        for e in range(8)
+        if f'expert="{e}",layer="0"' in text
+    )
+    prompts = sum(len(r.prompt) for r in reqs)
+    assert routed == 2 * (prompts + 3 * 299)  # top 2 of every prompt token and decode input
+    window = [
+        series(text, f'orchestr:expert_load{{{engine},expert="{e}",layer="1"}}') for e in range(8)
+    ]
+    assert window == stats["load"][1]
+    assert series(text, f'orchestr:expert_balancedness{{{engine},layer="1"}}') == 1.0  # one host
 
 
 async def test_an_expert_without_replicas_fails_or_waits_for_a_host(
