@@ -55,7 +55,7 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
     folder; ``model`` is vLLM's name for it) the model is loaded from it and runs on
     ``engine`` ``"paged"`` (the default: orchestr's paged engine, its options in ``kv``:
     ``num_blocks``, ``block_size``, ``token_budget``, ``on_new_weights``, ``packed``,
-    ``attention``) or ``"vllm"`` (vLLM's engine in this process, with the ``vllm`` extra;
+    ``attention``, ``micro_batches``) or ``"vllm"`` (vLLM's engine in this process, with the ``vllm`` extra;
     ``vllm`` gives ``EngineArgs`` options). ``kv_store`` (a :class:`~orchestr.roles.KVStore` mesh; paged
     engine) backs the prefix cache: cached blocks are offloaded, stored prefixes onboarded.
     A paged generator also hands prompts' KV to others (:mod:`._handoff`: :meth:`prefill`

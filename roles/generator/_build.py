@@ -33,6 +33,7 @@ __all__ = ["ENGINES", "KV_OPTIONS", "AnyEngine", "Weights", "build_engine", "in_
 #: The paged engine's options a Generator passes on (``kv={...}``).
 KV_OPTIONS = (
     "num_blocks", "block_size", "token_budget", "on_new_weights", "packed", "attention",
+    "micro_batches",
 )  # fmt: skip
 #: ``engine=`` values: the recompute engine (a model factory's), the paged engine and vLLM's
 #: (a checkpoint's; the paged one is the default there).

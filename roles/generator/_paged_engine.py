@@ -33,6 +33,7 @@ from orchestr.roles._common._alloc import keep_freed_memory
 from orchestr.roles._common._hf._layers import CausalLM
 
 from ._blocks import BlockPool
+from ._microbatch import MicroBatches
 from ._paged import AttentionMode, PagedKV, PagedRunner
 from ._requests import Detokenize, Intake, Latencies, Live, Pausable, check_state, engine_stats
 from ._sampling import choose_tokens
@@ -50,7 +51,8 @@ class PagedEngine(Pausable):
     name stop strings. ``packed``: multiply with weights packed for the CPU
     (:mod:`._linears`; ``None``, the default: wherever they can run). ``attention``: how
     decodes attend (:data:`~._paged.AttentionMode`; by default orchestr's paged kernel where it
-    runs). On the CPU the engine
+    runs). ``micro_batches`` > 1 runs each step's sequences as that many micro-batches at
+    once (:mod:`._microbatch`: ping-pong against experts on other hosts). On the CPU the engine
     also keeps freed memory in the process
     (:func:`~orchestr.roles._common._alloc.keep_freed_memory`). Not thread-safe: one caller
     at a time."""
@@ -71,6 +73,7 @@ class PagedEngine(Pausable):
         detokenize: Detokenize | None = None,
         packed: bool | None = None,
         attention: AttentionMode = "auto",
+        micro_batches: int = 1,
     ) -> None:
         if on_new_weights not in ("keep", "recompute"):
             raise ValueError(f"on_new_weights is 'keep' or 'recompute', got {on_new_weights!r}")
@@ -86,6 +89,7 @@ class PagedEngine(Pausable):
         self._pool = BlockPool(num_blocks, block_size)
         self._kv = PagedKV(model, num_blocks, block_size)
         self._runner = PagedRunner(model, self._kv, packed=packed, attention=attention)
+        self._batches = MicroBatches(self._runner, micro_batches)
         if self._kv.keys[0].device.type == "cpu":
             keep_freed_memory()
         self._model_id = model_id
@@ -280,7 +284,7 @@ class PagedEngine(Pausable):
             live = self._live[seq.id][0]
             if live.admitted is None:
                 live.admitted = start
-        logits = self._runner.run(step)
+        logits = self._batches.run(step)
         order = list(logits)
         tokens: dict[str, int] = {}
         ended: list[tuple[Seq, str]] = []  # what the records ended

@@ -132,7 +132,7 @@ async def test_a_generator_with_expert_hosts_matches_the_model_in_one_process(
     # a generator serving a batch of mixed requests, against one engine holding it all
     gen = await ctx.spawn(
         Generator, checkpoint=str(folder), torch_threads=1, expert_hosts=hosts,
-        kv={"num_blocks": 64, "block_size": 16},
+        kv={"num_blocks": 64, "block_size": 16, "micro_batches": 2},  # ping-pong
     )  # fmt: skip
     requests = [
         Request(f"r{i}", [(11 * j + i) % 380 + 5 for j in range(n)], 10, temperature=0.0,
