@@ -75,6 +75,20 @@ def _check(args: argparse.Namespace) -> str | None:
     for flag in ("prefill_labels", "decode_labels"):
         if getattr(args, flag) is not None and _labels(getattr(args, flag)) is None:
             return f"--{flag.replace('_', '-')} is K=V pairs separated by commas"
+    if args.afd is not None:
+        parts = args.afd.split(":")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            return f"--afd is A:E, attention generators and expert hosts (both 1 or more), got {args.afd!r}"
+        if args.generators is not None:
+            return "--afd A:E says how many generators there are; leave out --generators"
+        args.generators, args.expert_hosts = (int(p) for p in parts)
+    else:
+        args.expert_hosts = 0
+    args.generators = args.generators or 1
+    if args.micro_batches < 1:
+        return f"--micro-batches must be 1 or more, got {args.micro_batches}"
+    if (args.afd or args.micro_batches > 1) and args.engine != "native":
+        return "--afd and --micro-batches run the native engine; --engine vllm cannot"
     if args.kv_store_blocks and args.engine != "native":
         return "--kv-store-blocks backs the native engine's prefix cache; --engine vllm has its own"
     return None
@@ -102,6 +116,8 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
         options=options,
         kv_store_blocks=args.kv_store_blocks,
         prefill=args.prefill,
+        expert_hosts=args.expert_hosts,
+        micro_batches=args.micro_batches,
         **({"prefill_min_tokens": args.prefill_min_tokens} if args.prefill_min_tokens else {}),
         placement={
             pool: {"labels": _labels(text)}
@@ -130,6 +146,9 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
             pools = f"{args.generators} {args.engine} generator(s)"
             if args.prefill:
                 pools = f"{args.prefill} prefill + {args.generators} decode generator(s)"
+            if args.expert_hosts:
+                pools += f" over {args.expert_hosts} expert host(s)"
+                pools += f" in {args.micro_batches} micro-batches" if args.micro_batches > 1 else ""
             print(
                 f"serving {name} on http://{args.host}:{port}/v1 with {pools}, router {args.router}",
                 flush=True,
@@ -202,8 +221,23 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
         "--generators",
         "--decode",
         type=_positive,
-        default=1,
+        default=None,
         help="generator actors (default 1); with --prefill, the decode pool",
+    )
+    p.add_argument(
+        "--afd",
+        default=None,
+        metavar="A:E",
+        help="attention/FFN disaggregation of a MoE checkpoint: A generators run attention "
+        "(and hold the KV cache), E expert hosts hold the routed experts",
+    )
+    p.add_argument(
+        "--micro-batches",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split each engine step into N ping-pong micro-batches, so attention of one "
+        "overlaps the experts of another (default 1: off)",
     )
     p.add_argument(
         "--prefill",

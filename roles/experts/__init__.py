@@ -26,7 +26,13 @@ from ._placement import (
     host_loads,
     rebalance,
 )
-from ._rebalance import holder_balancedness, host_experts, placement_of, rebalance_serving
+from ._rebalance import (
+    holder_balancedness,
+    host_experts,
+    placement_of,
+    rebalance_serving,
+    spawn_expert_hosts,
+)
 from ._remote import ON_LOST, ExpertClient, attach_experts
 
 __all__ = [
@@ -50,4 +56,5 @@ __all__ = [
     "rebalance",
     "rebalance_serving",
     "run_experts",
+    "spawn_expert_hosts",
 ]

@@ -24,10 +24,54 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orchestr as oc
+from orchestr.roles._common._hf._config import read_config
 
+from ._host import ExpertHost
 from ._placement import Placement, balancedness, rebalance
 
-__all__ = ["holder_balancedness", "host_experts", "placement_of", "rebalance_serving"]
+__all__ = [
+    "holder_balancedness",
+    "host_experts",
+    "placement_of",
+    "rebalance_serving",
+    "spawn_expert_hosts",
+]
+
+
+async def spawn_expert_hosts(
+    ctx: oc.JobContext,
+    checkpoint: str,
+    n: int,
+    *,
+    replicas: int | None = None,
+    restarts: int = 3,
+    **spawn: Any,
+) -> oc.Mesh:
+    """``n`` :class:`ExpertHost` actors holding every routed expert of the MoE checkpoint
+    ``checkpoint``: ``replicas`` slots per layer (default the fewest that fill whole hosts),
+    placed by :func:`rebalance` for an even load. A host that dies is restarted up to
+    ``restarts`` times (with its spawn placement), then left dead. ``spawn`` goes to
+    ``ctx.spawn`` (``resources``, ``labels``...). Raises :class:`orchestr.ConfigError` for a
+    checkpoint without experts and what ``ctx.spawn`` raises."""
+    cfg = read_config(checkpoint)
+    if cfg.moe is None:
+        raise oc.ConfigError(
+            f"{checkpoint}: a {cfg.model_type} model has no experts to put on expert hosts"
+        )
+    if n < 1:
+        raise oc.ConfigError(f"expert hosts must be 1 or more, got {n}")
+    experts = cfg.moe.num_experts
+    layers = [i for i in range(cfg.num_hidden_layers) if cfg.moe.sparse(i)]
+    slots = replicas or experts + (-experts % n)
+    even = [[1.0] * experts for _ in layers]
+    placement = rebalance(even, slots + (-slots % n), 1, 1, n)
+    return await ctx.spawn(
+        ExpertHost, checkpoint, n=n, name=spawn.pop("name", "experts"),
+        placement=host_experts(placement, layers),
+        restart=oc.RestartPolicy(max_restarts=restarts),
+        supervise=lambda failure: "restart" if failure.can_restart else "handle",
+        **spawn,
+    )  # fmt: skip
 
 
 def host_experts(placement: Placement, layers: Sequence[int]) -> list[dict[int, list[int]]]:

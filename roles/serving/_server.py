@@ -11,6 +11,7 @@ from starlette.applications import Starlette
 
 import orchestr as oc
 
+from ..experts import spawn_expert_hosts
 from ..generator._actor import Generator
 from ..generator._kvlink import kv_block_bytes
 from ..kvstore._actor import KVStore
@@ -39,6 +40,8 @@ async def openai_server(
     prefill: int = 0,
     prefill_min_tokens: int = MIN_TOKENS,
     placement: Mapping[str, Mapping[str, Any]] | None = None,
+    expert_hosts: int = 0,
+    micro_batches: int = 1,
 ) -> AsyncIterator[Starlette]:
     """Spawn ``generators`` :class:`~orchestr.roles.Generator` actors of ``checkpoint`` on
     ``ctx``'s cluster (``oc.open_local_cluster()`` or ``oc.connect(address)``), start a
@@ -53,26 +56,37 @@ async def openai_server(
     more are prefilled on those and decoded on the others (:mod:`._disagg`; 0: every
     generator does both). ``placement`` gives ``ctx.spawn``'s placement keywords
     (``resources``, ``labels``...) per pool, ``"decode"`` and ``"prefill"``: to pin the two
-    pools to different hosts.
+    pools to different hosts. With ``expert_hosts`` (a MoE checkpoint) that many
+    :class:`~orchestr.roles.ExpertHost` actors hold the routed experts, spread evenly (with
+    replicas filling whole hosts), and the generators run attention and route to them
+    (attention/FFN disaggregation); ``micro_batches`` > 1 splits each engine step into that many
+    ping-pong micro-batches.
 
     Blocks on the spawn (the checkpoints load); raises ``ConfigError`` for a folder that is
     not a checkpoint and what ``ctx.spawn`` raises."""
     folder = os.path.abspath(os.fspath(checkpoint))  # noqa: ASYNC240 (no waiting: a getcwd)
     model = ServedModel(folder, names or [os.fspath(checkpoint)])
     options = dict(options or {})
-    store = None
-    if kv_store_blocks:
-        block = kv_block_bytes(folder, dict(options.get("kv") or {}).get("block_size", 16))
-        store = await ctx.spawn(KVStore, block, kv_store_blocks, name="kvstore")
-        options["kv_store"] = store
     if prefill and engine != "paged":
         raise oc.ConfigError("prefill generators hand off the paged engine's KV blocks")
+    if (expert_hosts or micro_batches != 1) and engine != "paged":
+        raise oc.ConfigError("expert hosts and micro-batches serve the paged engine's model")
+    if micro_batches != 1:
+        options["kv"] = {**dict(options.get("kv") or {}), "micro_batches": micro_batches}
     placement = dict(placement or {})
     if set(placement) - {"decode", "prefill"}:
         raise oc.ConfigError(f"placement names pools 'decode' and 'prefill', got {placement}")
     pools = {"decode": ("generator", generators), "prefill": ("prefill", prefill)}
     meshes: dict[str, oc.Mesh] = {}
+    store = hosts = None
     try:
+        if kv_store_blocks:
+            block = kv_block_bytes(folder, dict(options.get("kv") or {}).get("block_size", 16))
+            store = await ctx.spawn(KVStore, block, kv_store_blocks, name="kvstore")
+            options["kv_store"] = store
+        if expert_hosts:
+            hosts = await spawn_expert_hosts(ctx, folder, expert_hosts)
+            options["expert_hosts"] = hosts
         for pool, (name, n) in pools.items():
             if n:
                 meshes[pool] = await ctx.spawn(
@@ -88,10 +102,9 @@ async def openai_server(
                     **options,
                 )
     except BaseException:
-        for m in meshes.values():
-            await ctx.stop(m)
-        if store is not None:
-            await ctx.stop(store)
+        for m in [*meshes.values(), store, hosts]:
+            if m is not None:
+                await ctx.stop(m)
         raise
     mesh = meshes["decode"]
     try:
@@ -101,7 +114,6 @@ async def openai_server(
         ) as front:  # fmt: skip
             yield openai_app(front, model, api_key=api_key)
     finally:
-        for m in meshes.values():
-            await ctx.stop(m)
-        if store is not None:
-            await ctx.stop(store)
+        for m in [*meshes.values(), store, hosts]:
+            if m is not None:
+                await ctx.stop(m)

@@ -36,6 +36,11 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         (["--prefill-min-tokens", "8"], "apply with --prefill P"),
         (["--prefill", "1", "--prefill-labels", "gpu"], "--prefill-labels is K=V pairs"),
         (["--decode-labels", "a=b,"], "--decode-labels is K=V pairs"),
+        (["--afd", "2"], "--afd is A:E"),
+        (["--afd", "1:0"], "--afd is A:E"),
+        (["--afd", "1:2", "--generators", "2"], "leave out --generators"),
+        (["--micro-batches", "0"], "--micro-batches must be 1 or more"),
+        (["--afd", "1:1", "--engine", "vllm"], "--engine vllm cannot"),
     ],
 )
 def test_options_that_do_not_fit_are_refused(

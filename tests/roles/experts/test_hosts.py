@@ -17,7 +17,9 @@ from orchestr.roles import ExpertHost, Generator, Request, models
 from orchestr.roles._common._hf._load import load_experts
 from orchestr.roles.experts import ExpertMap, LoadWindow, attach_experts, combine, run_experts
 from orchestr.roles.generator._paged_engine import PagedEngine
+from orchestr.roles.serving import openai_server
 from tests.roles.generator.test_paged_engine import drain
+from tests.roles.serving.test_frontdoor import client_of, served
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -167,3 +169,30 @@ async def test_a_generator_with_expert_hosts_matches_the_model_in_one_process(
     with pytest.raises(oc.ActorError, match="ConfigError: .*no expert 9"):
         await hosts[0].load.call_one({0: [9]})
     assert await hosts[0].drop.call_one({0: [0]}) == {0: [1, 2, 3], 1: [0, 1, 2, 3]}
+
+
+async def test_attention_and_experts_apart_behind_the_front_door(
+    ctx: oc.JobContext, folder: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    options = {"torch_threads": 1, "kv": {"num_blocks": 64, "block_size": 16}}
+    async with (
+        openai_server(
+            ctx, folder, names=["moe"], options=options, expert_hosts=3, micro_batches=2
+        ) as app,
+        served(app) as url,
+        client_of(url) as client,
+    ):
+        hosted = [a for a in await ctx.actors() if a.name == "experts"]
+        assert len(hosted) == 3
+        r = await client.completions.create(
+            model="moe", prompt=[[5, 9, 14, 200, 7, 31, 8]], max_tokens=6,
+            extra_body={"ignore_eos": True}, temperature=0.0,
+        )  # fmt: skip
+        alone = PagedEngine(models.load_model(folder), num_blocks=64, block_size=16, model_id="m")
+        alone.submit([Request("a", [5, 9, 14, 200, 7, 31, 8], 6, temperature=0.0, ignore_eos=True)])
+        assert r.choices[0].text == models.Tokenizer(folder).decode(drain(alone)["a"].tokens)
+    assert {a.state for a in await ctx.actors() if a.name == "experts"} == {"stopped"}
+    dense = models.make_tiny("llama", tmp_path / "dense")
+    with pytest.raises(oc.ConfigError, match="has no experts to put on expert hosts"):
+        async with openai_server(ctx, dense, expert_hosts=1):
+            pass
