@@ -12,6 +12,8 @@
   put and read one-sided over the data plane (``orchestr.roles.kvstore``).
 - :class:`ExpertHost` holds routed experts of a MoE checkpoint apart from its generators
   (``Generator(expert_hosts=...)``); placement and rebalancing in ``orchestr.roles.experts``.
+- :class:`AttentionServer` runs core-attention tasks (query shards over KV blocks read where
+  they live) for other roles, rebatched; shards merge by log-sum-exp (``orchestr.roles.attention``).
 - :class:`Reward` scores ``(prompt, completion)`` pairs with a scorer named by path.
 - :func:`run_grpo` runs the three together in ``sync``, ``stream`` or ``stream+skew``
   mode; :func:`train` is the single-process reference the ``sync`` mode reproduces.
@@ -37,6 +39,7 @@ from ._common._weightplan import (
     WeightSyncError,
 )
 from ._common._weights import WeightLoader, WeightPublisher, WeightsRef
+from .attention import AttentionServer
 from .experts import ExpertHost, ExpertUnavailableError
 from .generator import (
     Completion,
@@ -71,6 +74,7 @@ __all__ = [
     "DEMO_CONFIG",
     "MODES",
     "SMALL_CONFIG",
+    "AttentionServer",
     "Backend",
     "BackendError",
     "BackendSpec",

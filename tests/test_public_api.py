@@ -29,7 +29,7 @@ FABRIC = {
 }  # fmt: skip
 
 ROLES = {
-    "DEMO_CONFIG", "MODES", "SMALL_CONFIG", "Backend", "BackendError", "BackendSpec",
+    "DEMO_CONFIG", "MODES", "SMALL_CONFIG", "AttentionServer", "Backend", "BackendError", "BackendSpec",
     "BackendUnavailableError", "ChecksumMismatchError", "Completion", "Engine", "EngineStats",
     "ExpertHost", "ExpertUnavailableError", "GRPOConfig", "GRPOResult", "Generator", "HandoffError", "KVNamespace", "KVStore", "KVStoreError",
     "LeaseExpiredError", "LengthRanker", "ManifestMismatchError",

@@ -205,9 +205,13 @@ class ExpertClient:
         }
 
 
-def attach_experts(model: CausalLM, hosts: oc.Mesh, **options: Any) -> ExpertClient:
+def attach_experts(
+    model: CausalLM, hosts: oc.Mesh, *, router_bias: Sequence[float] | None = None, **options: Any
+) -> ExpertClient:
     """Route ``model``'s sparse layers' experts to ``hosts`` and drop its own copies of them;
-    ``options`` go to :class:`ExpertClient`. Call on the actor's event loop (it keeps it).
+    ``options`` go to :class:`ExpertClient`; ``router_bias`` (one value per expert) is added
+    to every sparse layer's router logits where it picks experts (:class:`SparseMoE`'s
+    ``bias``). Call on the actor's event loop (it keeps it).
     Raises :class:`orchestr.ConfigError` for a model without experts, ``hosts`` that is not a
     mesh or a bad option."""
     if not isinstance(hosts, oc.Mesh) or len(hosts) == 0:
@@ -217,9 +221,13 @@ def attach_experts(model: CausalLM, hosts: oc.Mesh, **options: Any) -> ExpertCli
     if moe is None or not sparse:
         raise oc.ConfigError(f"a {model.config.model_type} model has no experts to host apart")
     client = ExpertClient(hosts, sparse, moe.num_experts, asyncio.get_running_loop(), **options)
+    if router_bias is not None and len(router_bias) != moe.num_experts:
+        raise oc.ConfigError(f"router_bias has one value per expert ({moe.num_experts})")
     for i in sparse:
         mlp = model.model.layers[i].mlp
         assert isinstance(mlp, SparseMoE)
+        if router_bias is not None:
+            mlp.bias = torch.tensor(router_bias, dtype=torch.float32)
         mlp.remote = functools.partial(client.run, i)
         mlp.experts = nn.ModuleList()
     return client

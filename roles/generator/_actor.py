@@ -28,12 +28,12 @@ import orchestr as oc
 from orchestr.roles._common._backend import BackendSpec, choose_backend
 from orchestr.roles._common._factory import DEFAULT_MODEL
 from orchestr.roles._common._weights import WeightLoader
-from orchestr.roles.experts import ExpertMap
 
-from ._build import build_engine, in_thread, use_hosts
+from ._build import build_engine, in_thread
 from ._handoff import HandoffEndpoints
 from ._kvlink import close_store, with_store
 from ._metrics import EngineMetrics
+from ._remote_endpoints import RemoteEndpoints
 from ._streams import Streams
 from ._types import Completion, Request, Updates, as_request
 from ._weight_endpoints import WeightEndpoints
@@ -43,7 +43,7 @@ __all__ = ["Completion", "Generator", "Request"]
 log = structlog.get_logger("orchestr.roles.generator")
 
 
-class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
+class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
     """Hosts a causal LM built by ``model_factory`` (``"module:callable"``, called with
     ``model_kwargs`` after ``torch.manual_seed(seed)``; default :class:`~orchestr.roles.TinyLM`) and
     serves requests with continuous batching of up to ``max_batch``. ``version`` is the
@@ -63,7 +63,10 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
     ``expert_hosts`` (an :class:`~orchestr.roles.ExpertHost` mesh; paged engine, MoE
     checkpoint) runs the routed experts of every sparse layer on those hosts;
     ``expert_options`` go to :class:`~orchestr.roles.experts.ExpertClient` (``on_lost``
-    ``"fail"`` or ``"wait"``, ``wait_s``, ``poll_s``, ``window``)."""
+    ``"fail"`` or ``"wait"``, ``wait_s``, ``poll_s``, ``window``; ``router_bias`` steers the
+    routing, one value per expert). ``attention_servers`` (an
+    :class:`~orchestr.roles.AttentionServer` mesh; paged kernel) take the core attention of
+    decodes of ``attention_options["min_tokens"]`` (default 1024) or more."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -91,6 +94,8 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
         on_handoff_failure: str = "recompute",
         expert_hosts: Any = None,
         expert_options: dict[str, Any] | None = None,
+        attention_servers: Any = None,
+        attention_options: dict[str, Any] | None = None,
     ) -> None:
         if model is not None and checkpoint not in (None, model):
             raise oc.ConfigError("give the checkpoint once: model= or checkpoint=")
@@ -108,7 +113,9 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
             pad_id=pad_id, max_seq_len=max_seq_len, vocab_size=vocab_size,
         )  # fmt: skip
         name = f"{self.mesh_name}[{self.rank}]"
-        self._experts = use_hosts(self._engine, expert_hosts, expert_options, name)
+        self._init_remote(
+            name, expert_hosts, expert_options, attention_servers, attention_options
+        )  # fmt: skip
         self._engine = with_store(self._engine, kv_store, checkpoint or model_factory)
         self._init_handoff(on_handoff_failure)
         self._metrics = EngineMetrics(
@@ -306,24 +313,8 @@ class Generator(WeightEndpoints, HandoffEndpoints, oc.Actor):
                 "ready": len(self._ready),
                 **handoffs,
             }
-            if self._experts is not None:
-                out["experts"] = self._experts.stats()
+            out |= self._remote_stats()
             return out
-
-    @oc.endpoint(concurrent=True)
-    async def route_experts(self, holders: dict[int, list[list[int]]] | None = None) -> None:
-        """Route the sparse layers' experts by ``holders`` (``[layer][expert]``: host ranks;
-        ``None``: ask the hosts) from the next engine step on: a rebalance's switch. Blocks on
-        the step in progress. Raises :class:`~orchestr.ConfigError` without expert hosts and
-        :class:`~orchestr.roles.ExpertUnavailableError` for a map that leaves an expert
-        without a host (the old one stays). Cancel-safe: the switch is made or not."""
-        if self._experts is None:
-            raise oc.ConfigError("this generator has no expert hosts (expert_hosts=)")
-        async with self._lock:
-            if holders is None:
-                await self._experts.refresh()
-            else:
-                self._experts.use(ExpertMap(holders))
 
     @oc.endpoint(concurrent=True)
     async def aclose(self) -> None:

@@ -22,7 +22,6 @@ from orchestr.roles._common._hf._tokenizer import Tokenizer
 from orchestr.roles._common._model import TinyLM
 from orchestr.roles._common._weightplan import weights_digest
 from orchestr.roles._common._weights import WeightLoader, WeightsRef
-from orchestr.roles.experts import ExpertClient, attach_experts
 
 from ._engine import Engine
 from ._paged_engine import PagedEngine
@@ -170,26 +169,6 @@ def _recompute(
         vocab_size=vocab_size,
     )
     return Weights(model, built), built
-
-
-def use_hosts(
-    engine: Any, hosts: Any, options: dict[str, Any] | None, name: str
-) -> ExpertClient | None:
-    """``engine``'s model with its routed experts on expert ``hosts`` (``None``: its own).
-    Raises :class:`ConfigError` for an engine other than the paged one, a model without
-    experts or an unknown option."""
-    if hosts is None:
-        if options:
-            raise oc.ConfigError("expert_options apply to expert hosts (expert_hosts=)")
-        return None
-    unknown = sorted(set(options or {}) - {"on_lost", "wait_s", "poll_s", "window"})
-    if unknown:
-        raise oc.ConfigError(f"unknown expert option(s) {unknown}")
-    if not isinstance(engine, PagedEngine):
-        raise oc.ConfigError(
-            f"expert hosts serve the paged engine's model; this generator runs {type(engine).__name__}"
-        )
-    return attach_experts(engine.model, hosts, engine=name, **(options or {}))
 
 
 async def in_thread(fn: Callable[..., T], *args: Any, threads: int | None = None) -> T:

@@ -13,13 +13,14 @@ attention is split into ``project`` / ``core`` so the cache sits between them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import torch
 
 from orchestr import fabric
 from orchestr.roles._common._hf._layers import Attention, CausalLM, DecoderLayer
 
+from ._decodes import decode_attention
 from ._kernels import Kernels, kernels
 from ._linears import Linears
 from ._mirror import DecodeMirror
@@ -163,6 +164,7 @@ class PagedRunner:
                 why = "it takes float32 on the CPU" if not fits else "it is not built"
                 raise ValueError(f"the paged attention kernel cannot run here: {why}")
         self._cos = self._sin = torch.zeros(0, device=keys.device)
+        self.offload: Any = None  # long decodes' attention elsewhere (:mod:`._decodes`)
         self.mirror = DecodeMirror(
             cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, keys.dtype, keys.device
         )
@@ -282,10 +284,10 @@ class PagedRunner:
             q = rows[:, : attn.heads * attn.head_dim].view(t, attn.heads, attn.head_dim)
             outs = []
             if b.decodes:
-                scale = attn.head_dim**-0.5
-                out = ops.decode_attention(
-                    q[: b.decodes], keys, values, b.decode_meta, b.lengths, scale
-                )
+                out = decode_attention(
+                    ops, self.offload, i, q[: b.decodes], keys, values, b.decode_meta,
+                    b.lengths, attn.head_dim**-0.5,
+                )  # fmt: skip
                 outs.append(out.reshape(1, b.decodes, -1))
             for offset, start, n, table in b.chunks:
                 out = ops.prefill_attention(

@@ -85,7 +85,8 @@ async def openai_server(
             store = await ctx.spawn(KVStore, block, kv_store_blocks, name="kvstore")
             options["kv_store"] = store
         if expert_hosts:
-            hosts = await spawn_expert_hosts(ctx, folder, expert_hosts)
+            threads = {k: v for k, v in options.items() if k == "torch_threads"}
+            hosts = await spawn_expert_hosts(ctx, folder, expert_hosts, **threads)
             options["expert_hosts"] = hosts
         for pool, (name, n) in pools.items():
             if n:

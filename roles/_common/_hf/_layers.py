@@ -193,6 +193,9 @@ class SparseMoE(nn.Module):
     run there instead: on expert hosts (``orchestr.roles.experts``)."""
 
     remote: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    #: added to the router's logits when it picks the top k (not to the weights it gives
+    #: them), one value per expert: to steer load, as DeepSeek-V3's balancing bias does
+    bias: torch.Tensor | None = None
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -209,8 +212,13 @@ class SparseMoE(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's experts ``[n, k]`` (int64) and their weights ``[n, k]`` (x's dtype;
         softmax over all experts in float32, then the top k, renormalised if configured)."""
-        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
-        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        logits = self.gate(x)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        if self.bias is None:
+            weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        else:
+            experts = torch.topk(logits.float() + self.bias, self.top_k, dim=-1).indices
+            weights = probs.gather(-1, experts)
         if self.normalise:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return experts, weights.to(x.dtype)

@@ -196,3 +196,18 @@ async def test_attention_and_experts_apart_behind_the_front_door(
     with pytest.raises(oc.ConfigError, match="has no experts to put on expert hosts"):
         async with openai_server(ctx, dense, expert_hosts=1):
             pass
+
+
+def test_a_router_bias_steers_the_choice_not_the_weights(model: models.CausalLM) -> None:
+    moe = model.model.layers[0].mlp
+    assert isinstance(moe, models.SparseMoE)
+    x = torch.randn(50, model.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    try:
+        moe.bias = torch.tensor([0.0, 0, 0, 100, 0, 0, 0, 0])
+        experts, weights = moe.route(x)
+    finally:
+        moe.bias = None
+    assert bool((experts == 3).any(dim=-1).all())  # every token picks expert 3
+    probs = torch.softmax(moe.gate(x), dim=-1)
+    want = probs.gather(-1, experts)
+    assert torch.allclose(weights, want / want.sum(-1, keepdim=True) if moe.normalise else want)

@@ -1,0 +1,278 @@
+"""Attention/FFN disaggregation against co-location, ping-pong micro-batches, expert
+rebalancing under a skewed load, and rebatched core-attention tasks, on one MoE checkpoint
+and the same two cores.
+
+    python bench/afd.py [--quick] [--checkpoint DIR] [--vllm-python PY] [--parts ...]
+
+The checkpoint is a Qwen2-MoE made locally (4 layers, hidden 512, 8 experts of width 512,
+top 2, a shared expert of 1,024; about 27M parameters, float32) unless ``--checkpoint``
+names one.
+
+**serving** (``colocated``, ``afd``, ``afd_pingpong``): ``orchestr serve`` three ways, every
+actor on one torch thread, driven by vLLM's benchmark client (``vllm bench serve``, random
+tokens, input 512, output 64, ``ignore_eos``, 32 requests at most 16 in flight):
+``--generators 2`` (each holds the whole model), ``--afd 1:1`` (one generator runs attention,
+the router and the shared expert and holds the KV cache; one expert host holds the routed
+experts), and ``--afd 1:1 --micro-batches 2``. ``output_tokens_per_s`` and ``tpot_ms_p50``
+as the client reports them.
+
+**balance**: one generator and two expert hosts (experts 0-3 on host 0, 4-7 on host 1) with
+the router biased so expert popularity is Zipf (s = 1.2) and the popular experts sit on host
+0. Eight requests stream 160 tokens each; once every request has a token,
+:func:`orchestr.roles.experts.rebalance_serving` places 12 replicas (``stable`` mode) and
+applies them while the requests decode. ``balancedness_before``/``_after``: mean over max
+(token, expert) pairs per host, over the pairs the generator routed before the switch and
+after it (its load window, cleared between); ``experts_moved``: replicas loaded;
+``max_gap_ms``: the longest wait between two token updates of any request during the
+rebalance, against ``step_ms_p50`` (the median wait outside it); ``max_pause_ms`` = the
+difference (the target: below one step).
+
+**attention**: 32 decode tasks (one query of 8 heads over 1,024 keys of 2 heads, dim 64)
+whose blocks lie in a paged pool owned by one worker process. ``rebatched``: one call to an
+:class:`orchestr.roles.AttentionServer` in another process with all 32 (each task's blocks
+read one-sided, one padded product); ``generator``: the same 32 in the owner's process by the
+paged decode kernel the generator runs (one call over block tables). ``tasks_speedup`` =
+rebatched tasks/s over the generator's. Medians of ``--iters`` after one warm-up.
+
+Prints a table per part and one JSON line last: ``{"colocated": {...}, "afd": {...},
+"afd_pingpong": {...}, "balance": {...}, "attention": {...}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+from serving import client, free_port, stop, wait_healthy  # noqa: E402
+
+import orchestr as oc  # noqa: E402
+from orchestr.roles import AttentionServer, ExpertHost, Generator, Request, models  # noqa: E402
+from orchestr.roles.experts import holder_balancedness, rebalance_serving  # noqa: E402
+
+MODEL = {"layers": 4, "hidden": 512, "heads": 8, "kv_heads": 2, "intermediate": 512,
+         "experts": 8, "experts_per_token": 2}  # fmt: skip
+SERVING = {
+    "colocated": ["--generators", "2"],
+    "afd": ["--afd", "1:1"],
+    "afd_pingpong": ["--afd", "1:1", "--micro-batches", "2"],
+}
+PARTS = ("serving", "balance", "attention")
+
+
+def log(message: str) -> None:
+    print(f"[afd] {message}", file=sys.stderr, flush=True)
+
+
+def serve(system: str, folder: str, vllm_python: str, prompts: int) -> dict[str, Any]:
+    import subprocess
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "orchestr.cli", "serve", folder, *SERVING[system],
+           "--torch-threads", "1", "--served-model-name", "tiny", "--port", str(port)]  # fmt: skip
+    log(f"starting {system}: orchestr serve {' '.join(SERVING[system])}")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_healthy(url, proc)
+        args = ["--dataset-name", "random", "--random-input-len", "512",
+                "--random-output-len", "64", "--ignore-eos", "--num-prompts", str(prompts),
+                "--max-concurrency", "16", "--request-rate", "inf"]  # fmt: skip
+        client(vllm_python, url, folder, [*args[:-5], "--num-prompts", "4", *args[-4:]])  # warm
+        r = client(vllm_python, url, folder, args)
+        return {
+            "output_tokens_per_s": round(r["output_throughput"], 1),
+            "tpot_ms_p50": round(r["p50_tpot_ms"], 2),
+            "ttft_ms_p50": round(r["p50_ttft_ms"], 1),
+            "failed": r["failed"],
+        }
+    finally:
+        stop(proc)
+
+
+def zipf_bias(experts: int, s: float) -> list[float]:
+    """Router logit offsets making expert e's popularity about ``1 / (e + 1)**s``: the
+    popular experts are the low ids, all on host 0 of the halves placement."""
+    return [-s * math.log(e + 1) * 4.0 for e in range(experts)]
+
+
+async def balance(ctx: oc.JobContext, folder: str) -> dict[str, Any]:
+    halves = [
+        {layer: [0, 1, 2, 3] for layer in range(4)},
+        {layer: [4, 5, 6, 7] for layer in range(4)},
+    ]
+    hosts = await ctx.spawn(ExpertHost, folder, n=2, placement=halves, torch_threads=1)
+    gen = await ctx.spawn(
+        Generator, checkpoint=folder, torch_threads=1, expert_hosts=hosts,
+        expert_options={"router_bias": zipf_bias(8, 1.2), "window": 32},
+        kv={"num_blocks": 512},
+    )  # fmt: skip
+    reqs = [Request(f"b{i}", [(17 * j + i) % 400 + 5 for j in range(96)], 160, temperature=0.0,
+                    ignore_eos=True) for i in range(8)]  # fmt: skip
+    await gen.generate.call_one([Request("warm", reqs[0].prompt[:40], 40, ignore_eos=True)])
+    await gen.submit.call_one(reqs, stream="s")
+    arrivals: dict[str, list[float]] = {r.id: [] for r in reqs}
+    done: set[str] = set()
+    window: tuple[float, float] | None = None
+    report: dict[str, Any] = {}
+    before: dict[int, list[float]] = {}
+    hosted_before = await hosts.hosted.call()
+    while len(done) < len(reqs):
+        u = await gen.updates.call_one("s", timeout_s=60)
+        now = time.perf_counter()
+        for d in u.deltas:
+            if d.tokens:
+                arrivals[d.id].append(now)
+            if d.finish_reason is not None:
+                done.add(d.id)
+        if window is None and all(len(a) >= 24 for a in arrivals.values()):
+            stats = await gen.stats.call_one()
+            before = {int(k): v for k, v in stats["experts"]["load"].items()}
+            t0 = time.perf_counter()
+            report = await rebalance_serving(hosts, gen, num_replicas=12, load=before)
+            window = (t0, time.perf_counter())
+    stats = await gen.stats.call_one()
+    after_load = {int(k): v for k, v in stats["experts"]["load"].items()}
+    hosted_after = await hosts.hosted.call()
+    assert window is not None
+    gaps_in, gaps_out = [], []
+    for times in arrivals.values():
+        for a, b in zip(times, times[1:], strict=False):
+            (gaps_in if b >= window[0] and a <= window[1] else gaps_out).append(b - a)
+    step = statistics.median(gaps_out)
+    await ctx.stop(gen)
+    await ctx.stop(hosts)
+    return {
+        "balancedness_before": round(holder_balancedness(hosted_before, before), 4),
+        "balancedness_after": round(holder_balancedness(hosted_after, after_load), 4),
+        "experts_moved": report["experts_moved"],
+        "experts_dropped": report["experts_dropped"],
+        "rebalance_s": round(window[1] - window[0], 3),
+        "load_s": report["load_s"],
+        "switch_s": report["switch_s"],
+        "max_gap_ms": round(max(gaps_in, default=0.0) * 1e3, 2),
+        "step_ms_p50": round(step * 1e3, 2),
+        "max_pause_ms": round(max(0.0, max(gaps_in, default=0.0) - step) * 1e3, 2),
+    }
+
+
+class PoolOwner(oc.Actor):
+    """Holds a paged pool with random keys and values and times the decode kernel over it."""
+
+    @oc.endpoint
+    def make(self, blocks: int, size: int, heads: int, dim: int, layers: int) -> oc.Buffer:
+        shape = (blocks, size, heads, dim)
+        self.memory = oc.fabric.empty(2 * layers * math.prod(shape)).normal_()
+        per = math.prod(shape)
+        self.keys = [self.memory[i * per : (i + 1) * per].view(shape) for i in range(layers)]
+        self.values = [self.memory[(layers + i) * per : (layers + i + 1) * per].view(shape)
+                       for i in range(layers)]  # fmt: skip
+        return oc.Buffer(self.memory)
+
+    @oc.endpoint
+    def kernel(
+        self, q: torch.Tensor, tables: torch.Tensor, lengths: torch.Tensor, iters: int
+    ) -> list[float]:
+        from orchestr.roles.generator._kernels import kernels
+
+        ops = kernels()
+        times = []
+        for _ in range(iters + 1):
+            t = time.perf_counter()
+            ops.decode_attention(
+                q, self.keys[0], self.values[0], tables, lengths, q.shape[-1] ** -0.5
+            )
+            times.append(time.perf_counter() - t)
+        return times[1:]
+
+
+async def attention(ctx: oc.JobContext, iters: int) -> dict[str, Any]:
+    tasks_n, context, size, heads, kv_heads, dim, layers = 32, 1024, 16, 8, 2, 64, 1
+    per_seq = context // size
+    owner = await ctx.spawn(PoolOwner, torch_threads=1)
+    server = await ctx.spawn(AttentionServer, torch_threads=1)
+    pool = await owner.make.call_one(tasks_n * per_seq, size, kv_heads, dim, layers)
+    row = size * kv_heads * dim * 4
+    layout = [2 * layers, tasks_n * per_seq * row, row]
+    q = torch.randn(tasks_n, heads, dim)
+    tables = torch.arange(tasks_n * per_seq, dtype=torch.int32).view(tasks_n, per_seq)
+    lengths = torch.full((tasks_n,), context, dtype=torch.int32)
+    tasks = [
+        {"q": q[i : i + 1], "q_positions": [context - 1], "source": pool, "layer": 0,
+         "blocks": tables[i].tolist(), "tokens": [0, context], "layout": layout,
+         "block_size": size, "kv_heads": kv_heads, "head_dim": dim, "dtype": "float32"}
+        for i in range(tasks_n)
+    ]  # fmt: skip
+    remote = []
+    for _ in range(iters + 1):
+        t = time.perf_counter()
+        await server.attend.call_one(tasks, dim**-0.5)
+        remote.append(time.perf_counter() - t)
+    local = await owner.kernel.call_one(q, tables, lengths, iters)
+    r, g = tasks_n / statistics.median(remote[1:]), tasks_n / statistics.median(local)
+    await ctx.stop(server)
+    await ctx.stop(owner)
+    return {
+        "tasks": tasks_n,
+        "context_tokens": context,
+        "rebatched_tasks_per_s": round(r, 1),
+        "generator_tasks_per_s": round(g, 1),
+        "tasks_speedup": round(r / g, 3),
+        "kv_mb_per_call": round(tasks_n * context * kv_heads * dim * 8 / 1e6, 1),
+    }
+
+
+def main() -> None:
+    from serving import common_args, prepared
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    common_args(parser)
+    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--iters", type=int, default=10)
+    args = parser.parse_args()
+    parts = args.parts.split(",")
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.checkpoint or models.make_tiny(
+            "qwen2_moe", Path(tmp) / "moe", max_positions=4096, **MODEL
+        )
+        folder = str(Path(folder).resolve())
+        if "serving" in parts:
+            args.checkpoint = folder
+            with prepared(args) as (vllm_python, _):
+                for system in SERVING:
+                    out[system] = serve(system, folder, vllm_python, 8 if args.quick else 32)
+            base = out["afd"]["output_tokens_per_s"]
+            print(
+                f"{'system':<14}{'out tok/s':>12}{'tpot p50 ms':>14}{'ttft p50 ms':>14}{'vs afd':>9}"
+            )
+            for system in SERVING:
+                r = out[system]
+                print(f"{system:<14}{r['output_tokens_per_s']:>12}{r['tpot_ms_p50']:>14}"
+                      f"{r['ttft_ms_p50']:>14}{r['output_tokens_per_s'] / base:>8.2f}x")  # fmt: skip
+
+        async def job(ctx: oc.JobContext) -> None:
+            if "balance" in parts:
+                out["balance"] = await balance(ctx, folder)
+            if "attention" in parts:
+                out["attention"] = await attention(ctx, args.iters)
+
+        oc.run(job)
+    for part in ("balance", "attention"):
+        if part in out:
+            print(part, " ".join(f"{k}={v}" for k, v in out[part].items()))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
