@@ -63,40 +63,55 @@ def attend(shard: Shard, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def attend_batch(shards: Sequence[Shard], scale: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each shard's ``(out, lse)``, all computed in one padded batch (shards of one query
-    head count and dim; key heads may differ)."""
-    if not shards:
-        return []
+    """Each shard's ``(out, lse)``, computed in one padded batch per shape of heads (shards of
+    one query head count, key head count and dim batch together)."""
     for s in shards:
         s.check()
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(shards):
+        groups.setdefault((*s.q.shape[1:], s.k.shape[1]), []).append(i)
+    out: list[tuple[torch.Tensor, torch.Tensor]] = [None] * len(shards)  # type: ignore[list-item]
+    for members in groups.values():
+        for i, result in zip(members, _batch([shards[i] for i in members], scale), strict=True):
+            out[i] = result
+    return out
+
+
+def _batch(shards: Sequence[Shard], scale: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    # grouped-query heads as rows: a key head's ``group`` query heads attend as one block of
+    # ``group * n`` rows, so keys and values are never repeated per query head
     heads, dim = shards[0].q.shape[1:]
-    if any(tuple(s.q.shape[1:]) != (heads, dim) for s in shards):
-        raise ValueError("a batch's shards have one query head count and dim")
+    kv_heads = shards[0].k.shape[1]
+    group = heads // kv_heads
     t = len(shards)
     n = max(s.q.shape[0] for s in shards)
     m = max(max(s.k.shape[0] for s in shards), 1)
-    q = torch.zeros(t, heads, n, dim)
-    k = torch.zeros(t, heads, m, dim)
-    v = torch.zeros(t, heads, m, dim)
+    q = torch.zeros(t, kv_heads, group, n, dim)
+    k = torch.zeros(t, kv_heads, m, dim)
+    v = torch.zeros(t, kv_heads, m, dim)
     visible = torch.zeros(t, n, m, dtype=torch.bool)
     for i, s in enumerate(shards):
         rows, keys = s.q.shape[0], s.k.shape[0]
-        group = heads // s.k.shape[1]
-        q[i, :, :rows] = s.q.float().transpose(0, 1)
-        k[i, :, :keys] = s.k.float().repeat_interleave(group, dim=1).transpose(0, 1)
-        v[i, :, :keys] = s.v.float().repeat_interleave(group, dim=1).transpose(0, 1)
+        q[i, :, :, :rows] = s.q.float().view(rows, kv_heads, group, dim).permute(1, 2, 0, 3)
+        k[i, :, :keys] = s.k.float().transpose(0, 1)
+        v[i, :, :keys] = s.v.float().transpose(0, 1)
         if s.q_positions is not None and s.k_positions is not None:
             visible[i, :rows, :keys] = s.k_positions[None, :] <= s.q_positions[:, None]
         else:
             visible[i, :rows, :keys] = True
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [t, heads, n, m]
-    scores = scores.masked_fill(~visible[:, None], float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [t, heads, n]
+    rows_mask = visible[:, None, None].expand(t, 1, group, n, m).reshape(t, 1, group * n, m)
+    scores = torch.matmul(q.view(t, kv_heads, group * n, dim), k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~rows_mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [t, kv_heads, group * n]
     weights = torch.exp(scores - lse[..., None].clamp_min(torch.finfo(torch.float32).min))
-    weights = weights.masked_fill(~visible[:, None], 0.0)
-    out = torch.matmul(weights, v)  # [t, heads, n, dim]
+    weights = weights.masked_fill(~rows_mask, 0.0)
+    res = torch.matmul(weights, v).view(t, kv_heads, group, n, dim)
+    lse = lse.view(t, kv_heads, group, n)
     return [
-        (out[i, :, : s.q.shape[0]].transpose(0, 1), lse[i, :, : s.q.shape[0]].transpose(0, 1))
+        (
+            res[i, :, :, : s.q.shape[0]].permute(2, 0, 1, 3).reshape(s.q.shape[0], heads, dim),
+            lse[i, :, :, : s.q.shape[0]].permute(2, 0, 1).reshape(s.q.shape[0], heads),
+        )
         for i, s in enumerate(shards)
     ]
 
