@@ -27,6 +27,10 @@ after it (its load window, cleared between); ``experts_moved``: replicas loaded;
 rebalance, against ``step_ms_p50`` (the median wait outside it); ``max_pause_ms`` = the
 difference (the target: below one step).
 
+**calls** (``expert_calls``): the median time of one expert host call over layer 0's
+experts for 8, 16 and 32 tokens, and what two calls of 16 cost over one of 32
+(``two_halves_over_one``): what ping-pong's two micro-batches cost the experts' side.
+
 **attention**: 32 decode tasks (one query of 8 heads over 1,024 keys of 2 heads, dim 64)
 whose blocks lie in a paged pool owned by one worker process. ``rebatched``: one call to an
 :class:`orchestr.roles.AttentionServer` in another process with all 32 (each task's blocks
@@ -35,7 +39,9 @@ paged decode kernel the generator runs (one call over block tables). ``tasks_spe
 rebatched tasks/s over the generator's. Medians of ``--iters`` after one warm-up.
 
 Measured here (two cores): colocated 285 output tokens/s (TPOT p50 39 ms), afd 133 (94 ms),
-afd_pingpong 134 (91 ms): ping-pong 1.01x of afd, where the target is 1.3x. Balance: pairs'
+afd_pingpong 134 (91 ms): ping-pong 1.01x of afd, where the target is 1.3x; an expert host
+call takes 5.4, 5.6 and 6.6 ms for 8, 16 and 32 tokens (two halves cost 1.7x one batch: the
+experts' weights are read per call). Balance: pairs'
 shares [0.39, 0.20, 0.15, 0.10, 0.06, 0.04, 0.03, 0.04], balancedness 0.59 before, 0.95 after
 (0.99 predicted), 23 replicas loaded, the longest gap 43 ms against a 37 ms step (pause 6 ms).
 Attention: 374 rebatched tasks/s against the kernel's 6,762 (0.055x).
@@ -75,7 +81,7 @@ SERVING = {
     "afd": ["--afd", "1:1"],
     "afd_pingpong": ["--afd", "1:1", "--micro-batches", "2"],
 }
-PARTS = ("serving", "balance", "attention")
+PARTS = ("serving", "balance", "calls", "attention")
 
 
 def log(message: str) -> None:
@@ -203,6 +209,29 @@ def routed_balancedness(holders: dict[int, list[list[int]]], load: dict[int, lis
     return mean / peak if peak else 1.0
 
 
+async def expert_calls(ctx: oc.JobContext, folder: str, iters: int) -> dict[str, Any]:
+    """Median ms of one expert host call over layer 0's experts (top 2 of 8, random routing)
+    for 8, 16 and 32 tokens: what a step's experts cost in one batch or in two halves."""
+    host = await ctx.spawn(ExpertHost, folder, {0: list(range(8))}, torch_threads=1)
+    hidden = models.read_config(folder).hidden_size
+    gen = torch.Generator().manual_seed(0)
+    out: dict[str, Any] = {}
+    for n in (8, 16, 32):
+        x = torch.randn(n, hidden, generator=gen)
+        slot = torch.arange(n).repeat_interleave(2)
+        experts = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(n)]).view(-1)
+        weights = torch.rand(2 * n, generator=gen)
+        times = []
+        for _ in range(iters + 1):
+            t = time.perf_counter()
+            await host.forward.call_one(0, x, slot, experts, weights)
+            times.append(time.perf_counter() - t)
+        out[f"call_ms_{n}_tokens"] = round(statistics.median(times[1:]) * 1e3, 2)
+    out["two_halves_over_one"] = round(2 * out["call_ms_16_tokens"] / out["call_ms_32_tokens"], 2)
+    await ctx.stop(host)
+    return out
+
+
 class PoolOwner(oc.Actor):
     """Holds a paged pool with random keys and values and times the decode kernel over it."""
 
@@ -304,11 +333,13 @@ def main() -> None:
         async def job(ctx: oc.JobContext) -> None:
             if "balance" in parts:
                 out["balance"] = await balance(ctx, folder)
+            if "serving" in parts or "calls" in parts:
+                out["expert_calls"] = await expert_calls(ctx, folder, args.iters)
             if "attention" in parts:
                 out["attention"] = await attention(ctx, args.iters)
 
         oc.run(job)
-    for part in ("balance", "attention"):
+    for part in ("balance", "expert_calls", "attention"):
         if part in out:
             print(part, " ".join(f"{k}={v}" for k, v in out[part].items()))
     print(json.dumps(out))

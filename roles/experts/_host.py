@@ -117,6 +117,7 @@ class ExpertHost(oc.Actor):
     async def load(self, experts: Mapping[int, Sequence[int]]) -> dict[int, list[int]]:
         """Read ``experts`` (layer -> experts) from the checkpoint, in a thread while
         ``forward`` goes on, then hold them from the next call on. Returns :meth:`hosted`.
+        Blocks on the read.
         Idempotent; raises :class:`orchestr.ConfigError` for a layer or expert the checkpoint
         does not have (nothing is loaded then). Cancelling it before it returns loads nothing."""
         wanted = _wanted(experts)

@@ -62,8 +62,10 @@ class ExpertClient:
         poll_s: float = 0.2,
     ) -> None:
         if on_lost not in ON_LOST:
+            raise oc.ConfigError(f"on_lost must be one of {', '.join(ON_LOST)}, got {on_lost!r}")
+        if not (wait_s >= 0 and poll_s > 0 and window >= 1):
             raise oc.ConfigError(
-                f"on_expert_lost must be one of {', '.join(ON_LOST)}, got {on_lost!r}"
+                f"wait_s >= 0, poll_s > 0 and window >= 1, got {wait_s}, {poll_s}, {window}"
             )
         self.hosts = [hosts[i] for i in range(len(hosts))]
         self.layers, self.experts = list(layers), experts

@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 import orchestr as oc
 from orchestr.roles import ExpertHost, Generator, Request, models
 from orchestr.roles._common._hf._load import load_experts
-from orchestr.roles.experts import ExpertMap, LoadWindow, attach_experts, combine, run_experts
+from orchestr.roles.experts import (
+    ExpertClient,
+    ExpertMap,
+    LoadWindow,
+    attach_experts,
+    combine,
+    run_experts,
+)
 from orchestr.roles.generator._paged_engine import PagedEngine
 from orchestr.roles.serving import openai_server
 from tests.roles.generator.test_paged_engine import drain
@@ -211,3 +218,16 @@ def test_a_router_bias_steers_the_choice_not_the_weights(model: models.CausalLM)
     probs = torch.softmax(moe.gate(x), dim=-1)
     want = probs.gather(-1, experts)
     assert torch.allclose(weights, want / want.sum(-1, keepdim=True) if moe.normalise else want)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [({"on_lost": "retry"}, "on_lost must be one of fail, wait"), ({"poll_s": 0}, "poll_s > 0")],
+)
+def test_bad_client_options_are_refused(options: dict, match: str) -> None:  # type: ignore[type-arg]
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(oc.ConfigError, match=match):
+            ExpertClient(None, [0], EXPERTS, loop, **options)
+    finally:
+        loop.close()
