@@ -28,23 +28,32 @@ __all__ = ["AttentionOffload"]
 
 class AttentionOffload:
     """Core attention of decodes of ``min_tokens`` or more on ``servers`` (an
-    :class:`AttentionServer` mesh), for ``engine`` (a paged engine), from ``loop``'s
-    thread's counterpart (the engine's)."""
+    :class:`AttentionServer` mesh), over a paged pool: ``memory`` (every layer's keys then
+    values, in shared memory), its ``layout`` (``(planes, plane_bytes, row_bytes)``), blocks
+    of ``block_size`` tokens of ``kv_heads`` heads of ``head_dim``. Made on ``loop``."""
 
     def __init__(
-        self, servers: oc.Mesh, engine: Any, loop: asyncio.AbstractEventLoop, *, min_tokens: int
+        self,
+        servers: oc.Mesh,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        memory: torch.Tensor,
+        layout: tuple[int, int, int],
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        min_tokens: int,
     ) -> None:
         if not isinstance(servers, oc.Mesh) or len(servers) == 0:
             raise oc.ConfigError(f"attention_servers is an AttentionServer mesh, got {servers!r}")
         if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 1:
             raise oc.ConfigError(f"min_tokens is a whole number >= 1, got {min_tokens!r}")
         self.servers = [servers[i] for i in range(len(servers))]
-        self.engine, self.loop, self.min_tokens = engine, loop, min_tokens
+        self.loop, self.min_tokens = loop, min_tokens
         self._loop_thread = threading.get_ident()
-        keys = engine._kv.keys[0]
-        self.block_size = engine._kv.block_size
-        self.kv_heads, self.head_dim = keys.shape[2], keys.shape[3]
-        self.dtype = str(keys.dtype).removeprefix("torch.")
+        self.memory, self.layout = memory, list(layout)
+        self.block_size, self.kv_heads, self.head_dim = block_size, kv_heads, head_dim
+        self.dtype = str(memory.dtype).removeprefix("torch.")
         self.buffer: oc.Buffer | None = None
         self.decodes = self.calls = 0
 
@@ -69,7 +78,7 @@ class AttentionOffload:
         self, layer: int, q: torch.Tensor, tables: list[list[int]], lengths: list[int], scale: float
     ) -> torch.Tensor:
         if self.buffer is None:
-            self.buffer = oc.Buffer(self.engine.kv_memory)
+            self.buffer = oc.Buffer(self.memory)
         size = self.block_size
         per_server: list[list[dict[str, Any]]] = [[] for _ in self.servers]
         owners: list[list[tuple[int, int]]] = [[] for _ in self.servers]  # (decode, slot)
@@ -87,7 +96,7 @@ class AttentionOffload:
                         "layer": layer,
                         "blocks": table[lo // size : -(-hi // size)],
                         "tokens": [lo, hi],
-                        "layout": list(self.engine.kv_layout),
+                        "layout": self.layout,
                         "block_size": size,
                         "kv_heads": self.kv_heads,
                         "head_dim": self.head_dim,

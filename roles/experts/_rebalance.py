@@ -62,9 +62,9 @@ async def spawn_expert_hosts(
         raise oc.ConfigError(f"expert hosts must be 1 or more, got {n}")
     experts = cfg.moe.num_experts
     layers = [i for i in range(cfg.num_hidden_layers) if cfg.moe.sparse(i)]
-    slots = replicas or experts + (-experts % n)
-    even = [[1.0] * experts for _ in layers]
-    placement = rebalance(even, slots + (-slots % n), 1, 1, n)
+    slots = replicas or experts
+    slots += -slots % n  # whole hosts
+    placement = rebalance([[1.0] * experts for _ in layers], slots, 1, 1, n)
     return await ctx.spawn(
         ExpertHost, checkpoint, n=n, name=spawn.pop("name", "experts"),
         placement=host_experts(placement, layers),

@@ -175,9 +175,7 @@ class ExpertClient:
 
     async def _check_or_refresh(self) -> ExpertMap:
         assert self.map is not None
-        try:
-            self.use(self.map)
-        except ExpertUnavailableError:
+        if self.map.holes(self.layers, self.experts):
             return await self.refresh()
         return self.map
 

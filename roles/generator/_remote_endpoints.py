@@ -59,8 +59,11 @@ class RemoteEndpoints:
             runner = self._engine._runner
             if runner.ops is None:
                 raise oc.ConfigError("attention servers take decodes from the paged kernel")
+            keys = self._engine._kv.keys[0]  # [blocks, block_size, kv_heads, head_dim]
             runner.offload = self._offload = AttentionOffload(
-                servers, self._engine, asyncio.get_running_loop(),
+                servers, asyncio.get_running_loop(), memory=self._engine.kv_memory,
+                layout=self._engine.kv_layout, block_size=keys.shape[1], kv_heads=keys.shape[2],
+                head_dim=keys.shape[3],
                 min_tokens=(attention_options or {}).get("min_tokens", 1024),
             )  # fmt: skip
 
