@@ -228,8 +228,9 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
         "--afd",
         default=None,
         metavar="A:E",
-        help="attention/FFN disaggregation of a MoE checkpoint: A generators run attention "
-        "(and hold the KV cache), E expert hosts hold the routed experts",
+        help="attention/FFN disaggregation: A generators run attention (and hold the KV "
+        "cache), E expert hosts hold a MoE checkpoint's routed experts, or a dense one's "
+        "MLPs in E slices",
     )
     p.add_argument(
         "--micro-batches",

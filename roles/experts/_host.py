@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 import orchestr as oc
-from orchestr.roles._common._hf._load import load_experts
+from orchestr.roles._common._hf._config import read_config
+from orchestr.roles._common._hf._load import ffn_units, load_experts
 
 from ._dispatch import run_experts
 
@@ -35,10 +36,12 @@ class ExpertUnavailableError(oc.OrchestrError):
 
 
 class ExpertHost(oc.Actor):
-    """Holds routed experts of ``checkpoint`` (a Qwen2-MoE folder): ``experts`` maps a layer
-    to the experts to load now, or ``placement[rank]`` does for the mesh member of that rank
-    (:func:`host_experts` makes it from a :class:`Placement`); more come with :meth:`load`.
-    Only those tensors are read. ``torch_threads`` sets the threads its expert products use.
+    """Holds routed experts of ``checkpoint`` (a Qwen2-MoE folder), or with ``ffn_shards``
+    slices of a dense checkpoint's MLPs (each layer's cut into that many: "experts" every
+    token passes through, with weight 1; :func:`~orchestr.roles._common._hf._load.ffn_units`):
+    ``experts`` maps a layer to the experts to load now, or ``placement[rank]`` does for the
+    mesh member of that rank (:func:`host_experts` makes it from a :class:`Placement`); more
+    come with :meth:`load`. Only those tensors are read (of a dense MLP, only the slices). ``torch_threads`` sets the threads its expert products use.
     Its state (what it holds) is saved with ``ctx.checkpoint(mesh)``, so a host restarted
     after a rebalance comes back holding what it held then. Raises
     :class:`orchestr.ConfigError` (as a spawn error) for a bad checkpoint, layer or expert."""
@@ -51,6 +54,7 @@ class ExpertHost(oc.Actor):
         experts: Mapping[int, Sequence[int]] | None = None,
         *,
         placement: Sequence[Mapping[int, Sequence[int]]] | None = None,
+        ffn_shards: int | None = None,
         dtype: str = "float32",
         torch_threads: int | None = None,
     ) -> None:
@@ -59,6 +63,10 @@ class ExpertHost(oc.Actor):
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
         self._checkpoint, self._dtype = checkpoint, DTYPES[dtype]
+        self._shards = ffn_shards
+        cfg = read_config(checkpoint)
+        self._units = ffn_units(cfg, ffn_shards, checkpoint)[1]
+        self._noun = "expert" if cfg.moe is not None else "FFN shard"
         self._modules: dict[int, dict[int, nn.Module]] = {}
         self._tokens: dict[int, dict[int, int]] = {}
         self._calls = 0
@@ -70,7 +78,7 @@ class ExpertHost(oc.Actor):
                 )
             experts = placement[self.rank]
         if experts:
-            self._install(load_experts(checkpoint, _wanted(experts), dtype=self._dtype))
+            self._install(self._read(_wanted(experts)))
 
     def save_state(self) -> dict[int, list[int]]:
         return self.hosted()
@@ -78,7 +86,7 @@ class ExpertHost(oc.Actor):
     def load_state(self, state: Any) -> None:
         self._modules.clear()
         if state:
-            self._install(load_experts(self._checkpoint, _wanted(state), dtype=self._dtype))
+            self._install(self._read(_wanted(state)))
 
     @oc.endpoint
     def hosted(self) -> dict[int, list[int]]:
@@ -93,18 +101,26 @@ class ExpertHost(oc.Actor):
         slot: torch.Tensor,
         experts: torch.Tensor,
         weights: torch.Tensor,
+        units: int | None = None,
     ) -> torch.Tensor:
         """Per row of ``x`` (``[m, hidden]``), the sum over pairs ``j`` with ``slot[j]`` = row
-        of ``weights[j]`` times expert ``experts[j]``'s output. Raises ``ValueError`` for
-        tensors that do not fit together and :class:`ExpertUnavailableError` for an expert
-        this host does not hold. Runs on the loop, one call at a time; nothing to cancel."""
+        of ``weights[j]`` times expert ``experts[j]``'s output. ``units``: how many experts
+        (or FFN shards) the caller cuts a layer into, checked against this host's. Raises
+        ``ValueError`` for tensors that do not fit together or units that differ, and
+        :class:`ExpertUnavailableError` for an expert this host does not hold. Runs on the
+        loop, one call at a time; nothing to cancel."""
         _check(x, slot, experts, weights)
+        if units is not None and units != self._units:
+            raise ValueError(
+                f"the caller cuts layer {layer} into {units} {self._noun}s; this host's "
+                f"checkpoint is cut into {self._units} (give both the same ffn_shards)"
+            )
         modules = self._modules.get(layer, {})
         try:
             out = run_experts(modules, x.to(self._dtype), slot, experts, weights.to(self._dtype))
         except KeyError as exc:
             raise ExpertUnavailableError(
-                f"this expert host ({self.actor_id}) holds no expert {exc.args[0]} of layer "
+                f"this expert host ({self.actor_id}) holds no {self._noun} {exc.args[0]} of layer "
                 f"{layer}; it holds {sorted(modules)}"
             ) from None
         self._calls += 1
@@ -121,7 +137,7 @@ class ExpertHost(oc.Actor):
         Idempotent; raises :class:`orchestr.ConfigError` for a layer or expert the checkpoint
         does not have (nothing is loaded then). Cancelling it before it returns loads nothing."""
         wanted = _wanted(experts)
-        modules = await asyncio.to_thread(load_experts, self._checkpoint, wanted, dtype=self._dtype)
+        modules = await asyncio.to_thread(self._read, wanted)
         self._install(modules)
         return self.hosted()
 
@@ -139,6 +155,11 @@ class ExpertHost(oc.Actor):
         """What it holds, the ``forward`` calls it served and the tokens each expert ran
         (``tokens[layer][expert]``) since it started."""
         return {"hosted": self.hosted(), "calls": self._calls, "tokens": self._tokens}
+
+    def _read(self, wanted: dict[int, list[int]]) -> dict[tuple[int, int], nn.Module]:
+        return dict(
+            load_experts(self._checkpoint, wanted, ffn_shards=self._shards, dtype=self._dtype)
+        )
 
     def _install(self, modules: Mapping[tuple[int, int], nn.Module]) -> None:
         for (layer, e), module in modules.items():

@@ -25,6 +25,7 @@ from typing import Any
 
 import orchestr as oc
 from orchestr.roles._common._hf._config import read_config
+from orchestr.roles._common._hf._load import ffn_units
 
 from ._host import ExpertHost
 from ._placement import Placement, balancedness, rebalance
@@ -44,30 +45,30 @@ async def spawn_expert_hosts(
     n: int,
     *,
     replicas: int | None = None,
+    ffn_shards: int | None = None,
     restarts: int = 3,
     **spawn: Any,
 ) -> oc.Mesh:
     """``n`` :class:`ExpertHost` actors holding every routed expert of the MoE checkpoint
-    ``checkpoint``: ``replicas`` slots per layer (default the fewest that fill whole hosts),
-    placed by :func:`rebalance` for an even load. A host that dies is restarted up to
-    ``restarts`` times (with its spawn placement), then left dead. ``spawn`` goes to
-    ``ctx.spawn`` (``resources``, ``labels``...). Raises :class:`orchestr.ConfigError` for a
-    checkpoint without experts and what ``ctx.spawn`` raises."""
+    ``checkpoint`` (or every layer's MLP of a dense one, cut into ``ffn_shards`` slices,
+    default ``n``: one slice of each layer per host): ``replicas`` slots per layer (default
+    the fewest that fill whole hosts), placed by :func:`rebalance` for an even load. A host
+    that dies is restarted up to ``restarts`` times (with its spawn placement), then left
+    dead. ``spawn`` goes to ``ctx.spawn`` (``resources``, ``labels``...). Raises
+    :class:`orchestr.ConfigError` for ``ffn_shards`` that does not fit the checkpoint and what
+    ``ctx.spawn`` raises."""
     cfg = read_config(checkpoint)
-    if cfg.moe is None:
-        raise oc.ConfigError(
-            f"{checkpoint}: a {cfg.model_type} model has no experts to put on expert hosts"
-        )
     if n < 1:
         raise oc.ConfigError(f"expert hosts must be 1 or more, got {n}")
-    experts = cfg.moe.num_experts
-    layers = [i for i in range(cfg.num_hidden_layers) if cfg.moe.sparse(i)]
+    if cfg.moe is None and ffn_shards is None:
+        ffn_shards = n
+    layers, experts = ffn_units(cfg, ffn_shards, checkpoint)
     slots = replicas or experts
     slots += -slots % n  # whole hosts
     placement = rebalance([[1.0] * experts for _ in layers], slots, 1, 1, n)
     return await ctx.spawn(
         ExpertHost, checkpoint, n=n, name=spawn.pop("name", "experts"),
-        placement=host_experts(placement, layers),
+        placement=host_experts(placement, layers), ffn_shards=ffn_shards,
         restart=oc.RestartPolicy(max_restarts=restarts),
         supervise=lambda failure: "restart" if failure.can_restart else "handle",
         **spawn,

@@ -1,9 +1,13 @@
 """A generator's side of expert hosts: its MoE layers route here and their routed experts run
-on the hosts.
+on the hosts; or a dense model's MLPs run there, in slices.
 
 :func:`attach_experts` hands each sparse layer of a :class:`CausalLM` an
 :class:`ExpertClient` in place of its own routed experts (which it then drops): the layer
-still routes and runs its shared expert itself. The engine's step runs in a worker thread
+still routes and runs its shared expert itself. In a dense model each layer's MLP goes
+instead (its weights dropped), cut into ``ffn_shards`` slices of its width, as experts every
+token is routed to with weight 1: the hosts' partial sums add up to the MLP's output, and
+each host reads only its slices' weights per call (the FFN's tensor parallelism, through the
+experts' dispatch, replicas and failover). The engine's step runs in a worker thread
 (the generator's ``in_thread``); :meth:`ExpertClient.run` is called there, once per MoE layer,
 and waits on the actor's event loop for one call per host with work (all in flight at once),
 then combines. It must not be called on the loop's own thread: that would wait on itself.
@@ -25,7 +29,8 @@ import torch
 from torch import nn
 
 import orchestr as oc
-from orchestr.roles._common._hf._layers import CausalLM, SparseMoE
+from orchestr.roles._common._hf._layers import MLP, CausalLM, SparseMoE
+from orchestr.roles._common._hf._load import ffn_units
 
 from ._dispatch import ExpertMap, LoadWindow, Send
 from ._host import ExpertUnavailableError
@@ -60,6 +65,7 @@ class ExpertClient:
         on_lost: str = "fail",
         wait_s: float = 30.0,
         poll_s: float = 0.2,
+        noun: str = "expert",
     ) -> None:
         if on_lost not in ON_LOST:
             raise oc.ConfigError(f"on_lost must be one of {', '.join(ON_LOST)}, got {on_lost!r}")
@@ -74,6 +80,7 @@ class ExpertClient:
         self.window = LoadWindow(self.layers, experts, window)
         self.metrics = ExpertMetrics(engine)
         self.on_lost, self.wait_s, self.poll_s = on_lost, wait_s, poll_s
+        self.noun = noun
         self.map: ExpertMap | None = None
         self.calls = 0
         self.lost_hosts = 0
@@ -100,7 +107,7 @@ class ExpertClient:
         if holes:
             layer, expert = holes[0]
             raise ExpertUnavailableError(
-                f"no live expert host holds expert {expert} of layer {layer}"
+                f"no live expert host holds {self.noun} {expert} of layer {layer}"
                 + (f" (and {len(holes) - 1} more)" if len(holes) > 1 else "")
             )
         self.map = new
@@ -116,6 +123,13 @@ class ExpertClient:
             raise RuntimeError("expert hosts are called from the engine's thread, not the loop's")
         work = self._run(layer, x, experts.reshape(len(x), -1), weights.reshape(len(x), -1))
         return asyncio.run_coroutine_threadsafe(work, self.loop).result()
+
+    def run_all(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`run` with every token routed to every unit with weight 1: a dense layer's
+        MLP over ``x`` ``[n, hidden]`` as the sum of its slices."""
+        n = len(x)
+        units = torch.arange(self.experts).expand(n, self.experts)
+        return self.run(layer, x, units, torch.ones(n, self.experts, dtype=x.dtype))
 
     async def _run(
         self, layer: int, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
@@ -151,7 +165,7 @@ class ExpertClient:
     async def _call(self, layer: int, x: torch.Tensor, send: Send) -> torch.Tensor:
         self.calls += 1
         y: torch.Tensor = await self.hosts[send.host].forward.call_one(
-            layer, x[send.rows], send.slot, send.experts, send.weights
+            layer, x[send.rows], send.slot, send.experts, send.weights, self.experts
         )
         return y
 
@@ -206,28 +220,46 @@ class ExpertClient:
 
 
 def attach_experts(
-    model: CausalLM, hosts: oc.Mesh, *, router_bias: Sequence[float] | None = None, **options: Any
+    model: CausalLM,
+    hosts: oc.Mesh,
+    *,
+    router_bias: Sequence[float] | None = None,
+    ffn_shards: int | None = None,
+    **options: Any,
 ) -> ExpertClient:
     """Route ``model``'s sparse layers' experts to ``hosts`` and drop its own copies of them;
+    or, for a dense model, every layer's MLP in ``ffn_shards`` slices (default one per host,
+    as :func:`spawn_expert_hosts` cuts them; the hosts must cut them the same way).
     ``options`` go to :class:`ExpertClient`; ``router_bias`` (one value per expert) is added
     to every sparse layer's router logits where it picks experts (:class:`SparseMoE`'s
-    ``bias``). Call on the actor's event loop (it keeps it).
-    Raises :class:`orchestr.ConfigError` for a model without experts, ``hosts`` that is not a
-    mesh or a bad option."""
+    ``bias``). Call on the actor's event loop (it keeps it). Raises
+    :class:`orchestr.ConfigError` for ``hosts`` that is not a mesh, an option that does not
+    fit the model, or a bad option."""
     if not isinstance(hosts, oc.Mesh) or len(hosts) == 0:
         raise oc.ConfigError(f"expert_hosts is a mesh of ExpertHost actors, got {hosts!r}")
-    sparse = [i for i, layer in enumerate(model.model.layers) if isinstance(layer.mlp, SparseMoE)]
-    moe = model.config.moe
-    if moe is None or not sparse:
-        raise oc.ConfigError(f"a {model.config.model_type} model has no experts to host apart")
-    client = ExpertClient(hosts, sparse, moe.num_experts, asyncio.get_running_loop(), **options)
-    if router_bias is not None and len(router_bias) != moe.num_experts:
-        raise oc.ConfigError(f"router_bias has one value per expert ({moe.num_experts})")
-    for i in sparse:
+    cfg = model.config
+    dense = cfg.moe is None
+    if dense and ffn_shards is None:
+        ffn_shards = len(hosts)
+    layers, units = ffn_units(cfg, ffn_shards, f"a {cfg.model_type} model")
+    if not layers:
+        raise oc.ConfigError(f"a {cfg.model_type} model has no experts to host apart")
+    if router_bias is not None and (dense or len(router_bias) != units):
+        raise oc.ConfigError(f"router_bias has one value per expert of a MoE model ({units})")
+    loop = asyncio.get_running_loop()
+    client = ExpertClient(
+        hosts, layers, units, loop, noun="FFN shard" if dense else "expert", **options
+    )
+    for i in layers:
         mlp = model.model.layers[i].mlp
-        assert isinstance(mlp, SparseMoE)
-        if router_bias is not None:
-            mlp.bias = torch.tensor(router_bias, dtype=torch.float32)
-        mlp.remote = functools.partial(client.run, i)
-        mlp.experts = nn.ModuleList()
+        if isinstance(mlp, SparseMoE):
+            if router_bias is not None:
+                mlp.bias = torch.tensor(router_bias, dtype=torch.float32)
+            mlp.remote = functools.partial(client.run, i)
+            mlp.experts = nn.ModuleList()
+        else:
+            assert isinstance(mlp, MLP)
+            mlp.remote = functools.partial(client.run_all, i)
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                delattr(mlp, name)  # held on the hosts now
     return client

@@ -87,10 +87,15 @@ class Linears:
         x: torch.Tensor,
         activate: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """The feed-forward part's output for ``x`` (a mixture of experts runs as it is).
+        """The feed-forward part's output for ``x`` (a mixture of experts, or an MLP on expert
+        hosts, runs as it is).
         ``activate``: what makes the down projection's input from the fused gate/up product
         (default :meth:`MLP.activate`)."""
-        if not isinstance(mlp, MLP) or (up := self._entry((mlp.gate_proj, mlp.up_proj))) is None:
+        if (
+            not isinstance(mlp, MLP)
+            or mlp.remote is not None  # on expert hosts
+            or (up := self._entry((mlp.gate_proj, mlp.up_proj))) is None
+        ):
             out: torch.Tensor = mlp(x)
             return out
         return self.linear(mlp.down_proj, (activate or mlp.activate)(_multiply(up, x)))

@@ -15,7 +15,7 @@ from ._paged_engine import PagedEngine
 
 __all__ = ["RemoteEndpoints"]
 
-EXPERT_OPTIONS = ("on_lost", "wait_s", "poll_s", "window", "router_bias")
+EXPERT_OPTIONS = ("on_lost", "wait_s", "poll_s", "window", "router_bias", "ffn_shards")
 ATTENTION_OPTIONS = ("min_tokens",)
 
 
@@ -34,7 +34,8 @@ class RemoteEndpoints:
         attention_options: dict[str, Any] | None,
     ) -> None:
         """Attach expert ``hosts`` and attention ``servers`` (either ``None``: none). Raises
-        :class:`ConfigError` for an engine other than the paged one, a model without experts,
+        :class:`ConfigError` for an engine other than the paged one, an expert option that does
+        not fit the model,
         attention without the paged kernel, or an unknown option."""
         self._experts = self._offload = None
         for what, given, options, known in (

@@ -162,7 +162,11 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``, ``width`` wide (default the config's
-    ``intermediate_size``)."""
+    ``intermediate_size``). When ``remote`` is set (``remote(x)`` over tokens ``[n, hidden]``)
+    the product runs there instead: on expert hosts, in slices of the width
+    (``orchestr.roles.experts``)."""
+
+    remote: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __init__(self, cfg: ModelConfig, width: int | None = None) -> None:
         super().__init__()
@@ -172,6 +176,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(width, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.remote is not None:
+            return self.remote(x.reshape(-1, x.shape[-1])).reshape(x.shape)
         out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return out
 

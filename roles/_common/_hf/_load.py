@@ -23,7 +23,7 @@ import orchestr as oc
 from ._config import ModelConfig, read_config
 from ._layers import MLP, CausalLM
 
-__all__ = ["expert_names", "load_experts", "load_model", "shards", "weight_names"]
+__all__ = ["expert_names", "ffn_units", "load_experts", "load_model", "shards", "weight_names"]
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -100,51 +100,91 @@ def load_model(
     return model.eval()
 
 
-def expert_names(layer: int, expert: int) -> list[str]:
-    """The three tensors of one routed expert of a Qwen2-MoE layer."""
-    prefix = f"model.layers.{layer}.mlp.experts.{expert}."
+def expert_names(layer: int, expert: int, *, dense: bool = False) -> list[str]:
+    """The three tensors of one routed expert of a Qwen2-MoE layer; ``dense``: of the layer's
+    MLP (each FFN shard is a slice of them)."""
+    prefix = f"model.layers.{layer}.mlp." + ("" if dense else f"experts.{expert}.")
     return [f"{prefix}{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")]
+
+
+def ffn_units(
+    cfg: ModelConfig, ffn_shards: int | None = None, where: str = "the model"
+) -> tuple[list[int], int]:
+    """The layers whose feed-forward part expert hosts hold, and the units each is cut into:
+    a MoE model's sparse layers and their routed experts; a dense model's every layer, its MLP
+    cut into ``ffn_shards`` slices of the intermediate width (unit ``s`` holds rows
+    ``[s * width // ffn_shards, (s + 1) * width // ffn_shards)`` of the gate and up
+    projections and those columns of the down projection, so a token's output is the sum of
+    its units' outputs). Raises :class:`ConfigError` for ``ffn_shards`` with a MoE model, or
+    without it (or out of range) with a dense one."""
+    moe = cfg.moe
+    if moe is not None:
+        if ffn_shards is not None:
+            raise oc.ConfigError(
+                f"{where}: ffn_shards cuts a dense model's FFN; this one has experts"
+            )
+        return [i for i in range(cfg.num_hidden_layers) if moe.sparse(i)], moe.num_experts
+    width = cfg.intermediate_size
+    if (
+        not isinstance(ffn_shards, int)
+        or isinstance(ffn_shards, bool)
+        or not 1 <= ffn_shards <= width
+    ):
+        raise oc.ConfigError(
+            f"{where}: a dense model's FFN goes to expert hosts in ffn_shards slices (1 to its "
+            f"intermediate width {width}), got {ffn_shards!r}"
+        )
+    return list(range(cfg.num_hidden_layers)), ffn_shards
 
 
 def load_experts(
     folder: str | os.PathLike[str],
     wanted: dict[int, list[int]],
     *,
+    ffn_shards: int | None = None,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ) -> dict[tuple[int, int], MLP]:
-    """Only the routed experts ``wanted`` (layer -> experts) of the MoE checkpoint in
-    ``folder``, each an :class:`MLP` keyed ``(layer, expert)``: no other tensor is read. Raises
-    :class:`ConfigError` for a checkpoint without experts, a layer that does not route to
-    experts, an expert it does not have, or a missing or misshapen tensor."""
+    """Only the units ``wanted`` (layer -> units, :func:`ffn_units`) of the checkpoint in
+    ``folder``, each an :class:`MLP` keyed ``(layer, unit)``: a MoE checkpoint's routed
+    experts, or (with ``ffn_shards``) slices of a dense checkpoint's MLPs. No other tensor is
+    read, and of a dense MLP only the slice. Raises :class:`ConfigError` for a layer without
+    such units, a unit it does not have, or a missing or misshapen tensor."""
     folder = os.fspath(folder)
     cfg = read_config(folder)
-    moe = cfg.moe
-    if moe is None:
-        raise oc.ConfigError(f"{folder}: a {cfg.model_type} checkpoint has no experts")
-    shapes: dict[str, tuple[int, ...]] = {}
-    for layer, experts in wanted.items():
-        if not (0 <= layer < cfg.num_hidden_layers and moe.sparse(layer)):
-            raise oc.ConfigError(f"{folder}: layer {layer} does not route to experts")
-        for e in experts:
-            if not 0 <= e < moe.num_experts:
-                raise oc.ConfigError(f"{folder}: no expert {e} (it has {moe.num_experts})")
-            gate, up, down = expert_names(layer, e)
-            width = moe.moe_intermediate_size
-            shapes |= {gate: (width, cfg.hidden_size), up: (width, cfg.hidden_size)}
-            shapes[down] = (cfg.hidden_size, width)
+    layers, units = ffn_units(cfg, ffn_shards, folder)
+    dense = cfg.moe is None
+    width = cfg.intermediate_size if cfg.moe is None else cfg.moe.moe_intermediate_size
+    hidden = cfg.hidden_size
+    noun = "FFN shard" if dense else "expert"
     located = shards(folder)
-    for name in shapes:
-        if name not in located:
-            raise oc.ConfigError(f"{folder}: missing tensor {name!r}")
-    state = dict(_read(shapes, located, dtype, device))
     out = {}
-    for layer, experts in wanted.items():
-        for e in experts:
+    for layer, held in wanted.items():
+        if layer not in layers:
+            raise oc.ConfigError(
+                f"{folder}: layer {layer} does not route to experts"
+                if not dense
+                else f"{folder}: no layer {layer} (it has {cfg.num_hidden_layers})"
+            )
+        for e in held:
+            if not 0 <= e < units:
+                raise oc.ConfigError(f"{folder}: no {noun} {e} (it has {units})")
+            names = expert_names(layer, e, dense=dense)
+            for name in names:
+                if name not in located:
+                    raise oc.ConfigError(f"{folder}: missing tensor {name!r}")
+            shapes: dict[str, tuple[int, ...]] = dict(
+                zip(names, ((width, hidden), (width, hidden), (hidden, width)), strict=True)
+            )
+            cut: dict[str, tuple[slice, ...]] = {}
+            if dense:
+                rows = slice(e * width // units, (e + 1) * width // units)
+                cut = {names[0]: (rows,), names[1]: (rows,), names[2]: (slice(None), rows)}
+            state = dict(_read(shapes, located, dtype, device, cut))
             with torch.device("meta"):
-                mlp = MLP(cfg, moe.moe_intermediate_size)
-            parts = [state[n] for n in expert_names(layer, e)]
+                mlp = MLP(cfg, width if not dense else rows.stop - rows.start)
             keys = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+            parts = [state[n] for n in names]
             mlp.load_state_dict(dict(zip(keys, parts, strict=True)), assign=True)
             out[layer, e] = mlp.eval()
     return out
@@ -155,7 +195,10 @@ def _read(
     located: dict[str, str],
     dtype: torch.dtype,
     device: str | torch.device,
+    cut: dict[str, tuple[slice, ...]] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each tensor of ``want`` (name -> its shape in the file), or only its part ``cut[name]``
+    (read as a slice: the rest is never read)."""
     by_file: dict[str, list[str]] = {}
     for name in want:
         by_file.setdefault(located[name], []).append(name)
@@ -165,12 +208,20 @@ def _read(
             for name in names:
                 if name not in present:
                     raise oc.ConfigError(f"{file}: missing tensor {name!r} (the index lists it)")
-                tensor = f.get_tensor(name)
-                if tuple(tensor.shape) != want[name]:
+                part = (cut or {}).get(name)
+                if part is None:
+                    tensor = f.get_tensor(name)
+                    shape = tuple(tensor.shape)
+                else:
+                    piece = f.get_slice(name)
+                    shape = tuple(piece.get_shape())
+                if shape != want[name]:
                     raise oc.ConfigError(
-                        f"{file}: tensor {name!r} has shape {tuple(tensor.shape)}, the config "
-                        f"implies {want[name]}"
+                        f"{file}: tensor {name!r} has shape {shape}, the config implies "
+                        f"{want[name]}"
                     )
+                if part is not None:
+                    tensor = piece[part]
                 if not tensor.is_floating_point():
                     raise oc.ConfigError(f"{file}: tensor {name!r} is {tensor.dtype}, not floats")
                 yield name, tensor.to(device=device, dtype=dtype)

@@ -197,10 +197,77 @@ async def test_attention_and_experts_apart_behind_the_front_door(
         alone.submit([Request("a", [5, 9, 14, 200, 7, 31, 8], 6, temperature=0.0, ignore_eos=True)])
         assert r.choices[0].text == models.Tokenizer(folder).decode(drain(alone)["a"].tokens)
     assert {a.state for a in await ctx.actors() if a.name == "experts"} == {"stopped"}
-    dense = models.make_tiny("llama", tmp_path / "dense")
-    with pytest.raises(oc.ConfigError, match="has no experts to put on expert hosts"):
-        async with openai_server(ctx, dense, expert_hosts=1):
-            pass
+
+    # a dense model: each layer's MLP in two slices, one per host
+    dense = models.make_tiny("llama", tmp_path / "dense", layers=2)
+    async with (
+        openai_server(
+            ctx, dense, names=["dense"], options=options, expert_hosts=2, micro_batches=2
+        ) as app,
+        served(app) as url,
+        client_of(url) as client,
+    ):
+        running = [a for a in await ctx.actors() if a.name == "experts" and a.state == "alive"]
+        assert len(running) == 2
+        r = await client.completions.create(
+            model="dense", prompt=[[5, 9, 14, 200, 7, 31, 8]], max_tokens=6,
+            extra_body={"ignore_eos": True}, temperature=0.0,
+        )  # fmt: skip
+        alone = PagedEngine(models.load_model(dense), num_blocks=64, block_size=16, model_id="m")
+        alone.submit([Request("a", [5, 9, 14, 200, 7, 31, 8], 6, temperature=0.0, ignore_eos=True)])
+        assert r.choices[0].text == models.Tokenizer(dense).decode(drain(alone)["a"].tokens)
+
+
+async def test_a_dense_models_ffn_on_hosts_in_slices(
+    ctx: oc.JobContext, tmp_path: pathlib.Path, folder: pathlib.Path
+) -> None:
+    dense = pathlib.Path(models.make_tiny("llama", tmp_path / "dense", layers=2))
+    model = models.load_model(dense)
+    # three slices of layer 1's MLP (uneven widths) add up to the MLP
+    slices = load_experts(dense, {1: [0, 1, 2]}, ffn_shards=3)
+    x = torch.randn(5, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        parts = [slices[1, s](x) for s in range(3)]
+        mlp = model.model.layers[1].mlp
+        assert isinstance(mlp, models.MLP)
+        assert torch.allclose(sum(parts), mlp(x), atol=1e-6)
+    assert sum(m.up_proj.out_features for m in slices.values()) == model.config.intermediate_size
+    for wanted, shards, match in (
+        ({1: [3]}, 3, "no FFN shard 3"),
+        ({2: [0]}, 3, "no layer 2"),
+        ({0: [0]}, None, "in ffn_shards slices"),
+        ({0: [0]}, 0, "in ffn_shards slices"),
+    ):
+        with pytest.raises(oc.ConfigError, match=match):
+            load_experts(dense, wanted, ffn_shards=shards)
+    with pytest.raises(oc.ConfigError, match="ffn_shards cuts a dense model"):
+        load_experts(folder, {0: [0]}, ffn_shards=2)
+
+    # host 0 holds slices 0 and 1 of each layer, host 1 slices 1 and 2 (slice 1 twice)
+    hosts = await ctx.spawn(ExpertHost, str(dense), n=2, ffn_shards=3, torch_threads=1)
+    await hosts[0].load.call_one({0: [0, 1], 1: [0, 1]})
+    await hosts[1].load.call_one({0: [1, 2], 1: [1, 2]})
+    split = models.load_model(dense)
+    client = attach_experts(split, hosts, ffn_shards=3)
+    assert not any(hasattr(layer.mlp, "up_proj") for layer in split.model.layers)
+    tokens = torch.tensor([[(5 * i + 3 * b) % 380 + 5 for i in range(24)] for b in range(3)])
+    lengths = torch.tensor([24, 17, 9])
+    with torch.no_grad():
+        want = model(tokens, lengths)
+        got = await asyncio.to_thread(split, tokens, lengths)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert client.calls == 4  # two layers, two hosts each
+    assert client.stats()["holders"][0] == [[0], [0, 1], [1]]
+    # a generator that cuts the layers otherwise is refused, not answered wrongly
+    with pytest.raises(
+        oc.ActorError, match="ValueError: the caller cuts layer 0 into 2 FFN shards"
+    ):
+        await hosts[0].forward.call_one(
+            0, torch.zeros(1, 64), torch.zeros(1, dtype=torch.int64),
+            torch.tensor([0]), torch.ones(1), 2,
+        )  # fmt: skip
+    with pytest.raises(oc.ConfigError, match="router_bias has one value per expert of a MoE"):
+        attach_experts(models.load_model(dense), hosts, router_bias=[0.0])
 
 
 def test_a_router_bias_steers_the_choice_not_the_weights(model: models.CausalLM) -> None:
