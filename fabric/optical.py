@@ -7,8 +7,11 @@ cabling plan (``orchestr start --head --fabric plan.toml``); jobs send it phase 
 
 - **plans**: :class:`Topology` (hosts, NICs, switches, links, OCS ports), read with
   :func:`load_topology` / :func:`topology_from_dict`, checked as it is built;
+- **generated plans**: :func:`fat_tree` (with an :class:`OcsLayer` of circuits on top);
 - **cost**: :func:`collective_demand` and :class:`ReconfigCost` price a phase's traffic and a
-  reconfiguration;
+  reconfiguration; :func:`collective_s` and the closed forms it picks from
+  (:func:`ring_all_reduce_s`, :func:`reduce_scatter_s`, :func:`all_gather_s`,
+  :func:`broadcast_s`, :func:`all_to_all_s`) time a collective on uncongested links;
 - **planning**: :class:`GreedyPlanner` turns a :class:`PlanRequest` into a :class:`Plan`;
   :class:`CommitPolicy` says when one is worth its cost;
 - **the manager**: :class:`FabricManager` takes :class:`Hint` s (see :func:`hint_demand`) and
@@ -23,8 +26,18 @@ from __future__ import annotations
 
 from ._optical._circuits import Circuit, Installed
 from ._optical._conformance import check_ocs_driver
-from ._optical._costmodel import ReconfigCost, collective_demand
+from ._optical._costmodel import (
+    ReconfigCost,
+    all_gather_s,
+    all_to_all_s,
+    broadcast_s,
+    collective_demand,
+    collective_s,
+    reduce_scatter_s,
+    ring_all_reduce_s,
+)
 from ._optical._elements import TopologyError
+from ._optical._fattree import OcsLayer, fat_tree
 from ._optical._manager import FabricManager, Hint, PlanRecord, hint_demand
 from ._optical._netns import NetnsError, NetnsFabric, netns_missing
 from ._optical._netns_kernel import free_subnets
@@ -60,6 +73,7 @@ __all__ = [
     "NetnsRouter",
     "OcsDriver",
     "OcsError",
+    "OcsLayer",
     "Plan",
     "PlanRecord",
     "PlanRequest",
@@ -73,12 +87,19 @@ __all__ = [
     "Topology",
     "TopologyError",
     "VerifyError",
+    "all_gather_s",
+    "all_to_all_s",
+    "broadcast_s",
     "check_ocs_driver",
     "collective_demand",
+    "collective_s",
     "dump_topology",
+    "fat_tree",
     "free_subnets",
     "hint_demand",
     "load_topology",
     "netns_missing",
+    "reduce_scatter_s",
+    "ring_all_reduce_s",
     "topology_from_dict",
 ]

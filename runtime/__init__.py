@@ -56,9 +56,11 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from . import clock as clock
     from . import fabric as fabric
     from . import metrics as metrics
     from . import protos as protos
+    from . import sim as sim
     from ._actor._actor import Actor, endpoint
     from ._call._mesh import Endpoint, Mesh
     from ._call._registry import register
@@ -151,9 +153,9 @@ _LAZY = {
     "RestartPolicy": "._job._policy",
     "Buffer": ".fabric",
 }
-#: Subpackages ``import orchestr`` used to load as a side effect; ``orchestr.fabric`` keeps
-#: working without its own import.
-_SUBPACKAGES = ("fabric", "metrics", "protos")
+#: Subpackages reachable as attributes without an import of their own (``oc.fabric``,
+#: ``oc.sim``...); fabric, metrics and protos are what ``import orchestr`` once loaded itself.
+_SUBPACKAGES = ("clock", "fabric", "metrics", "protos", "sim")
 
 
 if not TYPE_CHECKING:  # mypy reads the imports above, and still flags a misspelt name

@@ -58,6 +58,8 @@ marked with it below. ``tests/test_errors.py`` keeps this drawing and the classe
     │   ├── GeneratorLostError               the request's generator died before it finished
     │   └── APIError                         an HTTP request refused: its status and OpenAI's
     │                                        error body (the front door's own)
+    ├── SimulationError              a simulation cannot go on: time asked to run backwards, or
+    │                                every task waits on something no event will do (sim)
     └── BackendError                 a torch backend is unknown or badly set (roles; also a
         │                            ``ValueError``)
         └── BackendUnavailableError      ... or cannot run on this node

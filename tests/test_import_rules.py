@@ -7,7 +7,8 @@ are the runtime (``orchestr`` and its private subpackages), ``orchestr.fabric``,
 - the runtime reaches the data plane only through ``orchestr.fabric`` and
   ``orchestr.fabric.lowlevel``, and the fabric manager through ``orchestr.fabric.optical``; it
   never imports the roles or the CLI;
-- the fabric imports nothing of the runtime but ``orchestr.errors``;
+- the fabric imports nothing of the runtime but ``orchestr.errors`` and ``orchestr.clock``
+  (the one seam for time, which the simulator points at virtual time);
 - the roles use only public names of the runtime and of ``orchestr.fabric`` (not ``lowlevel``);
 - the CLI is the runtime's own front end and may use its private modules, but only public
   names of the fabric and the roles;
@@ -114,7 +115,9 @@ def _broken(module: str, target: str) -> str | None:
             return None
         return "the runtime reaches the fabric only through its public faces and lowlevel"
     if source == "orchestr.fabric":
-        return None if target == "orchestr.errors" else "the fabric imports only orchestr.errors"
+        if target in ("orchestr.errors", "orchestr.clock"):
+            return None
+        return "the fabric imports only orchestr.errors and orchestr.clock"
     if source == "orchestr.roles":
         if _public(target) and target != "orchestr.fabric.lowlevel":
             return None

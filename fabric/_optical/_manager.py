@@ -17,12 +17,12 @@ import asyncio
 import collections
 import dataclasses
 import itertools
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import structlog
 
+from orchestr import clock as _clock
 from orchestr.errors import ConfigError, OrchestrError
 
 from ._circuits import Circuit, CircuitSet, Installed
@@ -139,7 +139,7 @@ class FabricManager:
         planner: Planner | None = None,
         policy: CommitPolicy | None = None,
         reconfig_cost: Callable[[int], float] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = _clock.monotonic,
         history: int = 1000,
         step_timeout_s: float = 10.0,
     ) -> None:
@@ -362,7 +362,7 @@ class FabricManager:
 
         record = PlanRecord(
             next(self._seq),
-            time.time(),
+            _clock.time(),
             hint.job_id,
             hint.phase,
             rows(plan.add),

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-import time
 from collections.abc import Callable, Collection, Sequence
 
+from orchestr import clock
 from orchestr.errors import ClosedResourceError
 
 from ._ocs import (
@@ -297,7 +297,7 @@ class SimOcs:
         disconnect: frozenset[Circuit] = frozenset(),
         detail: str = "",
     ) -> None:
-        event = SimEvent(time.monotonic(), kind, generation, connect, disconnect, detail)
+        event = SimEvent(clock.monotonic(), kind, generation, connect, disconnect, detail)
         self.events.append(event)
         if self._on_event is not None:
             self._on_event(event)

@@ -21,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from typing import Literal, TypeVar
 
 import structlog
+
+from orchestr import clock as _clock
 
 from ._ocs import Circuit, OcsDriver, PortFailedError, apply_program
 from ._ocs import circuit as _circuit
@@ -136,7 +137,7 @@ class Reconfigurator:
         electrical_gbps: float | Mapping[Pair, float] = 100.0,
         circuit_gbps: float = 400.0,
         min_dwell_s: float = 0.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = _clock.monotonic,
         served: Mapping[str, Mapping[Circuit, Pair]] | None = None,
         step_timeout_s: float = 5.0,
         on_dwell: Literal["skip", "refuse"] = "skip",

@@ -35,6 +35,7 @@ import structlog
 import torch
 
 import orchestr as oc
+from orchestr import clock as _clock
 from orchestr.roles.kvstore import LeaseExpiredError
 
 from ._kvlink import fetch_stored
@@ -75,7 +76,7 @@ class Holds:
     (:meth:`~._paged_engine.PagedEngine.hold_prefix`); every method is called between its
     steps (under the generator's lock). ``clock`` is monotonic seconds."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = _clock.monotonic) -> None:
         self._clock = clock
         self._ids = itertools.count(1)
         self._wanted: dict[str, float] = {}  # request id -> seconds to hold its blocks

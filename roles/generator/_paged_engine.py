@@ -23,12 +23,12 @@ matches. Metrics follow vLLM's names where the meaning is the same (:meth:`metri
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import torch
 
+from orchestr import clock as _clock
 from orchestr.roles._common._alloc import keep_freed_memory
 from orchestr.roles._common._hf._layers import CausalLM
 
@@ -69,7 +69,7 @@ class PagedEngine(Pausable):
         seed: int = 0,
         model_id: str = "model",
         on_new_weights: KVPolicy = "keep",
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = _clock.monotonic,
         detokenize: Detokenize | None = None,
         packed: bool | None = None,
         attention: AttentionMode = "auto",

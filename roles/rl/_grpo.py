@@ -57,10 +57,10 @@ nothing.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 import orchestr as oc
+from orchestr import clock
 
 from ._config import MODES, GRPOConfig, GRPOResult, StepRecord
 from ._job import Job
@@ -93,13 +93,13 @@ async def run_grpo(
         await job.spawn()
         await job.sync_weights()  # version 0 everywhere: generators start from the trainer's
         stats0 = await job.generator_stats()
-        job.start = time.perf_counter()
+        job.start = clock.perf_counter()
         await job.evaluate(0)
         if config.mode == "sync":
             await run_sync(job)
         else:
             await run_stream(job, skew=config.mode == "stream+skew")
-        wall = time.perf_counter() - job.start
+        wall = clock.perf_counter() - job.start
         stats1 = await job.generator_stats()
         digests = job.digests
         if job.injector is not None:

@@ -9,11 +9,11 @@ import dataclasses
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orchestr as oc
+from orchestr import clock
 from orchestr.roles._common._weights import WeightsRef
 from orchestr.roles.generator import Completion, Generator
 from orchestr.roles.reward import Reward
@@ -347,7 +347,7 @@ class Job:
         task = self.tc.task
         hits = sum(task.accuracy(p, c) for p, c in zip(self.held_out, completions, strict=True))
         accuracy = hits / len(self.held_out)
-        self.evals.append((version, accuracy, time.perf_counter() - self.start))
+        self.evals.append((version, accuracy, clock.perf_counter() - self.start))
         return accuracy
 
 

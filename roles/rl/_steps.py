@@ -5,11 +5,11 @@ evaluation) with a checkpoint when one is due."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import orchestr as oc
+from orchestr import clock
 from orchestr.roles.generator import Completion
 
 from ._config import StepRecord, evaluates
@@ -29,7 +29,7 @@ def record(
     version = int(stats["version"]) - 1  # the trainer's version when it took the batch
     lags = [version - c.version for c, _ in samples]
     job.trained_samples += len(samples)
-    wall = time.perf_counter() - job.start
+    wall = clock.perf_counter() - job.start
     return StepRecord(
         step=step,
         version=int(stats["version"]),

@@ -22,13 +22,13 @@ import asyncio
 import contextlib
 import itertools
 import secrets
-import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import structlog
 
 import orchestr as oc
+from orchestr import clock
 
 from ..generator._types import Request, TokenDelta, Updates
 from ._disagg import MIN_TOKENS, Prefill
@@ -227,7 +227,7 @@ class FrontDoor:
         for w in self.router.workers:  # the last report, and what was sent since
             load = self._loads.get(w, Load())
             loads[w] = Load(load.prefill_blocks + self._unreported.get(w, 0), load.decode_blocks)
-        now = time.monotonic()
+        now = clock.monotonic()
         choice = self.router.choose(hashes, loads, now)
         self.router.expect(choice.worker, hashes, now)
         size = self._hash[0] or 16

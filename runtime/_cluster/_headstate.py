@@ -3,9 +3,9 @@ gRPC shell in :mod:`._head` feeds it events and acts on its decisions."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping, Sequence
 
+from orchestr import clock
 from orchestr.errors import ConfigError, PlacementError
 
 from ._placement import Placement
@@ -357,4 +357,4 @@ class HeadState(Placement):
 
     @staticmethod
     def now() -> float:
-        return time.time()
+        return clock.time()

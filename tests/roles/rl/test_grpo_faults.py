@@ -32,9 +32,10 @@ async def test_sync_mode_ends_with_the_same_weights_after_each_role_was_killed(
         scorer="tests.roles.scorers:slow_reverse",
     )
     calm = await run_grpo(ctx, config)
-    # a generator while it generates, the reward worker while it scores, the trainer while
-    # it trains on batch 7: it goes back to its checkpoint after batch 6 (version 6)
-    kills = ("generator1@2:generate+0.05", "reward@4:score+0.05", "trainer@7:train")
+    # a generator as it starts generating batch 2 (0.05 s later it had at times finished its
+    # half already, and nothing was redrawn), the reward worker while it scores, the trainer
+    # while it trains on batch 7: it goes back to its checkpoint after batch 6 (version 6)
+    kills = ("generator1@2:generate", "reward@4:score+0.05", "trainer@7:train")
     hit = await run_grpo(ctx, dataclasses.replace(config, kill=kills))
     faults = hit.faults
     assert [k["kill"] for k in faults["kills"]] == list(kills)

@@ -1,0 +1,38 @@
+"""orchestr.sim: orchestr's own control code on virtual time.
+
+- :class:`Engine`: the discrete-event core; virtual time in integer nanoseconds, a heap of
+  callbacks ordered by time and then by scheduling order, one seeded random source, an
+  optional trace. The same scheduling and seed give the same trace, bit for bit.
+- :class:`VirtualLoop`: asyncio's loop on the engine's clock; where it would wait it runs the
+  engine's next event, so async control code (the fabric manager, the reconfiguration
+  transaction, the RL jobs) runs unchanged and time jumps instead of passing.
+- :class:`Simulation` / :func:`run`: both, with :mod:`orchestr.clock` (the seam every clock
+  reading of the control code goes through) reading virtual time during a run.
+- :class:`FlowNet`: the network at flow level, links shared max-min fairly, over a cabling
+  plan's links (and optical circuits); :func:`collective` moves a collective's schedule over it
+  (:func:`collective_time`: alone on a topology), which on free links gives the cost model's
+  closed forms.
+"""
+
+from ._collectives import KINDS, collective, collective_time
+from ._engine import Engine, Event, SimulationError, ns
+from ._flows import Flow, FlowNet, max_min_rates
+from ._loop import VirtualClock, VirtualLoop
+from ._run import Simulation, run
+
+__all__ = [
+    "KINDS",
+    "Engine",
+    "Event",
+    "Flow",
+    "FlowNet",
+    "Simulation",
+    "SimulationError",
+    "VirtualClock",
+    "VirtualLoop",
+    "collective",
+    "collective_time",
+    "max_min_rates",
+    "ns",
+    "run",
+]

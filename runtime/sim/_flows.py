@@ -1,0 +1,217 @@
+"""The network at flow level: flows share links max-min fairly, on the engine's clock.
+
+A flow is ``nbytes`` along a path of directed links (each direction of a cable has its full
+capacity). While the set of flows is unchanged every flow moves at a constant rate, so the
+model needs events only when a flow starts or finishes: then every rate is computed again by
+progressive filling (raise all rates together; a link that fills freezes the flows crossing
+it at their share; repeat with the rest), the max-min fair allocation, and one engine event
+is scheduled for the next flow to finish. Packets, queues and congestion control are not
+modelled: a flow is a fluid that gets its fair share at once.
+
+The model is independent of the fabric planner's own prediction (``phase_time``, the
+bottleneck-pair model): it moves bytes over the topology's links, so checking the planner
+against it is not circular.
+
+:class:`FlowNet` routes between hosts of a :class:`~orchestr.fabric.optical.Topology` on its
+electrical up-down paths (one deterministic path per pair, the topology's own: fewest hops,
+widest; no ECMP spreading), or over an optical circuit between the two hosts' ToRs when one is
+set (:meth:`FlowNet.set_circuits`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+
+from orchestr.fabric.optical import Topology
+
+from ._engine import NS, Engine, Event
+
+__all__ = ["Flow", "FlowNet", "max_min_rates"]
+
+Link = tuple[Hashable, ...]  # (from, to) nodes; a circuit is ("ocs", from, to)
+
+
+def max_min_rates(paths: Sequence[Sequence[Link]], capacity: Mapping[Link, float]) -> list[float]:
+    """The max-min fair rate of each flow (bytes/s) given its path and each link's capacity.
+    A flow with an empty path (a host to itself) gets ``inf``. Raises ``KeyError`` for a link
+    ``capacity`` does not have."""
+    rates = [math.inf] * len(paths)
+    left: dict[Link, float] = {}
+    users: dict[Link, list[int]] = {}
+    for i, path in enumerate(paths):
+        for link in path:
+            if link not in left:
+                left[link] = capacity[link]
+                users[link] = []
+            users[link].append(i)
+    count = {link: len(u) for link, u in users.items()}
+    frozen = [not path for path in paths]
+    while count:
+        share, tight = min((left[link] / n, link) for link, n in count.items() if n)
+        done = [i for i in users[tight] if not frozen[i]]
+        for i in done:
+            frozen[i] = True
+            rates[i] = share
+            for link in paths[i]:
+                left[link] -= share
+                count[link] -= 1
+        for link in [link for link, n in count.items() if n == 0]:
+            del count[link]
+    return rates
+
+
+class Flow:
+    """Bytes moving along ``path``; ``done()`` is called when the last byte arrives."""
+
+    __slots__ = ("done", "left", "nbytes", "path", "rate", "started")
+
+    def __init__(self, path: tuple[Link, ...], nbytes: float, done: Callable[[], None]) -> None:
+        self.path, self.nbytes, self.left, self.done = path, nbytes, float(nbytes), done
+        self.rate = 0.0
+        self.started = -1  # ns, once it moves
+
+
+class FlowNet:
+    """Flows over links of ``capacity`` (bytes/s per direction) on ``engine``'s clock. Use
+    :meth:`of_topology` to build one from a cabling plan and route between hosts."""
+
+    def __init__(self, engine: Engine, capacity: Mapping[Link, float]) -> None:
+        for link, cap in capacity.items():
+            if not cap > 0:
+                raise ValueError(f"link {link} has capacity {cap!r}; capacities are > 0 bytes/s")
+        self.engine = engine
+        self.capacity = dict(capacity)
+        self.flows: list[Flow] = []
+        self.finished = 0
+        self.recomputes = 0
+        self._topology: Topology | None = None
+        self._paths: dict[tuple[str, str], tuple[Link, ...]] = {}
+        self._circuits: dict[tuple[str, str], float] = {}
+        self._last = engine.now
+        self._next: Event | None = None
+
+    @classmethod
+    def of_topology(cls, engine: Engine, topology: Topology) -> FlowNet:
+        """A network of ``topology``'s links, each direction its capacity (parallel cables
+        summed), routing between its hosts."""
+        capacity: dict[Link, float] = {}
+        for host in topology.hosts:
+            for nic in host.nics:
+                tor = nic.port.element
+                cap = capacity.get((host.name, tor), 0.0) + nic.gbps * 1e9 / 8
+                capacity[host.name, tor] = capacity[tor, host.name] = cap
+        for link in topology.links:
+            a, b = link.a.element, link.b.element
+            cap = capacity.get((a, b), 0.0) + link.gbps * 1e9 / 8
+            capacity[a, b] = capacity[b, a] = cap
+        net = cls(engine, capacity)
+        net._topology = topology
+        return net
+
+    # -- routing ------------------------------------------------------------------------------
+    def set_circuits(self, circuits: Mapping[tuple[str, str], float]) -> None:
+        """Optical circuits from now on: ``{(tor_a, tor_b): gbps}`` (both directions; several
+        circuits between one pair as their summed capacity). Flows already moving keep their
+        paths; new flows between hosts under two joined ToRs take the circuit."""
+        for (a, b), gbps in circuits.items():
+            if not gbps > 0:
+                raise ValueError(f"circuit {a} <-> {b} has {gbps!r} Gbit/s; it must be > 0")
+        for key in list(self._circuits):
+            self.capacity.pop(("ocs", *key), None)
+            self.capacity.pop(("ocs", key[1], key[0]), None)
+        self._circuits = {}
+        for (a, b), gbps in circuits.items():
+            self._circuits[a, b] = self._circuits[b, a] = gbps
+            self.capacity["ocs", a, b] = self.capacity["ocs", b, a] = gbps * 1e9 / 8
+        self._paths.clear()
+
+    def path(self, src: str, dst: str) -> tuple[Link, ...]:
+        """The links a flow from host ``src`` to host ``dst`` crosses."""
+        key = (src, dst)
+        got = self._paths.get(key)
+        if got is not None:
+            return got
+        if self._topology is None:
+            raise ValueError("this network has no topology to route by; give flows their paths")
+        topo = self._topology
+        nodes = topo.path(src, dst).nodes
+        if len(nodes) > 3 and (nodes[1], nodes[-2]) in self._circuits:
+            links: tuple[Link, ...] = (
+                (src, nodes[1]), ("ocs", nodes[1], nodes[-2]), (nodes[-2], dst),
+            )  # fmt: skip
+        else:
+            links = tuple(itertools.pairwise(nodes))
+        self._paths[key] = links
+        return links
+
+    # -- flows --------------------------------------------------------------------------------
+    def send(
+        self, src: str, dst: str, nbytes: float, done: Callable[[], None], *, latency: float = 0.0
+    ) -> None:
+        """Move ``nbytes`` from host ``src`` to host ``dst``, starting ``latency`` seconds from
+        now; ``done()`` when they have arrived."""
+        self.start(self.path(src, dst), nbytes, done, latency=latency)
+
+    def start(
+        self,
+        path: Iterable[Link],
+        nbytes: float,
+        done: Callable[[], None],
+        *,
+        latency: float = 0.0,
+    ) -> Flow:
+        """A flow of ``nbytes`` along ``path``, starting ``latency`` seconds from now. Raises
+        ``ValueError`` for a negative size or latency and ``KeyError`` for an unknown link."""
+        if not (nbytes >= 0 and latency >= 0) or math.isinf(nbytes):
+            raise ValueError(f"a flow has bytes >= 0 and latency >= 0, got {nbytes}, {latency}")
+        flow = Flow(tuple(path), nbytes, done)
+        for link in flow.path:
+            if link not in self.capacity:
+                raise KeyError(f"no link {link} in this network")
+        if latency:
+            self.engine.after(latency, self._begin, flow, name="flow start")
+        else:
+            self._begin(flow)
+        return flow
+
+    def _begin(self, flow: Flow) -> None:
+        self._advance()
+        flow.started = self.engine.now
+        self.flows.append(flow)
+        self._reschedule()
+
+    def _advance(self) -> None:
+        """Move every flow's bytes on to now at its current rate."""
+        now = self.engine.now
+        if now != self._last:
+            dt = (now - self._last) / NS
+            for f in self.flows:
+                f.left -= f.rate * dt
+            self._last = now
+
+    def _reschedule(self) -> None:
+        self.recomputes += 1
+        rates = max_min_rates([f.path for f in self.flows], self.capacity)
+        soonest = math.inf
+        for f, rate in zip(self.flows, rates, strict=True):
+            f.rate = rate
+            soonest = min(soonest, 0.0 if f.left <= 0 else f.left / rate)
+        if self._next is not None:
+            self._next.cancel()
+            self._next = None
+        if self.flows:
+            due = self.engine.now + math.ceil(soonest * NS - 1e-6)
+            self._next = self.engine.at(due, self._finish, name="flows finish")
+
+    def _finish(self) -> None:
+        self._next = None
+        self._advance()
+        # a flow is through when less than a nanosecond of it is left (rounding to the grid)
+        through = [f for f in self.flows if f.left <= f.rate * 1e-9 + 1e-9 * f.nbytes]
+        self.flows = [f for f in self.flows if f not in through]
+        self.finished += len(through)
+        self._reschedule()
+        for f in through:
+            f.done()
