@@ -12,7 +12,12 @@
   plan's links (and optical circuits); :func:`collective` moves a collective's schedule over it
   (:func:`collective_time`: alone on a topology), which on free links gives the cost model's
   closed forms.
+- :class:`SimGenerator`: the generator's own scheduler (``orchestr.roles.generator``) on the
+  engine's clock, each step timed by a :class:`StepTimeModel` (:func:`fit_step_model` fits one
+  to measured steps). Loaded on first use: it imports the roles (and torch).
 """
+
+from typing import TYPE_CHECKING, Any
 
 from ._collectives import KINDS, collective, collective_time
 from ._engine import Engine, Event, SimulationError, ns
@@ -20,18 +25,36 @@ from ._flows import Flow, FlowNet, max_min_rates
 from ._loop import VirtualClock, VirtualLoop
 from ._run import Simulation, run
 
+if TYPE_CHECKING:
+    from ._generation import RequestTimes, SimGenerator, StepTimeModel, fit_step_model
+
+_LAZY = ("RequestTimes", "SimGenerator", "StepTimeModel", "fit_step_model")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from . import _generation
+
+        return getattr(_generation, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "KINDS",
     "Engine",
     "Event",
     "Flow",
     "FlowNet",
+    "RequestTimes",
+    "SimGenerator",
     "Simulation",
     "SimulationError",
+    "StepTimeModel",
     "VirtualClock",
     "VirtualLoop",
     "collective",
     "collective_time",
+    "fit_step_model",
     "max_min_rates",
     "ns",
     "run",

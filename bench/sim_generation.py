@@ -1,0 +1,157 @@
+"""The generation simulator against the engine it models: the paged engine on a checkpoint,
+and ``orchestr.sim.SimGenerator`` (the same scheduler, steps timed by a model calibrated here)
+on the same requests, with the signed error of each metric beside the real runs' spread.
+
+    python bench/sim_generation.py [--checkpoint DIR] [--runs 5] [--quick]
+
+The checkpoint is the generation benchmark's Llama (8 layers, hidden 512, about 25M
+parameters, float32) unless ``--checkpoint`` names one; two torch threads. The step-time
+model is fitted first (``orchestr.sim._calibrate.calibrate``, what ``orchestr sim calibrate``
+runs). Workloads (prompts of random tokens, seed 0; ``ignore_eos``):
+
+- ``batch``: 32 requests of 128 prompt tokens and 128 out, all at once;
+- ``mixed``: 24 requests of 32-1,024 prompt tokens and 8-128 out, all at once;
+- ``poisson``: 48 requests of 64-512 prompt tokens and 16-96 out arriving as a Poisson
+  process of 8 requests/s (the real engine is stepped on the wall clock and takes each
+  request at its arrival; the simulator at the same virtual instant).
+
+For each: output tokens/s over the whole run, TTFT p50 and TPOT p50 (per request, (end -
+first token) / (tokens - 1)). The real engine runs ``--runs`` times: its median, min and
+max; the simulator once (it is deterministic). ``error`` = sim / real median - 1.
+
+Prints a table and one JSON line ``{"profile": {...}, "<workload>": {"real": {...},
+"sim": {...}, "error": {...}}, ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+
+from orchestr.roles import PagedEngine, Request, models  # noqa: E402
+from orchestr.sim import Engine, SimGenerator, StepTimeModel  # noqa: E402
+from orchestr.sim._calibrate import calibrate  # noqa: E402
+
+MODEL = {"layers": 8, "hidden": 512, "heads": 8, "kv_heads": 4, "intermediate": 1376}
+ENGINE = {"num_blocks": 1024, "block_size": 16, "max_batch": 64, "token_budget": 2048}
+Arrival = tuple[float, list[int], int]  # (seconds, prompt, output tokens)
+
+
+def workloads(vocab: int, quick: bool) -> dict[str, list[Arrival]]:
+    rng = random.Random(0)
+
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(5, vocab) for _ in range(n)]
+
+    scale = 2 if quick else 1
+    batch = [(0.0, prompt(128), 128 // scale) for _ in range(32 // scale)]
+    mixed = [(0.0, prompt(rng.randint(32, 1024)), rng.randint(8, 128)) for _ in range(24 // scale)]
+    t, poisson = 0.0, []
+    for _ in range(48 // scale):
+        t += rng.expovariate(8.0)
+        poisson.append((t, prompt(rng.randint(64, 512)), rng.randint(16, 96)))
+    return {"batch": batch, "mixed": mixed, "poisson": poisson}
+
+
+def summary(
+    ttfts: list[float], tpots: list[float], tokens: int, seconds: float
+) -> dict[str, float]:
+    return {
+        "output_tokens_per_s": tokens / seconds,
+        "ttft_ms_p50": statistics.median(ttfts) * 1e3,
+        "tpot_ms_p50": statistics.median(tpots) * 1e3,
+    }
+
+
+def real(model: Any, arrivals: list[Arrival]) -> dict[str, float]:
+    engine = PagedEngine(model, **ENGINE)
+    pending = sorted(enumerate(arrivals), key=lambda x: x[1][0])
+    done = []
+    start = time.perf_counter()
+    with torch.inference_mode():
+        while pending or engine.has_work():
+            now = time.perf_counter() - start
+            while pending and pending[0][1][0] <= now:
+                i, (_, prompt, out) = pending.pop(0)
+                engine.submit([Request(f"r{i}", prompt, out, ignore_eos=True)])
+            if engine.has_work():
+                done += engine.step()
+            elif pending:
+                time.sleep(max(0.0, pending[0][1][0] - (time.perf_counter() - start)))
+    seconds = time.perf_counter() - start
+    tpots = [(c.latency_s - c.ttft_s) / (len(c.tokens) - 1) for c in done if len(c.tokens) > 1]
+    return summary([c.ttft_s for c in done], tpots, sum(len(c.tokens) for c in done), seconds)
+
+
+def simulated(profile: StepTimeModel, arrivals: list[Arrival]) -> dict[str, float]:
+    engine = Engine()
+    gen = SimGenerator(engine, profile, **ENGINE)
+    for i, (at, prompt, out) in enumerate(arrivals):
+        engine.at(round(at * 1e9), gen.submit, f"r{i}", prompt, out)
+    engine.run()
+    f = gen.finished
+    seconds = max(t.end for t in f)
+    return summary(
+        [t.ttft for t in f],
+        [t.tpot for t in f if t.output_tokens > 1],
+        sum(t.output_tokens for t in f),
+        seconds,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", help="a model folder instead of a new one")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="half the requests and tokens")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.checkpoint or models.make_tiny(
+            "llama", Path(tmp) / "llama", max_positions=2048, **MODEL
+        )
+        print("[sim_generation] calibrating", file=sys.stderr, flush=True)
+        profile, report = calibrate(str(folder), torch_threads=2)
+        out["profile"] = {**profile.to_json(), "fit_median_abs_error": report["median_abs_error"],
+                          "fit_max_abs_error": report["max_abs_error"]}  # fmt: skip
+        model = models.load_model(folder)
+        for name, arrivals in workloads(model.config.vocab_size, args.quick).items():
+            print(f"[sim_generation] {name}: {args.runs} real runs", file=sys.stderr, flush=True)
+            real(model, arrivals[:4])  # warm-up
+            runs = [real(model, arrivals) for _ in range(args.runs)]
+            sim = simulated(profile, arrivals)
+            entry: dict[str, Any] = {"real": {}, "sim": {}, "error": {}}
+            for metric in sim:
+                values = [r[metric] for r in runs]
+                med = statistics.median(values)
+                entry["real"][metric] = {"median": round(med, 3), "min": round(min(values), 3),
+                                         "max": round(max(values), 3)}  # fmt: skip
+                entry["sim"][metric] = round(sim[metric], 3)
+                entry["error"][metric] = round(sim[metric] / med - 1, 4)
+            out[name] = entry
+    print(
+        f"{'workload':<10}{'metric':<22}{'real p50':>10}{'real min-max':>20}{'sim':>10}{'error':>9}"
+    )
+    for name in ("batch", "mixed", "poisson"):
+        for metric, r in out[name]["real"].items():
+            spread = f"{r['min']}-{r['max']}"
+            print(f"{name:<10}{metric:<22}{r['median']:>10}{spread:>20}"
+                  f"{out[name]['sim'][metric]:>10}{out[name]['error'][metric]:>+9.1%}")  # fmt: skip
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

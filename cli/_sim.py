@@ -1,0 +1,88 @@
+"""``orchestr sim``: the simulator's commands (``calibrate`` times the real engine here and
+writes a step-time profile)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import orchestr as oc
+
+__all__ = ["add_parsers"]
+
+
+def _pairs(text: str) -> list[tuple[int, int]]:
+    out = []
+    for part in text.split(","):
+        b, _, c = part.partition("x")
+        if not (b.isdigit() and c.isdigit() and int(b) > 0 and int(c) > 0):
+            raise argparse.ArgumentTypeError(
+                f"expected BATCHxCONTEXT pairs like 8x64,32x32; got {text!r}"
+            )
+        out.append((int(b), int(c)))
+    return out
+
+
+def _lengths(text: str) -> list[int]:
+    parts = text.split(",")
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected prompt lengths like 32,128,512; got {text!r}")
+    return [int(p) for p in parts]
+
+
+def _positive(text: str) -> int:
+    if not (text.isdigit() and int(text) > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    from orchestr.sim._calibrate import calibrate as run
+
+    where = "orchestr sim calibrate"
+    if os.path.exists(args.out) and not args.force:
+        print(f"{where}: {args.out} exists (--force to replace it)", file=sys.stderr)
+        return 2
+    try:
+        model, report = run(
+            args.model_dir, prefills=args.prefills, decodes=args.decodes,
+            decode_steps=args.decode_steps, repeats=args.repeats,
+            torch_threads=args.torch_threads,
+        )  # fmt: skip
+    except (oc.ConfigError, ValueError) as exc:
+        print(f"{where}: {exc}", file=sys.stderr)
+        return 2
+    profile = {"step_time": model.to_json(), "calibration": report}
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(profile, f, indent=1)
+        f.write("\n")
+    print(
+        f"wrote {args.out}: base {model.base_s * 1e3:.3f} ms, {model.token_s * 1e6:.2f} us per "
+        f"token, {model.sequence_s * 1e6:.2f} us per sequence, {model.context_s * 1e9:.2f} ns "
+        f"per key; fit error median {report['median_abs_error']:.1%}, largest "
+        f"{report['max_abs_error']:.1%} over {len(report['samples'])} steps"
+    )
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("sim", help="the simulator: orchestr's control code on virtual time")
+    cmds = p.add_subparsers(dest="sim_command", required=True)
+    c = cmds.add_parser(
+        "calibrate",
+        help="time the paged engine's steps on a checkpoint here and write a step-time profile",
+    )
+    c.add_argument("model_dir", help="a model folder (orchestr model make-tiny writes one)")
+    c.add_argument("--out", required=True, help="the profile to write (JSON)")
+    c.add_argument("--force", action="store_true", help="replace --out if it exists")
+    c.add_argument("--prefills", type=_lengths, default=[32, 128, 512],
+                   help="prompt lengths of the timed prefill steps (default 32,128,512)")  # fmt: skip
+    c.add_argument("--decodes", type=_pairs, default=[(1, 64), (8, 64), (8, 256), (32, 32)],
+                   help="BATCHxCONTEXT decode runs (default 1x64,8x64,8x256,32x32)")  # fmt: skip
+    c.add_argument("--decode-steps", type=_positive, default=8, help="decode steps per run")
+    c.add_argument("--repeats", type=_positive, default=3, help="timed runs per step (median)")
+    c.add_argument("--torch-threads", type=_positive, default=None)
+    c.set_defaults(func=calibrate)

@@ -1,0 +1,120 @@
+"""Calibrating a step-time model on the real engine: time the paged engine's steps on a
+checkpoint, on this machine, and fit :class:`~._generation.StepTimeModel` to them.
+
+Two kinds of step are timed, each of known composition:
+
+- **prefill**: one request of ``p`` prompt tokens and one output token: one step of ``p``
+  tokens, one sequence, ``p`` keys;
+- **decode**: ``b`` requests of ``c`` prompt tokens (prefilled together in one step, which is
+  timed too), then ``k`` steps of ``b`` tokens and sequences over ``b * (c + i)`` keys.
+
+Each configuration runs once to warm up and is then timed (the median of ``repeats`` runs per
+step). The fit is least squares over all the steps (:func:`~._generation.fit_step_model`);
+the relative error of each step is reported beside it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ._generation import StepTimeModel, fit_step_model
+
+__all__ = ["calibrate"]
+
+
+def calibrate(
+    checkpoint: str,
+    *,
+    prefills: Sequence[int] = (32, 128, 512),
+    decodes: Sequence[tuple[int, int]] = ((1, 64), (8, 64), (8, 256), (32, 32)),
+    decode_steps: int = 8,
+    repeats: int = 3,
+    token_budget: int = 2048,
+    torch_threads: int | None = None,
+) -> tuple[StepTimeModel, dict[str, Any]]:
+    """Time the paged engine on ``checkpoint`` (a model folder) and fit a step-time model.
+    ``prefills``: prompt lengths of the prefill steps; ``decodes``: ``(batch, context)`` of the
+    decode runs (``batch * context`` at most ``token_budget``, so the prefill is one step).
+    Returns the model and a report: the samples, each one's relative error, the median and
+    largest, the machine and the model's shape. Raises ``ValueError`` for a decode run that
+    does not fit the budget."""
+    import torch
+
+    from orchestr.roles import PagedEngine, Request, models
+
+    for b, c in decodes:
+        if b * c > token_budget:
+            raise ValueError(f"decode run {b} x {c} tokens exceeds the step budget {token_budget}")
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    model = models.load_model(checkpoint)
+    vocab = model.config.vocab_size
+    longest = max([*prefills, *(c + decode_steps + 1 for _, c in decodes)])
+    blocks = max(256, 2 * sum(b * -(-(c + decode_steps + 1) // 16) for b, c in decodes))
+
+    def engine() -> Any:
+        return PagedEngine(
+            model, num_blocks=max(blocks, 2 * -(-longest // 16)), block_size=16,
+            max_batch=max(b for b, _ in decodes), token_budget=token_budget,
+        )  # fmt: skip
+
+    def prompt(n: int, salt: int) -> list[int]:
+        return [(salt * 7919 + 31 * i) % (vocab - 5) + 5 for i in range(n)]
+
+    def timed_steps(requests: list[Any]) -> list[float]:
+        e = engine()  # a fresh engine each run: no prefix hits
+        e.submit(requests)
+        out = []
+        while e.has_work():
+            began = time.perf_counter()
+            e.step()
+            out.append(time.perf_counter() - began)
+        return out
+
+    samples: list[tuple[int, int, int, float]] = []
+    with torch.inference_mode():
+        for p in prefills:
+            runs = [timed_steps([Request(f"p{r}", prompt(p, r), 1, ignore_eos=True)])
+                    for r in range(repeats + 1)][1:]  # fmt: skip
+            samples.append((p, 1, p, statistics.median(r[0] for r in runs)))
+        for b, c in decodes:
+            runs = []
+            for r in range(repeats + 1):
+                requests = [
+                    Request(f"d{r}-{i}", prompt(c, 1000 * r + i), decode_steps + 1,
+                            ignore_eos=True)
+                    for i in range(b)
+                ]  # fmt: skip
+                runs.append(timed_steps(requests))
+            runs = runs[1:]
+            steps = min(len(x) for x in runs)
+            for i in range(steps):
+                seconds = statistics.median(x[i] for x in runs)
+                if i == 0:
+                    samples.append((b * c, b, b * c, seconds))
+                else:
+                    samples.append((b, b, b * (c + i), seconds))
+    machine = f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cpus, torch threads "
+    machine += f"{torch.get_num_threads()})"
+    fitted = fit_step_model(samples, machine)
+    errors = [fitted.seconds(t, s, c) / y - 1 for t, s, c, y in samples]
+    cfg = model.config
+    report = {
+        "samples": [list(x) for x in samples],
+        "relative_errors": [round(e, 4) for e in errors],
+        "median_abs_error": round(statistics.median(abs(e) for e in errors), 4),
+        "max_abs_error": round(max(abs(e) for e in errors), 4),
+        "machine": machine,
+        "model": {
+            "layers": cfg.num_hidden_layers,
+            "hidden": cfg.hidden_size,
+            "vocab": cfg.vocab_size,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
+    }
+    return fitted, report

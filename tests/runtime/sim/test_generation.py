@@ -1,0 +1,125 @@
+"""Generation on virtual time: the generator's own scheduler (the object the paged engine runs,
+not a copy) with a step-time model; times that follow from the model, prefix hits, preemption
+that gives every block back, and a model fitted to measured steps."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+import orchestr.roles.generator as generator
+from orchestr.roles import models
+from orchestr.sim import Engine, RequestTimes, SimGenerator, StepTimeModel, fit_step_model
+from orchestr.sim._calibrate import calibrate
+
+MODEL = StepTimeModel(base_s=0.002, token_s=1e-4, sequence_s=5e-5, context_s=1e-7)
+
+
+def run(
+    gen: SimGenerator, engine: Engine, arrivals: list[tuple[float, str, list[int], int]]
+) -> None:
+    for at, rid, prompt, out in arrivals:
+        engine.at(round(at * 1e9), gen.submit, rid, prompt, out)
+    engine.run()
+
+
+def test_the_simulator_runs_the_generators_own_scheduler() -> None:
+    gen = SimGenerator(Engine(), MODEL)
+    assert type(gen.scheduler) is generator.Scheduler
+    assert type(gen.scheduler.pool) is generator.BlockPool
+
+
+def test_times_follow_from_the_step_model() -> None:
+    engine = Engine()
+    gen = SimGenerator(engine, MODEL, token_budget=2048)
+    run(gen, engine, [(0.0, "a", list(range(100)), 5)])
+    (a,) = gen.finished
+    prefill = MODEL.seconds(100, 1, 100)
+    assert a.ttft == pytest.approx(prefill, abs=1e-9)
+    # four decode steps, over 101 .. 104 keys
+    decodes = sum(MODEL.seconds(1, 1, 100 + i) for i in range(1, 5))
+    assert a.end == pytest.approx(prefill + decodes, abs=1e-9)
+    assert a.tpot == pytest.approx(decodes / 4, abs=1e-9)
+    assert (a.output_tokens, gen.steps) == (5, 5)
+
+
+def test_a_shared_prefix_is_a_cache_hit_and_every_block_comes_back() -> None:
+    engine = Engine()
+    gen = SimGenerator(engine, MODEL, num_blocks=64, block_size=16, token_budget=256)
+    shared = list(range(5, 517))  # 512 tokens: 32 full blocks
+    run(gen, engine, [(0.0, "first", [*shared, 1], 4), (1.0, "second", [*shared, 2], 4)])
+    first, second = sorted(gen.finished, key=lambda t: t.arrival)
+    assert (first.cached_tokens, second.cached_tokens) == (0, 512)
+    assert second.ttft < first.ttft / 5
+    assert gen.scheduler.pool.num_free == 64
+
+
+def test_preemption_under_a_small_pool_loses_nothing() -> None:
+    engine = Engine(seed=1)
+    gen = SimGenerator(engine, MODEL, num_blocks=24, block_size=16, max_batch=8)
+    arrivals = [(0.001 * i, f"r{i}", [i + 5] * 60, 60) for i in range(6)]
+    run(gen, engine, arrivals)
+    assert sorted(t.id for t in gen.finished) == [f"r{i}" for i in range(6)]
+    assert all(t.output_tokens == 60 for t in gen.finished)
+    assert gen.scheduler.preemptions > 0
+    assert gen.scheduler.pool.num_free == 24
+    with pytest.raises(ValueError, match="already here"):
+        gen.submit("r0", [1], 1)
+        gen.submit("r0", [1], 1)
+
+
+def test_the_same_arrivals_give_the_same_times() -> None:
+    def once() -> list[RequestTimes]:
+        engine = Engine()
+        gen = SimGenerator(engine, MODEL, token_budget=512)
+        run(gen, engine, [(i * 0.0037, f"r{i}", [(7 * i + j) % 300 for j in range(50 + i)],
+                           3 + i % 7) for i in range(40)])  # fmt: skip
+        return gen.finished
+
+    assert once() == once()
+
+
+def test_a_fit_recovers_the_coefficients_of_its_samples() -> None:
+    samples = [
+        (t, s, c, MODEL.seconds(t, s, c))
+        for t, s, c in ((64, 1, 64), (512, 1, 512), (8, 8, 800), (32, 32, 3000), (1, 1, 90),
+                        (256, 4, 256), (16, 16, 5000))
+    ]  # fmt: skip
+    fitted = fit_step_model(samples, "here")
+    for name in ("base_s", "token_s", "sequence_s", "context_s"):
+        assert getattr(fitted, name) == pytest.approx(getattr(MODEL, name), rel=1e-6)
+    # a coefficient the data would make negative is held at 0
+    noisy = fit_step_model([(t, s, c, 0.001 + 1e-4 * t) for t, s, c, _ in samples])
+    assert min(noisy.base_s, noisy.token_s, noisy.sequence_s, noisy.context_s) >= 0
+    with pytest.raises(ValueError, match="cannot fit"):
+        fit_step_model(samples[:2])
+
+
+def test_profiles_round_trip_and_bad_ones_are_refused(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(MODEL.to_json()))
+    assert StepTimeModel.load(str(path)) == MODEL
+    for bad, match in (
+        ({"base_s": 0.1}, "needs token_s"),
+        ({"base_s": 0.1, "token_s": 1, "flops": 3}, "unknown step-time field"),
+        ({"base_s": -1, "token_s": 1}, "base_s is seconds >= 0"),
+        ([1, 2], "JSON object"),
+    ):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=match):
+            StepTimeModel.load(str(path))
+
+
+def test_calibration_times_the_real_engine(tmp_path: pathlib.Path) -> None:
+    folder = models.make_tiny("llama", tmp_path / "tiny", layers=2)
+    fitted, report = calibrate(
+        str(folder), prefills=(16, 64, 256), decodes=((1, 32), (4, 32), (8, 64)),
+        decode_steps=4, repeats=1, torch_threads=1,
+    )  # fmt: skip
+    assert fitted.token_s > 0 and fitted.base_s + fitted.sequence_s > 0
+    assert len(report["samples"]) == 3 + 3 * 5  # three prefills; each run: a prefill, 4 decodes
+    assert report["model"]["layers"] == 2
+    with pytest.raises(ValueError, match="exceeds the step budget"):
+        calibrate(str(folder), decodes=((64, 64),), token_budget=2048)
