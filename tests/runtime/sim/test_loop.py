@@ -21,9 +21,7 @@ def test_a_long_sleep_takes_no_wall_time_and_the_clock_jumps() -> None:
         await asyncio.sleep(3 * 24 * 3600)  # three days: past asyncio's one-day select cap
         return start, loop.time(), clock.monotonic()
 
-    began = time.perf_counter()
-    start, end, seam = run(main())
-    assert time.perf_counter() - began < 5  # a generous bound: the point is it does not wait
+    start, end, seam = run(main())  # three days of sleep: a wait would time the test out
     assert (start, end, seam) == (0.0, 3 * 24 * 3600.0, 3 * 24 * 3600.0)
 
 
