@@ -60,10 +60,10 @@ def calibrate(args: argparse.Namespace) -> int:
         json.dump(profile, f, indent=1)
         f.write("\n")
     print(
-        f"wrote {args.out}: base {model.base_s * 1e3:.3f} ms, {model.token_s * 1e6:.2f} us per "
-        f"token, {model.sequence_s * 1e6:.2f} us per sequence, {model.context_s * 1e9:.2f} ns "
-        f"per key; fit error median {report['median_abs_error']:.1%}, largest "
-        f"{report['max_abs_error']:.1%} over {len(report['samples'])} steps"
+        f"wrote {args.out}: base {model.base_s * 1e3:.3f} ms, {model.prefill_token_s * 1e6:.2f} "
+        f"us per prompt token, {model.decode_s * 1e6:.2f} us per decode; fit error median "
+        f"{report['median_abs_error']:.1%}, largest {report['max_abs_error']:.1%} over "
+        f"{len(report['samples'])} steps"
     )
     return 0
 
@@ -80,9 +80,9 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--force", action="store_true", help="replace --out if it exists")
     c.add_argument("--prefills", type=_lengths, default=[32, 128, 512],
                    help="prompt lengths of the timed prefill steps (default 32,128,512)")  # fmt: skip
-    c.add_argument("--decodes", type=_pairs, default=[(1, 64), (8, 64), (8, 256), (32, 32)],
-                   help="BATCHxCONTEXT decode runs (default 1x64,8x64,8x256,32x32)")  # fmt: skip
-    c.add_argument("--decode-steps", type=_positive, default=8, help="decode steps per run")
+    c.add_argument("--decodes", type=_pairs, default=[(1, 64), (8, 64), (8, 256), (16, 128), (32, 32), (32, 64)],
+                   help="BATCHxCONTEXT decode runs (default 1x64,8x64,8x256,16x128,32x32,32x64)")  # fmt: skip
+    c.add_argument("--decode-steps", type=_positive, default=16, help="decode steps per run")
     c.add_argument("--repeats", type=_positive, default=3, help="timed runs per step (median)")
     c.add_argument("--torch-threads", type=_positive, default=None)
     c.set_defaults(func=calibrate)

@@ -162,7 +162,13 @@ def test_the_rules_catch_what_they_forbid() -> None:
     ]:
         assert _broken(*fine) is None, fine
     # relative imports resolve: the roles package's own modules import each other so
-    assert ("orchestr.roles.generator._actor", 4) in _imports("orchestr.roles.generator")
+    assert ("orchestr.roles.generator._actor", 6) in _imports("orchestr.roles.generator")
+    # the simulator runs the roles' cores through their public names, never their insides
+    assert _broken("orchestr.sim._generation", "orchestr.roles.generator") is None
+    assert _broken("orchestr.sim._generation", "orchestr.roles.generator._scheduler")
+    assert _broken("orchestr._job._context", "orchestr.sim") is None  # the runtime's own
+    assert _broken("orchestr.fabric._optical._manager", "orchestr.clock") is None
+    assert _broken("orchestr.fabric._optical._manager", "orchestr.config")
 
 
 def test_no_module_is_over_400_lines() -> None:

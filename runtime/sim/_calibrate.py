@@ -4,12 +4,13 @@ checkpoint, on this machine, and fit :class:`~._generation.StepTimeModel` to the
 Two kinds of step are timed, each of known composition:
 
 - **prefill**: one request of ``p`` prompt tokens and one output token: one step of ``p``
-  tokens, one sequence, ``p`` keys;
+  tokens, one sequence, ``p (p + 1) / 2`` attention pairs;
 - **decode**: ``b`` requests of ``c`` prompt tokens (prefilled together in one step, which is
-  timed too), then ``k`` steps of ``b`` tokens and sequences over ``b * (c + i)`` keys.
+  timed too), then ``k`` steps of ``b`` tokens and sequences over ``b * (c + i)`` pairs.
 
-Each configuration runs once to warm up and is then timed (the median of ``repeats`` runs per
-step). The fit is least squares over all the steps (:func:`~._generation.fit_step_model`);
+One engine serves every run (so the weights are packed once, as in serving; each run's
+prompts differ from every other's, so nothing is a prefix hit); a first run warms it up, and
+each configuration is then timed (the median of ``repeats`` runs per step). The fit is least squares over all the steps (:func:`~._generation.fit_step_model`);
 the relative error of each step is reported beside it.
 """
 
@@ -22,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ._generation import StepTimeModel, fit_step_model
+from ._generation import StepTimeModel, attention_pairs, fit_step_model
 
 __all__ = ["calibrate"]
 
@@ -31,8 +32,15 @@ def calibrate(
     checkpoint: str,
     *,
     prefills: Sequence[int] = (32, 128, 512),
-    decodes: Sequence[tuple[int, int]] = ((1, 64), (8, 64), (8, 256), (32, 32)),
-    decode_steps: int = 8,
+    decodes: Sequence[tuple[int, int]] = (
+        (1, 64),
+        (8, 64),
+        (8, 256),
+        (16, 128),
+        (32, 32),
+        (32, 64),
+    ),
+    decode_steps: int = 16,
     repeats: int = 3,
     token_budget: int = 2048,
     torch_threads: int | None = None,
@@ -50,6 +58,9 @@ def calibrate(
     for b, c in decodes:
         if b * c > token_budget:
             raise ValueError(f"decode run {b} x {c} tokens exceeds the step budget {token_budget}")
+    for p in prefills:
+        if p > token_budget:
+            raise ValueError(f"a prefill of {p} tokens exceeds the step budget {token_budget}")
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
     model = models.load_model(checkpoint)
@@ -57,17 +68,18 @@ def calibrate(
     longest = max([*prefills, *(c + decode_steps + 1 for _, c in decodes)])
     blocks = max(256, 2 * sum(b * -(-(c + decode_steps + 1) // 16) for b, c in decodes))
 
-    def engine() -> Any:
-        return PagedEngine(
-            model, num_blocks=max(blocks, 2 * -(-longest // 16)), block_size=16,
-            max_batch=max(b for b, _ in decodes), token_budget=token_budget,
-        )  # fmt: skip
+    engine = PagedEngine(
+        model, num_blocks=max(blocks, 2 * -(-longest // 16)), block_size=16,
+        max_batch=max(b for b, _ in decodes), token_budget=token_budget,
+    )  # fmt: skip
+    salts = iter(range(1, 1 << 30))
 
-    def prompt(n: int, salt: int) -> list[int]:
-        return [(salt * 7919 + 31 * i) % (vocab - 5) + 5 for i in range(n)]
+    def prompt(n: int) -> list[int]:
+        salt = next(salts)  # every prompt its own: no prefix hits between runs
+        return [(salt * 7919 + 31 * i * (salt % 97 + 1)) % (vocab - 5) + 5 for i in range(n)]
 
     def timed_steps(requests: list[Any]) -> list[float]:
-        e = engine()  # a fresh engine each run: no prefix hits
+        e = engine
         e.submit(requests)
         out = []
         while e.has_work():
@@ -76,33 +88,32 @@ def calibrate(
             out.append(time.perf_counter() - began)
         return out
 
-    samples: list[tuple[int, int, int, float]] = []
+    samples: list[tuple[int, int, int, int, float]] = []
+    ids = iter(range(1 << 30))
+
+    def requests(b: int, c: int, out: int) -> list[Any]:
+        return [Request(f"c{next(ids)}", prompt(c), out, ignore_eos=True) for _ in range(b)]
+
     with torch.inference_mode():
+        b0, c0 = decodes[0]
+        timed_steps(requests(b0, c0, decode_steps + 1))  # warm-up: weights packed, pools grown
         for p in prefills:
-            runs = [timed_steps([Request(f"p{r}", prompt(p, r), 1, ignore_eos=True)])
-                    for r in range(repeats + 1)][1:]  # fmt: skip
-            samples.append((p, 1, p, statistics.median(r[0] for r in runs)))
+            runs = [timed_steps(requests(1, p, 1)) for _ in range(repeats)]
+            seconds = statistics.median(r[0] for r in runs)
+            samples.append((p, 0, attention_pairs(0, p), 0, seconds))
         for b, c in decodes:
-            runs = []
-            for r in range(repeats + 1):
-                requests = [
-                    Request(f"d{r}-{i}", prompt(c, 1000 * r + i), decode_steps + 1,
-                            ignore_eos=True)
-                    for i in range(b)
-                ]  # fmt: skip
-                runs.append(timed_steps(requests))
-            runs = runs[1:]
+            runs = [timed_steps(requests(b, c, decode_steps + 1)) for _ in range(repeats)]
             steps = min(len(x) for x in runs)
             for i in range(steps):
                 seconds = statistics.median(x[i] for x in runs)
                 if i == 0:
-                    samples.append((b * c, b, b * c, seconds))
+                    samples.append((b * c, 0, b * attention_pairs(0, c), 0, seconds))
                 else:
-                    samples.append((b, b, b * (c + i), seconds))
+                    samples.append((0, b, 0, b * (c + i), seconds))
     machine = f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cpus, torch threads "
     machine += f"{torch.get_num_threads()})"
     fitted = fit_step_model(samples, machine)
-    errors = [fitted.seconds(t, s, c) / y - 1 for t, s, c, y in samples]
+    errors = [fitted.seconds(*x[:4]) / x[4] - 1 for x in samples]
     cfg = model.config
     report = {
         "samples": [list(x) for x in samples],

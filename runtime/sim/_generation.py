@@ -21,36 +21,51 @@ from orchestr.roles.generator import BlockPool, Scheduler, Seq, Step
 
 from ._engine import NS, Engine
 
-__all__ = ["RequestTimes", "SimGenerator", "StepTimeModel", "fit_step_model"]
+__all__ = ["RequestTimes", "SimGenerator", "StepTimeModel", "attention_pairs", "fit_step_model"]
 
-FEATURES = ("steps", "tokens", "sequences", "context_tokens")
+
+#: The model's coefficients, in the order of a sample's features (the first is per step).
+TERMS = ("base_s", "prefill_token_s", "decode_s", "prefill_attention_s", "decode_attention_s")
 
 
 @dataclasses.dataclass(frozen=True)
 class StepTimeModel:
-    """Seconds for one engine step: ``base_s`` + ``token_s`` per token computed (prefill and
-    decode alike: the weights' products) + ``sequence_s`` per sequence in the step (sampling,
-    bookkeeping) + ``context_s`` per key a step's queries attend to (the attention over the
-    cache, summed over sequences). ``machine`` says where it was measured."""
+    """Seconds for one engine step: ``base_s`` + ``prefill_token_s`` per prompt token computed
+    (compute-bound products) + ``decode_s`` per sequence decoding a token (each adds a row to
+    memory-bound products, and its sampling) + ``prefill_attention_s`` and
+    ``decode_attention_s`` per (query, key) pair the step's attention scores for prefill
+    chunks and for decodes (a chunk of ``n`` tokens after ``s`` cached ones:
+    ``n * s + n (n + 1) / 2`` pairs; a decode over ``c`` tokens: ``c``). Prefill and decode
+    are apart because on this CPU a decode's row and its attention pairs cost differently from
+    a prefill's (measured: one coefficient for both left a decode step 18-36% off).
+    ``machine`` says where it was measured."""
 
     base_s: float
-    token_s: float
-    sequence_s: float = 0.0
-    context_s: float = 0.0
+    prefill_token_s: float = 0.0
+    decode_s: float = 0.0
+    prefill_attention_s: float = 0.0
+    decode_attention_s: float = 0.0
     machine: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("base_s", "token_s", "sequence_s", "context_s"):
+        for name in TERMS:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value >= 0):
                 raise ValueError(f"StepTimeModel.{name} is seconds >= 0, got {value!r}")
 
-    def seconds(self, tokens: int, sequences: int, context_tokens: int) -> float:
+    def seconds(
+        self,
+        prefill_tokens: int = 0,
+        decodes: int = 0,
+        prefill_pairs: int = 0,
+        decode_pairs: int = 0,
+    ) -> float:
         return (
             self.base_s
-            + self.token_s * tokens
-            + self.sequence_s * sequences
-            + self.context_s * context_tokens
+            + self.prefill_token_s * prefill_tokens
+            + self.decode_s * decodes
+            + self.prefill_attention_s * prefill_pairs
+            + self.decode_attention_s * decode_pairs
         )
 
     def step_seconds(self, step: Step) -> float:
@@ -70,9 +85,8 @@ class StepTimeModel:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown step-time field(s) {unknown}; known: {sorted(known)}")
-        for name in ("base_s", "token_s"):
-            if name not in data:
-                raise ValueError(f"a step-time profile needs {name}")
+        if "base_s" not in data:
+            raise ValueError("a step-time profile needs base_s")
         return cls(**dict(data))
 
     @classmethod
@@ -88,27 +102,40 @@ class StepTimeModel:
             raise ValueError(f"{path}: {exc}") from None
 
 
-def features(step: Step) -> tuple[int, int, int]:
-    """``(tokens, sequences, context_tokens)`` of a step: tokens computed, sequences in it,
-    and keys attended (each sequence's cache after the step, counted once per sequence)."""
-    tokens = sequences = context = 0
+def features(step: Step) -> tuple[int, int, int, int]:
+    """``(prefill_tokens, decodes, prefill_pairs, decode_pairs)`` of a step (see
+    :class:`StepTimeModel`); a sequence computing the one token it sampled last decodes."""
+    prefill = decodes = prefill_pairs = decode_pairs = 0
     for seq, n in step.scheduled:
-        tokens += n
-        sequences += 1
-        context += seq.num_computed + n
-    return tokens, sequences, context
+        pairs = attention_pairs(seq.num_computed, n)
+        if n == 1 and seq.num_computed >= len(seq.prompt):
+            decodes += 1
+            decode_pairs += pairs
+        else:
+            prefill += n
+            prefill_pairs += pairs
+    return prefill, decodes, prefill_pairs, decode_pairs
+
+
+def attention_pairs(cached: int, n: int) -> int:
+    """(query, key) pairs of ``n`` new tokens after ``cached`` ones, causally."""
+    return n * cached + n * (n + 1) // 2
 
 
 def fit_step_model(
-    samples: Sequence[tuple[int, int, int, float]], machine: str = ""
+    samples: Sequence[tuple[int, int, int, int, float]], machine: str = ""
 ) -> StepTimeModel:
-    """Least squares over measured steps ``(tokens, sequences, context_tokens, seconds)``:
-    coefficients that come out negative are dropped (held at 0) and the rest fitted again.
-    Raises ``ValueError`` with fewer samples than coefficients."""
-    names = ["base_s", "token_s", "sequence_s", "context_s"]
-    rows = [[1.0, float(t), float(s), float(c)] for t, s, c, _ in samples]
-    ys = [float(y) for *_, y in samples]
-    active = list(range(4))
+    """Least squares of the relative error over measured steps ``(prefill_tokens, decodes,
+    prefill_pairs, decode_pairs, seconds)`` (each step weighted by 1 / its time, so a 5 ms
+    decode counts as much as a 300 ms prefill; in absolute terms the prefills decided the fit
+    and the decodes came out 13-21% slow): coefficients that come out negative are dropped
+    (held at 0) and the rest fitted again. Raises ``ValueError`` with fewer samples than
+    coefficients, a step of no time, or samples that do not vary enough."""
+    if any(not x[4] > 0 for x in samples):
+        raise ValueError("a measured step takes more than 0 seconds")
+    rows = [[1.0 / x[4], *(float(f) / x[4] for f in x[:4])] for x in samples]
+    ys = [1.0] * len(samples)
+    active = list(range(len(TERMS)))
     while True:
         if len(rows) < len(active):
             raise ValueError(f"{len(rows)} measured steps cannot fit {len(active)} coefficients")
@@ -117,9 +144,9 @@ def fit_step_model(
         if not negative:
             break
         active = [i for i in active if i not in negative]
-    values = dict.fromkeys(names, 0.0)
+    values = dict.fromkeys(TERMS, 0.0)
     for i, c in zip(active, coef, strict=True):
-        values[names[i]] = c
+        values[TERMS[i]] = c
     return StepTimeModel(**values, machine=machine or platform.node())
 
 

@@ -180,42 +180,26 @@ async def test_attention_and_experts_apart_behind_the_front_door(
     ctx: oc.JobContext, folder: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
     options = {"torch_threads": 1, "kv": {"num_blocks": 64, "block_size": 16}}
-    async with (
-        openai_server(
-            ctx, folder, names=["moe"], options=options, expert_hosts=3, micro_batches=2
-        ) as app,
-        served(app) as url,
-        client_of(url) as client,
-    ):
-        hosted = [a for a in await ctx.actors() if a.name == "experts"]
-        assert len(hosted) == 3
-        r = await client.completions.create(
-            model="moe", prompt=[[5, 9, 14, 200, 7, 31, 8]], max_tokens=6,
-            extra_body={"ignore_eos": True}, temperature=0.0,
-        )  # fmt: skip
-        alone = PagedEngine(models.load_model(folder), num_blocks=64, block_size=16, model_id="m")
-        alone.submit([Request("a", [5, 9, 14, 200, 7, 31, 8], 6, temperature=0.0, ignore_eos=True)])
-        assert r.choices[0].text == models.Tokenizer(folder).decode(drain(alone)["a"].tokens)
-    assert {a.state for a in await ctx.actors() if a.name == "experts"} == {"stopped"}
-
-    # a dense model: each layer's MLP in two slices, one per host
+    # a MoE model's experts over three hosts; a dense model's MLPs in two slices, one per host
     dense = models.make_tiny("llama", tmp_path / "dense", layers=2)
-    async with (
-        openai_server(
-            ctx, dense, names=["dense"], options=options, expert_hosts=2, micro_batches=2
-        ) as app,
-        served(app) as url,
-        client_of(url) as client,
-    ):
-        running = [a for a in await ctx.actors() if a.name == "experts" and a.state == "alive"]
-        assert len(running) == 2
-        r = await client.completions.create(
-            model="dense", prompt=[[5, 9, 14, 200, 7, 31, 8]], max_tokens=6,
-            extra_body={"ignore_eos": True}, temperature=0.0,
-        )  # fmt: skip
-        alone = PagedEngine(models.load_model(dense), num_blocks=64, block_size=16, model_id="m")
+    for model, name, hosts in ((folder, "moe", 3), (dense, "dense", 2)):
+        async with (
+            openai_server(
+                ctx, model, names=[name], options=options, expert_hosts=hosts, micro_batches=2
+            ) as app,
+            served(app) as url,
+            client_of(url) as client,
+        ):
+            alive = [a for a in await ctx.actors() if a.name == "experts" and a.state == "alive"]
+            assert len(alive) == hosts
+            r = await client.completions.create(
+                model=name, prompt=[[5, 9, 14, 200, 7, 31, 8]], max_tokens=6,
+                extra_body={"ignore_eos": True}, temperature=0.0,
+            )  # fmt: skip
+        alone = PagedEngine(models.load_model(model), num_blocks=64, block_size=16, model_id="m")
         alone.submit([Request("a", [5, 9, 14, 200, 7, 31, 8], 6, temperature=0.0, ignore_eos=True)])
-        assert r.choices[0].text == models.Tokenizer(dense).decode(drain(alone)["a"].tokens)
+        assert r.choices[0].text == models.Tokenizer(model).decode(drain(alone)["a"].tokens)
+        assert {a.state for a in await ctx.actors() if a.name == "experts"} == {"stopped"}
 
 
 async def test_a_dense_models_ffn_on_hosts_in_slices(

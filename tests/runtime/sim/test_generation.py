@@ -13,8 +13,12 @@ import orchestr.roles.generator as generator
 from orchestr.roles import models
 from orchestr.sim import Engine, RequestTimes, SimGenerator, StepTimeModel, fit_step_model
 from orchestr.sim._calibrate import calibrate
+from orchestr.sim._generation import TERMS
 
-MODEL = StepTimeModel(base_s=0.002, token_s=1e-4, sequence_s=5e-5, context_s=1e-7)
+MODEL = StepTimeModel(
+    base_s=0.002, prefill_token_s=1e-4, decode_s=3e-4, prefill_attention_s=1e-8,
+    decode_attention_s=1e-7,
+)  # fmt: skip
 
 
 def run(
@@ -36,10 +40,10 @@ def test_times_follow_from_the_step_model() -> None:
     gen = SimGenerator(engine, MODEL, token_budget=2048)
     run(gen, engine, [(0.0, "a", list(range(100)), 5)])
     (a,) = gen.finished
-    prefill = MODEL.seconds(100, 1, 100)
+    prefill = MODEL.seconds(prefill_tokens=100, prefill_pairs=100 * 101 // 2)  # causal pairs
     assert a.ttft == pytest.approx(prefill, abs=1e-9)
-    # four decode steps, over 101 .. 104 keys
-    decodes = sum(MODEL.seconds(1, 1, 100 + i) for i in range(1, 5))
+    # four decode steps, over 101 .. 104 keys (one query each)
+    decodes = sum(MODEL.seconds(decodes=1, decode_pairs=100 + i) for i in range(1, 5))
     assert a.end == pytest.approx(prefill + decodes, abs=1e-9)
     assert a.tpot == pytest.approx(decodes / 4, abs=1e-9)
     assert (a.output_tokens, gen.steps) == (5, 5)
@@ -82,17 +86,15 @@ def test_the_same_arrivals_give_the_same_times() -> None:
 
 
 def test_a_fit_recovers_the_coefficients_of_its_samples() -> None:
-    samples = [
-        (t, s, c, MODEL.seconds(t, s, c))
-        for t, s, c in ((64, 1, 64), (512, 1, 512), (8, 8, 800), (32, 32, 3000), (1, 1, 90),
-                        (256, 4, 256), (16, 16, 5000))
-    ]  # fmt: skip
+    shapes = [(64, 0, 2080, 0), (512, 0, 131328, 0), (0, 8, 0, 800), (0, 32, 0, 3000),
+              (0, 1, 0, 90), (256, 0, 32896, 0), (0, 16, 0, 5000), (128, 4, 8256, 400)]  # fmt: skip
+    samples = [(*x, MODEL.seconds(*x)) for x in shapes]
     fitted = fit_step_model(samples, "here")
-    for name in ("base_s", "token_s", "sequence_s", "context_s"):
+    for name in TERMS:
         assert getattr(fitted, name) == pytest.approx(getattr(MODEL, name), rel=1e-6)
     # a coefficient the data would make negative is held at 0
-    noisy = fit_step_model([(t, s, c, 0.001 + 1e-4 * t) for t, s, c, _ in samples])
-    assert min(noisy.base_s, noisy.token_s, noisy.sequence_s, noisy.context_s) >= 0
+    noisy = fit_step_model([(*x, 0.001 + 1e-4 * x[0] - 1e-9 * x[2]) for x in shapes])
+    assert noisy.prefill_attention_s == 0 and min(getattr(noisy, t) for t in TERMS) >= 0
     with pytest.raises(ValueError, match="cannot fit"):
         fit_step_model(samples[:2])
 
@@ -102,9 +104,9 @@ def test_profiles_round_trip_and_bad_ones_are_refused(tmp_path: pathlib.Path) ->
     path.write_text(json.dumps(MODEL.to_json()))
     assert StepTimeModel.load(str(path)) == MODEL
     for bad, match in (
-        ({"base_s": 0.1}, "needs token_s"),
-        ({"base_s": 0.1, "token_s": 1, "flops": 3}, "unknown step-time field"),
-        ({"base_s": -1, "token_s": 1}, "base_s is seconds >= 0"),
+        ({"decode_s": 0.1}, "needs base_s"),
+        ({"base_s": 0.1, "decode_s": 1, "flops": 3}, "unknown step-time field"),
+        ({"base_s": -1, "decode_s": 1}, "base_s is seconds >= 0"),
         ([1, 2], "JSON object"),
     ):
         path.write_text(json.dumps(bad))
@@ -118,7 +120,7 @@ def test_calibration_times_the_real_engine(tmp_path: pathlib.Path) -> None:
         str(folder), prefills=(16, 64, 256), decodes=((1, 32), (4, 32), (8, 64)),
         decode_steps=4, repeats=1, torch_threads=1,
     )  # fmt: skip
-    assert fitted.token_s > 0 and fitted.base_s + fitted.sequence_s > 0
+    assert fitted.prefill_token_s > 0 and fitted.base_s + fitted.decode_s > 0
     assert len(report["samples"]) == 3 + 3 * 5  # three prefills; each run: a prefill, 4 decodes
     assert report["model"]["layers"] == 2
     with pytest.raises(ValueError, match="exceeds the step budget"):
