@@ -11,6 +11,8 @@ from typing import Any
 
 import orchestr as oc
 
+from ._models import _positive
+
 __all__ = ["add_parsers"]
 
 
@@ -31,12 +33,6 @@ def _lengths(text: str) -> list[int]:
     if not all(p.isdigit() and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(f"expected prompt lengths like 32,128,512; got {text!r}")
     return [int(p) for p in parts]
-
-
-def _positive(text: str) -> int:
-    if not (text.isdigit() and int(text) > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
 
 
 def calibrate(args: argparse.Namespace) -> int:

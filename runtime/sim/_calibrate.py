@@ -65,11 +65,12 @@ def calibrate(
         torch.set_num_threads(torch_threads)
     model = models.load_model(checkpoint)
     vocab = model.config.vocab_size
-    longest = max([*prefills, *(c + decode_steps + 1 for _, c in decodes)])
-    blocks = max(256, 2 * sum(b * -(-(c + decode_steps + 1) // 16) for b, c in decodes))
-
+    # runs are one after another on one engine: the pool holds the largest run twice over
+    # (what the last runs left cached is evicted as needed)
+    run_blocks = [-(-(p + 1) // 16) for p in prefills]
+    run_blocks += [b * -(-(c + decode_steps + 1) // 16) for b, c in decodes]
     engine = PagedEngine(
-        model, num_blocks=max(blocks, 2 * -(-longest // 16)), block_size=16,
+        model, num_blocks=max(256, 2 * max(run_blocks)), block_size=16,
         max_batch=max(b for b, _ in decodes), token_budget=token_budget,
     )  # fmt: skip
     salts = iter(range(1, 1 << 30))
@@ -79,12 +80,11 @@ def calibrate(
         return [(salt * 7919 + 31 * i * (salt % 97 + 1)) % (vocab - 5) + 5 for i in range(n)]
 
     def timed_steps(requests: list[Any]) -> list[float]:
-        e = engine
-        e.submit(requests)
+        engine.submit(requests)
         out = []
-        while e.has_work():
+        while engine.has_work():
             began = time.perf_counter()
-            e.step()
+            engine.step()
             out.append(time.perf_counter() - began)
         return out
 

@@ -65,12 +65,11 @@ def max_min_rates(paths: Sequence[Sequence[Link]], capacity: Mapping[Link, float
 class Flow:
     """Bytes moving along ``path``; ``done()`` is called when the last byte arrives."""
 
-    __slots__ = ("done", "left", "nbytes", "path", "rate", "started")
+    __slots__ = ("done", "left", "nbytes", "path", "rate")
 
     def __init__(self, path: tuple[Link, ...], nbytes: float, done: Callable[[], None]) -> None:
         self.path, self.nbytes, self.left, self.done = path, nbytes, float(nbytes), done
         self.rate = 0.0
-        self.started = -1  # ns, once it moves
 
 
 class FlowNet:
@@ -85,7 +84,6 @@ class FlowNet:
         self.capacity = dict(capacity)
         self.flows: list[Flow] = []
         self.finished = 0
-        self.recomputes = 0
         self._topology: Topology | None = None
         self._paths: dict[tuple[str, str], tuple[Link, ...]] = {}
         self._circuits: dict[tuple[str, str], float] = {}
@@ -178,7 +176,6 @@ class FlowNet:
 
     def _begin(self, flow: Flow) -> None:
         self._advance()
-        flow.started = self.engine.now
         self.flows.append(flow)
         self._reschedule()
 
@@ -192,7 +189,6 @@ class FlowNet:
             self._last = now
 
     def _reschedule(self) -> None:
-        self.recomputes += 1
         rates = max_min_rates([f.path for f in self.flows], self.capacity)
         soonest = math.inf
         for f, rate in zip(self.flows, rates, strict=True):
@@ -209,8 +205,11 @@ class FlowNet:
         self._next = None
         self._advance()
         # a flow is through when less than a nanosecond of it is left (rounding to the grid)
-        through = [f for f in self.flows if f.left <= f.rate * 1e-9 + 1e-9 * f.nbytes]
-        self.flows = [f for f in self.flows if f not in through]
+        through: list[Flow] = []
+        moving: list[Flow] = []
+        for f in self.flows:
+            (through if f.left <= f.rate * 1e-9 + 1e-9 * f.nbytes else moving).append(f)
+        self.flows = moving
         self.finished += len(through)
         self._reschedule()
         for f in through:

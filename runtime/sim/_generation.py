@@ -19,7 +19,7 @@ from typing import Any
 
 from orchestr.roles.generator import BlockPool, Scheduler, Seq, Step
 
-from ._engine import NS, Engine
+from ._engine import Engine
 
 __all__ = ["RequestTimes", "SimGenerator", "StepTimeModel", "attention_pairs", "fit_step_model"]
 
@@ -235,7 +235,7 @@ class SimGenerator:
         if request_id in self.times:
             raise ValueError(f"request {request_id!r} is already here")
         self.scheduler.add(Seq(request_id, list(prompt), max_tokens))
-        self.times[request_id] = RequestTimes(request_id, self.engine.now / NS, len(prompt))
+        self.times[request_id] = RequestTimes(request_id, self.engine.seconds, len(prompt))
         if not self._stepping:
             self._stepping = True
             self.engine.at(self.engine.now, self._step, name="generator step")
@@ -251,7 +251,7 @@ class SimGenerator:
         self.engine.after(seconds, self._finish, step, name="generator step done")
 
     def _finish(self, step: Step) -> None:
-        now = self.engine.now / NS
+        now = self.engine.seconds
         sampled = {}
         for seq, n in step.scheduled:
             if step.samples(seq, n):
@@ -260,7 +260,6 @@ class SimGenerator:
                 if times.first_token < 0:
                     times.first_token = now
                     times.cached_tokens = seq.cached_tokens
-                times.output_tokens += 1
         for seq in self.scheduler.update(step, sampled):
             times = self.times.pop(seq.id)
             times.end = now

@@ -25,7 +25,7 @@ from asyncio import events
 from collections.abc import Callable
 from typing import Any
 
-from ._engine import NS, Engine, Event, SimulationError, ns
+from ._engine import Engine, Event, SimulationError, ns
 
 __all__ = ["VirtualClock", "VirtualLoop"]
 
@@ -42,10 +42,10 @@ class VirtualClock:
         self.engine, self.epoch = engine, epoch
 
     def monotonic(self) -> float:
-        return self.engine.now / NS
+        return self.engine.seconds
 
     def time(self) -> float:
-        return self.epoch + self.engine.now / NS
+        return self.epoch + self.engine.seconds
 
 
 class VirtualLoop(asyncio.BaseEventLoop):
@@ -57,7 +57,7 @@ class VirtualLoop(asyncio.BaseEventLoop):
         self.engine = engine
 
     def time(self) -> float:
-        return self.engine.now / NS
+        return self.engine.seconds
 
     def call_at(  # type: ignore[override]  # typeshed's generic signature, same behaviour
         self,

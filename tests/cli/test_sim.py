@@ -32,7 +32,7 @@ def test_calibrate_writes_a_profile_the_simulator_loads(tmp_path: pathlib.Path) 
     assert done.stdout.startswith(f"wrote {out}: base ")
     profile = json.loads(out.read_text())
     model = StepTimeModel.from_json(profile["step_time"])
-    assert model.prefill_token_s > 0 and model.machine
+    assert model.machine and model.seconds(prefill_tokens=64, prefill_pairs=64 * 65 // 2) > 0
     assert len(profile["calibration"]["samples"]) == 2 + 2 * 4
     again = calibrate(str(folder), "--out", str(out), *small)
     assert again.returncode == 2 and "exists (--force to replace it)" in again.stderr

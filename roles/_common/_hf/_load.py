@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Hashable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -91,7 +91,7 @@ def load_model(
             f"{located[extra[0]]}: tensor {extra[0]!r} is not part of a {cfg.model_type} "
             f"model of this config"
         )
-    state = dict(_read(want, located, dtype, device))
+    state = dict(_read({n: (n, shape, None) for n, shape in want.items()}, located, dtype, device))
     with torch.device("meta"):
         model = CausalLM(cfg)
     model.load_state_dict(state, strict=False, assign=True)
@@ -158,7 +158,8 @@ def load_experts(
     hidden = cfg.hidden_size
     noun = "FFN shard" if dense else "expert"
     located = shards(folder)
-    out = {}
+    pieces: dict[tuple[int, int, int], Piece] = {}  # (layer, unit, tensor) -> what to read
+    widths: dict[tuple[int, int], int] = {}
     for layer, held in wanted.items():
         if layer not in layers:
             raise oc.ConfigError(
@@ -173,58 +174,62 @@ def load_experts(
             for name in names:
                 if name not in located:
                     raise oc.ConfigError(f"{folder}: missing tensor {name!r}")
-            shapes: dict[str, tuple[int, ...]] = dict(
-                zip(names, ((width, hidden), (width, hidden), (hidden, width)), strict=True)
-            )
-            cut: dict[str, tuple[slice, ...]] = {}
-            if dense:
-                rows = slice(e * width // units, (e + 1) * width // units)
-                cut = {names[0]: (rows,), names[1]: (rows,), names[2]: (slice(None), rows)}
-            state = dict(_read(shapes, located, dtype, device, cut))
-            with torch.device("meta"):
-                mlp = MLP(cfg, width if not dense else rows.stop - rows.start)
-            keys = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
-            parts = [state[n] for n in names]
-            mlp.load_state_dict(dict(zip(keys, parts, strict=True)), assign=True)
-            out[layer, e] = mlp.eval()
+            rows = slice(e * width // units, (e + 1) * width // units) if dense else None
+            cuts = [None] * 3 if rows is None else [(rows,), (rows,), (slice(None), rows)]
+            shapes = ((width, hidden), (width, hidden), (hidden, width))
+            for i, piece in enumerate(zip(names, shapes, cuts, strict=True)):
+                pieces[layer, e, i] = piece
+            widths[layer, e] = width if rows is None else rows.stop - rows.start
+    state = dict(_read(pieces, located, dtype, device))  # each file opened once
+    out = {}
+    for (layer, e), unit_width in widths.items():
+        with torch.device("meta"):
+            mlp = MLP(cfg, unit_width)
+        keys = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+        parts = {k: state[layer, e, i] for i, k in enumerate(keys)}
+        mlp.load_state_dict(parts, assign=True)
+        out[layer, e] = mlp.eval()
     return out
 
 
+#: A tensor to read: its name, its shape in the file, and the part read (``None``: all of it).
+Piece = tuple[str, tuple[int, ...], tuple[slice, ...] | None]
+K = TypeVar("K", bound=Hashable)
+
+
 def _read(
-    want: dict[str, tuple[int, ...]],
+    want: Mapping[K, Piece],
     located: dict[str, str],
     dtype: torch.dtype,
     device: str | torch.device,
-    cut: dict[str, tuple[slice, ...]] | None = None,
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Each tensor of ``want`` (name -> its shape in the file), or only its part ``cut[name]``
-    (read as a slice: the rest is never read)."""
-    by_file: dict[str, list[str]] = {}
-    for name in want:
-        by_file.setdefault(located[name], []).append(name)
-    for file, names in by_file.items():
+) -> Iterator[tuple[K, torch.Tensor]]:
+    """Each piece of ``want``, keyed as there, each file opened once; a part is read as a
+    slice (the rest of the tensor is never read)."""
+    by_file: dict[str, list[K]] = {}
+    for key, (name, _, _) in want.items():
+        by_file.setdefault(located[name], []).append(key)
+    for file, keys in by_file.items():
         with _open(file) as f:
             present = set(f.keys())
-            for name in names:
+            for key in keys:
+                name, expected, part = want[key]
                 if name not in present:
                     raise oc.ConfigError(f"{file}: missing tensor {name!r} (the index lists it)")
-                part = (cut or {}).get(name)
                 if part is None:
                     tensor = f.get_tensor(name)
                     shape = tuple(tensor.shape)
                 else:
                     piece = f.get_slice(name)
                     shape = tuple(piece.get_shape())
-                if shape != want[name]:
+                if shape != expected:
                     raise oc.ConfigError(
-                        f"{file}: tensor {name!r} has shape {shape}, the config implies "
-                        f"{want[name]}"
+                        f"{file}: tensor {name!r} has shape {shape}, the config implies {expected}"
                     )
                 if part is not None:
                     tensor = piece[part]
                 if not tensor.is_floating_point():
                     raise oc.ConfigError(f"{file}: tensor {name!r} is {tensor.dtype}, not floats")
-                yield name, tensor.to(device=device, dtype=dtype)
+                yield key, tensor.to(device=device, dtype=dtype)
 
 
 def _open(path: str) -> Any:

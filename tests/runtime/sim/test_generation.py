@@ -120,7 +120,10 @@ def test_calibration_times_the_real_engine(tmp_path: pathlib.Path) -> None:
         str(folder), prefills=(16, 64, 256), decodes=((1, 32), (4, 32), (8, 64)),
         decode_steps=4, repeats=1, torch_threads=1,
     )  # fmt: skip
-    assert fitted.prefill_token_s > 0 and fitted.base_s + fitted.decode_s > 0
+    # which terms carry the time depends on the machine's noise; that the fit prices every
+    # measured step, and reports its error on each, does not
+    assert all(fitted.seconds(*x[:4]) > 0 for x in report["samples"])
+    assert len(report["relative_errors"]) == len(report["samples"])
     assert len(report["samples"]) == 3 + 3 * 5  # three prefills; each run: a prefill, 4 decodes
     assert report["model"]["layers"] == 2
     with pytest.raises(ValueError, match="exceeds the step budget"):
