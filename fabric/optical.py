@@ -36,7 +36,7 @@ from ._optical._costmodel import (
     reduce_scatter_s,
     ring_all_reduce_s,
 )
-from ._optical._elements import TopologyError
+from ._optical._elements import ReconfigLatency, TopologyError
 from ._optical._fattree import OcsLayer, fat_tree
 from ._optical._manager import FabricManager, Hint, PlanRecord, hint_demand
 from ._optical._netns import NetnsError, NetnsFabric, netns_missing
@@ -79,6 +79,7 @@ __all__ = [
     "PlanRequest",
     "PortFailedError",
     "ReconfigCost",
+    "ReconfigLatency",
     "Reconfigurator",
     "RecordingRouter",
     "Router",

@@ -201,8 +201,10 @@ class Job:
         await asyncio.gather(*self.background, return_exceptions=True)
         if self.injector is not None:
             await self.injector.aclose()
-        for mesh in (self.gens, self.trainers, self.rewards):
-            await self.ctx.stop(mesh)
+        for role in ("gens", "trainers", "rewards"):  # those spawned: a spawn can fail
+            mesh = getattr(self, role, None)
+            if mesh is not None:
+                await self.ctx.stop(mesh)
         if self.own_checkpoint_dir and self.checkpoint_dir is not None:
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
         if self.model_dir is not None:

@@ -18,10 +18,10 @@ import contextlib
 import json
 import os
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from orchestr import clock
 from orchestr.errors import ConfigError
 
 __all__ = ["EventLog", "export_trace", "iter_events", "read_events"]
@@ -46,7 +46,7 @@ class EventLog:
     def record(self, kind: str, **fields: Any) -> None:
         """Write one event now. Raises ConfigError for a kind that is not a non-empty string
         or fields that are not JSON."""
-        self._write(time.time(), kind, fields)
+        self._write(clock.time(), kind, fields)
 
     def record_span(
         self,
@@ -67,15 +67,15 @@ class EventLog:
         self, name: str, *, track: str = "job", kind: str = "span", **fields: Any
     ) -> Iterator[None]:
         """Time the block; the event is written when it ends, with ``error`` if it raised."""
-        start = time.time()
-        began = time.perf_counter()
+        start = clock.time()
+        began = clock.perf_counter()
         try:
             yield
         except BaseException as exc:
             fields["error"] = f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            fields.update(name=name, track=track, dur=time.perf_counter() - began)
+            fields.update(name=name, track=track, dur=clock.perf_counter() - began)
             self._write(start, kind, fields)
 
     def record_calls(self, spans: list[tuple[float, float, str, str, bool]]) -> None:
@@ -132,7 +132,7 @@ class EventLog:
             if self._file is not None:
                 if self.dropped:
                     record = {
-                        "ts": time.time(),
+                        "ts": clock.time(),
                         "kind": "events_dropped",
                         "count": sum(self.dropped.values()),
                         "by_kind": self.dropped,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import time
 from typing import Any, Literal, Protocol
 
+from orchestr import clock
 from orchestr.errors import ConfigError
 
 __all__ = ["Collective", "FabricHints", "Phase", "RecordingHints", "make_phase"]
@@ -44,7 +44,7 @@ class Phase:
     traffic: dict[tuple[str, str], int] | Collective | None
     #: How long the job expects the phase to last, in seconds, if it says.
     expected_s: float | None
-    started: float = dataclasses.field(default_factory=time.time)
+    started: float = dataclasses.field(default_factory=clock.time)
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able form, for the event log."""

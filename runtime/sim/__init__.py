@@ -14,7 +14,16 @@
   closed forms.
 - :class:`SimGenerator`: the generator's own scheduler (``orchestr.roles.generator``) on the
   engine's clock, each step timed by a :class:`StepTimeModel` (:func:`fit_step_model` fits one
-  to measured steps). Loaded on first use: it imports the roles (and torch).
+  to measured steps).
+- :class:`SimCluster` / :class:`SimContext`: a topology's hosts in the head's own placement,
+  role models (:class:`Role`) as their actors, and a job context whose meshes are real mesh
+  handles calling those models; a job's own ``main(ctx)`` runs against it unchanged.
+- :func:`simulate_grpo`: the GRPO job's own code (``orchestr.roles.rl``: sync, stream,
+  stream+skew) on a simulated cluster, its roles costed by :class:`RLCosts` and its output
+  lengths drawn by :class:`OutputLengths`.
+
+Everything from :class:`SimGenerator` on is loaded on first use: it imports the roles (and
+torch).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -26,16 +35,32 @@ from ._loop import VirtualClock, VirtualLoop
 from ._run import Simulation, run
 
 if TYPE_CHECKING:
+    from ._cluster import Role, SimCluster, SimContext
     from ._generation import RequestTimes, SimGenerator, StepTimeModel, fit_step_model
+    from ._rl import RLRun, simulate_grpo
+    from ._rlroles import OutputLengths, RLCosts
 
-_LAZY = ("RequestTimes", "SimGenerator", "StepTimeModel", "fit_step_model")
+_LAZY = {
+    "RequestTimes": "_generation",
+    "SimGenerator": "_generation",
+    "StepTimeModel": "_generation",
+    "fit_step_model": "_generation",
+    "Role": "_cluster",
+    "SimCluster": "_cluster",
+    "SimContext": "_cluster",
+    "OutputLengths": "_rlroles",
+    "RLCosts": "_rlroles",
+    "RLRun": "_rl",
+    "simulate_grpo": "_rl",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from . import _generation
+    module = _LAZY.get(name)
+    if module is not None:
+        import importlib
 
-        return getattr(_generation, name)
+        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -45,7 +70,13 @@ __all__ = [
     "Event",
     "Flow",
     "FlowNet",
+    "OutputLengths",
+    "RLCosts",
+    "RLRun",
     "RequestTimes",
+    "Role",
+    "SimCluster",
+    "SimContext",
     "SimGenerator",
     "Simulation",
     "SimulationError",
@@ -58,4 +89,5 @@ __all__ = [
     "max_min_rates",
     "ns",
     "run",
+    "simulate_grpo",
 ]

@@ -1,0 +1,248 @@
+"""The RL job's roles as models on virtual time, for the job's own code to drive.
+
+Each stands in for a role's actor on a :class:`~._cluster.SimCluster`, answering the calls the
+GRPO job makes with what they return and taking the time they take:
+
+- :class:`GeneratorModel`: ``generate`` runs the requests through the generator's own
+  scheduler (:class:`~._generation.SimGenerator`, steps timed by a
+  :class:`~._generation.StepTimeModel`), each to the output length :class:`OutputLengths`
+  draws for it; ``sync_weights`` reads the published weights from the trainer's host over the
+  flow network;
+- :class:`TrainerModel`: ``train_step`` charges compute per token of its shard, then joins
+  the mesh's gradient all-reduce over the flow network; ``publish`` makes a new version;
+- :class:`RewardModel`: ``score`` charges per sample and draws each reward.
+
+What a run costs is in :class:`RLCosts`. Tokens are not computed: a completion's ``tokens`` is
+a ``range`` of its length (nothing the job reads needs their values).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from orchestr.roles.generator import Completion, Generator, Request
+from orchestr.roles.reward import Reward
+from orchestr.roles.trainer import Trainer
+
+from ._cluster import Role, SimMember
+from ._generation import RequestTimes, SimGenerator, StepTimeModel
+
+__all__ = ["GeneratorModel", "OutputLengths", "RLCosts", "RewardModel", "TrainerModel", "rl_roles"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputLengths:
+    """Output tokens of a sample: ``per_prompt_token`` times its prompt's tokens (so prompts
+    of one length share a mean, which a length ranker can learn), times a log-normal factor
+    of mean 1 and shape ``sigma`` (0: none; larger: a heavier tail), at least 1 and at most
+    ``cap``. Drawn from the request's sample key and ``seed``, so a sample drawn again has
+    the same length."""
+
+    per_prompt_token: float = 4.0
+    sigma: float = 0.0
+    cap: int = 1 << 15
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.per_prompt_token > 0 or not self.sigma >= 0:
+            raise ValueError("OutputLengths: per_prompt_token > 0 and sigma >= 0")
+        if isinstance(self.cap, bool) or not isinstance(self.cap, int) or self.cap < 1:
+            raise ValueError(f"OutputLengths.cap is a positive integer, got {self.cap!r}")
+
+    def mean(self, prompt_tokens: int) -> float:
+        """The expected length before the cap."""
+        return self.per_prompt_token * prompt_tokens
+
+    def draw(self, request: Request) -> int:
+        base = self.mean(len(request.prompt))
+        if self.sigma:
+            rng = random.Random(f"{request.seed}/{request.id}/{self.seed}")  # stable: sha512
+            base *= math.exp(rng.gauss(-(self.sigma**2) / 2, self.sigma))
+        return max(1, min(self.cap, round(base)))
+
+
+@dataclasses.dataclass(frozen=True)
+class RLCosts:
+    """What an RL step's roles cost. ``generation``: each generator's step time; the
+    generator's scheduler holds ``num_blocks`` blocks of ``block_size`` tokens and
+    ``token_budget`` tokens a step (its batch limit is the job's ``max_batch``). A trainer
+    step: ``train_step_s`` plus ``train_token_s`` per token (prompt and output) of the
+    trainer's shard, then an all-reduce of ``weight_bytes`` over the trainer mesh. A weight
+    load: ``weight_bytes`` from the publishing trainer's host, then ``load_s``. Scoring:
+    ``score_s`` per sample; rewards are 1 with probability ``reward_p``. A held-out
+    evaluation: ``eval_s``."""
+
+    generation: StepTimeModel
+    weight_bytes: int
+    train_token_s: float
+    train_step_s: float = 0.0
+    load_s: float = 0.0
+    score_s: float = 0.0
+    eval_s: float = 0.0
+    reward_p: float = 0.5
+    num_blocks: int = 1 << 16
+    block_size: int = 16
+    token_budget: int = 8192
+
+    def __post_init__(self) -> None:
+        for name in ("train_token_s", "train_step_s", "load_s", "score_s", "eval_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"RLCosts.{name} is seconds >= 0, got {getattr(self, name)!r}")
+        if not 0 <= self.reward_p <= 1:
+            raise ValueError(f"RLCosts.reward_p is a probability, got {self.reward_p!r}")
+        if isinstance(self.weight_bytes, bool) or not self.weight_bytes >= 0:
+            raise ValueError(f"RLCosts.weight_bytes is >= 0, got {self.weight_bytes!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Weights:
+    """A published version, as the job sees one: its number, size and where it is."""
+
+    version: int
+    nbytes: int
+    host: str
+
+
+class GeneratorModel:
+    """A generator: the real scheduler on virtual time."""
+
+    concurrent = frozenset({"generate", "stats", "sync_weights"})
+
+    def __init__(
+        self, member: SimMember, costs: RLCosts, lengths: OutputLengths, max_batch: int
+    ) -> None:
+        self.member = member
+        self.costs, self.lengths = costs, lengths
+        self.engine = SimGenerator(
+            member.cluster.engine,
+            costs.generation,
+            num_blocks=costs.num_blocks,
+            block_size=costs.block_size,
+            max_batch=max_batch,
+            token_budget=costs.token_budget,
+            done=self._done,
+        )
+        self.version = 0
+        self.generated = 0
+        self._waiting: dict[str, asyncio.Future[RequestTimes]] = {}
+        self._ids = 0
+
+    def _done(self, times: RequestTimes) -> None:
+        self._waiting.pop(times.id).set_result(times)
+
+    async def generate(self, requests: list[Request]) -> list[Completion]:
+        loop = asyncio.get_running_loop()
+        version = self.version
+        runs = []
+        for r in requests:
+            self._ids += 1
+            key = f"{r.id}#{self._ids}"  # a request drawn again is a new one here
+            self._waiting[key] = future = loop.create_future()
+            self.engine.submit(key, r.prompt, self.lengths.draw(r))
+            runs.append(future)
+        out = []
+        for r, times in zip(requests, await asyncio.gather(*runs), strict=True):
+            n = times.output_tokens
+            self.generated += n
+            tokens: Any = range(n)  # the length is what the job reads
+            done = Completion(
+                id=r.id, prompt=r.prompt, tokens=tokens, logprobs=[], sample_logprobs=[],
+                versions=[], version=version, finish_reason="length", queue_s=0.0,
+                ttft_s=times.ttft, latency_s=times.end - times.arrival, steps=0,
+            )  # fmt: skip
+            out.append(done)
+        return out
+
+    async def sync_weights(self, ref: Weights) -> dict[str, Any]:
+        start = self.member.cluster.engine.seconds
+        await self.member.cluster.transfer(ref.host, self.member.host, ref.nbytes)
+        if self.costs.load_s:
+            await asyncio.sleep(self.costs.load_s)
+        self.version = ref.version
+        seconds = self.member.cluster.engine.seconds - start
+        return {"seconds": seconds, "bytes": ref.nbytes, "transports": ["sim"]}
+
+    async def stats(self) -> dict[str, Any]:
+        return {
+            "busy_s": self.engine.busy_s,
+            "steps": self.engine.steps,
+            "generated_tokens": self.generated,
+        }
+
+
+class TrainerModel:
+    """A trainer rank: compute per token of its shard, then the mesh's all-reduce."""
+
+    concurrent = frozenset({"digest"})
+
+    def __init__(self, member: SimMember, costs: RLCosts) -> None:
+        self.member, self.costs = member, costs
+        self.version = 0
+        self.busy_s = 0.0
+
+    async def train_step(
+        self, samples: Sequence[tuple[Completion, float]], group_size: int, advantage_scale: float
+    ) -> dict[str, Any]:
+        cluster = self.member.cluster
+        start = cluster.engine.seconds
+        tokens = sum(len(c.prompt) + len(c.tokens) for c, _ in samples)
+        await asyncio.sleep(self.costs.train_step_s + self.costs.train_token_s * tokens)
+        if self.member.size > 1:
+            key = ("grads", self.member.mesh, self.version)
+            hosts = self.member.hosts
+            await cluster.collective(key, "all_reduce", hosts, self.costs.weight_bytes)
+        self.version += 1
+        busy = cluster.engine.seconds - start
+        self.busy_s += busy
+        zero = {k: 0.0 for k in ("loss", "clip_frac", "approx_kl", "entropy", "logprob_gap")}
+        return {"version": self.version, "busy_s": busy, **zero}
+
+    async def publish(self) -> Weights:
+        return Weights(self.version, self.costs.weight_bytes, self.member.host)
+
+    async def greedy(self, prompts: list[list[int]], max_new_tokens: list[int]) -> list[list[int]]:
+        await asyncio.sleep(self.costs.eval_s)
+        return [[] for _ in prompts]
+
+    async def digest(self) -> dict[str, Any]:
+        return {"digest": f"sim-v{self.version}"}
+
+
+class RewardModel:
+    """A reward worker: ``score_s`` per sample, rewards drawn from the engine's seed."""
+
+    concurrent = frozenset({"score"})
+
+    def __init__(self, member: SimMember, costs: RLCosts) -> None:
+        self.member, self.costs = member, costs
+
+    async def score(self, pairs: list[Any]) -> list[float]:
+        await asyncio.sleep(self.costs.score_s * len(pairs))
+        rng = self.member.cluster.engine.rng
+        return [float(rng.random() < self.costs.reward_p) for _ in pairs]
+
+
+def rl_roles(
+    costs: RLCosts,
+    lengths: OutputLengths,
+    *,
+    generator: dict[str, float] | None = None,
+    trainer: dict[str, float] | None = None,
+    reward: dict[str, float] | None = None,
+) -> dict[type, Role]:
+    """The GRPO job's three roles on a simulated cluster, each member taking the resources
+    given (default: one ``gpu`` for a generator or trainer, one ``cpu`` for a reward)."""
+
+    def make_generator(member: SimMember, *args: Any, **kwargs: Any) -> GeneratorModel:
+        return GeneratorModel(member, costs, lengths, int(kwargs.get("max_batch", 256)))
+
+    return {
+        Generator: Role(make_generator, generator or {"gpu": 1}),
+        Trainer: Role(lambda m, *a, **k: TrainerModel(m, costs), trainer or {"gpu": 1}),
+        Reward: Role(lambda m, *a, **k: RewardModel(m, costs), reward or {"cpu": 1}),
+    }
