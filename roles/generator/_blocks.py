@@ -79,7 +79,11 @@ class BlockPool:
         self.refs = [0] * num_blocks
         self.hashes: list[bytes | None] = [None] * num_blocks
         self.cached: dict[bytes, int] = {}
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        #: The free queue: the blocks never used yet (``_fresh`` onwards, in order), then
+        #: those given back, in the order they were (kept apart so a large pool costs nothing
+        #: to make).
+        self._fresh = 0
+        self._free: OrderedDict[int, None] = OrderedDict()
         self._events: list[Event] = []
         #: Blocks entered since :meth:`take_stored` (``None``: not kept), for offloading.
         self._stored: list[tuple[bytes, int]] | None = None
@@ -87,19 +91,22 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks that can be allocated now (free ones, cached or not)."""
-        return len(self._free)
+        return len(self._free) + self.num_blocks - self._fresh
 
     @property
     def usage(self) -> float:
         """The fraction of blocks in use."""
-        return 1.0 - len(self._free) / self.num_blocks
+        return 1.0 - self.num_free / self.num_blocks
 
     def allocate(self, n: int) -> list[int]:
         """``n`` blocks from the head of the free queue, each held once; a cached one leaves
         the cache (a :class:`BlockRemoved` event)."""
-        if n > len(self._free):
-            raise ValueError(f"{n} blocks asked for, {len(self._free)} free")
-        blocks = [self._free.popitem(last=False)[0] for _ in range(n)]
+        if n > self.num_free:
+            raise ValueError(f"{n} blocks asked for, {self.num_free} free")
+        fresh = min(n, self.num_blocks - self._fresh)
+        blocks = list(range(self._fresh, self._fresh + fresh))
+        self._fresh += fresh
+        blocks += [self._free.popitem(last=False)[0] for _ in range(n - fresh)]
         evicted = []
         for b in blocks:
             self.refs[b] = 1
@@ -172,7 +179,7 @@ class BlockPool:
     def clear_cache(self) -> bool:
         """Forget every cached block (new weights make them wrong for every request); only
         when no block is in use, else ``False`` and nothing changes."""
-        if len(self._free) != self.num_blocks:
+        if self.num_free != self.num_blocks:
             return False
         self.hashes = [None] * self.num_blocks
         self.cached.clear()

@@ -87,7 +87,10 @@ class Step:
 class Scheduler:
     """Continuous batching over a :class:`BlockPool`: at most ``max_batch`` running
     sequences and ``token_budget`` tokens per step. ``extra_keys`` (the model, the weight
-    version) go into every block key, so blocks of other weights never match."""
+    version) go into every block key, so blocks of other weights never match.
+    ``cache_outputs`` False keeps blocks holding generated tokens out of the prefix cache (a
+    simulator's outputs are placeholders: cached, every sample of a prompt would share
+    them, as real samples do not)."""
 
     def __init__(
         self,
@@ -96,6 +99,7 @@ class Scheduler:
         max_batch: int,
         token_budget: int,
         extra_keys: Sequence[Any] = (),
+        cache_outputs: bool = True,
     ) -> None:
         if max_batch < 1 or token_budget < 1:
             raise ValueError(
@@ -105,6 +109,7 @@ class Scheduler:
         self.max_batch = max_batch
         self.token_budget = token_budget
         self.extra_keys = tuple(extra_keys)
+        self.cache_outputs = cache_outputs
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self.queries = 0  # prompt tokens looked up in the prefix cache
@@ -116,8 +121,14 @@ class Scheduler:
         return -(-tokens // self.pool.block_size)
 
     def add(self, seq: Seq) -> None:
-        """Queue ``seq``. Raises ``ValueError`` when it could never fit: its prompt and
-        token limit need more blocks than the whole pool has."""
+        """Queue ``seq``. Raises ``ValueError`` when it could never fit (:meth:`check`)."""
+        self.check(seq)
+        seq.status = "waiting"
+        self.waiting.append(seq)
+
+    def check(self, seq: Seq) -> None:
+        """Raise ``ValueError`` for a request :meth:`add` refuses: an empty prompt, no tokens
+        to generate, or a prompt and token limit needing more blocks than the pool has."""
         if not seq.prompt:
             raise ValueError(f"request {seq.id!r} has an empty prompt")
         if seq.max_tokens < 1:
@@ -129,8 +140,6 @@ class Scheduler:
                 f"{seq.max_tokens} more need {need} blocks of {self.pool.block_size} tokens; "
                 f"the cache has {self.pool.num_blocks}"
             )
-        seq.status = "waiting"
-        self.waiting.append(seq)
 
     def preempt_all(self) -> None:
         """Preempt every running sequence: each is recomputed from scratch (new weights)."""
@@ -202,6 +211,73 @@ class Scheduler:
             else:
                 continue
             finished.append(seq)
+        return finished
+
+    # -- runs of decode steps, in one go (a simulator's closed form) ------------------------
+    def decode_run(self, limit: int) -> int:
+        """How many of the next steps (at most ``limit``) are alike: every running sequence
+        decodes one token, nothing is admitted or preempted, and none ends before the last
+        of them (the last may end some), provided no stop token is sampled. 0 when the next
+        step is not such a step."""
+        running = self.running
+        if not running or len(running) > self.token_budget or limit < 1:
+            return 0
+        if self.waiting and len(running) < self.max_batch and len(running) < self.token_budget:
+            return 0  # the next step may admit one
+        k = limit
+        for seq in running:
+            if seq.num_tokens - seq.num_computed != 1 or seq.num_computed < len(seq.prompt):
+                return 0  # a prefill chunk is left
+            k = min(k, seq.max_tokens - len(seq.output))
+        free = self.pool.num_free
+
+        def fits(steps: int) -> bool:
+            need = sum(self.blocks_for(s.num_computed + steps) - len(s.blocks) for s in running)
+            return need <= free
+
+        if fits(k):
+            return k
+        low, high = 0, k  # fits(low), not fits(high)
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if fits(mid) else (low, mid)
+        return low
+
+    def advance_decodes(self, steps: int, token: int) -> list[Seq]:
+        """Run ``steps`` decode steps at once, each sampling ``token`` for every running
+        sequence: the state that many ``schedule()`` and ``update()`` calls leave, block for
+        block (blocks are taken and entered into the prefix cache in the order those steps
+        would). ``steps`` must be at most :meth:`decode_run`'s answer, and ``token`` no
+        running sequence's stop token (``ValueError`` otherwise). Returns the sequences that
+        finished, in the order ``update()`` would."""
+        if not 1 <= steps <= self.decode_run(steps):
+            raise ValueError(f"the next {steps} steps are not a run of alike decode steps")
+        running = list(self.running)
+        if any(token in seq.stop_ids for seq in running):
+            raise ValueError(f"token {token} stops a running sequence")
+        size = self.pool.block_size
+        # (step, 0 = a block taken / 1 = a block entered, rank, blocks after it)
+        changes: list[tuple[int, int, int, int]] = []
+        for i, seq in enumerate(running):
+            c = seq.num_computed
+            for count in range(len(seq.blocks) + 1, self.blocks_for(c + steps) + 1):
+                changes.append((max(0, (count - 1) * size - c), 0, i, count))
+            if self.cache_outputs and seq.cacheable:
+                for full in range(c // size + 1, (c + steps) // size + 1):
+                    changes.append((full * size - c - 1, 1, i, full))
+            seq.output.extend([token] * steps)
+            seq.num_computed += steps
+        changes.sort()
+        for _, kind, i, count in changes:
+            if kind == 0:
+                self._grow(running[i], (count - 1) * size + 1)
+            else:
+                self._cache_upto(running[i], count)
+        finished = []
+        for seq in running:
+            if len(seq.output) >= seq.max_tokens:
+                self.finish(seq, "length")
+                finished.append(seq)
         return finished
 
     # -- blocks from elsewhere (a KV store) -------------------------------------------------
@@ -292,8 +368,13 @@ class Scheduler:
         return True
 
     def _cache_full(self, seq: Seq) -> None:
+        self._cache_upto(seq, seq.num_computed // self.pool.block_size)
+
+    def _cache_upto(self, seq: Seq, full: int) -> None:
+        """Enter ``seq``'s first ``full`` blocks (those not entered yet) into the cache."""
         size = self.pool.block_size
-        full = seq.num_computed // size
+        if not self.cache_outputs:
+            full = min(full, len(seq.prompt) // size)
         if full <= len(seq.keys) or not seq.cacheable:
             return
         tokens = seq.tokens

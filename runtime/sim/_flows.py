@@ -49,14 +49,20 @@ def max_min_rates(paths: Sequence[Sequence[Link]], capacity: Mapping[Link, float
     count = {link: len(u) for link, u in users.items()}
     frozen = [not path for path in paths]
     while count:
-        share, tight = min((left[link] / n, link) for link, n in count.items() if n)
-        done = [i for i in users[tight] if not frozen[i]]
-        for i in done:
-            frozen[i] = True
-            rates[i] = share
-            for link in paths[i]:
-                left[link] -= share
-                count[link] -= 1
+        shares = {link: left[link] / n for link, n in count.items()}
+        share = min(shares.values())
+        # every link at the least share fills together (freezing one's flows leaves the
+        # others' share as it was), so a ring or a fan-in is one round, not one per link
+        tight = [link for link, s in shares.items() if s <= share * (1 + 1e-12)]
+        for link in tight:
+            for i in users[link]:
+                if frozen[i]:
+                    continue
+                frozen[i] = True
+                rates[i] = share
+                for on in paths[i]:
+                    left[on] -= share
+                    count[on] -= 1
         for link in [link for link, n in count.items() if n == 0]:
             del count[link]
     return rates
@@ -89,6 +95,7 @@ class FlowNet:
         self._circuits: dict[tuple[str, str], float] = {}
         self._last = engine.now
         self._next: Event | None = None
+        self._settle: Event | None = None
 
     @classmethod
     def of_topology(cls, engine: Engine, topology: Topology) -> FlowNet:
@@ -177,6 +184,12 @@ class FlowNet:
     def _begin(self, flow: Flow) -> None:
         self._advance()
         self.flows.append(flow)
+        if self._settle is None:  # flows starting at one instant share one new allocation
+            self._settle = self.engine.at(self.engine.now, self._settled, name="flows start")
+
+    def _settled(self) -> None:
+        self._settle = None
+        self._advance()
         self._reschedule()
 
     def _advance(self) -> None:

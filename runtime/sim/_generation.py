@@ -19,7 +19,7 @@ from typing import Any
 
 from orchestr.roles.generator import BlockPool, Scheduler, Seq, Step
 
-from ._engine import Engine
+from ._engine import Engine, Event, ns
 
 __all__ = ["RequestTimes", "SimGenerator", "StepTimeModel", "attention_pairs", "fit_step_model"]
 
@@ -199,7 +199,16 @@ class RequestTimes:
 class SimGenerator:
     """A generator on ``engine``'s clock: the real scheduler (``num_blocks`` blocks of
     ``block_size`` tokens, ``max_batch`` sequences and ``token_budget`` tokens a step), steps
-    timed by ``model``. ``done(times)`` is called for each request that ends."""
+    timed by ``model``. ``done(times)`` is called for each request that ends.
+
+    ``closed_form`` (the default) takes a run of alike decode steps (the scheduler's
+    :meth:`~orchestr.roles.generator.Scheduler.decode_run`: the same sequences decoding,
+    nothing admitted, preempted or ended before its last step) as one event: its time is the
+    sum of its steps' in closed form (each step's attention grows by one key per sequence)
+    and the scheduler advances it in one go, to the state the steps leave. A request that
+    arrives meanwhile cuts the run at the step then in progress, where the step-by-step
+    generator would admit it. ``cache_outputs`` is the scheduler's (whether blocks of
+    generated tokens enter the prefix cache)."""
 
     def __init__(
         self,
@@ -211,17 +220,27 @@ class SimGenerator:
         max_batch: int = 256,
         token_budget: int = 2048,
         done: Callable[[RequestTimes], None] | None = None,
+        closed_form: bool = True,
+        cache_outputs: bool = True,
     ) -> None:
         self.engine, self.model = engine, model
         self.scheduler = Scheduler(
-            BlockPool(num_blocks, block_size), max_batch=max_batch, token_budget=token_budget
+            BlockPool(num_blocks, block_size),
+            max_batch=max_batch,
+            token_budget=token_budget,
+            cache_outputs=cache_outputs,
         )
         self.done = done
+        self.closed_form = closed_form
         self.times: dict[str, RequestTimes] = {}
         self.finished: list[RequestTimes] = []
         self.steps = 0
+        self.runs = 0  # runs of decode steps taken in one go
         self.busy_s = 0.0
         self._stepping = False
+        #: The run in progress: (start ns, steps, per-step seconds a, growth b, its event).
+        self._run: tuple[int, int, float, float, Event] | None = None
+        self._arrived: list[Seq] = []  # during the run
 
     @property
     def load(self) -> tuple[int, int]:
@@ -234,13 +253,21 @@ class SimGenerator:
         (an empty prompt, or one that could never fit) and for a repeated id."""
         if request_id in self.times:
             raise ValueError(f"request {request_id!r} is already here")
-        self.scheduler.add(Seq(request_id, list(prompt), max_tokens))
+        seq = Seq(request_id, list(prompt), max_tokens)
+        if self._run is None:
+            self.scheduler.add(seq)
+        else:  # queued after the step in progress, which cannot have seen it
+            self.scheduler.check(seq)
+            self._arrived.append(seq)
+            self._cut_run()
         self.times[request_id] = RequestTimes(request_id, self.engine.seconds, len(prompt))
         if not self._stepping:
             self._stepping = True
             self.engine.at(self.engine.now, self._step, name="generator step")
 
     def _step(self) -> None:
+        if self.closed_form and self._start_run():
+            return
         step = self.scheduler.schedule()
         if not step.scheduled:
             self._stepping = False
@@ -260,11 +287,64 @@ class SimGenerator:
                 if times.first_token < 0:
                     times.first_token = now
                     times.cached_tokens = seq.cached_tokens
-        for seq in self.scheduler.update(step, sampled):
+        self._ended(self.scheduler.update(step, sampled))
+        self._step()
+
+    def _ended(self, seqs: list[Seq]) -> None:
+        now = self.engine.seconds
+        for seq in seqs:
             times = self.times.pop(seq.id)
             times.end = now
             times.output_tokens = len(seq.output)
             self.finished.append(times)
             if self.done is not None:
                 self.done(times)
+
+    # -- runs of decode steps in closed form ----------------------------------------------------
+    def _start_run(self) -> bool:
+        k = self.scheduler.decode_run(1 << 40)
+        if k < 2:
+            return False
+        running = self.scheduler.running
+        n = len(running)
+        m = self.model
+        keys = sum(s.num_computed + 1 for s in running)  # the first step's decode pairs
+        a = m.base_s + m.decode_s * n + m.decode_attention_s * keys
+        b = m.decode_attention_s * n  # each step attends to one more key per sequence
+        event = self.engine.at(
+            self.engine.now + ns(_run_seconds(k, a, b)), self._finish_run, name="decode run done"
+        )
+        self._run = (self.engine.now, k, a, b, event)
+        return True
+
+    def _cut_run(self) -> None:
+        """End the run at the step in progress now (a request arrived)."""
+        assert self._run is not None
+        start, k, a, b, event = self._run
+        elapsed = self.engine.now - start
+        low, high = 0, k  # the first m whose end is at or after now is in (low, high]
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (low, mid) if ns(_run_seconds(mid, a, b)) >= elapsed else (mid, high)
+        if high < k:
+            event.cancel()
+            when = start + ns(_run_seconds(high, a, b))
+            self._run = (start, high, a, b, self.engine.at(when, self._finish_run))
+
+    def _finish_run(self) -> None:
+        assert self._run is not None
+        _, k, a, b, _ = self._run
+        self._run = None
+        self.steps += k
+        self.runs += 1
+        self.busy_s += _run_seconds(k, a, b)
+        self._ended(self.scheduler.advance_decodes(k, 0))
+        for seq in self._arrived:
+            self.scheduler.add(seq)
+        self._arrived.clear()
         self._step()
+
+
+def _run_seconds(steps: int, a: float, b: float) -> float:
+    """Seconds of ``steps`` decode steps, the first taking ``a`` and each next ``b`` more."""
+    return steps * a + b * steps * (steps - 1) / 2

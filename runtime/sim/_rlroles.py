@@ -126,6 +126,7 @@ class GeneratorModel:
             max_batch=max_batch,
             token_budget=costs.token_budget,
             done=self._done,
+            cache_outputs=False,  # placeholder outputs: every sample of a group would share
         )
         self.version = 0
         self.generated = 0

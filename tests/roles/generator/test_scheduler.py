@@ -187,3 +187,104 @@ def test_every_block_comes_back_whatever_the_workload(
         if s.finish_reason == "length":
             assert len(s.output) == s.max_tokens
         assert s.cached_tokens < s.num_tokens
+
+
+def state(sched: Scheduler) -> tuple[object, ...]:
+    pool = sched.pool
+    seqs = [
+        (s.id, s.status, s.output, s.num_computed, s.blocks, s.keys, s.finish_reason)
+        for s in [*sched.running, *sched.waiting]
+    ]
+    free = [*range(pool._fresh, pool.num_blocks), *pool._free]
+    return seqs, pool.refs, pool.hashes, pool.cached, free, pool.take_events()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    blocks=st.integers(8, 60),
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    budget=st.integers(1, 64),
+    max_batch=st.integers(1, 6),
+    cache_outputs=st.booleans(),
+)
+def test_a_run_of_decode_steps_in_one_go_leaves_what_the_steps_leave(
+    seed: int, blocks: int, block_size: int, budget: int, max_batch: int, cache_outputs: bool
+) -> None:
+    """Two schedulers, the same requests arriving at the same steps, one sampling token 7
+    step by step, the other advancing every run of alike decode steps in one go (up to the
+    next arrival): after each run both hold the same blocks, cache, free queue and events,
+    and the same sequences finish at the same steps. Prompts share prefixes and samples
+    share outputs, so the cache's order matters."""
+    rng = random.Random(seed)
+    a, b = (
+        Scheduler(BlockPool(blocks, block_size), max_batch=max_batch, token_budget=budget,
+                  cache_outputs=cache_outputs)
+        for _ in range(2)
+    )  # fmt: skip
+    prefixes = [[rng.randrange(5) for _ in range(rng.randint(1, 12))] for _ in range(2)]
+    arrivals: dict[int, list[tuple[str, list[int], int]]] = {}
+    for i in range(rng.randint(1, 10)):
+        prompt = [*rng.choice(prefixes)[: rng.randint(1, 12)], rng.randrange(3)]
+        out = rng.randint(1, 30)
+        if -(-(len(prompt) + out) // block_size) <= blocks:
+            arrivals.setdefault(rng.randrange(40), []).append((str(i), prompt, out))
+    finished: dict[str, list[tuple[int, str]]] = {"a": [], "b": []}
+    bulk_runs = 0
+    t = 0
+    while t < 5_000:
+        for rid, prompt, out in arrivals.get(t, []):
+            a.add(Seq(rid, list(prompt), out))
+            b.add(Seq(rid, list(prompt), out))
+        if not a.running and not a.waiting:
+            if t > max(arrivals, default=0):
+                break
+            t += 1
+            continue
+        later = [s for s in arrivals if s > t]
+        k = b.decode_run((min(later) - t) if later else 10_000)
+        if k >= 2:
+            bulk_runs += 1
+            finished["b"] += [(t + k - 1, s.id) for s in b.advance_decodes(k, 7)]
+        else:
+            k = 1
+            step = b.schedule()
+            sampled = {s.id: 7 for s, n in step.scheduled if step.samples(s, n)}
+            finished["b"] += [(t, s.id) for s in b.update(step, sampled)]
+        for j in range(k):
+            step = a.schedule()
+            sampled = {s.id: 7 for s, n in step.scheduled if step.samples(s, n)}
+            finished["a"] += [(t + j, s.id) for s in a.update(step, sampled)]
+        t += k
+        assert state(a) == state(b)
+    assert finished["a"] == finished["b"]
+    assert not a.running and not a.waiting
+    if bulk_runs:
+        check_blocks(b)
+
+
+def test_a_run_of_decodes_stops_at_an_admission_a_block_shortage_or_an_end() -> None:
+    sched = Scheduler(BlockPool(16, 4), max_batch=2, token_budget=64, cache_outputs=False)
+    sched.add(Seq("a", [1, 2, 3], 20))
+    step = sched.schedule()
+    sched.update(step, {"a": 0})
+    assert sched.decode_run(100) == 19  # its last token ends it
+    sched.add(Seq("b", [4], 5))
+    assert sched.decode_run(100) == 0  # the next step admits b
+    sched.update(sched.schedule(), {"a": 0, "b": 0})
+    # 16 blocks of 4: a (5 tokens computed) and b (1) grow to 13 blocks together at most
+    assert sched.decode_run(100) == 4  # b's last token
+    assert [s.id for s in sched.advance_decodes(4, 0)] == ["b"]
+    with pytest.raises(ValueError, match="not a run"):
+        sched.advance_decodes(20, 0)
+    tight = Scheduler(BlockPool(6, 4), max_batch=2, token_budget=64)
+    tight.add(Seq("c", [1], 20))
+    tight.add(Seq("e", [2], 20))
+    tight.update(tight.schedule(), {"c": 0, "e": 0})
+    # a block each; 4 free: three each hold 12 tokens, so 11 more steps before a preemption
+    assert tight.decode_run(100) == 11
+    stopping = Scheduler(BlockPool(8, 4), max_batch=2, token_budget=64)
+    stopping.add(Seq("d", [1], 5, stop_ids=frozenset({9})))
+    stopping.update(stopping.schedule(), {"d": 0})
+    with pytest.raises(ValueError, match="stops"):
+        stopping.advance_decodes(2, 9)

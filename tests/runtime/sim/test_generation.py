@@ -85,6 +85,41 @@ def test_the_same_arrivals_give_the_same_times() -> None:
     assert once() == once()
 
 
+@pytest.mark.parametrize("cache_outputs", [True, False])
+def test_runs_of_decodes_in_closed_form_time_requests_as_step_by_step(cache_outputs: bool) -> None:
+    """Poisson arrivals that land inside runs of decode steps (cutting them), prompts sharing
+    prefixes, a pool small enough to preempt: the closed form gives every request the times
+    the step-by-step generator gives, to a nanosecond a step, in far fewer events."""
+
+    def once(closed_form: bool) -> tuple[SimGenerator, Engine]:
+        engine = Engine(seed=3)
+        gen = SimGenerator(
+            engine, MODEL, num_blocks=160, block_size=16, max_batch=12, token_budget=512,
+            closed_form=closed_form, cache_outputs=cache_outputs,
+        )  # fmt: skip
+        rng, at, arrivals = engine.rng, 0.0, []
+        for i in range(60):
+            at += rng.expovariate(20.0)
+            prompt = [1 + i % 3] * 64 + [rng.randrange(300) for _ in range(rng.randint(1, 200))]
+            arrivals.append((at, f"r{i}", prompt, rng.randint(1, 300)))
+        run(gen, engine, arrivals)
+        return gen, engine
+
+    (steps, step_engine), (closed, closed_engine) = once(False), once(True)
+    assert closed.runs > 0 and closed.scheduler.preemptions > 0
+    assert closed.steps == steps.steps
+    assert closed_engine.events_run < step_engine.events_run / 2
+    by_id = {t.id: t for t in steps.finished}
+    for t in closed.finished:
+        s = by_id[t.id]
+        assert (t.output_tokens, t.cached_tokens) == (s.output_tokens, s.cached_tokens)
+        tolerance = 1e-9 * (steps.steps + 1)
+        assert t.first_token == pytest.approx(s.first_token, abs=tolerance)
+        assert t.end == pytest.approx(s.end, abs=tolerance)
+    assert closed.busy_s == pytest.approx(steps.busy_s, rel=1e-9)
+    assert closed.scheduler.pool.num_free == 160
+
+
 def test_a_fit_recovers_the_coefficients_of_its_samples() -> None:
     shapes = [(64, 0, 2080, 0), (512, 0, 131328, 0), (0, 8, 0, 800), (0, 32, 0, 3000),
               (0, 1, 0, 90), (256, 0, 32896, 0), (0, 16, 0, 5000), (128, 4, 8256, 400)]  # fmt: skip
