@@ -152,16 +152,8 @@ class PagedEngine(Pausable):
         return None if entry is None else entry[0]
 
     def load(self) -> tuple[int, int]:
-        """Blocks of work queued: of prompt tokens still to compute (waiting requests and
-        running ones mid-prefill), and held by the sequences decoding."""
-        prefill = decode = 0
-        for seq in self._sched.waiting:
-            prefill += self._sched.blocks_for(seq.num_tokens)
-        for seq in self._sched.running:
-            if seq.num_computed < len(seq.prompt):
-                prefill += self._sched.blocks_for(len(seq.prompt) - seq.num_computed)
-            decode += len(seq.blocks)
-        return prefill, decode
+        """Blocks of work queued: :meth:`Scheduler.load`."""
+        return self._sched.load()
 
     def cache_keys(self) -> tuple[int, list[Any]]:
         """The block size and the extra keys every block hash of a request without a cache

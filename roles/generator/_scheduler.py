@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from ._adoption import BlocksFromElsewhere
 from ._blocks import BlockPool, hash_block
 
 __all__ = ["Scheduler", "Seq", "Step"]
@@ -84,7 +85,7 @@ class Step:
         return seq.num_computed + n == seq.num_tokens
 
 
-class Scheduler:
+class Scheduler(BlocksFromElsewhere):
     """Continuous batching over a :class:`BlockPool`: at most ``max_batch`` running
     sequences and ``token_budget`` tokens per step. ``extra_keys`` (the model, the weight
     version) go into every block key, so blocks of other weights never match.
@@ -156,6 +157,18 @@ class Scheduler:
             self.waiting.remove(seq)
         self._free(seq)
         seq.status, seq.finish_reason = "finished", reason
+
+    def load(self) -> tuple[int, int]:
+        """Blocks of work queued, as a router weighs it: of prompt tokens still to compute
+        (waiting requests and running ones mid-prefill), and held by the running sequences."""
+        prefill = decode = 0
+        for seq in self.waiting:
+            prefill += self.blocks_for(seq.num_tokens)
+        for seq in self.running:
+            if seq.num_computed < len(seq.prompt):
+                prefill += self.blocks_for(len(seq.prompt) - seq.num_computed)
+            decode += len(seq.blocks)
+        return prefill, decode
 
     # -- steps -------------------------------------------------------------------------------
     def schedule(self) -> Step:
@@ -279,52 +292,6 @@ class Scheduler:
                 self.finish(seq, "length")
                 finished.append(seq)
         return finished
-
-    # -- blocks from elsewhere (a KV store) -------------------------------------------------
-    def prompt_keys(self, prompt: Sequence[int], cache_salt: str | None = None) -> list[bytes]:
-        """The keys of ``prompt``'s blocks that a prefix hit may cover (the full ones before
-        its last token), chained as :meth:`_admit` computes them."""
-        size, extra = self.pool.block_size, (*self.extra_keys, cache_salt)
-        keys: list[bytes] = []
-        parent: bytes | None = None
-        for b in range((len(prompt) - 1) // size):
-            parent = hash_block(parent, prompt[b * size : (b + 1) * size], extra)
-            keys.append(parent)
-        return keys
-
-    def cached_run(self, keys: Sequence[bytes]) -> int:
-        """How many of ``keys``, from the first, are in the prefix cache."""
-        n = 0
-        while n < len(keys) and self.pool.lookup(keys[n]) is not None:
-            n += 1
-        return n
-
-    def adopt(
-        self, keys: Sequence[bytes], prompt: Sequence[int], start: int, count: int
-    ) -> tuple[int, list[int]]:
-        """Enter blocks whose keys and values come from elsewhere into the prefix cache:
-        those of ``keys[start : start + count]`` (``prompt_keys(prompt)``) not cached yet,
-        after ``keys[:start]``. Returns the index of the first key entered and its blocks
-        (fill them before the next step; they are free and cached, as blocks a finished
-        request left). Nothing when a key before ``start`` is not cached (any more): they
-        could not be reached. At most the free blocks are used; the prefix is held
-        meanwhile, so they never evict it."""
-        first = self.cached_run(keys[: start + count])
-        if first < start or first >= start + count:
-            return first, []
-        prefix = [b for b in map(self.pool.lookup, keys[:first]) if b is not None]
-        free_prefix = sum(1 for b in prefix if self.pool.refs[b] == 0)
-        n = min(start + count - first, self.pool.num_free - free_prefix)
-        if n <= 0:
-            return first, []
-        self.pool.take(prefix)
-        blocks = self.pool.allocate(n)
-        size = self.pool.block_size
-        parent = keys[first - 1] if first else None
-        tokens = list(prompt[first * size : (first + n) * size])
-        self.pool.commit(blocks, keys[first : first + n], parent, tokens, log=False)
-        self.pool.release(reversed(prefix + blocks))  # the tail is evicted first
-        return first, blocks
 
     # -- the cache ---------------------------------------------------------------------------
     def _extra(self, seq: Seq) -> tuple[Any, ...]:

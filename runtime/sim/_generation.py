@@ -244,8 +244,12 @@ class SimGenerator:
 
     @property
     def load(self) -> tuple[int, int]:
-        """``(running, waiting)`` sequences."""
-        return len(self.scheduler.running), len(self.scheduler.waiting)
+        """``(prefill_blocks, decode_blocks)``: the scheduler's :meth:`Scheduler.load`, and
+        the prompts arrived during a run of decode steps, not queued there yet."""
+        prefill, decode = self.scheduler.load()
+        for seq in self._arrived:
+            prefill += self.scheduler.blocks_for(seq.num_tokens)
+        return prefill, decode
 
     def submit(self, request_id: str, prompt: Sequence[int], max_tokens: int) -> None:
         """A request arriving now: ``prompt``'s tokens (their values matter only to the prefix

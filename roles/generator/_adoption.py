@@ -1,0 +1,65 @@
+"""What the scheduler does with KV blocks computed elsewhere (a KV store, a prefill
+generator): the keys a prompt's blocks would have, how many of them are cached, and entering
+blocks into the prefix cache. A part of :class:`~._scheduler.Scheduler`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._blocks import BlockPool, hash_block
+
+__all__ = ["BlocksFromElsewhere"]
+
+
+class BlocksFromElsewhere:
+    """The scheduler's methods for blocks from elsewhere, over its ``pool`` and
+    ``extra_keys``."""
+
+    pool: BlockPool
+    extra_keys: tuple[Any, ...]
+
+    def prompt_keys(self, prompt: Sequence[int], cache_salt: str | None = None) -> list[bytes]:
+        """The keys of ``prompt``'s blocks that a prefix hit may cover (the full ones before
+        its last token), chained as :meth:`_admit` computes them."""
+        size, extra = self.pool.block_size, (*self.extra_keys, cache_salt)
+        keys: list[bytes] = []
+        parent: bytes | None = None
+        for b in range((len(prompt) - 1) // size):
+            parent = hash_block(parent, prompt[b * size : (b + 1) * size], extra)
+            keys.append(parent)
+        return keys
+
+    def cached_run(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys``, from the first, are in the prefix cache."""
+        n = 0
+        while n < len(keys) and self.pool.lookup(keys[n]) is not None:
+            n += 1
+        return n
+
+    def adopt(
+        self, keys: Sequence[bytes], prompt: Sequence[int], start: int, count: int
+    ) -> tuple[int, list[int]]:
+        """Enter blocks whose keys and values come from elsewhere into the prefix cache:
+        those of ``keys[start : start + count]`` (``prompt_keys(prompt)``) not cached yet,
+        after ``keys[:start]``. Returns the index of the first key entered and its blocks
+        (fill them before the next step; they are free and cached, as blocks a finished
+        request left). Nothing when a key before ``start`` is not cached (any more): they
+        could not be reached. At most the free blocks are used; the prefix is held
+        meanwhile, so they never evict it."""
+        first = self.cached_run(keys[: start + count])
+        if first < start or first >= start + count:
+            return first, []
+        prefix = [b for b in map(self.pool.lookup, keys[:first]) if b is not None]
+        free_prefix = sum(1 for b in prefix if self.pool.refs[b] == 0)
+        n = min(start + count - first, self.pool.num_free - free_prefix)
+        if n <= 0:
+            return first, []
+        self.pool.take(prefix)
+        blocks = self.pool.allocate(n)
+        size = self.pool.block_size
+        parent = keys[first - 1] if first else None
+        tokens = list(prompt[first * size : (first + n) * size])
+        self.pool.commit(blocks, keys[first : first + n], parent, tokens, log=False)
+        self.pool.release(reversed(prefix + blocks))  # the tail is evicted first
+        return first, blocks
