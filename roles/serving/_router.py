@@ -112,6 +112,7 @@ class Router:
         self.expect_s = expect_s
         self._cached: dict[str, set[bytes]] = {}
         self._expected: dict[str, dict[bytes, float]] = {}  # worker -> hash -> until
+        self._prune_at: dict[str, int] = {}  # worker -> expected's size that prunes it
         self._store: dict[str, set[bytes]] = {}  # tier -> hashes held there
         self._turn = itertools.count()
 
@@ -131,6 +132,7 @@ class Router:
     def remove(self, worker: str) -> bool:
         """Take ``worker`` out of rotation (it died or is draining). Idempotent."""
         self._expected.pop(worker, None)
+        self._prune_at.pop(worker, None)
         return self._cached.pop(worker, None) is not None
 
     def expect(self, worker: str, hashes: Sequence[bytes], now: float) -> None:
@@ -139,9 +141,10 @@ class Router:
         expected = self._expected.get(worker)
         if expected is None:
             return
-        if len(expected) > 4 * len(hashes) + 1024:  # drop the expired now and then
+        if len(expected) > self._prune_at.get(worker, 1024):  # drop the expired now and then
             for h in [h for h, until in expected.items() if until <= now]:
                 del expected[h]
+            self._prune_at[worker] = 2 * len(expected) + 1024  # amortised: a scan per doubling
         cached = self._cached[worker]
         until = now + self.expect_s
         for h in hashes:
@@ -154,11 +157,15 @@ class Router:
         cache = self._cached.get(worker)
         if cache is None:
             return False
+        events = list(events)
         _follow(cache, events)
         expected = self._expected[worker]
-        if expected:
-            for h in [h for h in expected if h in cache]:
-                del expected[h]  # confirmed
+        if expected:  # confirmed: an expected block is never cached when expect() records it
+            for event in events:
+                if isinstance(event, BlockStored):
+                    for h in event.block_hashes:
+                        if h in cache:
+                            expected.pop(h, None)
         return True
 
     def apply_store(self, events: Iterable[Any]) -> None:
@@ -192,14 +199,38 @@ class Router:
                 "for a restart"
             )
         loads = loads or {}
-        priced = [self._price(w, hashes, loads.get(w, Load()), now) for w in self.workers]
+        stored: dict[int, int] = {}  # store hits past a cached prefix, by its length
+        workers = self.workers
         if self.policy == "round_robin":
-            return priced[next(self._turn) % len(priced)]
-        if self.policy == "least_loaded":
-            return min(priced, key=lambda c: (loads.get(c.worker, Load()).total, c.worker))
-        return min(priced, key=lambda c: (c.cost, loads.get(c.worker, Load()).total, c.worker))
+            worker = workers[next(self._turn) % len(workers)]
+        elif self.policy == "least_loaded":
+            worker = min(workers, key=lambda w: (loads.get(w, Load()).total, w))
+        else:
+            none = Load()
+            best: tuple[float, int, str, int, int] | None = None
+            for w in workers:
+                load = loads.get(w, none)
+                price = (*self._price(w, hashes, load, now, stored), load.total, w)
+                key = (price[0], price[3], price[4], price[1], price[2])
+                if best is None or key < best:
+                    best = key
+            assert best is not None
+            cost, _, worker, cached, from_store = best
+            return Choice(worker, cached, from_store, cost)
+        cost, cached, from_store = self._price(
+            worker, hashes, loads.get(worker, Load()), now, stored
+        )
+        return Choice(worker, cached, from_store, cost)
 
-    def _price(self, worker: str, hashes: Sequence[bytes], load: Load, now: float | None) -> Choice:
+    def _price(
+        self,
+        worker: str,
+        hashes: Sequence[bytes],
+        load: Load,
+        now: float | None,
+        memo: dict[int, int],
+    ) -> tuple[float, int, int]:
+        """``(cost, cached blocks, store blocks)`` of ``hashes`` on ``worker``."""
         cache = self._cached[worker]
         cached = _prefix(cache, hashes)
         if now is not None and cached < len(hashes) and self._expected[worker]:
@@ -208,15 +239,22 @@ class Router:
                 hashes[cached] in cache or expected.get(hashes[cached], now) > now
             ):
                 cached += 1
+        stored = memo.get(cached)
+        if stored is None:  # the same for every worker with this much cached
+            stored = memo[cached] = self._stored_after(hashes, cached)
+        new = (len(hashes) - cached - stored) + self.store_cost * stored
+        cost = self.prefill_weight * (load.prefill_blocks + new) + load.decode_blocks
+        return cost, cached, stored
+
+    def _stored_after(self, hashes: Sequence[bytes], start: int) -> int:
+        """How many of ``hashes`` from ``start`` on the KV store holds, in a row."""
         stored = 0
         tiers = self._store.values()
-        for h in hashes[cached:]:
+        for h in hashes[start:]:
             if not any(h in tier for tier in tiers):
                 break
             stored += 1
-        new = (len(hashes) - cached - stored) + self.store_cost * stored
-        cost = self.prefill_weight * (load.prefill_blocks + new) + load.decode_blocks
-        return Choice(worker, cached, stored, cost)
+        return stored
 
 
 def _prefix(cache: set[bytes], hashes: Sequence[bytes]) -> int:

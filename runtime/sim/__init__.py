@@ -21,6 +21,9 @@
 - :func:`simulate_grpo`: the GRPO job's own code (``orchestr.roles.rl``: sync, stream,
   stream+skew) on a simulated cluster, its roles costed by :class:`RLCosts` and its output
   lengths drawn by :class:`OutputLengths`.
+- :func:`simulate_serving`: the front door's own router (``orchestr.roles.serving.Router``)
+  over simulated generators, co-located or with prefill and decode apart, for a workload of
+  :class:`ServingRequest`.
 
 Everything from :class:`SimGenerator` on is loaded on first use: it imports the roles (and
 torch).
@@ -39,6 +42,7 @@ if TYPE_CHECKING:
     from ._generation import RequestTimes, SimGenerator, StepTimeModel, fit_step_model
     from ._rl import RLRun, simulate_grpo
     from ._rlroles import OutputLengths, RLCosts
+    from ._serving import ServingRequest, ServingRun, simulate_serving
 
 _LAZY = {
     "RequestTimes": "_generation",
@@ -52,6 +56,9 @@ _LAZY = {
     "RLCosts": "_rlroles",
     "RLRun": "_rl",
     "simulate_grpo": "_rl",
+    "ServingRequest": "_serving",
+    "ServingRun": "_serving",
+    "simulate_serving": "_serving",
 }
 
 
@@ -75,6 +82,8 @@ __all__ = [
     "RLRun",
     "RequestTimes",
     "Role",
+    "ServingRequest",
+    "ServingRun",
     "SimCluster",
     "SimContext",
     "SimGenerator",
@@ -90,4 +99,5 @@ __all__ = [
     "ns",
     "run",
     "simulate_grpo",
+    "simulate_serving",
 ]

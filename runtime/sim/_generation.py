@@ -236,20 +236,26 @@ class SimGenerator:
         self.finished: list[RequestTimes] = []
         self.steps = 0
         self.runs = 0  # runs of decode steps taken in one go
+        #: Counts the changes to the scheduler (steps and arrivals): a caller that saw this
+        #: number has seen its state (its load and pool events) since.
+        self.changes = 0
         self.busy_s = 0.0
         self._stepping = False
         #: The run in progress: (start ns, steps, per-step seconds a, growth b, its event).
         self._run: tuple[int, int, float, float, Event] | None = None
         self._arrived: list[Seq] = []  # during the run
+        self._load: tuple[int, int] | None = None  # load(), until the scheduler changes
 
     @property
     def load(self) -> tuple[int, int]:
         """``(prefill_blocks, decode_blocks)``: the scheduler's :meth:`Scheduler.load`, and
         the prompts arrived during a run of decode steps, not queued there yet."""
-        prefill, decode = self.scheduler.load()
-        for seq in self._arrived:
-            prefill += self.scheduler.blocks_for(seq.num_tokens)
-        return prefill, decode
+        if self._load is None:  # changed since last asked
+            prefill, decode = self.scheduler.load()
+            for seq in self._arrived:
+                prefill += self.scheduler.blocks_for(seq.num_tokens)
+            self._load = (prefill, decode)
+        return self._load
 
     def submit(self, request_id: str, prompt: Sequence[int], max_tokens: int) -> None:
         """A request arriving now: ``prompt``'s tokens (their values matter only to the prefix
@@ -265,11 +271,15 @@ class SimGenerator:
             self._arrived.append(seq)
             self._cut_run()
         self.times[request_id] = RequestTimes(request_id, self.engine.seconds, len(prompt))
+        self._load = None
+        self.changes += 1
         if not self._stepping:
             self._stepping = True
             self.engine.at(self.engine.now, self._step, name="generator step")
 
     def _step(self) -> None:
+        self._load = None
+        self.changes += 1
         if self.closed_form and self._start_run():
             return
         step = self.scheduler.schedule()

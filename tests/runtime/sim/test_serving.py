@@ -1,0 +1,101 @@
+"""Serving on virtual time: the front door's own router over simulated generators, co-located
+and with prefill and decode apart (KV moved over a flow network, entered into the decode
+generator's cache as a handoff does)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import orchestr.roles.serving as serving
+from orchestr.sim import ServingRequest, StepTimeModel, simulate_serving
+from orchestr.sim import _serving as sim_serving
+
+MODEL = StepTimeModel(
+    base_s=0.002, prefill_token_s=1e-4, decode_s=3e-4, prefill_attention_s=1e-8,
+    decode_attention_s=1e-7,
+)  # fmt: skip
+
+
+def test_the_simulator_routes_with_the_front_doors_router() -> None:
+    assert sim_serving.Router is serving.Router  # type: ignore[attr-defined]
+
+
+def test_one_request_costs_its_prefill_and_its_decodes() -> None:
+    run = simulate_serving([ServingRequest("a", 0.5, list(range(100)), 5)], MODEL)
+    (a,) = run.served
+    prefill = MODEL.seconds(prefill_tokens=100, prefill_pairs=100 * 101 // 2)
+    decodes = sum(MODEL.seconds(decodes=1, decode_pairs=100 + i) for i in range(1, 5))
+    assert a.ttft == pytest.approx(prefill, abs=1e-8)
+    assert a.end - a.arrival == pytest.approx(prefill + decodes, abs=1e-8)
+    assert (run.steps, run.runs) == (5, 1)  # the four decodes were one closed-form run
+
+
+def workload(n: int, rate: float, seed: int = 0, systems: int = 4) -> list[ServingRequest]:
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(300) for _ in range(256)] for _ in range(systems)]
+    at, out = 0.0, []
+    for i in range(n):
+        at += rng.expovariate(rate)
+        prompt = [*rng.choice(prefixes), *(rng.randrange(300) for _ in range(rng.randint(8, 64)))]
+        out.append(ServingRequest(f"r{i}", at, prompt, rng.randint(4, 40)))
+    return out
+
+
+def test_the_kv_rule_sends_a_shared_prefix_where_it_is_cached() -> None:
+    # twelve system prompts of 16 blocks; each generator's cache holds about four
+    requests = workload(300, 40.0, systems=12)
+    kv = simulate_serving(requests, MODEL, generators=4, policy="kv", num_blocks=96)
+    spread = simulate_serving(requests, MODEL, generators=4, policy="round_robin", num_blocks=96)
+    hits = {
+        name: sum(s.cached_tokens for s in r.served) for name, r in (("kv", kv), ("rr", spread))
+    }
+    assert hits["kv"] > 1.5 * hits["rr"]
+    assert kv.summary()["ttft_s_p50"] < spread.summary()["ttft_s_p50"]
+    assert all(s.end > s.first_token >= s.arrival for s in kv.served)
+
+
+def test_prefill_and_decode_apart_move_the_kv_and_continue_the_request() -> None:
+    prompt = list(range(300))
+    request = [ServingRequest("a", 0.0, prompt, 6)]
+    runs = {
+        gbps: simulate_serving(request, MODEL, prefill=1, kv_bytes_per_token=1e6, kv_gbps=gbps)
+        for gbps in (8.0, 16.0)
+    }
+    slow, fast = runs[8.0], runs[16.0]
+    (a,) = slow.served
+    assert a.path == "disaggregated" and slow.kv_bytes == 300e6
+    prefill = MODEL.seconds(prefill_tokens=300, prefill_pairs=300 * 301 // 2)
+    assert a.ttft == pytest.approx(prefill, abs=1e-8)  # its first token, on the prefill side
+    # 300 MB at 1 GB/s, then at 2 GB/s: the end moves by exactly the difference
+    assert a.end - fast.served[0].end == pytest.approx(0.3 - 0.15, abs=1e-8)
+    # the decode side computes only what the handed-off blocks do not hold: the last partial
+    # block (300 = 18 full blocks of 16 + 12) and the first token, then decodes
+    tail = MODEL.seconds(prefill_tokens=13, prefill_pairs=13 * 288 + 13 * 14 // 2)
+    decodes = sum(MODEL.seconds(decodes=1, decode_pairs=301 + i) for i in range(1, 5))
+    assert a.end == pytest.approx(prefill + 0.3 + tail + decodes, abs=1e-8)
+
+
+def test_short_prompts_stay_on_their_decode_generator_and_slos_count_goodput() -> None:
+    requests = workload(100, 30.0)
+    short = [ServingRequest(f"s{i}", 0.01 * i, [1, 2, 3], 3) for i in range(10)]
+    run = simulate_serving([*requests, *short], MODEL, generators=2, prefill=1,
+                           kv_bytes_per_token=1e5, min_prefill_tokens=64)  # fmt: skip
+    paths = run.summary()["paths"]
+    assert paths == {"disaggregated": 100, "prefilled_on_decode": 10}
+    loose, tight = run.summary(1.0, 1.0), run.summary(1e-4, 1e-4)
+    assert loose["slo_attainment"] == 1.0 and tight["slo_attainment"] == 0.0
+    assert loose["goodput_per_s"] == pytest.approx(loose["requests_per_s"])
+
+
+def test_bad_runs_are_refused() -> None:
+    one = [ServingRequest("a", 0.0, [1, 2], 2)]
+    with pytest.raises(ValueError, match="generators"):
+        simulate_serving(one, MODEL, generators=0)
+    with pytest.raises(ValueError, match="repeat"):
+        simulate_serving([*one, *one], MODEL)
+    with pytest.raises(ValueError, match="policy"):
+        simulate_serving(one, MODEL, policy="fastest")
+    with pytest.raises(ValueError, match="never fit"):
+        simulate_serving([ServingRequest("b", 0.0, [1] * 100, 100)], MODEL, num_blocks=4)
