@@ -1,5 +1,5 @@
 """``orchestr sim``: the simulator's commands (``calibrate`` times the real engine here and
-writes a step-time profile)."""
+writes a step-time profile; ``run`` runs a scenario file)."""
 
 from __future__ import annotations
 
@@ -64,6 +64,30 @@ def calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def run(args: argparse.Namespace) -> int:
+    from orchestr.sim._scenario import load_scenario, run_scenario
+
+    where = "orchestr sim run"
+    try:
+        scenario = load_scenario(args.scenario)
+        out = args.out or os.path.splitext(os.path.basename(args.scenario))[0] + "-sim"
+        metrics = run_scenario(scenario, out)
+    except (oc.ConfigError, oc.PlacementError) as exc:
+        print(f"{where}: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(metrics, default=str))
+        return 0
+    print(f"{scenario.kind} scenario {args.scenario}: metrics in {out}/metrics.json, "
+          f"the timeline in {out}/trace.json (open it in ui.perfetto.dev)")  # fmt: skip
+    for key, value in metrics.items():
+        if isinstance(value, float):
+            print(f"  {key:24} {value:.6g}")
+        elif isinstance(value, int | str):
+            print(f"  {key:24} {value}")
+    return 0
+
+
 def add_parsers(sub: Any) -> None:
     p = sub.add_parser("sim", help="the simulator: orchestr's control code on virtual time")
     cmds = p.add_subparsers(dest="sim_command", required=True)
@@ -82,3 +106,10 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--repeats", type=_positive, default=3, help="timed runs per step (median)")
     c.add_argument("--torch-threads", type=_positive, default=None)
     c.set_defaults(func=calibrate)
+    r = cmds.add_parser(
+        "run", help="run a scenario (TOML): metrics, a Perfetto trace of the simulated timeline"
+    )
+    r.add_argument("scenario", help="the scenario file (see examples/sim/)")
+    r.add_argument("--out", help="the folder to write (default: SCENARIO-sim beside you)")
+    r.add_argument("--json", action="store_true", help="print the metrics as one JSON line")
+    r.set_defaults(func=run)

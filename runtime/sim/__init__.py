@@ -24,6 +24,8 @@
 - :func:`simulate_serving`: the front door's own router (``orchestr.roles.serving.Router``)
   over simulated generators, co-located or with prefill and decode apart, for a workload of
   :class:`ServingRequest`.
+- :func:`load_scenario` / :func:`run_scenario`: a TOML scenario (``orchestr sim run``);
+  :func:`roofline`: a step-time profile from an accelerator's published figures.
 
 Everything from :class:`SimGenerator` on is loaded on first use: it imports the roles (and
 torch).
@@ -40,8 +42,10 @@ from ._run import Simulation, run
 if TYPE_CHECKING:
     from ._cluster import Role, SimCluster, SimContext
     from ._generation import RequestTimes, SimGenerator, StepTimeModel, fit_step_model
+    from ._profiles import roofline
     from ._rl import RLRun, simulate_grpo
     from ._rlroles import OutputLengths, RLCosts
+    from ._scenario import load_scenario, run_scenario
     from ._serving import ServingRequest, ServingRun, simulate_serving
 
 _LAZY = {
@@ -59,6 +63,9 @@ _LAZY = {
     "ServingRequest": "_serving",
     "ServingRun": "_serving",
     "simulate_serving": "_serving",
+    "load_scenario": "_scenario",
+    "run_scenario": "_scenario",
+    "roofline": "_profiles",
 }
 
 
@@ -95,9 +102,12 @@ __all__ = [
     "collective",
     "collective_time",
     "fit_step_model",
+    "load_scenario",
     "max_min_rates",
     "ns",
+    "roofline",
     "run",
+    "run_scenario",
     "simulate_grpo",
     "simulate_serving",
 ]

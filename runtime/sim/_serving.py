@@ -61,6 +61,7 @@ class Served:
     end: float = math.nan
     cached_tokens: int = 0
     path: str = "colocated"  # or "disaggregated", "prefilled_on_decode"
+    worker: str = ""  # the generator that decoded it
 
     @property
     def ttft(self) -> float:
@@ -218,7 +219,7 @@ def simulate_serving(
                 s.end = times.end
                 return
             source = where[times.id]
-            target = decode.route(request.prompt, engine.seconds)
+            target = s.worker = decode.route(request.prompt, engine.seconds)
             nbytes = kv_bytes_per_token * len(request.prompt)
             moved[0] += nbytes
             path = ((source, "fabric"), ("fabric", target))
@@ -252,7 +253,7 @@ def simulate_serving(
             return
         if pre is not None:
             served[request.id].path = "prefilled_on_decode"
-        worker = decode.route(request.prompt, now)
+        worker = served[request.id].worker = decode.route(request.prompt, now)
         decode.gens[worker].submit(request.id, request.prompt, request.output_tokens)
 
     for r in sorted(requests, key=lambda r: r.arrival):

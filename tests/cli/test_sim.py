@@ -58,3 +58,70 @@ def test_calibrate_refuses_bad_options(tmp_path: pathlib.Path, args: list[str], 
 def test_calibrate_names_a_folder_that_is_no_model(tmp_path: pathlib.Path) -> None:
     done = calibrate(str(tmp_path), "--out", str(tmp_path / "p.json"))
     assert done.returncode == 2 and "config.json" in done.stderr
+
+
+def sim_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*ORCHESTR, "sim", "run", *args], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+
+
+@pytest.mark.parametrize("example", ["rl_small", "serving_small"])
+def test_the_example_scenarios_run_and_write_a_perfetto_trace(
+    example: str, tmp_path: pathlib.Path
+) -> None:
+    done = sim_run(f"examples/sim/{example}.toml", "--out", str(tmp_path), "--json")
+    assert done.returncode == 0, done.stderr
+    metrics = json.loads(done.stdout)
+    assert metrics == json.loads((tmp_path / "metrics.json").read_text())
+    trace = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    spans = [e for e in trace if e.get("ph") == "X"]
+    assert spans and all(e["dur"] >= 0 for e in spans)
+    if example == "rl_small":
+        assert metrics["steps"] == 3 and metrics["accelerators"] == 256
+        assert {e["name"] for e in spans} >= {"weight_sync", "training"}
+        # the phases' spans are virtual seconds: the weight syncs alone outlast the wall run
+        syncs = sum(e["dur"] for e in spans if e["name"] == "weight_sync") / 1e6
+        assert syncs == pytest.approx(metrics["phase_s"]["weight_sync"], rel=1e-6)
+        assert metrics["fabric"][0] == {"phase": "weight_sync", "status": "applied"}
+    else:
+        assert metrics["completed"] == metrics["requests"] == 5000
+        assert sum(1 for e in spans if e["cat"] == "decode") == 5000
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('seed = 0\n[serving]\n', "kind is required"),
+        ('kind = "batch"\n', "kind must be rl or serving"),
+        ('kind = "serving"\n[profile]\nbuiltin = "h100-llama3-8b"\n[serving]\ngenerators = 0\n',
+         "[serving]: generators must be a positive int, got 0"),
+        ('kind = "serving"\n[profile]\nbuiltin = "h100-llama3-8b"\n[serving]\ngpus = 8\n',
+         "[serving]: unknown field(s) gpus"),
+        ('kind = "serving"\n[profile]\nbase_s = -1.0\n', "[profile]: base_s must be seconds >= 0"),
+        ('kind = "serving"\n[profile]\n', "give a file, a builtin profile or the step-time terms"),
+        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[rl]\nmode = "async"\n',
+         "[topology]: k is required"),
+        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n'
+         '[rl]\nmode = "async"\n', "[rl]: mode must be sync or stream or stream+skew"),
+        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 3\n',
+         "[topology]: k must be an even int >= 2"),
+        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n[rl]\n',
+         "[rl.costs]: weight_bytes is required"),
+        ('kind = "serving"\n[profile]\nbuiltin = "h100-llama3-8b"\n[serving.workload]\n'
+         'prompt_tokens = [10, 2]\n', "[serving.workload]: prompt_tokens must be [low, high]"),
+        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n[rl]\n'
+         'generators = 40\n[rl.costs]\nweight_bytes = 1e9\n', "[rl]: the roles do not fit [topology]: cannot place member 16 of 40"),
+        ("kind = [", "not TOML"),
+    ],
+)  # fmt: skip
+def test_bad_scenarios_are_refused_naming_the_field(
+    text: str, message: str, tmp_path: pathlib.Path
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    done = sim_run(str(path), "--out", str(tmp_path / "out"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("orchestr sim run: ")
+    assert message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr

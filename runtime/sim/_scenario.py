@@ -1,0 +1,387 @@
+"""Scenarios: a TOML file naming a topology, a step-time profile and either an RL job or a
+serving workload; :func:`load_scenario` checks it (an error names the table and field) and
+:func:`run_scenario` runs it, writing its metrics, a Perfetto trace of the simulated timeline
+and a summary.
+
+.. code-block:: toml
+
+    kind = "rl"                 # or "serving"
+    seed = 0
+
+    [topology]                  # fat_tree(k) (serving needs none)
+    k = 16
+    hosts_per_tor = 8           # k/2 by default; more oversubscribes the ToRs
+    nic_gbps = 400.0
+    [topology.ocs]              # an optical layer on the ToRs, run by the real fabric manager
+    uplinks = 2
+    reconfig_ms = 25.0          # one port change, end to end
+
+    [profile]                   # a file from `orchestr sim calibrate`, the terms, or builtin
+    builtin = "h100-llama3-8b"  # from published figures (runtime/sim/_profiles.py)
+
+    [rl]                        # GRPOConfig's counts, RLCosts, OutputLengths
+    mode = "stream+skew"
+    generators = 768
+    ...
+
+    [serving]                   # simulate_serving's arguments and the workload
+    generators = 128
+    [serving.workload]
+    requests = 100000
+    rate = 500.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import tomllib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from orchestr._job._events import EventLog, export_trace
+from orchestr.errors import ConfigError, PlacementError
+
+__all__ = ["Scenario", "load_scenario", "run_scenario"]
+
+KINDS = ("rl", "serving")
+
+
+@dataclasses.dataclass
+class Scenario:
+    """A checked scenario: its kind, seed and tables (defaults filled in)."""
+
+    path: str
+    kind: str
+    seed: int
+    topology: dict[str, Any]
+    profile: dict[str, Any]
+    body: dict[str, Any]
+
+
+class _Table:
+    """One table of the file, read field by field; an error names ``where`` and the field."""
+
+    def __init__(self, data: Any, file: str, name: str = "") -> None:
+        self.file, self.name = file, name
+        self.where = f"{file}: [{name}]" if name else file
+        if not isinstance(data, dict):
+            raise ConfigError(f"{self.where}: expected a table, got {type(data).__name__}")
+        self.data = data
+        self.read: set[str] = set()
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None, *,
+            check: Callable[[Any], bool] | None = None, want: str = "") -> Any:  # fmt: skip
+        self.read.add(key)
+        if key not in self.data:
+            if default is _REQUIRED:
+                raise ConfigError(f"{self.where}: {key} is required")
+            return default
+        value = self.data[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+        if not ok or (check is not None and not check(value)):
+            names = want or " or ".join(k.__name__ for k in kinds)
+            if not want and check is _pos:
+                names = f"a positive {names}"
+            elif not want and check is _nonneg:
+                names = f"{names} >= 0"
+            raise ConfigError(f"{self.where}: {key} must be {names}, got {value!r}")
+        return value
+
+    def table(self, key: str) -> _Table:
+        self.read.add(key)
+        return _Table(self.data.get(key, {}), self.file, f"{self.name}.{key}" if self.name else key)
+
+    def done(self) -> None:
+        unknown = sorted(set(self.data) - self.read)
+        if unknown:
+            raise ConfigError(f"{self.where}: unknown field(s) {', '.join(unknown)}")
+
+
+_REQUIRED = object()
+
+
+def _pos(v: Any) -> bool:
+    return bool(v > 0)
+
+
+def _nonneg(v: Any) -> bool:
+    return bool(v >= 0)
+
+
+def load_scenario(path: str) -> Scenario:
+    """Read and check the scenario at ``path``. Raises :class:`ConfigError` naming the file,
+    table and field of the first problem."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not TOML ({exc})") from None
+    top = _Table(data, path)
+    kind = top.get("kind", str, _REQUIRED, check=lambda v: v in KINDS, want=" or ".join(KINDS))
+    seed = top.get("seed", int, 0)
+    base = os.path.dirname(os.path.abspath(path))
+    profile = _profile(top.table("profile"), base)
+    topology: dict[str, Any] = {}
+    if kind == "rl" or "topology" in data:
+        topology = _topology(top.table("topology"))
+    body = _rl(top.table("rl")) if kind == "rl" else _serving(top.table("serving"))
+    top.done()
+    return Scenario(path, kind, seed, topology, profile, body)
+
+
+def _profile(t: _Table, base: str) -> dict[str, Any]:
+    from ._generation import TERMS, StepTimeModel
+    from ._profiles import BUILTIN
+
+    file = t.get("file", str)
+    builtin = t.get("builtin", str, check=lambda v: v in BUILTIN, want=" or ".join(BUILTIN))
+    if builtin is not None and file is not None:
+        raise ConfigError(f"{t.where}: give a file or a builtin profile, not both")
+    if builtin is not None:
+        model = BUILTIN[builtin]()
+    elif file is not None:
+        full = file if os.path.isabs(file) else os.path.join(base, file)
+        try:
+            with open(full, encoding="utf-8") as f:
+                data = json.load(f)
+            model = StepTimeModel.from_json(data.get("step_time", data))
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"{t.where}: file {file!r}: {exc}") from None
+    else:
+        terms = {
+            name: t.get(name, float, 0.0, check=_nonneg, want="seconds >= 0") for name in TERMS
+        }
+        if "base_s" not in t.data:
+            raise ConfigError(
+                f"{t.where}: give a file, a builtin profile or the step-time terms "
+                f"({', '.join(TERMS)})"
+            )
+        model = StepTimeModel(**terms)
+    t.done()
+    return {"model": model, "file": file, "builtin": builtin}
+
+
+def _topology(t: _Table) -> dict[str, Any]:
+    k = t.get("k", int, _REQUIRED, check=lambda v: v >= 2 and v % 2 == 0, want="an even int >= 2")
+    out: dict[str, Any] = {"k": k}
+    out["hosts_per_tor"] = t.get("hosts_per_tor", int, None, check=_pos)
+    out["accelerators_per_host"] = t.get("accelerators_per_host", int, 8, check=_pos)
+    for key in ("nic_gbps", "tor_agg_gbps", "agg_core_gbps"):
+        out[key] = t.get(key, float, 400.0, check=_pos)
+    if "ocs" in t.data:
+        o = t.table("ocs")
+        out["ocs"] = {
+            "uplinks": o.get("uplinks", int, 1, check=_pos),
+            "count": o.get("count", int, 1, check=_pos),
+            "gbps": o.get("gbps", float, 400.0, check=_pos),
+            "reconfig_ms": o.get("reconfig_ms", float, 625.0, check=_pos),
+        }
+        o.done()
+    t.done()
+    return out
+
+
+def _rl(t: _Table) -> dict[str, Any]:
+    from orchestr.roles.rl import MODES
+
+    out: dict[str, Any] = {
+        "mode": t.get("mode", str, "sync", check=lambda v: v in MODES, want=" or ".join(MODES)),
+    }
+    for key, default in (("generators", 4), ("trainers", 1), ("rewards", 1), ("steps", 2),
+                         ("prompts_per_step", 64), ("group_size", 8), ("eta", 1),
+                         ("lookahead", 1), ("long_generators", 1), ("max_batch", 256)):  # fmt: skip
+        out[key] = t.get(key, int, default, check=_pos, want="a positive int")
+    for role in ("generator", "trainer"):
+        res = t.get(f"{role}_resources", dict, {"gpu": 8})
+        if not all(isinstance(v, int | float) and v >= 0 for v in res.values()):
+            raise ConfigError(f"{t.where}: {role}_resources maps names to amounts >= 0")
+        out[f"{role}_resources"] = res
+    c = t.table("costs")
+    out["costs"] = {
+        "weight_bytes": int(c.get("weight_bytes", float, _REQUIRED, check=_nonneg)),
+        **{key: c.get(key, float, 0.0, check=_nonneg, want="seconds >= 0")
+           for key in ("train_token_s", "train_step_s", "load_s", "score_s", "eval_s")},
+        "num_blocks": c.get("num_blocks", int, 1 << 15, check=_pos),
+        "block_size": c.get("block_size", int, 16, check=_pos),
+        "token_budget": c.get("token_budget", int, 8192, check=_pos),
+    }  # fmt: skip
+    c.done()
+    lengths = t.table("lengths")
+    out["lengths"] = {
+        "per_prompt_token": lengths.get("per_prompt_token", float, 4.0, check=_pos),
+        "sigma": lengths.get("sigma", float, 0.0, check=_nonneg),
+        "cap": lengths.get("cap", int, 1 << 15, check=_pos),
+    }
+    lengths.done()
+    t.done()
+    return out
+
+
+def _serving(t: _Table) -> dict[str, Any]:
+    from orchestr.roles.serving import POLICIES
+
+    out: dict[str, Any] = {
+        "generators": t.get("generators", int, 1, check=_pos),
+        "prefill": t.get("prefill", int, 0, check=_nonneg),
+        "policy": t.get("policy", str, "kv", check=lambda v: v in POLICIES, want=" or ".join(POLICIES)),
+        "min_prefill_tokens": t.get("min_prefill_tokens", int, 64, check=_pos),
+        "kv_bytes_per_token": t.get("kv_bytes_per_token", float, 0.0, check=_nonneg),
+        "kv_gbps": t.get("kv_gbps", float, 100.0, check=_pos),
+        "num_blocks": t.get("num_blocks", int, 4096, check=_pos),
+        "block_size": t.get("block_size", int, 16, check=_pos),
+        "max_batch": t.get("max_batch", int, 256, check=_pos),
+        "token_budget": t.get("token_budget", int, 2048, check=_pos),
+        "ttft_slo_s": t.get("ttft_slo_s", float, None, check=_pos),
+        "tpot_slo_s": t.get("tpot_slo_s", float, None, check=_pos),
+    }  # fmt: skip
+    w = t.table("workload")
+    spans = {}
+    for key, default in (("prompt_tokens", [32, 1024]), ("output_tokens", [16, 512])):
+        span = w.get(key, list, default)
+        if not (
+            len(span) == 2
+            and all(isinstance(v, int) and v > 0 for v in span)
+            and span[0] <= span[1]
+        ):
+            raise ConfigError(f"{w.where}: {key} must be [low, high], positive ints, got {span!r}")
+        spans[key] = span
+    out["workload"] = {
+        "requests": w.get("requests", int, 1000, check=_pos),
+        "rate": w.get("rate", float, 10.0, check=_pos, want="requests/s > 0"),
+        "shared_prefixes": w.get("shared_prefixes", int, 0, check=_nonneg),
+        "shared_prefix_tokens": w.get("shared_prefix_tokens", int, 0, check=_nonneg),
+        **spans,
+    }
+    w.done()
+    t.done()
+    return out
+
+
+def _fat_tree(topo: Mapping[str, Any]) -> tuple[Any, Any]:
+    from orchestr.fabric import optical as o
+
+    layer = None
+    if "ocs" in topo:
+        c = topo["ocs"]
+        latency = o.ReconfigLatency(switch_ms=0.0, settle_ms=0.0, control_ms=c["reconfig_ms"])
+        layer = o.OcsLayer(count=c["count"], uplinks=c["uplinks"], gbps=c["gbps"], latency=latency)
+    args = {k: v for k, v in topo.items() if k not in ("k", "ocs")}
+    topology = o.fat_tree(topo["k"], **args, ocs=layer)
+    fabric = None
+    if layer is not None:
+        # the switch takes what the planner's cost model charges: reconfig_ms, end to end
+        seconds = topo["ocs"]["reconfig_ms"] / 1000
+        drivers = {x.name: o.SimOcs(x.radix, rng=0, latency=seconds) for x in topology.ocs}
+        fabric = o.FabricManager(topology, drivers, o.RecordingRouter())
+    return topology, fabric
+
+
+def run_scenario(scenario: Scenario, out: str | None = None) -> dict[str, Any]:
+    """Run ``scenario``; with ``out``, write ``metrics.json`` and ``trace.json`` (Perfetto)
+    there. Returns the metrics."""
+    if out is not None:
+        os.makedirs(out, exist_ok=True)
+    if scenario.kind == "rl":
+        metrics = _run_rl(scenario, out)
+    else:
+        metrics = _run_serving(scenario, out)
+    metrics = {"scenario": scenario.path, "kind": scenario.kind, "seed": scenario.seed, **metrics}
+    if out is not None:
+        with open(os.path.join(out, "metrics.json"), "w", encoding="utf-8") as f:
+            json.dump(metrics, f, indent=1, default=str)
+            f.write("\n")
+    return metrics
+
+
+def _run_rl(s: Scenario, out: str | None) -> dict[str, Any]:
+    from orchestr.roles.rl import GRPOConfig, TrainConfig
+
+    from ._rl import simulate_grpo
+    from ._rlroles import OutputLengths, RLCosts
+
+    rl = s.body
+    topology, fabric = _fat_tree(s.topology)
+    tc = dataclasses.replace(
+        TrainConfig(), seed=s.seed, steps=rl["steps"], prompts_per_step=rl["prompts_per_step"],
+        group_size=rl["group_size"], eval_every=max(rl["steps"], 1),
+    )  # fmt: skip
+    try:
+        config = GRPOConfig(
+            train=tc, mode=rl["mode"], generators=rl["generators"], trainers=rl["trainers"],
+            rewards=rl["rewards"], eta=rl["eta"], lookahead=rl["lookahead"],
+            long_generators=rl["long_generators"], max_batch=rl["max_batch"],
+        )  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(f"{s.path}: [rl]: {exc}") from None
+    costs = RLCosts(generation=s.profile["model"], **rl["costs"])
+    lengths = OutputLengths(**rl["lengths"], seed=s.seed)
+    resources = {"generator": rl["generator_resources"], "trainer": rl["trainer_resources"]}
+    trace_dir = os.path.join(out, "events") if out is not None else None
+    try:
+        run = simulate_grpo(config, topology, costs, lengths, seed=s.seed, resources=resources,
+                            fabric=fabric, trace_dir=trace_dir)  # fmt: skip
+    except PlacementError as exc:
+        first = str(exc).split(";")[0]  # the head lists every node after it
+        raise ConfigError(f"{s.path}: [rl]: the roles do not fit [topology]: {first}") from None
+    if out is not None:
+        export_trace(os.path.join(run.trace_dir, "events.jsonl"), os.path.join(out, "trace.json"))
+    metrics = run.summary()
+    metrics["accelerators"] = len(topology.accelerators)
+    if fabric is not None:
+        metrics["fabric"] = [{"phase": r.phase, "status": r.status} for r in fabric.history]
+    return metrics
+
+
+def _run_serving(s: Scenario, out: str | None) -> dict[str, Any]:
+    from ._serving import ServingRequest, simulate_serving
+
+    body = dict(s.body)
+    w = body.pop("workload")
+    slo = (body.pop("ttft_slo_s"), body.pop("tpot_slo_s"))
+    rng = random.Random(s.seed)
+    prefixes = [[rng.randrange(32000) for _ in range(w["shared_prefix_tokens"])]
+                for _ in range(w["shared_prefixes"])]  # fmt: skip
+    requests, at = [], 0.0
+    for i in range(w["requests"]):
+        at += rng.expovariate(w["rate"])
+        own = [rng.randrange(32000) for _ in range(rng.randint(*w["prompt_tokens"]))]
+        prompt = [*rng.choice(prefixes), *own] if prefixes else own
+        requests.append(ServingRequest(f"r{i}", at, prompt, rng.randint(*w["output_tokens"])))
+    try:
+        run = simulate_serving(requests, s.profile["model"], seed=s.seed, **body)
+    except ValueError as exc:
+        raise ConfigError(f"{s.path}: [serving]: {exc}") from None
+    if out is not None:
+        _serving_trace(run, out)
+    metrics = run.summary(*slo)
+    metrics["generators"] = body["generators"] + body["prefill"]
+    return metrics
+
+
+def _serving_trace(run: Any, out: str) -> None:
+    """Each request as spans on its generator's track: waiting to its first token, then
+    decoding to its end."""
+    log_path = os.path.join(out, "events.jsonl")
+    if os.path.exists(log_path):
+        os.remove(log_path)
+    log = EventLog(log_path)
+    try:
+        for s in run.served:
+            if math.isnan(s.end):
+                continue
+            track = s.worker or "front door"
+            log.record_span(s.id, s.arrival, s.ttft, track=track, kind="prefill", path=s.path)
+            log.record_span(s.id, s.first_token, s.end - s.first_token, track=track,
+                            kind="decode", tokens=s.output_tokens)  # fmt: skip
+    finally:
+        log.close()
+    export_trace(log_path, os.path.join(out, "trace.json"))
