@@ -135,6 +135,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", help="a model folder instead of a new one")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="half the requests and tokens")
+    parser.add_argument("--save", help="also write the results (JSON) here, for sim_report.py")
     args = parser.parse_args()
     torch.set_num_threads(2)
     out: dict[str, Any] = {}
@@ -170,6 +171,9 @@ def main() -> None:
             print(f"{name:<10}{metric:<22}{r['median']:>10}{spread:>20}"
                   f"{out[name]['sim'][metric]:>10}{out[name]['error'][metric]:>+9.1%}")  # fmt: skip
     print(json.dumps(out))
+    if args.save:
+        Path(args.save).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.save).write_text(json.dumps({**out, "runs": args.runs}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

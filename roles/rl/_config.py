@@ -26,7 +26,10 @@ class GRPOConfig:
     generators' OS scheduling priority: where roles share cores, the trainer (the critical
     path) runs at full speed and generation takes the cycles it leaves; on a machine of
     their own it changes nothing. ``scorer`` is the reward mesh's function (``"module:function"``,
-    see :mod:`orchestr.roles.reward._actor`; default: the task's own reward).
+    see :mod:`orchestr.roles.reward._actor`; default: the task's own reward). ``ranker`` is
+    stream+skew's length ranker (``"module:callable"`` returning an object with
+    :class:`~._streaming.LengthRanker`'s ``observe`` and ``split``; default: that ranker), so
+    another predictor (or an oracle, in a simulation) can be put in its place.
 
     ``engine`` is the generators' engine: a checkpoint model (:class:`~._reference.LlamaModel`)
     runs on ``paged`` (the default) or ``vllm`` (with ``vllm`` options, the ``vllm`` extra
@@ -59,6 +62,7 @@ class GRPOConfig:
     checkpoint_dir: str | None = None
     kill: tuple[str, ...] = ()
     kill_seed: int = 0
+    ranker: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -79,6 +83,10 @@ class GRPOConfig:
                 f"engine {self.engine!r} does not run this job's model; use one of "
                 f"{', '.join(engines)}"
             )
+        if self.ranker is not None and not (
+            isinstance(self.ranker, str) and all(self.ranker.partition(":")[::2])
+        ):
+            raise oc.ConfigError(f"ranker is a 'module:callable' import path, got {self.ranker!r}")
         if self.vllm and self.engine != "vllm":
             raise oc.ConfigError("vllm options apply to engine='vllm'")
         for name in ("max_restarts", "checkpoint_every", "kill_seed"):

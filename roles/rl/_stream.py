@@ -25,6 +25,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import importlib
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
@@ -37,7 +38,7 @@ from ._reference import step_requests
 from ._steps import finish_step, record, run_steps
 from ._streaming import LengthRanker
 
-__all__ = ["Rollouts", "run_stream"]
+__all__ = ["Rollouts", "ranker_of", "run_stream"]
 
 T = TypeVar("T")
 
@@ -49,6 +50,19 @@ MAX_RESTARTS = 10
 POLL_S = 0.5
 
 Scored = list[tuple[Completion, float]]
+
+
+def ranker_of(path: str | None) -> Any:
+    """stream+skew's ranker: a :class:`LengthRanker`, or what ``path`` (``module:callable``)
+    makes. Raises :class:`ConfigError` for a path that does not import."""
+    if path is None:
+        return LengthRanker()
+    module, _, name = path.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise oc.ConfigError(f"ranker {path!r} does not import: {exc}") from None
+    return factory()
 
 
 def oldest(completions: list[Completion]) -> int:
@@ -66,7 +80,7 @@ class Rollouts:
         self.skew = skew
         self.size, self.per_step = tc.group_size, tc.prompts_per_step
         self.budget = self.per_step * (1 + cfg.lookahead)
-        self.ranker = LengthRanker()
+        self.ranker = ranker_of(cfg.ranker)
         self.long_ids = list(range(cfg.long_generators)) if skew else []
         self.short_ids = [i for i in range(cfg.generators) if i not in self.long_ids]
         self.route: dict[str, int] = {}  # stream+skew: group key -> generator

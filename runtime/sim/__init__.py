@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ._generation import RequestTimes, SimGenerator, StepTimeModel, fit_step_model
     from ._profiles import roofline
     from ._rl import RLRun, simulate_grpo
-    from ._rlroles import OutputLengths, RLCosts
+    from ._rlroles import OracleRanker, OutputLengths, RandomRanker, RLCosts
     from ._scenario import load_scenario, run_scenario
     from ._serving import ServingRequest, ServingRun, simulate_serving
 
@@ -58,6 +58,8 @@ _LAZY = {
     "SimContext": "_cluster",
     "OutputLengths": "_rlroles",
     "RLCosts": "_rlroles",
+    "OracleRanker": "_rlroles",
+    "RandomRanker": "_rlroles",
     "RLRun": "_rl",
     "simulate_grpo": "_rl",
     "ServingRequest": "_serving",
@@ -84,9 +86,11 @@ __all__ = [
     "Event",
     "Flow",
     "FlowNet",
+    "OracleRanker",
     "OutputLengths",
     "RLCosts",
     "RLRun",
+    "RandomRanker",
     "RequestTimes",
     "Role",
     "ServingRequest",

@@ -144,11 +144,12 @@ def collective_time(
     *,
     alpha: float = 0.0,
     chunk: float = DEFAULT_CHUNK_BYTES,
+    ecmp: bool = True,
 ) -> float:
     """Seconds collective ``kind`` takes alone on ``topology``'s links (an engine and a
-    :class:`FlowNet` of its own)."""
+    :class:`FlowNet` of its own, routing with ``ecmp`` or not)."""
     engine = Engine()
-    net = FlowNet.of_topology(engine, topology)
+    net = FlowNet.of_topology(engine, topology, ecmp=ecmp)
     finished: list[int] = []
     collective(net, kind, members, nbytes, lambda: finished.append(engine.now), alpha=alpha,
                chunk=chunk)  # fmt: skip

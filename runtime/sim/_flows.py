@@ -13,8 +13,8 @@ bottleneck-pair model): it moves bytes over the topology's links, so checking th
 against it is not circular.
 
 :class:`FlowNet` routes between hosts of a :class:`~orchestr.fabric.optical.Topology` on its
-electrical up-down paths (one deterministic path per pair, the topology's own: fewest hops,
-widest; no ECMP spreading), or over an optical circuit between the two hosts' ToRs when one is
+electrical up-down paths (one path per pair of hosts among the shortest, picked by a hash as
+ECMP does; or the topology's own one), or over an optical circuit between the two hosts' ToRs when one is
 set (:meth:`FlowNet.set_circuits`).
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import zlib
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 from orchestr.fabric.optical import Topology
@@ -96,11 +97,16 @@ class FlowNet:
         self._last = engine.now
         self._next: Event | None = None
         self._settle: Event | None = None
+        self.ecmp = False
+        self._adjacent: dict[str, list[str]] = {}  # switch -> switches cabled to it
+        self._dist: dict[str, dict[str, int]] = {}  # ToR -> hops from each switch
 
     @classmethod
-    def of_topology(cls, engine: Engine, topology: Topology) -> FlowNet:
+    def of_topology(cls, engine: Engine, topology: Topology, *, ecmp: bool = True) -> FlowNet:
         """A network of ``topology``'s links, each direction its capacity (parallel cables
-        summed), routing between its hosts."""
+        summed), routing between its hosts: with ``ecmp`` (the default) each pair of hosts
+        takes one of the shortest paths by a hash, as switches spread flows over equal-cost
+        uplinks; without it, the topology's one path for every pair."""
         capacity: dict[Link, float] = {}
         for host in topology.hosts:
             for nic in host.nics:
@@ -113,6 +119,14 @@ class FlowNet:
             capacity[a, b] = capacity[b, a] = cap
         net = cls(engine, capacity)
         net._topology = topology
+        net.ecmp = ecmp
+        hosts = {h.name for h in topology.hosts}
+        for pair in capacity:
+            a, b = str(pair[0]), str(pair[1])
+            if a not in hosts and b not in hosts:
+                net._adjacent.setdefault(a, []).append(b)
+        for options in net._adjacent.values():
+            options.sort()
         return net
 
     # -- routing ------------------------------------------------------------------------------
@@ -142,6 +156,8 @@ class FlowNet:
             raise ValueError("this network has no topology to route by; give flows their paths")
         topo = self._topology
         nodes = topo.path(src, dst).nodes
+        if self.ecmp and len(nodes) > 4:
+            nodes = (src, *self._spread(src, dst, nodes[1], nodes[-2], len(nodes) - 3), dst)
         if len(nodes) > 3 and (nodes[1], nodes[-2]) in self._circuits:
             links: tuple[Link, ...] = (
                 (src, nodes[1]), ("ocs", nodes[1], nodes[-2]), (nodes[-2], dst),
@@ -150,6 +166,35 @@ class FlowNet:
             links = tuple(itertools.pairwise(nodes))
         self._paths[key] = links
         return links
+
+    def _spread(self, src: str, dst: str, first: str, last: str, hops: int) -> list[str]:
+        """Switches from ToR ``first`` to ToR ``last`` on one of the shortest paths, picked
+        per (src, dst) pair by a hash at each hop (ECMP: flows between other pairs take
+        other uplinks)."""
+        dist = self._dist.get(last)
+        if dist is None:
+            dist = self._dist[last] = self._bfs(last)
+        if dist.get(first) != hops:
+            return list(self._topology.path(src, dst).nodes[1:-1])  # type: ignore[union-attr]
+        out, here = [first], first
+        while here != last:
+            step = dist[here] - 1
+            options = [n for n in self._adjacent[here] if dist.get(n) == step]
+            here = options[zlib.crc32(f"{src}>{dst}>{here}".encode()) % len(options)]
+            out.append(here)
+        return out
+
+    def _bfs(self, root: str) -> dict[str, int]:
+        dist, frontier = {root: 0}, [root]
+        while frontier:
+            nxt = []
+            for node in frontier:
+                for n in self._adjacent.get(node, ()):
+                    if n not in dist:
+                        dist[n] = dist[node] + 1
+                        nxt.append(n)
+            frontier = nxt
+        return dist
 
     # -- flows --------------------------------------------------------------------------------
     def send(

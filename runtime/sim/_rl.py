@@ -15,7 +15,7 @@ from orchestr.fabric.optical import FabricManager, Topology
 from orchestr.roles.rl import GRPOConfig, GRPOResult, run_grpo
 
 from ._cluster import SimClient, SimCluster, SimContext
-from ._rlroles import OutputLengths, RLCosts, rl_roles
+from ._rlroles import LENGTHS, OutputLengths, RLCosts, rl_roles
 from ._run import Simulation
 
 __all__ = ["RLRun", "simulate_grpo"]
@@ -83,7 +83,9 @@ def simulate_grpo(
     if config.kill:
         raise ValueError("simulate_grpo does not simulate deaths; give a config without kills")
     config = dataclasses.replace(config, checkpoint_every=0)
-    roles = rl_roles(costs, lengths or OutputLengths(), **(resources or {}))
+    lengths = lengths or OutputLengths()
+    roles = rl_roles(costs, lengths, **(resources or {}))
+    known = LENGTHS.set(lengths)  # for a ranker that knows them (OracleRanker)
     started, wall = time.perf_counter(), 0.0
     with Simulation(seed, trace=trace) as sim:
         cluster = SimCluster(sim.engine, topology, roles, fabric=fabric)
@@ -94,6 +96,7 @@ def simulate_grpo(
             result = sim.run(run_grpo(ctx, config))  # type: ignore[arg-type]
         finally:
             _client.set_current_client(previous)
+            LENGTHS.reset(known)
             ctx.close()
         wall = time.perf_counter() - started
         placement: dict[str, list[str]] = {}

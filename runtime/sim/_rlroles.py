@@ -19,6 +19,7 @@ a ``range`` of its length (nothing the job reads needs their values).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import math
 import random
@@ -27,43 +28,81 @@ from typing import Any
 
 from orchestr.roles.generator import Completion, Generator, Request
 from orchestr.roles.reward import Reward
+from orchestr.roles.rl import LengthRanker
 from orchestr.roles.trainer import Trainer
 
 from ._cluster import Role, SimMember
 from ._generation import RequestTimes, SimGenerator, StepTimeModel
 
-__all__ = ["GeneratorModel", "OutputLengths", "RLCosts", "RewardModel", "TrainerModel", "rl_roles"]
+__all__ = [
+    "LENGTHS", "GeneratorModel", "OracleRanker", "OutputLengths", "RLCosts", "RandomRanker",
+    "RewardModel", "TrainerModel", "rl_roles",
+]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
 class OutputLengths:
-    """Output tokens of a sample: ``per_prompt_token`` times its prompt's tokens (so prompts
-    of one length share a mean, which a length ranker can learn), times a log-normal factor
-    of mean 1 and shape ``sigma`` (0: none; larger: a heavier tail), at least 1 and at most
-    ``cap``. Drawn from the request's sample key and ``seed``, so a sample drawn again has
-    the same length."""
+    """Output tokens of a sample: ``per_prompt_token`` times its prompt's tokens, times a
+    log-normal factor of mean 1 and shape ``sigma`` drawn for the prompt (some prompts lead
+    to long answers: the tail StreamRL's skew-aware dispatch is for; 0: none), times one of
+    shape ``sample_sigma`` drawn for the sample; at least 1 and at most ``cap``. Drawn from
+    the prompt, the sample's key and ``seed``, so a sample drawn again has the same length,
+    and a prompt length's mean is what a ranker that learns by prompt length can learn."""
 
     per_prompt_token: float = 4.0
     sigma: float = 0.0
     cap: int = 1 << 15
     seed: int = 0
+    sample_sigma: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.per_prompt_token > 0 or not self.sigma >= 0:
-            raise ValueError("OutputLengths: per_prompt_token > 0 and sigma >= 0")
+        if not self.per_prompt_token > 0 or not self.sigma >= 0 or not self.sample_sigma >= 0:
+            raise ValueError("OutputLengths: per_prompt_token > 0, sigma and sample_sigma >= 0")
         if isinstance(self.cap, bool) or not isinstance(self.cap, int) or self.cap < 1:
             raise ValueError(f"OutputLengths.cap is a positive integer, got {self.cap!r}")
 
-    def mean(self, prompt_tokens: int) -> float:
-        """The expected length before the cap."""
-        return self.per_prompt_token * prompt_tokens
+    def expected(self, prompt: Sequence[int]) -> float:
+        """A prompt's expected length before the cap (what an oracle ranker knows)."""
+        base = self.per_prompt_token * len(prompt)
+        if self.sigma:
+            rng = random.Random(f"{list(prompt)}/{self.seed}")  # stable: seeded by sha512
+            base *= math.exp(rng.gauss(-(self.sigma**2) / 2, self.sigma))
+        return base
 
     def draw(self, request: Request) -> int:
-        base = self.mean(len(request.prompt))
-        if self.sigma:
-            rng = random.Random(f"{request.seed}/{request.id}/{self.seed}")  # stable: sha512
-            base *= math.exp(rng.gauss(-(self.sigma**2) / 2, self.sigma))
-        return max(1, min(self.cap, round(base)))
+        length = self.expected(request.prompt)
+        if self.sample_sigma:
+            rng = random.Random(f"{request.seed}/{request.id}/{self.seed}")
+            length *= math.exp(rng.gauss(-(self.sample_sigma**2) / 2, self.sample_sigma))
+        return max(1, min(self.cap, round(length)))
+
+
+#: The lengths of the simulation in progress, for the rankers below.
+LENGTHS: contextvars.ContextVar[OutputLengths] = contextvars.ContextVar("orchestr_sim_lengths")
+
+
+class OracleRanker(LengthRanker):
+    """stream+skew's ranker knowing each prompt's expected length (``GRPOConfig(ranker=
+    "orchestr.sim:OracleRanker")``, in a simulation): the best a predictor can do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lengths = LENGTHS.get()
+
+    def predict(self, prompt: Sequence[int], max_new_tokens: int) -> float:
+        return min(float(self.lengths.cap), self.lengths.expected(prompt))
+
+
+class RandomRanker(LengthRanker):
+    """stream+skew's ranker with no idea: random predictions, so random groups go to the
+    long generators (``GRPOConfig(ranker="orchestr.sim:RandomRanker")``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rng = random.Random(LENGTHS.get().seed)
+
+    def predict(self, prompt: Sequence[int], max_new_tokens: int) -> float:
+        return self.rng.random()
 
 
 @dataclasses.dataclass(frozen=True)

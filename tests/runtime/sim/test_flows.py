@@ -110,13 +110,17 @@ def test_l0_all_to_all_is_bound_by_the_member_links_or_the_bisection() -> None:
     nbytes = 8e6
     alone = collective_time(TREE, "all_to_all", UNDER_ONE_TOR, nbytes)
     assert alone == pytest.approx(all_to_all_s(8, nbytes, B), abs=NS_PER_FLOW)
-    # four hosts under each of two ToRs: every cross pair rides one ToR-agg link (the tree's
-    # path between them), 400 Gbit/s per direction, which binds
+    # four hosts under each of two ToRs: on the tree's one path every cross pair rides one
+    # ToR-agg link, 400 Gbit/s per direction, which binds
     halves = [f"p0-t0-h{i}" for i in range(4)] + [f"p0-t1-h{i}" for i in range(4)]
-    split = collective_time(TREE, "all_to_all", halves, nbytes)
+    split = collective_time(TREE, "all_to_all", halves, nbytes, ecmp=False)
     want = all_to_all_s(8, nbytes, B, bisection=B)
     assert want > all_to_all_s(8, nbytes, B)
     assert split == pytest.approx(want, abs=NS_PER_FLOW)
+    # spread over both aggregation switches (ECMP), the pairs share two uplinks: faster, but
+    # no faster than a bisection of both (a hash need not split them evenly)
+    spread = collective_time(TREE, "all_to_all", halves, nbytes)
+    assert all_to_all_s(8, nbytes, B, bisection=2 * B) - 1e-9 <= spread < split
 
 
 def test_bad_flows_and_collectives_are_refused() -> None:
@@ -131,3 +135,20 @@ def test_bad_flows_and_collectives_are_refused() -> None:
     with pytest.raises(ValueError, match="one of all_reduce"):
         collective_time(TREE, "gossip", UNDER_ONE_TOR, 1.0)
     assert collective_time(TREE, "all_reduce", UNDER_ONE_TOR[:1], 1e9) == 0.0
+
+
+def test_ecmp_spreads_pairs_over_equal_cost_paths_and_keeps_each_pair_on_one() -> None:
+    tree = fat_tree(8)
+    net = FlowNet.of_topology(Engine(), tree)
+    single = FlowNet.of_topology(Engine(), tree, ecmp=False)
+    src = [f"p0-t0-h{i}" for i in range(4)]
+    dst = [f"p{p}-t{t}-h{h}" for p in (1, 2, 3) for t in range(4) for h in range(4)]
+    uplinks = set()
+    for a in src:
+        for b in dst:
+            path = net.path(a, b)
+            assert len(path) == len(single.path(a, b)) == 6  # host, tor, agg, core, agg, tor
+            assert path == net.path(a, b)  # one path per pair
+            uplinks.add(path[1])
+    assert len(uplinks) == 4  # the ToR's four uplinks all carry some pairs
+    assert len({single.path(a, b)[1] for a in src for b in dst}) == 1

@@ -187,3 +187,34 @@ def test_phases_reach_the_fabric_manager_and_its_circuits_carry_the_weights(
     syncs = [e["dur"] / 1e6 for e in events if e["name"] == "weight_sync"]
     phases = [end - start for name, start, end in managed.phases if name == "weight_sync"]
     assert syncs == pytest.approx(phases, abs=1e-6)
+
+
+def test_stream_skew_takes_its_ranker_from_the_config() -> None:
+    lengths = OutputLengths(per_prompt_token=16, sigma=1.5, sample_sigma=0.2)
+    routed = {}
+    for ranker in (None, "orchestr.sim:OracleRanker", "orchestr.sim:RandomRanker"):
+        run = sim_rl.simulate_grpo(
+            config("stream+skew", steps=4, ranker=ranker), fat_tree(4), costs(), lengths,
+            resources=EIGHT,
+        )  # fmt: skip
+        routed[ranker] = run.result.routed_long
+        assert all(s.max_lag <= 1 for s in run.result.steps)
+    assert all(n > 0 for n in routed.values())
+    with pytest.raises(oc.ConfigError, match="import path"):
+        config("stream+skew", ranker="no colon")
+    with pytest.raises(oc.ConfigError, match="does not import"):
+        sim_rl.simulate_grpo(config("stream+skew", ranker="orchestr.sim:NoSuchRanker"),
+                             fat_tree(4), costs(), lengths, resources=EIGHT)  # fmt: skip
+
+
+def test_the_oracle_knows_each_prompts_expected_length() -> None:
+    lengths = OutputLengths(per_prompt_token=10, sigma=1.0, seed=3)
+    a, b = [1, 5, 7, 2], [1, 5, 8, 2]
+    assert lengths.expected(a) == lengths.expected(list(a)) != lengths.expected(b)
+    # prompts of one length average per_prompt_token per prompt token (mean-1 factors)
+    rng = __import__("random").Random(0)
+    prompts = [[rng.randrange(10) for _ in range(4)] for _ in range(4000)]
+    mean = sum(lengths.expected(p) for p in prompts) / len(prompts)
+    assert mean == pytest.approx(40, rel=0.05)
+    with pytest.raises(ValueError, match="sample_sigma"):
+        OutputLengths(sample_sigma=-1.0)

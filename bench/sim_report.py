@@ -1,0 +1,137 @@
+"""Writes docs/simulator.md: the simulator's validation (L0 and L1 computed here and now, L2
+and the experiments from the results their commands saved under docs/simulator/).
+
+    python bench/sim_generation.py --save docs/simulator/l2_generation.json   # L2 (minutes)
+    python bench/sim_experiments.py all                                        # E1-E3, scale
+    python bench/sim_report.py                                                 # this page
+
+A result not yet produced is said to be missing on the page, never left out quietly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+DATA = DOCS / "simulator"
+B = 400e9 / 8
+
+
+def l0() -> str:
+    from orchestr.fabric.optical import (
+        all_gather_s,
+        all_to_all_s,
+        broadcast_s,
+        fat_tree,
+        reduce_scatter_s,
+        ring_all_reduce_s,
+    )  # fmt: skip
+    from orchestr.sim import collective_time
+
+    tree = fat_tree(4, hosts_per_tor=8)
+    members = [f"p0-t0-h{i}" for i in range(8)]
+    closed = {
+        "all_reduce": lambda n, s: ring_all_reduce_s(n, s, B),
+        "reduce_scatter": lambda n, s: reduce_scatter_s(n, s, B),
+        "all_gather": lambda n, s: all_gather_s(n, s, B),
+        "all_to_all": lambda n, s: all_to_all_s(n, s, B),
+        "broadcast": lambda n, s: broadcast_s(n, s, B, chunk_bytes=1 << 20),
+    }
+    rows = ["| collective | members | bytes | flow model s | closed form s | difference |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    for kind, formula in closed.items():
+        for n, size in ((2, 1e6), (8, 1e9)):
+            flow = collective_time(tree, kind, members[:n], size, ecmp=False)
+            want = formula(n, size)
+            rows.append(f"| {kind} | {n} | {size:.0e} | {flow:.9f} | {want:.9f} | "
+                        f"{flow - want:+.1e} s |")  # fmt: skip
+    return "\n".join(rows) + "\n"
+
+
+async def _hints() -> list[tuple[Any, ...]]:
+    from orchestr.fabric.optical import (
+        CommitPolicy,
+        FabricManager,
+        Hint,
+        ReconfigCost,
+        RecordingRouter,
+        SimOcs,
+        load_topology,
+    )  # fmt: skip
+
+    ocs = SimOcs(8, latency=1e-3, rng=1)
+    fm = FabricManager(
+        load_topology(ROOT / "examples" / "fabric" / "small.toml"), {"ocs0": ocs},
+        RecordingRouter(), policy=CommitPolicy(hysteresis=0.5, min_dwell_s=1.5),
+        reconfig_cost=ReconfigCost(fixed_s=0.01, per_change_s=0.0),
+    )  # fmt: skip
+    gb = 1e9
+    await fm.hint(Hint("j", "a", {("tor0", "tor1"): 50 * gb}))
+    await fm.hint(Hint("j", "b", {("tor0", "agg0"): 80 * gb}))
+    await asyncio.sleep(1.6)
+    await fm.hint(Hint("j", "c", {("tor0", "agg0"): 80 * gb}))
+    ocs.fail_next_program()
+    await fm.hint(Hint("j", "d", {("tor1", "agg0"): 80 * gb}))
+    await fm.hint(Hint("j", "e", {("tor1", "agg0"): 80 * gb}))
+    return [(r.phase, r.commit, r.status, len(r.add), len(r.remove)) for r in fm.history]
+
+
+def l1() -> str:
+    from orchestr.sim import Simulation
+
+    wall = asyncio.run(_hints())
+    with Simulation() as sim:
+        virtual = sim.run(_hints())
+    rows = ["| hint | wall clock: commit, status, +circuits, -circuits | virtual time | same |",
+            "|---|---|---|---|"]  # fmt: skip
+    for w, v in zip(wall, virtual, strict=True):
+        rows.append(f"| {w[0]} | {w[1]}, {w[2]}, {w[3]}, {w[4]} | {v[1]}, {v[2]}, {v[3]}, {v[4]} "
+                    f"| {'yes' if w == v else '**no**'} |")  # fmt: skip
+    return "\n".join(rows) + "\n"
+
+
+def l2() -> str:
+    path = DATA / "l2_generation.json"
+    if not path.exists():
+        return "*Not produced yet: run `python bench/sim_generation.py --save " \
+               "docs/simulator/l2_generation.json`.*\n"  # fmt: skip
+    data = json.loads(path.read_text())
+    rows = [f"Profile: `{data['profile']['machine']}`, fit error median "
+            f"{data['profile']['fit_median_abs_error']:.1%}; real runs: {data.get('runs', '?')} "
+            "each.", "",
+            "| workload | metric | real median (min-max) | simulated | signed error | target |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    for name in ("batch", "mixed", "poisson"):
+        for metric, real in data[name]["real"].items():
+            err = data[name]["error"][metric]
+            limit = 0.05 if "tokens_per_s" in metric else 0.10
+            verdict = "met" if abs(err) <= limit else "**missed**"
+            rows.append(f"| {name} | {metric} | {real['median']} ({real['min']}-{real['max']}) | "
+                        f"{data[name]['sim'][metric]} | {err:+.1%} | {verdict} (±{limit:.0%}) |")  # fmt: skip
+    return "\n".join(rows) + "\n"
+
+
+def table(name: str) -> str:
+    path = DATA / f"{name}.md"
+    if not path.exists():
+        return f"*Not produced yet: run `python bench/sim_experiments.py {name}`.*\n"
+    return path.read_text() + f"\n![{name}](simulator/{name}.png)\n"
+
+
+def main() -> None:
+    page = (ROOT / "bench" / "sim_report_page.md").read_text()
+    filled = page.format(l0=l0(), l1=l1(), l2=l2(), e1=table("e1"), e2=table("e2"),
+                         e3=table("e3"), scale=table("scale"))  # fmt: skip
+    (DOCS / "simulator.md").write_text(filled)
+    print(f"wrote {DOCS / 'simulator.md'}")
+
+
+if __name__ == "__main__":
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    main()
