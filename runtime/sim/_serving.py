@@ -22,6 +22,7 @@ door's conditional rule does.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import resource
@@ -103,7 +104,7 @@ class ServingRun:
             "output_tokens_per_s": sum(s.output_tokens for s in done) / span if span else 0.0,
             **{f"ttft_s_p{q}": _pct(ttft, q) for q in (50, 90, 99)},
             **{f"tpot_s_p{q}": _pct(tpot, q) for q in (50, 90, 99)},
-            "paths": _count(s.path for s in self.served),
+            "paths": dict(collections.Counter(s.path for s in self.served)),
             "events": self.events,
             "events_per_s": self.events / self.wall_s if self.wall_s else 0.0,
             "wall_s": self.wall_s,
@@ -126,13 +127,6 @@ def _pct(values: list[float], q: int) -> float:
     if not values:
         return math.nan
     return values[min(len(values) - 1, int(q / 100 * len(values)))]
-
-
-def _count(paths: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for p in paths:
-        out[p] = out.get(p, 0) + 1
-    return out
 
 
 class _Pool:
