@@ -61,7 +61,7 @@ from serving import (  # noqa: E402
 )
 
 import orchestr as oc  # noqa: E402
-from orchestr.roles.generator._paged import block_spans  # noqa: E402
+from orchestr.roles.generator._spans import block_spans  # noqa: E402
 
 SYSTEMS = ("colocated", "disagg")
 MIXES = {"prefill_heavy": (1024, 64), "decode_heavy": (128, 512)}

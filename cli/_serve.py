@@ -70,8 +70,12 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--prefill must be 0 or more, got {args.prefill}"
     if args.prefill and args.engine != "native":
         return "--prefill hands off the native engine's KV blocks; --engine vllm cannot"
-    if not args.prefill and (args.prefill_min_tokens or args.prefill_labels):
-        return "--prefill-min-tokens and --prefill-labels apply with --prefill P"
+    if not args.prefill and (
+        args.prefill_min_tokens or args.prefill_labels or args.no_prefill_overlap
+    ):
+        return (
+            "--prefill-min-tokens, --prefill-labels and --no-prefill-overlap apply with --prefill P"
+        )
     for flag in ("prefill_labels", "decode_labels"):
         if getattr(args, flag) is not None and _labels(getattr(args, flag)) is None:
             return f"--{flag.replace('_', '-')} is K=V pairs separated by commas"
@@ -116,6 +120,7 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
         options=options,
         kv_store_blocks=args.kv_store_blocks,
         prefill=args.prefill,
+        prefill_overlap=not args.no_prefill_overlap,
         expert_hosts=args.expert_hosts,
         micro_batches=args.micro_batches,
         **({"prefill_min_tokens": args.prefill_min_tokens} if args.prefill_min_tokens else {}),
@@ -254,6 +259,12 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
         default=None,
         metavar="T",
         help="with --prefill, shorter prompts are prefilled where they decode (default 64)",
+    )
+    p.add_argument(
+        "--no-prefill-overlap",
+        action="store_true",
+        help="with --prefill, read a prompt's KV once it is all computed, not layer by layer "
+        "as it is",
     )
     p.add_argument(
         "--prefill-labels",

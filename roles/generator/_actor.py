@@ -30,7 +30,7 @@ from orchestr.roles._common._factory import DEFAULT_MODEL
 from orchestr.roles._common._weights import WeightLoader
 
 from ._build import build_engine, in_thread
-from ._handoff import HandoffEndpoints
+from ._handoff_endpoints import HandoffEndpoints
 from ._kvlink import close_store, with_store
 from ._metrics import EngineMetrics
 from ._remote_endpoints import RemoteEndpoints
@@ -226,12 +226,7 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
         (none is queued), :class:`HandoffError` as :meth:`submit` does, :class:`ClosedResourceError` when the generator closes meanwhile and
         ``RuntimeError`` when it is reset."""
         reqs = [as_request(r) for r in requests]
-        self._ensure_running()
-        loop = asyncio.get_running_loop()
-        async with self._entering(reqs, kv_from):
-            futures = {r.id: loop.create_future() for r in reqs}
-            self._claimed.update(futures)
-        self._wake.set()
+        futures = await self._claim(reqs, kv_from)
         try:
             return [await f for f in futures.values()]
         finally:
@@ -240,6 +235,18 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
                 if self._claimed.pop(rid, None) is not None and self._failure is None:
                     self._abandoned.add(rid)
             self._wake.set()
+
+    async def _claim(
+        self, reqs: list[Request], kv_from: dict[str, Any] | None
+    ) -> dict[str, asyncio.Future[Completion]]:
+        """Queue ``reqs`` with a future each for its completion (not for next_completed)."""
+        self._ensure_running()
+        loop = asyncio.get_running_loop()
+        async with self._entering(reqs, kv_from):
+            futures = {r.id: loop.create_future() for r in reqs}
+            self._claimed.update(futures)
+        self._wake.set()
+        return futures
 
     @oc.endpoint(concurrent=True)
     async def cancel(self, request_id: str) -> Completion:

@@ -23,12 +23,10 @@ recomputed here (``"recompute"``, the default) or refused with :class:`HandoffEr
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
@@ -38,12 +36,13 @@ import orchestr as oc
 from orchestr import clock as _clock
 from orchestr.roles.kvstore import LeaseExpiredError
 
-from ._kvlink import fetch_stored
-from ._paged import block_spans
-from ._types import Completion, Request, as_request
+from ._overlap import Streamed, read_streamed
+from ._spans import block_spans
+from ._types import Completion, Request
 
 __all__ = [
-    "HANDOFF_POLICIES", "HandoffEndpoints", "HandoffError", "Holds", "Received", "adopt", "fetch", "prefill_request",
+    "HANDOFF_POLICIES", "TRANSFER_COUNTERS", "Handoff", "HandoffError", "Holds", "Received", "adopt",
+    "fetch", "prefill_request",
 ]  # fmt: skip
 
 log = structlog.get_logger("orchestr.roles.generator")
@@ -83,6 +82,7 @@ class Holds:
         self._granted: dict[str, Handoff] = {}  # request id -> its handoff, until taken
         self._leases: dict[int, tuple[list[int], float]] = {}  # lease -> (blocks, expires)
         self.buffer: Any = None  # the pool's Buffer, registered at the first handoff
+        self.streamed = Streamed(self, clock)  # handoffs granted before their prefill
         self.counts = {
             "orchestr:kv_handoff_leases": 0,  # handoffs granted
             "orchestr:kv_handoff_expired": 0,  # of those, never ended by a reader
@@ -90,7 +90,16 @@ class Holds:
 
     @property
     def leases(self) -> int:
-        return len(self._leases)
+        """Leases held, streams still computing included."""
+        return len(self._leases) + self.streamed.running
+
+    def next_lease(self) -> int:
+        return next(self._ids)
+
+    def adopt_lease(self, lease: int, blocks: list[int], expires: float) -> None:
+        """Hold ``blocks`` (already held) under ``lease`` until it ends or ``expires``."""
+        if blocks:
+            self._leases[lease] = (blocks, expires)
 
     def want(self, request_id: str, hold_s: float) -> None:
         """Hold the prompt blocks of ``request_id`` for ``hold_s`` seconds when it finishes."""
@@ -99,7 +108,9 @@ class Holds:
         self._wanted[request_id] = hold_s
 
     def after_step(self, engine: Any, finished: Iterable[Completion]) -> None:
-        """Hold the blocks of the wanted requests that just finished (in the step's lock)."""
+        """Hold the blocks of the wanted requests that just finished, and bring the streams
+        up to date (in the step's lock)."""
+        self.streamed.after_step(engine, finished)
         if not self._wanted:
             return
         for c in finished:
@@ -140,27 +151,40 @@ class Holds:
         self.counts["orchestr:kv_handoff_expired"] += len(gone)
         return len(gone)
 
+    def stream(self, engine: Any, request: Request, hold_s: float) -> Handoff:
+        """A handoff of ``request``'s blocks as they are computed (:mod:`._overlap`), to
+        grant before it is queued."""
+        if not hold_s > 0:
+            raise ValueError(f"hold_s must be positive, got {hold_s!r}")
+        s = self.streamed.open(engine, request, self.next_lease(), hold_s)
+        size = engine.cache_keys()[0]
+        return self._handoff(engine, s.lease, [], [], s.full * size, hold_s, s.version) | {
+            "stream": True
+        }
+
     def _grant(self, engine: Any, c: Completion, hold_s: float) -> Handoff:
         keys, blocks = engine.hold_prefix(c.prompt)
-        lease = next(self._ids)
+        lease = self.next_lease()
         if blocks:
             self._leases[lease] = (blocks, self._clock() + hold_s)
+        size = engine.cache_keys()[0]
+        return self._handoff(
+            engine, lease if blocks else 0, blocks, keys, len(blocks) * size, hold_s, c.version
+        )
+
+    def _handoff(
+        self, engine: Any, lease: int, blocks: list[int], keys: list[bytes], tokens: int,
+        hold_s: float, version: int,
+    ) -> Handoff:  # fmt: skip
         if self.buffer is None:
             self.buffer = oc.Buffer(engine.kv_memory)
         planes, plane_bytes, row_bytes = engine.kv_layout
         self.counts["orchestr:kv_handoff_leases"] += 1
         return {
-            "lease": lease if blocks else 0,
-            "buffer": self.buffer,
-            "blocks": blocks,
-            "keys": keys,
-            "planes": planes,
-            "plane_bytes": plane_bytes,
-            "row_bytes": row_bytes,
-            "tokens": len(blocks) * engine.cache_keys()[0],
-            "ttl": hold_s,
-            "version": c.version,
-        }
+            "lease": lease, "buffer": self.buffer, "blocks": blocks, "keys": keys,
+            "planes": planes, "plane_bytes": plane_bytes, "row_bytes": row_bytes,
+            "tokens": tokens, "ttl": hold_s, "version": version,
+        }  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -203,15 +227,22 @@ async def fetch(
             continue
         if got is not None:
             counts["orchestr:kv_transfers"] += 1
-            counts["orchestr:kv_transfer_bytes"] += got[1].data.numel()
-            counts["orchestr:kv_transfer_seconds"] += got[0]
-            out[r.id] = got[1]
+            seconds, exposed, reads, received = got
+            counts["orchestr:kv_transfer_bytes"] += received.data.numel()
+            counts["orchestr:kv_transfer_seconds"] += seconds
+            counts["orchestr:kv_transfer_exposed_seconds"] += exposed
+            counts["orchestr:kv_transfer_reads"] += reads
+            out[r.id] = received
     return out
 
 
-async def _read(engine: Any, r: Request, h: Handoff) -> tuple[float, Received] | None:
-    """Read what ``engine`` lacks of ``h`` for ``r``: (seconds, what was read), or ``None``
+async def _read(engine: Any, r: Request, h: Handoff) -> tuple[float, float, int, Received] | None:
+    """Read what ``engine`` lacks of ``h`` for ``r``: (seconds reading, of those the
+    seconds after the prefill had finished, the reads made, what was read), or ``None``
     when it lacks nothing (the lease is ended either way)."""
+    if h.get("stream"):
+        got = await read_streamed(engine, r, h)
+        return None if got is None else (*got[:3], Received(*got[3:]))
     source = h["source"]
     keys, local = engine.prefix_plan(r.prompt)
     theirs = h["keys"]
@@ -233,7 +264,7 @@ async def _read(engine: Any, r: Request, h: Handoff) -> tuple[float, Received] |
         raise
     seconds = time.perf_counter() - started
     await source.end_handoff.call_one(h["lease"])  # raises if it had expired: unusable
-    return seconds, Received(keys, local, data)
+    return seconds, seconds, 1, Received(keys, local, data)
 
 
 def adopt(engine: Any, requests: list[Request], received: dict[str, Received]) -> int:
@@ -247,120 +278,12 @@ def adopt(engine: Any, requests: list[Request], received: dict[str, Received]) -
     return tokens
 
 
-class HandoffEndpoints:
-    """The :class:`~orchestr.roles.Generator`'s endpoints of both sides of a handoff (a
-    mixin over the generator's engine, lock and :meth:`generate`)."""
-
-    _engine: Any
-    _lock: asyncio.Lock
-    _holds: Holds
-    _expiring: asyncio.Task[None] | None
-    _handoff_policy: str
-    _handoff_counts: dict[str, float]
-    generate: Callable[[list[Any]], Awaitable[list[Completion]]]
-
-    def _init_handoff(self, policy: str) -> None:
-        if policy not in HANDOFF_POLICIES:
-            raise oc.ConfigError(
-                f"on_handoff_failure is one of {', '.join(HANDOFF_POLICIES)}, got {policy!r}"
-            )
-        self._holds = Holds()
-        self._expiring = None
-        self._handoff_policy = policy
-        self._handoff_counts = dict.fromkeys(TRANSFER_COUNTERS, 0.0)
-
-    @oc.endpoint(concurrent=True)
-    async def prefill(self, request: Any, hold_s: float = 10.0) -> Handoff:
-        """Compute ``request``'s prompt here and hold its KV blocks for ``hold_s`` seconds,
-        for a decode generator to read: returns the :data:`Handoff` (add ``source``, this
-        generator's one-actor mesh, and pass it to the decode generator's :meth:`submit` as
-        ``kv_from={request.id: handoff}``). The prompt runs as one greedy token (the decode
-        side samples the request's own). The lease ends when the reader ends it, or expires.
-
-        Blocks until the prompt is computed; raises ``ValueError`` for a bad request and
-        :class:`ConfigError` on an engine without a paged KV cache. Cancel-safe: cancelled,
-        the request is cancelled, and a lease granted meanwhile expires."""
-        if not hasattr(self._engine, "hold_prefix"):
-            raise oc.ConfigError(
-                f"prefill hands off KV blocks of the paged engine; this generator runs "
-                f"{type(self._engine).__name__}"
-            )
-        r = prefill_request(as_request(request))
-        self._holds.want(r.id, float(hold_s))
-        try:
-            await self.generate([r])
-        finally:
-            handoff = self._holds.take(r.id)
-            if self._holds.leases and (self._expiring is None or self._expiring.done()):
-                self._expiring = asyncio.get_running_loop().create_task(self._expire())
-        if handoff is None:  # the generator was reset meanwhile
-            raise RuntimeError(f"request {r.id!r} was dropped before its prefill finished")
-        return handoff
-
-    @oc.endpoint(concurrent=True)
-    async def end_handoff(self, lease: int) -> None:
-        """Release a handoff's blocks after reading them; raises
-        :class:`LeaseExpiredError` if it had expired first (what was read must not be
-        used). Blocks on the step in progress; cancel-safe."""
-        async with self._lock:
-            self._holds.end(self._engine, lease, check=True)
-
-    @oc.endpoint(concurrent=True)
-    async def release_handoff(self, lease: int) -> bool:
-        """Release a handoff's blocks unread (idempotent); whether it was still held.
-        Blocks on the step in progress; raises nothing; cancel-safe."""
-        async with self._lock:
-            return self._holds.end(self._engine, lease, check=False)
-
-    @contextlib.asynccontextmanager
-    async def _entering(
-        self, requests: list[Request], kv_from: dict[str, Handoff] | None
-    ) -> AsyncIterator[None]:
-        """Read what ``kv_from`` hands over and what a KV store holds of ``requests``, then,
-        under the lock, enter it and submit them; the body runs under the lock too."""
-        received = await self._receive(requests, kv_from)
-        await fetch_stored(self._engine, requests)
-        async with self._lock:
-            adopt(self._engine, requests, received)
-            self._engine.submit(requests)
-            yield
-
-    async def _receive(
-        self, requests: list[Request], kv_from: dict[str, Handoff] | None
-    ) -> dict[str, Received]:
-        if not kv_from:
-            return {}
-        unknown = set(kv_from) - {r.id for r in requests}
-        if unknown:
-            raise ValueError(f"kv_from names requests not submitted: {sorted(unknown)[:3]}")
-        if not hasattr(self._engine, "adopt"):
-            raise oc.ConfigError(
-                f"kv_from enters blocks into the paged engine's cache; this generator runs "
-                f"{type(self._engine).__name__}"
-            )
-        return await fetch(
-            self._engine, requests, kv_from, policy=self._handoff_policy,
-            counts=self._handoff_counts,
-        )  # fmt: skip
-
-    async def _expire(self) -> None:
-        """Release leases as they expire, until none is held."""
-        while (wait := self._holds.next_expiry()) is not None:
-            await asyncio.sleep(wait)
-            async with self._lock:
-                self._holds.expire(self._engine)
-
-    async def _stop_expiring(self) -> None:
-        task, self._expiring = self._expiring, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-
 #: The counters of both sides, as the generator's metrics name them.
 TRANSFER_COUNTERS = (
     "orchestr:kv_transfers",  # handoffs read (decode side)
     "orchestr:kv_transfer_bytes",
     "orchestr:kv_transfer_seconds",  # reading them (each also ends its lease: one call)
+    "orchestr:kv_transfer_exposed_seconds",  # of those, after the prefill had finished
+    "orchestr:kv_transfer_reads",  # one-sided reads: several for a handoff streamed
     "orchestr:kv_transfer_failures",  # reads failed or leases expired: recomputed or refused
 )

@@ -12,6 +12,8 @@ attention is split into ``project`` / ``core`` so the cache sits between them.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -26,7 +28,7 @@ from ._linears import Linears
 from ._mirror import DecodeMirror
 from ._scheduler import Seq, Step
 
-__all__ = ["AttentionMode", "PagedKV", "PagedRunner", "block_spans"]
+__all__ = ["AttentionMode", "PagedKV", "PagedRunner"]
 
 #: How decodes attend: ``"kernel"``, orchestr's paged kernel (:mod:`._kernels`: float32 on
 #: the CPU) reading the block pool; ``"torch"``, torch's attention over a
@@ -39,7 +41,7 @@ class PagedKV:
 
     Every layer's keys, then every layer's values, lie end to end in one region,
     :attr:`memory`: on the CPU it is shared memory (:func:`orchestr.fabric.empty`), so a
-    :class:`~orchestr.Buffer` over it lets a peer read blocks one-sided (:func:`block_spans`
+    :class:`~orchestr.Buffer` over it lets a peer read blocks one-sided (:func:`~._spans.block_spans`
     of its :attr:`layout` says where they are) while this process keeps computing."""
 
     def __init__(
@@ -68,7 +70,7 @@ class PagedKV:
 
     @property
     def layout(self) -> tuple[int, int, int]:
-        """``(planes, plane_bytes, row_bytes)`` of :attr:`memory`, as :func:`block_spans`
+        """``(planes, plane_bytes, row_bytes)`` of :attr:`memory`, as :func:`~._spans.block_spans`
         takes them: every layer's keys then values, and one block's share of each."""
         plane = self.keys[0]
         row = plane[0].numel() * plane.element_size()
@@ -97,7 +99,7 @@ class PagedKV:
     def planes_of(self, data: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
         """Blocks' keys and values as ``[planes, blocks, block_size, kv_heads, head_dim]``:
         ``data`` is what :meth:`export` gave (a tensor per block, copied into one) or one
-        copy laid out as :func:`block_spans` reads the pool (viewed as it is). Raises
+        copy laid out as :func:`~._spans.block_spans` reads the pool (viewed as it is). Raises
         ``ValueError`` for data that is not whole blocks of this cache."""
         first, size = self.keys[0], self.block_nbytes
         planes = 2 * len(self.keys)
@@ -165,6 +167,9 @@ class PagedRunner:
                 raise ValueError(f"the paged attention kernel cannot run here: {why}")
         self._cos = self._sin = torch.zeros(0, device=keys.device)
         self.offload: Any = None  # long decodes' attention elsewhere (:mod:`._decodes`)
+        #: Called ``(step, layer)`` from the step's thread once each layer's keys and values
+        #: of the step are in the pool (a streamed handoff: :mod:`._overlap`), or ``None``.
+        self.on_layer: Callable[[Step, int], None] | None = None
         self.mirror = DecodeMirror(
             cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, keys.dtype, keys.device
         )
@@ -221,11 +226,13 @@ class PagedRunner:
         masks = [_causal(start, n, dtype, device) for _, start, n, _ in chunks]
         hidden = model.embed_tokens(ids)
         layers = cast(list[DecoderLayer], list(model.layers))
+        hook = self.on_layer
+        written = None if hook is None else functools.partial(hook, step)
         if self.ops is not None:
-            batch = _Batch(len(ones), pos[0], slot, tables, lengths, chunks, masks)
+            batch = _Batch(len(ones), pos[0], slot, tables, lengths, chunks, masks, written)
             final = self._fused(layers, hidden, batch)
         else:
-            batch = _Batch(len(ones), pos, slot, valid, lengths, chunks, masks, longest)
+            batch = _Batch(len(ones), pos, slot, valid, lengths, chunks, masks, written, longest)
             final = self._unfused(layers, hidden, batch)
             self.mirror.advance()
         if not last:
@@ -248,6 +255,8 @@ class PagedRunner:
             flat_k, flat_v = keys.view(-1, *heads), values.view(-1, *heads)
             flat_k[b.slots] = k[0].transpose(0, 1).to(keys.dtype)
             flat_v[b.slots] = v[0].transpose(0, 1).to(values.dtype)
+            if b.written is not None:
+                b.written(i)
             outs = []
             if b.decodes:
                 n = b.decodes
@@ -281,6 +290,8 @@ class PagedRunner:
                 qkv = torch.cat((attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)), -1)
             rows = qkv.reshape(t, -1).contiguous()
             ops.rope_and_cache(rows, b.positions, cos, sin, keys, values, b.slots, attn.heads)
+            if b.written is not None:
+                b.written(i)
             q = rows[:, : attn.heads * attn.head_dim].view(t, attn.heads, attn.head_dim)
             outs = []
             if b.decodes:
@@ -337,29 +348,6 @@ class PagedRunner:
         return self._cos, self._sin
 
 
-def block_spans(
-    blocks: list[int], planes: int, plane_bytes: int, row_bytes: int
-) -> list[tuple[int, int, int]]:
-    """Where ``blocks`` lie in a :class:`PagedKV`'s memory of ``planes`` layer planes (every
-    layer's keys, then every layer's values) of ``plane_bytes`` each, a block being
-    ``row_bytes`` of each plane: ``(offset, nbytes, at)`` per plane per run of consecutive
-    block ids, ``at`` being where the span goes in a copy laid out as
-    :meth:`PagedKV.planes_of` takes it (each plane's blocks in ``blocks``' order). So blocks
-    allocated one after another are ``planes`` spans, whatever their number."""
-    runs: list[list[int]] = []  # [first block, count, index in blocks]
-    for i, b in enumerate(blocks):
-        if runs and runs[-1][0] + runs[-1][1] == b:
-            runs[-1][1] += 1
-        else:
-            runs.append([b, 1, i])
-    n = len(blocks)
-    return [
-        (p * plane_bytes + first * row_bytes, count * row_bytes, (p * n + at) * row_bytes)
-        for p in range(planes)
-        for first, count, at in runs
-    ]
-
-
 @dataclass
 class _Batch:
     """A step's inputs as the layers read them."""
@@ -371,6 +359,7 @@ class _Batch:
     lengths: torch.Tensor  # each decode's positions, its new one included
     chunks: list[tuple[int, int, int, torch.Tensor]]  # (offset, start, n, table) per prefill
     masks: list[torch.Tensor | None]
+    written: Callable[[int], None] | None  # a layer's keys and values are in the pool
     longest: int = 0
 
 

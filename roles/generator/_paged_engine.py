@@ -37,7 +37,7 @@ from ._microbatch import MicroBatches
 from ._paged import AttentionMode, PagedKV, PagedRunner
 from ._requests import Detokenize, Intake, Latencies, Live, Pausable, check_state, engine_stats
 from ._sampling import choose_tokens
-from ._scheduler import Scheduler, Seq
+from ._scheduler import Scheduler, Seq, Step
 from ._types import Completion, EngineStats, Request
 
 __all__ = ["PagedEngine"]
@@ -197,7 +197,7 @@ class PagedEngine(Pausable):
         """Enter blocks of ``prompt`` read from elsewhere: ``data`` holds the keys and values
         of ``keys[start:]`` (:meth:`prefix_plan`'s keys, under the current weights), one
         tensor per block as :meth:`take_offload` gives them, or one copy of all of them laid
-        out as a peer reads them from :attr:`kv_memory` (:func:`~._paged.block_spans`).
+        out as a peer reads them from :attr:`kv_memory` (:func:`~._spans.block_spans`).
         Those cached here meanwhile are skipped; none when the blocks before ``start`` are
         not cached any more, fewer when the pool has fewer free blocks. Returns the tokens
         entered. Raises ``ValueError`` for data that is not whole blocks. Call between
@@ -230,8 +230,29 @@ class PagedEngine(Pausable):
         return keys[: len(held)], held
 
     def release_blocks(self, blocks: list[int]) -> None:
-        """End a :meth:`hold_prefix`. Call between steps."""
+        """End a :meth:`hold_prefix` or :meth:`hold_blocks`. Call between steps."""
         self._pool.release(reversed(blocks))
+
+    def hold_blocks(self, blocks: list[int]) -> None:
+        """Hold ``blocks`` (in use) once more, so nothing frees or rewrites them until
+        :meth:`release_blocks`, whatever becomes of their request. Call between steps, or
+        from :meth:`watch_layers`' hook."""
+        self._pool.take(blocks)
+
+    def watch_layers(self, hook: Callable[[Step, int], None] | None) -> None:
+        """Have ``hook(step, layer)`` called from the stepping thread once each layer's keys
+        and values of a step are in the pool (``None``: no more), to hand blocks over layer
+        by layer (:mod:`._overlap`). Several micro-batches may call it at once."""
+        self._runner.on_layer = hook
+
+    def seq_of(self, request_id: str) -> Seq | None:
+        """The scheduler's record of a waiting or running request, else ``None``."""
+        entry = self._live.get(request_id)
+        return None if entry is None else entry[1]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._kv.keys)
 
     # -- weights -----------------------------------------------------------------------------
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:

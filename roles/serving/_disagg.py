@@ -6,7 +6,11 @@ chosen by the KV-aware router over the prefill pool (its own :class:`~._frontdoo
 follows their block events and loads); that generator computes the prompt and holds its
 blocks under a lease (:meth:`~orchestr.roles.Generator.prefill`), and the front door submits
 the request to the decode generator with the handoff, which reads the blocks one-sided from
-the prefill generator's memory (see :mod:`orchestr.roles.generator._handoff`). A shorter
+the prefill generator's memory (see :mod:`orchestr.roles.generator._handoff`). With
+``overlap`` (the default) the handoff is granted as soon as the prompt is queued there and
+the decode generator reads each layer's blocks as they are computed, so only the last of
+them is left to read when the prefill ends (:mod:`orchestr.roles.generator._overlap`); a
+prefill generator that fails mid-prompt is then the decode side's to recompute. A shorter
 prompt costs its decode generator less to compute than a handoff costs (a call, a read, a
 lease), so it is prefilled there: the "conditional disaggregation" rule, with its threshold
 in tokens. A prefill generator that fails is taken out of the prefill rotation and the
@@ -37,10 +41,14 @@ MIN_TOKENS = 64
 class Prefill:
     """The prefill pool behind a front door: ``door``, a :class:`FrontDoor` over the prefill
     generators (for its readers and router). Prompts under ``min_tokens`` tokens stay on
-    their decode generator; ``hold_s`` is each handoff's lease. Counts requests by path in
-    :attr:`counts`. Raises ``ValueError`` for a bad threshold or ``hold_s``."""
+    their decode generator; ``hold_s`` is each handoff's lease; ``overlap`` streams each
+    handoff layer by layer. Counts requests by path in :attr:`counts`. Raises ``ValueError``
+    for a bad threshold or ``hold_s``."""
 
-    def __init__(self, door: Any, *, min_tokens: int = MIN_TOKENS, hold_s: float = 10.0) -> None:
+    def __init__(
+        self, door: Any, *, min_tokens: int = MIN_TOKENS, hold_s: float = 10.0,
+        overlap: bool = True,
+    ) -> None:  # fmt: skip
         if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 1:
             raise ValueError(f"min_tokens must be a positive int, got {min_tokens!r}")
         if not hold_s > 0:
@@ -48,6 +56,7 @@ class Prefill:
         self.door = door
         self.min_tokens = min_tokens
         self.hold_s = hold_s
+        self.overlap = bool(overlap)
         self.counts = {"prefill_remote": 0, "prefill_local": 0, "prefill_fallback": 0}
 
     async def handoff(self, request: Request) -> dict[str, Any] | None:
@@ -55,7 +64,7 @@ class Prefill:
         ``kv_from``; ``None`` when it is to be prefilled on its decode generator (a short
         prompt, or no prefill generator could do it).
 
-        Blocks on the prefill. Raises ``ValueError`` for a request the prefill generator
+        Blocks on the prefill (with ``overlap``, until it is queued). Raises ``ValueError`` for a request the prefill generator
         refuses; cancel-safe (a lease granted meanwhile expires unread)."""
         if len(request.prompt) < self.min_tokens:
             self.counts["prefill_local"] += 1
@@ -67,7 +76,9 @@ class Prefill:
             return None
         member = self.door.member(worker)
         try:
-            handoff = await member.prefill.call_one(request, hold_s=self.hold_s)
+            handoff = await member.prefill.call_one(
+                request, hold_s=self.hold_s, stream=self.overlap
+            )
         except oc.ActorError as exc:
             if exc.remote_type in ("ValueError", "TypeError"):
                 raise ValueError(exc.remote_message) from None

@@ -71,7 +71,8 @@ class FrontDoor:
     router follows the store's events too, and counts its blocks at their onboarding cost.
     With ``prefill`` (a second mesh of generators) prompts of ``prefill_min_tokens`` or more
     are prefilled there and handed to ``generators`` to decode (:mod:`._disagg`; each
-    handoff's lease lasts ``hold_s``).
+    handoff's lease lasts ``hold_s``; ``prefill_overlap`` streams it layer by layer as the
+    prompt is computed).
 
     Raises ``ValueError`` for a bad ``max_pending``, policy, threshold or ``hold_s``."""
 
@@ -87,6 +88,7 @@ class FrontDoor:
         prefill: oc.Mesh | None = None,
         prefill_min_tokens: int = MIN_TOKENS,
         hold_s: float = 10.0,
+        prefill_overlap: bool = True,
     ) -> None:
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending must be a positive int, got {max_pending!r}")
@@ -111,7 +113,9 @@ class FrontDoor:
         self.prefill: Prefill | None = None
         if prefill is not None:
             door = FrontDoor(prefill, name=f"{self.name}-prefill", store=store)
-            self.prefill = Prefill(door, min_tokens=prefill_min_tokens, hold_s=hold_s)
+            self.prefill = Prefill(
+                door, min_tokens=prefill_min_tokens, hold_s=hold_s, overlap=prefill_overlap
+            )
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def __aenter__(self) -> FrontDoor:

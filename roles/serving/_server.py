@@ -39,6 +39,7 @@ async def openai_server(
     kv_store_blocks: int = 0,
     prefill: int = 0,
     prefill_min_tokens: int = MIN_TOKENS,
+    prefill_overlap: bool = True,
     placement: Mapping[str, Mapping[str, Any]] | None = None,
     expert_hosts: int = 0,
     micro_batches: int = 1,
@@ -54,7 +55,8 @@ async def openai_server(
     prefix caches (paged engine, float32 blocks) and the router counts its blocks. With
     ``prefill`` generators more, spawned beside them, prompts of ``prefill_min_tokens`` or
     more are prefilled on those and decoded on the others (:mod:`._disagg`; 0: every
-    generator does both). ``placement`` gives ``ctx.spawn``'s placement keywords
+    generator does both; ``prefill_overlap``: each prompt's KV is read layer by layer as it
+    is computed). ``placement`` gives ``ctx.spawn``'s placement keywords
     (``resources``, ``labels``...) per pool, ``"decode"`` and ``"prefill"``: to pin the two
     pools to different hosts. With ``expert_hosts`` (a MoE checkpoint) that many
     :class:`~orchestr.roles.ExpertHost` actors hold the routed experts, spread evenly (with
@@ -112,6 +114,7 @@ async def openai_server(
         async with FrontDoor(
             mesh, router=router, max_pending=max_pending, resend=resend, store=store,
             prefill=meshes.get("prefill"), prefill_min_tokens=prefill_min_tokens,
+            prefill_overlap=prefill_overlap,
         ) as front:  # fmt: skip
             yield openai_app(front, model, api_key=api_key)
     finally:

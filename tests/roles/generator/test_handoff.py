@@ -18,8 +18,8 @@ import torch
 
 import orchestr as oc
 from orchestr.roles import Completion, Generator, Request, kv_block_bytes, models
-from orchestr.roles.generator._paged import block_spans
 from orchestr.roles.generator._paged_engine import PagedEngine
+from orchestr.roles.generator._spans import block_spans
 from tests.roles.generator.test_kv_offload import folder, prompt
 from tests.roles.generator.test_paged_engine import drain
 
@@ -81,10 +81,12 @@ def test_held_blocks_read_by_another_engine_continue_the_request_exactly(
         dec.adopt(p, want, 0, torch.zeros(5, dtype=torch.uint8))
 
 
-async def spawn(ctx: oc.JobContext, folder: pathlib.Path, name: str, **kw: Any) -> oc.Mesh:
+async def spawn(
+    ctx: oc.JobContext, folder: pathlib.Path, name: str, kv: dict[str, Any] | None = None, **kw: Any
+) -> oc.Mesh:
     return await ctx.spawn(
         Generator, name=name, checkpoint=str(folder), torch_threads=1, supervise="handle",
-        kv={"num_blocks": 64, "block_size": BLOCK}, **kw,
+        kv={"num_blocks": 64, "block_size": BLOCK, **(kv or {})}, **kw,
     )  # fmt: skip
 
 

@@ -1,0 +1,292 @@
+"""A handoff streamed layer by layer: the decode side reads a prompt's KV while the prefill
+side is still computing it (as DistServe and FlowKV overlap the transfer with the prefill).
+
+The prefill side (:class:`Streamed`, beside :class:`~._handoff.Holds`): ``prefill(...,
+stream=True)`` grants the handoff when the request is queued, before any of it is computed.
+From then on, each time a layer's keys and values of a step are in the pool (the engine's
+:meth:`~._paged_engine.PagedEngine.watch_layers` hook, in the stepping thread), the stream
+says so: the full prompt blocks allocated so far (each held here from the moment it is
+reported, so nothing frees or rewrites it whatever becomes of the request), how many of them
+are done in every layer (``ready``) and how many layers of the rest are written
+(``written``), under a cursor that only grows. When the prompt is done, the blocks' keys are
+added and the stream becomes an ordinary lease of :class:`~._handoff.Holds`: the reader ends
+it, or it expires ``hold_s`` after the prefill finished. A request that is preempted onto
+other blocks, computed under weights that changed meanwhile, cancelled or failed ends its
+stream ``failed``, its blocks released.
+
+The decode side (:func:`read_streamed`): it asks for the progress past its cursor
+(``handoff_progress``, which waits for news), reads the planes that became ready since its
+last read, one-sided and in as few spans as the layout allows, and repeats until the stream
+is done; then it checks the keys as an unstreamed handoff does and ends the lease. Only what
+the prefill finished after its last read is left to read then: the transfer's exposed time
+(``orchestr:kv_transfer_exposed_seconds``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import threading
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from orchestr import clock as _clock
+from orchestr.roles.kvstore import LeaseExpiredError
+
+from ._scheduler import Step
+from ._spans import plane_spans
+from ._types import Completion, Request
+
+if TYPE_CHECKING:
+    from ._handoff import Holds
+
+__all__ = ["Stream", "Streamed", "read_streamed"]
+
+
+@dataclasses.dataclass(eq=False)
+class Stream:
+    """One streamed handoff on the prefill side: request ``request_id``'s first ``full``
+    blocks (the full ones before its last token), computed under weights ``version``."""
+
+    request_id: str
+    lease: int
+    full: int
+    version: int
+    hold_s: float
+    changed: asyncio.Event
+    blocks: list[int] = dataclasses.field(default_factory=list)  # held here, in order
+    ready: int = 0  # of ``blocks``, those done in every layer
+    written: int = 0  # layers done of ``blocks[ready:]``
+    cursor: int = 0
+    state: str = "running"  # then "done" or "failed"
+    keys: list[bytes] = dataclasses.field(default_factory=list)
+    error: str = ""
+    expires: float = float("inf")  # for a record no reader ended
+
+    def view(self, layers: int) -> dict[str, Any]:
+        return {
+            "cursor": self.cursor, "state": self.state, "blocks": list(self.blocks),
+            "ready": self.ready, "written": self.written, "layers": layers,
+            "keys": list(self.keys), "error": self.error,
+        }  # fmt: skip
+
+
+class Streamed:
+    """The prefill side's streamed handoffs. ``holds`` takes a stream's blocks as a lease
+    when its prompt is done. :meth:`open` and :meth:`wait` run on the event loop; the layer
+    hook in the stepping thread; the rest between steps, under the generator's lock."""
+
+    def __init__(self, holds: Holds, clock: Any = _clock.monotonic) -> None:
+        self._holds = holds
+        self._clock = clock
+        self._lock = threading.Lock()  # the hook may run in several micro-batch threads
+        self._running: dict[str, Stream] = {}  # by request id
+        self._by_lease: dict[int, Stream] = {}  # every stream not ended nor forgotten
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._engine: Any = None
+        self._layers = 0
+        self._size = 1
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def open(self, engine: Any, request: Request, lease: int, hold_s: float) -> Stream:
+        """Stream ``request``'s blocks (call before it is queued, on the loop)."""
+        self._loop = asyncio.get_running_loop()
+        self._engine = engine
+        self._layers = engine.num_layers
+        self._size = engine.cache_keys()[0]
+        self._prune()
+        s = Stream(
+            request.id, lease, (len(request.prompt) - 1) // self._size, engine.version,
+            hold_s, asyncio.Event(),
+        )  # fmt: skip
+        self._running[request.id] = s
+        self._by_lease[lease] = s
+        engine.watch_layers(self._on_layer)
+        return s
+
+    def _on_layer(self, step: Step, layer: int) -> None:
+        """A layer of ``step`` is in the pool (the stepping thread)."""
+        if not self._running:
+            return
+        for seq, n in step.scheduled:
+            s = self._running.get(seq.id)
+            if s is None:
+                continue
+            with self._lock:
+                if s.error:
+                    continue
+                if seq.blocks[: len(s.blocks)] != s.blocks:
+                    s.error = "its prompt moved to other blocks (preempted) mid-stream"
+                    continue
+                covered = min(s.full, (seq.num_computed + n) // self._size)
+                if covered > len(s.blocks):
+                    new = seq.blocks[len(s.blocks) : covered]
+                    self._engine.hold_blocks(new)
+                    s.blocks += new
+                s.ready = max(s.ready, min(s.full, seq.num_computed // self._size))
+                s.written = layer + 1
+                s.cursor += 1
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(s.changed.set)
+
+    def after_step(self, engine: Any, finished: Iterable[Completion]) -> None:
+        """Bring the running streams up to the step that just ended."""
+        if not self._running:
+            return
+        ended = {c.id: c for c in finished}
+        for rid, s in list(self._running.items()):
+            c = ended.get(rid)
+            seq = engine.seq_of(rid)
+            if s.error:
+                self._fail(engine, s, s.error)
+            elif engine.version != s.version:
+                self._fail(engine, s, "the weights changed during the prefill")
+            elif c is not None:
+                if c.finish_reason not in ("stop", "length") or len(s.blocks) != s.full:
+                    self._fail(engine, s, f"the prefill ended {c.finish_reason!r}")
+                    continue
+                with self._lock:
+                    s.ready, s.written, s.state = s.full, 0, "done"
+                    s.keys = engine.prefix_plan(c.prompt)[0][: s.full]
+                    s.expires = self._clock() + s.hold_s
+                    s.cursor += 1
+                del self._running[rid]
+                self._holds.adopt_lease(s.lease, s.blocks, s.expires)
+                s.changed.set()
+            elif seq is None:
+                self._fail(engine, s, "the request ended before its prompt was computed")
+            else:
+                with self._lock:
+                    s.ready = max(s.ready, min(s.full, seq.num_computed // self._size))
+                    s.written = 0
+                    s.cursor += 1
+                s.changed.set()
+        if not self._running:
+            engine.watch_layers(None)
+
+    def fail(self, engine: Any, request_id: str, why: str) -> None:
+        """End ``request_id``'s stream as failed, if it still runs (its request failed)."""
+        s = self._running.get(request_id)
+        if s is not None:
+            self._fail(engine, s, why)
+
+    def release(self, engine: Any, lease: int) -> str | None:
+        """The reader let ``lease`` go: forget it; if it still runs, end it and return its
+        request's id (to cancel)."""
+        s = self._by_lease.pop(lease, None)
+        if s is None or s.state != "running":
+            return None
+        self._fail(engine, s, "released by its reader")
+        return s.request_id
+
+    def forget(self, lease: int) -> None:
+        self._by_lease.pop(lease, None)
+
+    async def wait(self, lease: int, after: int) -> dict[str, Any]:
+        """The progress of ``lease`` once its cursor is past ``after`` (or it ended). Raises
+        :class:`LeaseExpiredError` for a stream not here (ended, expired, or never
+        granted)."""
+        s = self._by_lease.get(lease)
+        if s is None:
+            raise LeaseExpiredError(f"no streamed handoff {lease} here (ended or expired)")
+        while s.cursor <= after and s.state == "running":
+            s.changed.clear()
+            await s.changed.wait()
+        with self._lock:
+            return s.view(self._layers)
+
+    def _fail(self, engine: Any, s: Stream, why: str) -> None:
+        with self._lock:
+            s.state, s.error = "failed", why
+            s.expires = self._clock() + s.hold_s
+            s.cursor += 1
+            held, s.blocks = s.blocks, []
+        self._running.pop(s.request_id, None)
+        engine.release_blocks(held)
+        s.changed.set()
+        if not self._running:
+            engine.watch_layers(None)
+
+    def _prune(self) -> None:
+        now = self._clock()
+        for lease in [k for k, s in self._by_lease.items() if s.expires <= now]:
+            del self._by_lease[lease]
+
+
+async def read_streamed(
+    engine: Any, r: Request, h: dict[str, Any]
+) -> tuple[float, float, int, list[bytes], int, torch.Tensor] | None:
+    """Read what ``engine`` lacks of the streamed handoff ``h`` for ``r`` as the prefill
+    side computes it: (seconds spent reading, seconds of reading left once the prefill had
+    finished, the reads made, the keys, the first block read and the blocks read, as
+    :meth:`~._paged_engine.PagedEngine.adopt` takes them), or ``None`` when this engine
+    lacks nothing of it. Raises ``RuntimeError`` when the prefill failed, and what the calls
+    and reads raise; the lease is let go then."""
+    source, lease = h["source"], h["lease"]
+    keys, local = engine.prefix_plan(r.prompt)
+    planes, plane_bytes, row_bytes = h["planes"], h["plane_bytes"], h["row_bytes"]
+    if len(keys) <= local or planes * row_bytes != engine.block_nbytes:
+        source.release_handoff.broadcast(lease)
+        return None
+    count = len(keys) - local
+    data = torch.empty(count * engine.block_nbytes, dtype=torch.uint8)
+    have = [0] * count  # layers read of each block wanted
+    cursor, busy, done_at, reads = -1, 0.0, 0.0, 0
+    try:
+        while True:
+            p = await source.handoff_progress.call_one(lease, cursor)
+            cursor = p["cursor"]
+            if p["state"] == "failed":
+                raise RuntimeError(f"the prefill generator's stream failed: {p['error']}")
+            if p["state"] == "done":
+                done_at = time.perf_counter()
+            spans = _new_spans(p, have, local, count, plane_bytes, row_bytes)
+            if spans:
+                started = time.perf_counter()
+                await h["buffer"].read_spans([(at, data[to : to + n]) for at, n, to in spans])
+                busy += time.perf_counter() - started
+                reads += 1
+            if p["state"] == "done":
+                break
+    except BaseException:
+        source.release_handoff.broadcast(lease)
+        raise
+    exposed = time.perf_counter() - done_at
+    await source.end_handoff.call_one(lease)  # raises if it had expired: unusable
+    theirs = p["keys"]
+    same = local
+    while same < len(keys) and same < len(theirs) and keys[same] == theirs[same]:
+        same += 1
+    if same == local:
+        return None
+    if same < len(keys):  # blocks past the first that differs are not this prompt's
+        data = data.view(planes, count, -1)[:, : same - local].contiguous().view(-1)
+    return busy, exposed, reads, keys[:same], local, data
+
+
+def _new_spans(
+    p: dict[str, Any], have: list[int], local: int, count: int, plane_bytes: int, row_bytes: int
+) -> list[tuple[int, int, int]]:
+    """The spans of the planes progress ``p`` says are ready and ``have`` lacks (blocks from
+    ``local`` on, each going to its place in a copy of ``count``); ``have`` is updated."""
+    layers = p["layers"]
+    wanted: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+    for i, block in enumerate(p["blocks"][local : local + count]):
+        upto = layers if local + i < p["ready"] else p["written"]
+        if upto > have[i]:
+            ids, places = wanted.setdefault((have[i], upto), ([], []))
+            ids.append(block)
+            places.append(i)
+            have[i] = upto
+    spans: list[tuple[int, int, int]] = []
+    for (lo, hi), (ids, places) in wanted.items():
+        chosen = itertools.chain(range(lo, hi), range(layers + lo, layers + hi))
+        spans += plane_spans(ids, places, chosen, plane_bytes, row_bytes, count)
+    return spans

@@ -1,0 +1,200 @@
+"""A handoff streamed layer by layer: the decode side reads a prompt's KV while the prefill
+side computes it. First the prefill side alone (everything it reports ready, copied at the
+moment it says so, equals what the pool holds at the end; a change of weights mid-prefill
+fails the stream), then real generator actors: the same tokens as one engine, a prefill
+generator SIGKILLed mid-stream, and a reader that lets the stream go."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import signal
+from typing import Any
+
+import pytest
+import torch
+
+import orchestr as oc
+from orchestr.roles import Completion, Request, kv_block_bytes, models
+from orchestr.roles.generator._handoff import Holds
+from orchestr.roles.generator._paged_engine import PagedEngine
+from orchestr.roles.generator._spans import block_spans, plane_spans
+from tests.roles.generator.test_handoff import BLOCK, close, pid_of, spawn, usage
+from tests.roles.generator.test_kv_offload import folder, prompt
+
+__all__ = ["folder"]  # the fixture, used by name
+
+pytestmark = pytest.mark.timeout(180)
+
+BUDGET = 32  # prompt tokens a step: a long prompt takes several steps
+
+
+def test_plane_spans_put_blocks_in_their_places() -> None:
+    # 4 planes of 10 rows of 4 bytes; blocks 3, 4 go to places 1, 2 of a copy of 3 blocks
+    assert plane_spans([3, 4], [1, 2], [0, 2], 40, 4, 3) == [(12, 8, 4), (92, 8, 28)]
+    # consecutive blocks to places that are not consecutive are two spans
+    assert plane_spans([3, 4], [2, 0], [1], 40, 4, 3) == [(52, 4, 20), (56, 4, 12)]
+    assert plane_spans([3, 4], range(2), range(4), 40, 4, 2) == block_spans([3, 4], 4, 40, 4)
+    with pytest.raises(ValueError, match="outside a copy of 2"):
+        plane_spans([3], [2], [0], 40, 4, 2)
+
+
+def engine(folder: pathlib.Path) -> PagedEngine:
+    return PagedEngine(
+        models.load_model(folder), num_blocks=64, block_size=BLOCK, token_budget=BUDGET,
+        model_id="m",
+    )  # fmt: skip
+
+
+def step(e: PagedEngine, holds: Holds) -> list[Completion]:
+    done = e.step()
+    holds.after_step(e, done)
+    return done
+
+
+async def test_what_a_stream_reports_ready_never_changes_afterwards(folder: pathlib.Path) -> None:
+    e, holds = engine(folder), Holds()
+    p = prompt(150)  # 9 full blocks before its last token, computed 32 tokens a step
+    e.submit([Request("warm", p[:40], 1)])  # 2 of its blocks are cached already
+    while e.has_work():
+        step(e, holds)
+    r = Request("p", p, 1, temperature=0.0)
+    h = holds.stream(e, r, hold_s=10.0)
+    assert h["stream"] and h["tokens"] == 9 * BLOCK and holds.leases == 1
+    s = holds.streamed._running["p"]
+    planes, plane_bytes, row_bytes = e.kv_layout
+    layers = planes // 2
+    memory = e.kv_memory.view(torch.uint8)
+    seen: dict[tuple[int, int], torch.Tensor] = {}  # (block, plane) -> its bytes when reported
+    running_reports = 0
+
+    def snapshot() -> None:
+        nonlocal running_reports
+        v = s.view(layers)
+        for i, block in enumerate(v["blocks"]):
+            upto = layers if i < v["ready"] else v["written"]
+            for layer in range(upto):
+                for plane in (layer, layers + layer):
+                    if (block, plane) not in seen:
+                        at = plane * plane_bytes + block * row_bytes
+                        seen[block, plane] = memory[at : at + row_bytes].clone()
+                        running_reports += v["state"] == "running"
+
+    inner = e._runner.on_layer
+    assert inner is not None
+
+    def hook(st: Any, layer: int) -> None:
+        inner(st, layer)
+        snapshot()
+
+    e._runner.on_layer = hook
+    e.submit([r])
+    steps = 0
+    while e.has_work():
+        step(e, holds)
+        snapshot()
+        steps += 1
+    assert steps == 4  # (150 - 32 cached) / 32 tokens a step
+    assert s.state == "done" and s.keys == e.prefix_plan(p)[0] and len(s.blocks) == 9
+    assert s.cursor > 4 * layers  # reported layer by layer, not once at the end
+    assert len(seen) == 9 * planes and running_reports == len(seen)  # all before the end
+    for (block, plane), was in seen.items():
+        at = plane * plane_bytes + block * row_bytes
+        assert torch.equal(memory[at : at + row_bytes], was)
+    # the stream is now an ordinary lease: its reader ends it and the blocks go back
+    assert e.metrics()["vllm:kv_cache_usage_perc"] > 0
+    assert holds.end(e, h["lease"], check=True)
+    assert holds.leases == 0 and e.metrics()["vllm:kv_cache_usage_perc"] == 0.0
+
+
+async def test_new_weights_mid_prefill_fail_the_stream_and_free_its_blocks(
+    folder: pathlib.Path,
+) -> None:
+    e, holds = engine(folder), Holds()
+    r = Request("p", prompt(150), 1, temperature=0.0)
+    h = holds.stream(e, r, hold_s=10.0)
+    e.submit([r])
+    step(e, holds)
+    e.set_version(1)  # on_new_weights="keep": the prompt's blocks mix two versions now
+    while e.has_work():
+        step(e, holds)
+    progress = await holds.streamed.wait(h["lease"], -1)
+    assert progress["state"] == "failed" and "weights changed" in progress["error"]
+    assert progress["blocks"] == [] and holds.leases == 0
+    assert e.metrics()["vllm:kv_cache_usage_perc"] == 0.0
+    assert holds.streamed.release(e, h["lease"]) is None  # already over: nothing to stop
+
+
+async def streamed(pre: oc.Mesh, request: Request) -> dict[str, Any]:
+    h: dict[str, Any] = await pre.prefill.call_one(request, stream=True)
+    return {**h, "source": pre}
+
+
+async def test_a_streamed_handoff_continues_the_request_as_one_engine(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    kv = {"num_blocks": 64, "block_size": BLOCK, "token_budget": BUDGET}
+    pre = await spawn(ctx, folder, "prefill", kv=kv)
+    dec = await spawn(ctx, folder, "decode", kv=kv)
+    alone = await spawn(ctx, folder, "alone", kv=kv)
+    for r in (
+        Request("a", prompt(300, salt=1), 8, temperature=1.0, seed=5, top_logprobs=2),
+        Request("b", prompt(300, salt=1)[:200] + prompt(30, salt=2), 8, temperature=0.0),
+    ):
+        h = await streamed(pre, r)
+        assert h["stream"] and h["blocks"] == []  # granted before any of it was computed
+        (got,) = await dec.generate.call_one([r], kv_from={r.id: h})
+        (want,) = await alone.generate.call_one([r])
+        close(got, want)
+    stats = await dec.stats.call_one()
+    assert stats["orchestr:kv_transfers"] == 2 and stats["orchestr:kv_transfer_failures"] == 0
+    assert stats["orchestr:kv_transfer_reads"] > 2  # read as computed, not once at the end
+    # "b" shares 12 blocks with "a", held by the decode side already: it read 2
+    size = kv_block_bytes(str(folder), BLOCK)
+    assert stats["orchestr:kv_transfer_bytes"] == (18 + 2) * size
+    assert 0 <= stats["orchestr:kv_transfer_exposed_seconds"]
+    assert stats["orchestr:kv_transfer_exposed_seconds"] <= stats["orchestr:kv_transfer_seconds"]
+    pre_stats = await pre.stats.call_one()
+    assert pre_stats["held"] == 0 and pre_stats["orchestr:kv_handoff_expired"] == 0
+    assert await usage(pre) == 0.0 and await usage(dec) == 0.0
+
+
+async def test_a_stream_let_go_stops_its_prefill_and_a_dead_one_is_recomputed(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    kv = {"num_blocks": 128, "block_size": BLOCK, "token_budget": 16}
+    pre = await spawn(ctx, folder, "prefill", kv=kv)
+    dec = await spawn(ctx, folder, "decode", kv=kv)
+    strict = await spawn(ctx, folder, "strict", kv=kv, on_handoff_failure="fail")
+    # let go before it is computed: the prefill request is cancelled, its blocks freed
+    await pre.pause.call_one()
+    h = await streamed(pre, Request("gone", prompt(600), 4, temperature=0.0))
+    assert (await pre.handoff_progress.call_one(h["lease"], -1))["state"] == "running"
+    assert await pre.release_handoff.call_one(h["lease"])
+    with pytest.raises(oc.ActorError, match="no streamed handoff"):
+        await pre.handoff_progress.call_one(h["lease"], -1)
+    await pre.resume.call_one()
+    stats = await pre.stats.call_one()
+    assert stats["held"] == 0 and stats["running"] == stats["waiting"] == 0
+    assert await usage(pre) == 0.0
+    # SIGKILLed mid-stream (63 steps of 16 tokens; stopped after 3 blocks): the decode side
+    # recomputes, or refuses under "fail"
+    k = Request("k", prompt(1000, salt=3), 4, temperature=0.0)
+    h = await streamed(pre, k)
+    reading = asyncio.ensure_future(dec.generate.call_one([k], kv_from={k.id: h}))
+    refusing = asyncio.ensure_future(strict.generate.call_one([k], kv_from={k.id: h}))
+    cursor = -1
+    while (p := await pre.handoff_progress.call_one(h["lease"], cursor))["ready"] < 3:
+        cursor = p["cursor"]
+    await pre.pause.call_one()
+    assert (await pre.handoff_progress.call_one(h["lease"], -1))["state"] == "running"
+    os.kill(await pid_of(ctx, pre), signal.SIGKILL)
+    (got,) = await reading
+    with pytest.raises(oc.ActorError, match="could not be read") as e:
+        await refusing
+    assert e.value.remote_type == "HandoffError"
+    (want,) = await strict.generate.call_one([k])
+    close(got, want)
+    assert (await dec.stats.call_one())["orchestr:kv_transfer_failures"] == 1
+    assert await usage(dec) == 0.0 and await usage(strict) == 0.0
