@@ -85,7 +85,7 @@ def counters(url: str) -> dict[str, float]:
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
         text = r.read().decode()
     out = {}
-    for name in ("bytes", "seconds", "failures"):
+    for name in ("bytes", "seconds", "failures", "exposed_seconds", "reads", "s"):
         pattern = rf"^orchestr:kv_transfer_{name}_total(?:\{{[^}}]*\}})? ([0-9.e+-]+)$"
         out[name] = sum(float(m) for m in re.findall(pattern, text, re.M))
     return out
@@ -127,6 +127,11 @@ def run_mix(
             result["kv_transfer_gbps"] = moved / took / 1e9 if took else 0.0
             result["kv_transfer_mb"] = moved / 1e6
             result["kv_transfer_failures"] = after["failures"] - before["failures"]
+            handoffs = after["s"] - before["s"]
+            exposed = after["exposed_seconds"] - before["exposed_seconds"]
+            # reading left after a prefill had finished (the whole read when not streamed)
+            result["kv_transfer_exposed_ms"] = exposed / handoffs * 1e3 if handoffs else 0.0
+            result["kv_transfer_reads"] = (after["reads"] - before["reads"]) / max(handoffs, 1)
         return result
     finally:
         stop(proc)

@@ -41,7 +41,7 @@ class HandoffEndpoints:
     _claimed: dict[str, asyncio.Future[Completion]]
     _followers: set[asyncio.Task[None]]
     generate: Callable[[list[Any]], Awaitable[list[Completion]]]
-    _claim: Callable[[list[Request], Any], Awaitable[dict[str, asyncio.Future[Completion]]]]
+    _ensure_running: Callable[[], None]
 
     def _init_handoff(self, policy: str) -> None:
         if policy not in HANDOFF_POLICIES:
@@ -88,15 +88,16 @@ class HandoffEndpoints:
         return handoff
 
     async def _prefill_streamed(self, r: Request, hold_s: float) -> Handoff:
-        async with self._lock:
+        if not hold_s > 0:
+            raise ValueError(f"hold_s must be positive, got {hold_s!r}")
+        self._ensure_running()
+        loop = asyncio.get_running_loop()
+        async with self._entering([r], None):  # queued and streamed before any step
             handoff = self._holds.stream(self._engine, r, hold_s)
-        try:
-            futures = await self._claim([r], None)
-        except BaseException:
-            async with self._lock:
-                self._holds.streamed.release(self._engine, handoff["lease"])
-            raise
-        task = asyncio.get_running_loop().create_task(self._follow(r.id, futures[r.id]))
+            future: asyncio.Future[Completion] = loop.create_future()
+            self._claimed[r.id] = future
+        self._wake.set()
+        task = loop.create_task(self._follow(r.id, future))
         self._followers.add(task)
         task.add_done_callback(self._followers.discard)
         return handoff

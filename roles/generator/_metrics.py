@@ -4,25 +4,27 @@ made for vLLM read them: tagged ``model_name`` (the checkpoint or model factory)
 ``engine`` (the actor, ``mesh[rank]``). Counters appear with ``_total`` appended, as
 vLLM's do (``vllm:num_preemptions_total``).
 
-=====================================  =========  ==============================================
-name                                   kind       meaning
-=====================================  =========  ==============================================
-``vllm:num_requests_running``          gauge      requests in the running batch
-``vllm:num_requests_waiting``          gauge      requests queued
-``vllm:generation_tokens``             counter    tokens generated
-``vllm:time_to_first_token_seconds``   histogram  submission to first token
-``vllm:inter_token_latency_seconds``   histogram  between a request's tokens
-``vllm:kv_cache_usage_perc``           gauge      the fraction of KV blocks in use (paged)
-``vllm:prefix_cache_queries``          counter    prompt tokens looked up in the prefix cache
-``vllm:prefix_cache_hits``             counter    of those, found there
-``vllm:num_preemptions``               counter    sequences preempted (recomputed later)
-``orchestr:kv_transfers``              counter    prefilled KV handed here and read
-``orchestr:kv_transfer_bytes``         counter    the bytes of those reads
-``orchestr:kv_transfer_seconds``       counter    seconds reading them (then one call ends a lease)
-``orchestr:kv_transfer_failures``      counter    reads failed or leases expired first
-``orchestr:kv_handoff_leases``         counter    prompts prefilled here for another generator
-``orchestr:kv_handoff_expired``        counter    of their leases, those no reader ended
-=====================================  =========  ==============================================
+========================================  =========  =================================================
+name                                      kind       meaning
+========================================  =========  =================================================
+``vllm:num_requests_running``             gauge      requests in the running batch
+``vllm:num_requests_waiting``             gauge      requests queued
+``vllm:generation_tokens``                counter    tokens generated
+``vllm:time_to_first_token_seconds``      histogram  submission to first token
+``vllm:inter_token_latency_seconds``      histogram  between a request's tokens
+``vllm:kv_cache_usage_perc``              gauge      the fraction of KV blocks in use (paged)
+``vllm:prefix_cache_queries``             counter    prompt tokens looked up in the prefix cache
+``vllm:prefix_cache_hits``                counter    of those, found there
+``vllm:num_preemptions``                  counter    sequences preempted (recomputed later)
+``orchestr:kv_transfers``                 counter    prefilled KV handed here and read
+``orchestr:kv_transfer_bytes``            counter    the bytes of those reads
+``orchestr:kv_transfer_seconds``          counter    seconds reading them (then one call ends a lease)
+``orchestr:kv_transfer_exposed_seconds``  counter    of those seconds, after the prefill had ended
+``orchestr:kv_transfer_reads``            counter    one-sided reads (several a streamed handoff)
+``orchestr:kv_transfer_failures``         counter    reads failed or leases expired first
+``orchestr:kv_handoff_leases``            counter    prompts prefilled here for another generator
+``orchestr:kv_handoff_expired``           counter    of their leases, those no reader ended
+========================================  =========  =================================================
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ _COUNTERS = {
     "orchestr:kv_transfers": "Requests whose prefilled KV was read from another generator.",
     "orchestr:kv_transfer_bytes": "Bytes of prefilled KV read from other generators.",
     "orchestr:kv_transfer_seconds": "Seconds spent reading prefilled KV (not ending leases).",
+    "orchestr:kv_transfer_exposed_seconds": (
+        "Of the seconds reading prefilled KV, those after its prefill had finished."
+    ),
+    "orchestr:kv_transfer_reads": "One-sided reads of prefilled KV (a streamed one makes several).",
     "orchestr:kv_transfer_failures": "Prefilled KV reads that failed or found the lease expired.",
     "orchestr:kv_handoff_leases": "Prompts prefilled here and held for another generator.",
     "orchestr:kv_handoff_expired": "Held prefills whose lease expired before a reader ended it.",

@@ -138,6 +138,11 @@ async def test_a_streamed_handoff_continues_the_request_as_one_engine(
     pre = await spawn(ctx, folder, "prefill", kv=kv)
     dec = await spawn(ctx, folder, "decode", kv=kv)
     alone = await spawn(ctx, folder, "alone", kv=kv)
+    # the prefill generator keeps stepping another request meanwhile: a stream is granted
+    # between its steps, in the lock that queues its request
+    busy = asyncio.ensure_future(
+        pre.generate.call_one([Request("busy", prompt(20, salt=9), 150, temperature=0.0)])
+    )
     for r in (
         Request("a", prompt(300, salt=1), 8, temperature=1.0, seed=5, top_logprobs=2),
         Request("b", prompt(300, salt=1)[:200] + prompt(30, salt=2), 8, temperature=0.0),
@@ -155,6 +160,8 @@ async def test_a_streamed_handoff_continues_the_request_as_one_engine(
     assert stats["orchestr:kv_transfer_bytes"] == (18 + 2) * size
     assert 0 <= stats["orchestr:kv_transfer_exposed_seconds"]
     assert stats["orchestr:kv_transfer_exposed_seconds"] <= stats["orchestr:kv_transfer_seconds"]
+    assert not busy.done()  # it ran beside both streams
+    await busy
     pre_stats = await pre.stats.call_one()
     assert pre_stats["held"] == 0 and pre_stats["orchestr:kv_handoff_expired"] == 0
     assert await usage(pre) == 0.0 and await usage(dec) == 0.0
