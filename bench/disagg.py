@@ -85,9 +85,9 @@ def counters(url: str) -> dict[str, float]:
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
         text = r.read().decode()
     out = {}
-    for name in ("bytes", "seconds", "failures", "exposed_seconds", "reads", "s"):
-        pattern = rf"^orchestr:kv_transfer_{name}_total(?:\{{[^}}]*\}})? ([0-9.e+-]+)$"
-        out[name] = sum(float(m) for m in re.findall(pattern, text, re.M))
+    for name in ("_bytes", "_seconds", "_failures", "_exposed_seconds", "_reads", "s"):
+        pattern = rf"^orchestr:kv_transfer{name}_total(?:\{{[^}}]*\}})? ([0-9.e+-]+)$"
+        out[name.lstrip("_")] = sum(float(m) for m in re.findall(pattern, text, re.M))
     return out
 
 

@@ -42,6 +42,7 @@ class HandoffEndpoints:
     _followers: set[asyncio.Task[None]]
     generate: Callable[[list[Any]], Awaitable[list[Completion]]]
     _ensure_running: Callable[[], None]
+    _wake: asyncio.Event
 
     def _init_handoff(self, policy: str) -> None:
         if policy not in HANDOFF_POLICIES:
@@ -106,7 +107,11 @@ class HandoffEndpoints:
         """Wait for a streamed prefill; a request that fails ends its stream."""
         try:
             await future
-        except BaseException as exc:
+        except asyncio.CancelledError:
+            if not future.cancelled():
+                raise  # this task was cancelled: the generator is closing
+            return  # its reader let it go, which ended the stream
+        except Exception as exc:
             async with self._lock:
                 self._holds.streamed.fail(self._engine, request_id, f"the prefill failed: {exc!r}")
         self._keep_expiring()

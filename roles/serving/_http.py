@@ -286,6 +286,12 @@ class _App:
             ("orchestr:kv_transfers", "counter", "Requests whose prefilled KV was read."),
             ("orchestr:kv_transfer_bytes", "counter", "Bytes of prefilled KV read."),
             ("orchestr:kv_transfer_seconds", "counter", "Seconds reading prefilled KV."),
+            (
+                "orchestr:kv_transfer_exposed_seconds",
+                "counter",
+                "Seconds reading prefilled KV after its prefill had finished.",
+            ),
+            ("orchestr:kv_transfer_reads", "counter", "One-sided reads of prefilled KV."),
             ("orchestr:kv_transfer_failures", "counter", "Prefilled KV reads that failed."),
             ("orchestr:kv_handoff_expired", "counter", "Prefill leases no reader ended."),
         ):

@@ -99,6 +99,9 @@ async def test_long_prompts_are_prefilled_on_the_prefill_pool(
             text = (await h.get("/metrics")).text
         assert 'orchestr:frontdoor_prefill_remote_total{model_name="m"} 2.0' in text
         assert 'orchestr:frontdoor_prefill_local_total{model_name="m"} 1.0' in text
+        assert 'orchestr:kv_transfers_total{model_name="m"} 2.0' in text
+        assert "orchestr:kv_transfer_reads_total" in text  # streamed: one read or more each
+        assert "orchestr:kv_transfer_exposed_seconds_total" in text
         await until_idle(dec)
         await until_idle(pre)
         assert (await pre.stats.call_one())["held"] == 0
