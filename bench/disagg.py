@@ -26,7 +26,10 @@ handoff reads (``spans_gbps``: one span per layer plane).
 
 Measured here (two cores; SLO 3 s / 30 ms): prefill_heavy 0.96 against 0.84 requests/s
 (1.14x, TPOT p99 21 against 39 ms, TTFT p50 1.45 against 0.82 s), decode_heavy 0.77 against
-0.82 (0.93x); KV read at 1.6 GB/s under that load against read_into's 9.9 GB/s.
+0.82 (0.93x); KV read at 1.6 GB/s under that load against read_into's 9.9 GB/s. With the
+handoffs streamed layer by layer, prefill_heavy at 1.6, 2 and 2.5 requests/s: 1.72 against
+1.65 (1.04x, both best at 2/s), 0.01 ms of reading left after each prefill
+(``kv_transfer_exposed_ms``, 20 reads a handoff: ``kv_transfer_reads``).
 
 Prints a table per mix and one JSON line last: ``{"prefill_heavy": {"colocated": {...},
 "disagg": {...}, "limit": {...}}, "decode_heavy": {...}}`` with ``goodput_req_per_s``,
