@@ -7,7 +7,8 @@ contract, so the generator drives it as it drives any engine:
 
 - **offload**: after each step (in the step's thread) the blocks that entered the prefix
   cache are copied out and queued; a task puts them into the store (one put per step:
-  reserve, one-sided writes into the store's memory, publish). Past ``max_queued`` blocks
+  reserve, one-sided writes into the store's memory, publish; the steps queued while a put
+  was in flight go as one). Past ``max_queued`` blocks
   waiting, new ones are dropped and counted: the store is a cache, never a brake on steps.
 - **onboard**: :meth:`StoreEngine.fetch`, awaited before the requests are submitted, looks
   up each prompt's blocks past the local prefix in the store and reads the stored run (a
@@ -45,6 +46,8 @@ log = structlog.get_logger("orchestr.roles.generator")
 Fetched = tuple[list[bytes], int, list[torch.Tensor], float]
 #: Seconds fetched blocks wait for their request's submit before they are dropped.
 FETCHED_S = 30.0
+#: At most this many blocks are joined into one put (more may come with the first step's).
+MAX_PUT = 256
 
 
 class StoreEngine:
@@ -69,6 +72,7 @@ class StoreEngine:
         self._task: asyncio.Task[None] | None = None
         self.counts = {
             "orchestr:kv_store_offloaded_blocks": 0,  # new in the store
+            "orchestr:kv_store_puts": 0,  # puts made (one per step, or fewer when behind)
             "orchestr:kv_store_offload_dropped_blocks": 0,  # queue full, or the put failed
             "orchestr:kv_store_onboarded_tokens": 0,
             "orchestr:kv_store_onboard_failures": 0,
@@ -145,6 +149,12 @@ class StoreEngine:
                 await self._wake.wait()
                 continue
             ns, keys, copies = self._queue.popleft()
+            # what several steps queued meanwhile goes as one put: the store answers fewer
+            # calls when it falls behind
+            while self._queue and self._queue[0][0] == ns and len(keys) < MAX_PUT:
+                _, more, data = self._queue.popleft()
+                keys, copies = keys + more, copies + data
+            self.counts["orchestr:kv_store_puts"] += 1
             try:
                 new = await put_blocks(self.store, ns, keys, copies)
                 self.counts["orchestr:kv_store_offloaded_blocks"] += new

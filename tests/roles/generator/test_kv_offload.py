@@ -6,7 +6,9 @@ and entered into another), then real generator actors and a real store."""
 from __future__ import annotations
 
 import asyncio
+import os
 import pathlib
+import signal
 
 import pytest
 import torch
@@ -124,6 +126,33 @@ async def test_a_second_generator_onboards_a_prefix_the_first_computed(
     # a generator whose engine has no paged cache refuses a store
     with pytest.raises(oc.SpawnError, match="backs the paged engine's prefix cache"):
         await ctx.spawn(Generator, kv_store=store)
+
+
+async def test_steps_queued_behind_a_slow_store_go_as_one_put(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    store = await ctx.spawn(KVStore, kv_block_bytes(str(folder), BLOCK), 64)
+    gen = await ctx.spawn(
+        Generator, checkpoint=str(folder), torch_threads=1, kv_store=store,
+        kv={"block_size": BLOCK, "num_blocks": 64},
+    )  # fmt: skip
+    pid = next(a.pid for a in await ctx.actors() if a.name == store.name)
+    os.kill(pid, signal.SIGSTOP)  # the first put waits; what later steps cache queues
+    try:  # a prompt under one block: nothing to look up in the store first
+        (c,) = await gen.generate.call_one([Request("a", prompt(10), 80, temperature=0.0)])
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # every 16th token fills a block: 5 steps each cached one (the last token's KV is never
+    # computed)
+    assert (10 + len(c.tokens) - 1) // BLOCK == 5
+    for _ in range(600):
+        if (await _metrics(gen))["orchestr:kv_store_offloaded_blocks"] == 5:
+            break
+        await asyncio.sleep(0.05)
+    metrics = await _metrics(gen)
+    assert metrics["orchestr:kv_store_offloaded_blocks"] == 5
+    assert metrics["orchestr:kv_store_puts"] == 2  # the first, then the four queued as one
+    assert metrics["orchestr:kv_store_offload_dropped_blocks"] == 0
 
 
 async def _keys(gen: oc.Mesh, p: list[int]) -> tuple[str, list[bytes]]:
