@@ -149,6 +149,7 @@ class Holds:
         for lease in gone:
             engine.release_blocks(self._leases.pop(lease)[0])
         self.counts["orchestr:kv_handoff_expired"] += len(gone)
+        self.streamed.prune()
         return len(gone)
 
     def stream(self, engine: Any, request: Request, hold_s: float) -> Handoff:

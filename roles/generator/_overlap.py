@@ -101,7 +101,7 @@ class Streamed:
         self._engine = engine
         self._layers = engine.num_layers
         self._size = engine.cache_keys()[0]
-        self._prune()
+        self.prune()
         s = Stream(
             request.id, lease, (len(request.prompt) - 1) // self._size, engine.version,
             hold_s, asyncio.Event(),
@@ -192,7 +192,9 @@ class Streamed:
     async def wait(self, lease: int, after: int) -> dict[str, Any]:
         """The progress of ``lease`` once its cursor is past ``after`` (or it ended). Raises
         :class:`LeaseExpiredError` for a stream not here (ended, expired, or never
-        granted)."""
+        granted) and ``ValueError`` for a cursor that is not an int."""
+        if isinstance(after, bool) or not isinstance(after, int):
+            raise ValueError(f"after is a cursor (an int), got {after!r}")
         s = self._by_lease.get(lease)
         if s is None:
             raise LeaseExpiredError(f"no streamed handoff {lease} here (ended or expired)")
@@ -214,7 +216,8 @@ class Streamed:
         if not self._running:
             engine.watch_layers(None)
 
-    def _prune(self) -> None:
+    def prune(self) -> None:
+        """Forget the ended streams past their expiry that no reader ended."""
         now = self._clock()
         for lease in [k for k, s in self._by_lease.items() if s.expires <= now]:
             del self._by_lease[lease]

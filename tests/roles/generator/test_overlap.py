@@ -20,6 +20,7 @@ from orchestr.roles import Completion, Request, kv_block_bytes, models
 from orchestr.roles.generator._handoff import Holds
 from orchestr.roles.generator._paged_engine import PagedEngine
 from orchestr.roles.generator._spans import block_spans, plane_spans
+from orchestr.roles.kvstore import LeaseExpiredError
 from tests.roles.generator.test_handoff import BLOCK, close, pid_of, spawn, usage
 from tests.roles.generator.test_kv_offload import folder, prompt
 
@@ -111,7 +112,8 @@ async def test_what_a_stream_reports_ready_never_changes_afterwards(folder: path
 async def test_new_weights_mid_prefill_fail_the_stream_and_free_its_blocks(
     folder: pathlib.Path,
 ) -> None:
-    e, holds = engine(folder), Holds()
+    now = [0.0]
+    e, holds = engine(folder), Holds(clock=lambda: now[0])
     r = Request("p", prompt(150), 1, temperature=0.0)
     h = holds.stream(e, r, hold_s=10.0)
     e.submit([r])
@@ -123,7 +125,14 @@ async def test_new_weights_mid_prefill_fail_the_stream_and_free_its_blocks(
     assert progress["state"] == "failed" and "weights changed" in progress["error"]
     assert progress["blocks"] == [] and holds.leases == 0
     assert e.metrics()["vllm:kv_cache_usage_perc"] == 0.0
-    assert holds.streamed.release(e, h["lease"]) is None  # already over: nothing to stop
+    with pytest.raises(ValueError, match="after is a cursor"):
+        await holds.streamed.wait(h["lease"], "0")  # type: ignore[arg-type]
+    # its reader never came: the record goes once its time has passed
+    now[0] += 11.0
+    assert holds.expire(e) == 0  # no blocks were left to release
+    with pytest.raises(LeaseExpiredError):
+        await holds.streamed.wait(h["lease"], -1)
+    assert holds.streamed.release(e, h["lease"]) is None  # gone: nothing to stop
 
 
 async def streamed(pre: oc.Mesh, request: Request) -> dict[str, Any]:
