@@ -126,7 +126,7 @@ async def test_new_weights_mid_prefill_fail_the_stream_and_free_its_blocks(
     assert progress["blocks"] == [] and holds.leases == 0
     assert e.metrics()["vllm:kv_cache_usage_perc"] == 0.0
     with pytest.raises(ValueError, match="after is a cursor"):
-        await holds.streamed.wait(h["lease"], "0")  # type: ignore[arg-type]
+        await holds.streamed.wait(h["lease"], "0")
     # its reader never came: the record goes once its time has passed
     now[0] += 11.0
     assert holds.expire(e) == 0  # no blocks were left to release
