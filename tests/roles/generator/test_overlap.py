@@ -10,6 +10,7 @@ import asyncio
 import os
 import pathlib
 import signal
+import threading
 from typing import Any
 
 import pytest
@@ -41,10 +42,10 @@ def test_plane_spans_put_blocks_in_their_places() -> None:
         plane_spans([3], [2], [0], 40, 4, 2)
 
 
-def engine(folder: pathlib.Path) -> PagedEngine:
+def engine(folder: pathlib.Path, micro_batches: int = 1) -> PagedEngine:
     return PagedEngine(
         models.load_model(folder), num_blocks=64, block_size=BLOCK, token_budget=BUDGET,
-        model_id="m",
+        model_id="m", micro_batches=micro_batches,
     )  # fmt: skip
 
 
@@ -54,8 +55,13 @@ def step(e: PagedEngine, holds: Holds) -> list[Completion]:
     return done
 
 
-async def test_what_a_stream_reports_ready_never_changes_afterwards(folder: pathlib.Path) -> None:
-    e, holds = engine(folder), Holds()
+@pytest.mark.parametrize("micro_batches", [1, 2])
+async def test_what_a_stream_reports_ready_never_changes_afterwards(
+    folder: pathlib.Path, micro_batches: int
+) -> None:
+    # with 2 micro-batches a request decoding beside the prompt makes each step two halves
+    # run at once, each calling the layer hook from its own thread
+    e, holds = engine(folder, micro_batches), Holds()
     p = prompt(150)  # 9 full blocks before its last token, computed 32 tokens a step
     e.submit([Request("warm", p[:40], 1)])  # 2 of its blocks are cached already
     while e.has_work():
@@ -70,9 +76,16 @@ async def test_what_a_stream_reports_ready_never_changes_afterwards(folder: path
     seen: dict[tuple[int, int], torch.Tensor] = {}  # (block, plane) -> its bytes when reported
     running_reports = 0
 
+    guard = threading.Lock()  # the hook runs in both micro-batches' threads
+
     def snapshot() -> None:
+        with guard:
+            copy_reported()
+
+    def copy_reported() -> None:
         nonlocal running_reports
-        v = s.view(layers)
+        with holds.streamed._lock:  # as a reader's progress call takes it
+            v = s.view(layers)
         for i, block in enumerate(v["blocks"]):
             upto = layers if i < v["ready"] else v["written"]
             for layer in range(upto):
@@ -85,18 +98,28 @@ async def test_what_a_stream_reports_ready_never_changes_afterwards(folder: path
     inner = e._runner.on_layer
     assert inner is not None
 
+    threads: set[int] = set()
+
     def hook(st: Any, layer: int) -> None:
+        threads.add(threading.get_ident())
         inner(st, layer)
         snapshot()
 
     e._runner.on_layer = hook
+    if micro_batches > 1:
+        e.submit([Request("beside", prompt(20, salt=5), 40, temperature=0.0)])
     e.submit([r])
     steps = 0
-    while e.has_work():
+    while s.state == "running":
         step(e, holds)
         snapshot()
         steps += 1
-    assert steps == 4  # (150 - 32 cached) / 32 tokens a step
+    # (150 - 32 cached) / 32 tokens a step; beside another prompt the first step shares
+    assert steps == 4 + (micro_batches > 1)
+    # the halves run at once where the kernels run (else one after the other)
+    assert len(threads) == (micro_batches if e._runner.ops is not None else 1)
+    while e.has_work():
+        step(e, holds)
     assert s.state == "done" and s.keys == e.prefix_plan(p)[0] and len(s.blocks) == 9
     assert s.cursor > 4 * layers  # reported layer by layer, not once at the end
     assert len(seen) == 9 * planes and running_reports == len(seen)  # all before the end
