@@ -29,7 +29,9 @@ Measured here (two cores; SLO 3 s / 30 ms): prefill_heavy 0.96 against 0.84 requ
 0.82 (0.93x); KV read at 1.6 GB/s under that load against read_into's 9.9 GB/s. With the
 handoffs streamed layer by layer, prefill_heavy at 1.6, 2 and 2.5 requests/s: 1.72 against
 1.65 (1.04x, both best at 2/s), 0.01 ms of reading left after each prefill
-(``kv_transfer_exposed_ms``, 20 reads a handoff: ``kv_transfer_reads``).
+(``kv_transfer_exposed_ms``, 20 reads a handoff: ``kv_transfer_reads``); decode_heavy at
+0.5, 1 and 2: 0.82 (at 1/s) against 1.36 (at 2/s, where one decode generator falls behind):
+0.60x.
 
 Prints a table per mix and one JSON line last: ``{"prefill_heavy": {"colocated": {...},
 "disagg": {...}, "limit": {...}}, "decode_heavy": {...}}`` with ``goodput_req_per_s``,
