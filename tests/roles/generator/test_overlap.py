@@ -167,13 +167,13 @@ async def test_a_streamed_handoff_continues_the_request_as_one_engine(
     ctx: oc.JobContext, folder: pathlib.Path
 ) -> None:
     kv = {"num_blocks": 64, "block_size": BLOCK, "token_budget": BUDGET}
-    pre = await spawn(ctx, folder, "prefill", kv=kv)
+    pre = await spawn(ctx, folder, "prefill", kv={**kv, "num_blocks": 256})
     dec = await spawn(ctx, folder, "decode", kv=kv)
     alone = await spawn(ctx, folder, "alone", kv=kv)
     # the prefill generator keeps stepping another request meanwhile: a stream is granted
     # between its steps, in the lock that queues its request
     busy = asyncio.ensure_future(
-        pre.generate.call_one([Request("busy", prompt(20, salt=9), 150, temperature=0.0)])
+        pre.generate.call_one([Request("busy", prompt(20, salt=9), 3000, temperature=0.0)])
     )
     for r in (
         Request("a", prompt(300, salt=1), 8, temperature=1.0, seed=5, top_logprobs=2),
@@ -192,8 +192,10 @@ async def test_a_streamed_handoff_continues_the_request_as_one_engine(
     assert stats["orchestr:kv_transfer_bytes"] == (18 + 2) * size
     assert 0 <= stats["orchestr:kv_transfer_exposed_seconds"]
     assert stats["orchestr:kv_transfer_exposed_seconds"] <= stats["orchestr:kv_transfer_seconds"]
-    assert not busy.done()  # it ran beside both streams
-    await busy
+    assert not busy.done()  # it ran beside both streams (3,000 steps: seconds to go)
+    await pre.reset.call_one()
+    with pytest.raises(oc.ActorError, match="reset"):
+        await busy
     pre_stats = await pre.stats.call_one()
     assert pre_stats["held"] == 0 and pre_stats["orchestr:kv_handoff_expired"] == 0
     assert await usage(pre) == 0.0 and await usage(dec) == 0.0
@@ -217,18 +219,17 @@ async def test_a_stream_let_go_stops_its_prefill_and_a_dead_one_is_recomputed(
     stats = await pre.stats.call_one()
     assert stats["held"] == 0 and stats["running"] == stats["waiting"] == 0
     assert await usage(pre) == 0.0
-    # SIGKILLed mid-stream (63 steps of 16 tokens; stopped after 3 blocks): the decode side
+    # SIGKILLed mid-stream (63 steps of 16 tokens; killed once 3 blocks are ready): the decode side
     # recomputes, or refuses under "fail"
     k = Request("k", prompt(1000, salt=3), 4, temperature=0.0)
     h = await streamed(pre, k)
     reading = asyncio.ensure_future(dec.generate.call_one([k], kv_from={k.id: h}))
     refusing = asyncio.ensure_future(strict.generate.call_one([k], kv_from={k.id: h}))
-    cursor = -1
+    pid, cursor = await pid_of(ctx, pre), -1
     while (p := await pre.handoff_progress.call_one(h["lease"], cursor))["ready"] < 3:
         cursor = p["cursor"]
-    await pre.pause.call_one()
-    assert (await pre.handoff_progress.call_one(h["lease"], -1))["state"] == "running"
-    os.kill(await pid_of(ctx, pre), signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)  # at once: no call in between lets the prefill run on
+    assert p["state"] == "running"
     (got,) = await reading
     with pytest.raises(oc.ActorError, match="could not be read") as e:
         await refusing
