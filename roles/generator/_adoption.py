@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._blocks import BlockPool, hash_block
+from ._blocks import BlockPool, chain_hashes
 
 __all__ = ["BlocksFromElsewhere"]
 
@@ -23,12 +23,14 @@ class BlocksFromElsewhere:
         """The keys of ``prompt``'s blocks that a prefix hit may cover (the full ones before
         its last token), chained as :meth:`_admit` computes them."""
         size, extra = self.pool.block_size, (*self.extra_keys, cache_salt)
-        keys: list[bytes] = []
-        parent: bytes | None = None
-        for b in range((len(prompt) - 1) // size):
-            parent = hash_block(parent, prompt[b * size : (b + 1) * size], extra)
-            keys.append(parent)
-        return keys
+        return list(chain_hashes(None, prompt, size, extra, range((len(prompt) - 1) // size)))
+
+    def keyed(
+        self, prompt: Sequence[int], cache_salt: str | None = None
+    ) -> tuple[tuple[Any, ...], list[bytes]]:
+        """:meth:`prompt_keys` with the extra keys they are made under: a ``Seq``'s
+        ``known_keys``, so admitting it does not hash the prompt again."""
+        return (*self.extra_keys, cache_salt), self.prompt_keys(prompt, cache_salt)
 
     def cached_run(self, keys: Sequence[bytes]) -> int:
         """How many of ``keys``, from the first, are in the prefix cache."""

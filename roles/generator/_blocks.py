@@ -16,12 +16,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import msgpack
 
-__all__ = ["AllBlocksCleared", "BlockPool", "BlockRemoved", "BlockStored", "hash_block"]
+__all__ = [
+    "AllBlocksCleared",
+    "BlockPool",
+    "BlockRemoved",
+    "BlockStored",
+    "chain_hashes",
+    "hash_block",
+]
 
 TIER = "device"
 
@@ -61,6 +68,28 @@ def hash_block(parent: bytes | None, tokens: Sequence[int], extra: Sequence[Any]
     (msgpack-encoded; the extra keys must be msgpack values)."""
     payload = msgpack.packb([parent, list(tokens), list(extra)], use_bin_type=True)
     return hashlib.sha256(payload).digest()
+
+
+def chain_hashes(
+    parent: bytes | None, tokens: Sequence[int], size: int, extra: Sequence[Any], blocks: range
+) -> Iterator[bytes]:
+    """The keys of ``tokens``' full blocks numbered ``blocks`` (of ``size`` tokens), chained
+    from ``parent`` (the key of the block before the first): :func:`hash_block`'s, one after
+    the other, with the extra keys encoded once. A generator: a caller that stops at the
+    first key it has not cached hashes no further."""
+    packer = msgpack.Packer(use_bin_type=True)
+    pack, sha256 = packer.pack, hashlib.sha256
+    tail = pack(list(extra))
+    if not isinstance(tokens, (list, tuple)):  # msgpack encodes both as an array
+        tokens = list(tokens)
+    head = b"\x93" + pack(parent)  # the header of hash_block's 3-element array, its parent
+    for b in blocks:
+        h = sha256(head)
+        h.update(pack(tokens[b * size : (b + 1) * size]))
+        h.update(tail)
+        parent = h.digest()
+        head = b"\x93\xc4\x20" + parent  # a parent from here on: 32 bytes, as msgpack's bin 8
+        yield parent
 
 
 class BlockPool:

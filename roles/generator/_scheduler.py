@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from ._adoption import BlocksFromElsewhere
-from ._blocks import BlockPool, hash_block
+from ._blocks import BlockPool, chain_hashes
 
 __all__ = ["Scheduler", "Seq", "Step"]
 
@@ -59,6 +59,10 @@ class Seq:
     #: Whether the blocks it fills enter the prefix cache (not once its keys and values mix
     #: two weight versions; again after it is recomputed).
     cacheable: bool = True
+    #: Its prompt's block keys, when the caller had them already (a router hashed the prompt:
+    #: :meth:`Scheduler.keyed`), with the extra keys they were made under. Used while those
+    #: are still the scheduler's; the keys are made again otherwise.
+    known_keys: tuple[tuple[Any, ...], list[bytes]] | None = None
 
     @property
     def tokens(self) -> list[int]:
@@ -297,21 +301,30 @@ class Scheduler(BlocksFromElsewhere):
     def _extra(self, seq: Seq) -> tuple[Any, ...]:
         return (*self.extra_keys, seq.cache_salt)
 
+    def _chain(self, seq: Seq, parent: bytes | None, blocks: range) -> Iterator[bytes]:
+        """The keys of ``seq``'s blocks numbered ``blocks`` (``parent``: the one before):
+        from its known keys as far as they go and are this scheduler's, made after."""
+        extra = self._extra(seq)
+        known = seq.known_keys
+        if known is not None and known[0] == extra and blocks.start < len(known[1]):
+            stop = min(blocks.stop, len(known[1]))
+            yield from known[1][blocks.start : stop]
+            parent, blocks = known[1][stop - 1], range(stop, blocks.stop)
+        yield from chain_hashes(parent, seq.tokens, self.pool.block_size, extra, blocks)
+
     def _admit(self, seq: Seq, budget: int) -> int:
         """Give ``seq`` its cached prefix and blocks for its first chunk; the chunk's size, or
         0 when the pool cannot hold it now (nothing changes then)."""
         size, tokens = self.pool.block_size, seq.tokens
         hits: list[int] = []
         keys: list[bytes] = []
-        parent: bytes | None = None
-        for b in range((len(tokens) - 1) // size):  # the last token is always computed
-            key = hash_block(parent, tokens[b * size : (b + 1) * size], self._extra(seq))
+        full = range((len(tokens) - 1) // size)  # the last token is always computed
+        for key in self._chain(seq, None, full):
             block = self.pool.lookup(key)
             if block is None:
                 break
             hits.append(block)
             keys.append(key)
-            parent = key
         computed = len(hits) * size
         n = min(len(tokens) - computed, budget)
         need = self.blocks_for(computed + n) - len(hits)
@@ -346,11 +359,8 @@ class Scheduler(BlocksFromElsewhere):
             return
         tokens = seq.tokens
         parent = seq.keys[-1] if seq.keys else None
-        first, keys = len(seq.keys), []
-        prev = parent
-        for b in range(first, full):
-            prev = hash_block(prev, tokens[b * size : (b + 1) * size], self._extra(seq))
-            keys.append(prev)
+        first = len(seq.keys)
+        keys = list(self._chain(seq, parent, range(first, full)))
         self.pool.commit(seq.blocks[first:full], keys, parent, tokens[first * size : full * size])
         seq.keys += keys
 

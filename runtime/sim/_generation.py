@@ -257,13 +257,20 @@ class SimGenerator:
             self._load = (prefill, decode)
         return self._load
 
-    def submit(self, request_id: str, prompt: Sequence[int], max_tokens: int) -> None:
+    def submit(
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        max_tokens: int,
+        known_keys: tuple[tuple[Any, ...], list[bytes]] | None = None,
+    ) -> None:
         """A request arriving now: ``prompt``'s tokens (their values matter only to the prefix
-        cache) and ``max_tokens`` out. Raises ``ValueError`` for one the scheduler refuses
-        (an empty prompt, or one that could never fit) and for a repeated id."""
+        cache) and ``max_tokens`` out; ``known_keys`` its block keys if a router made them
+        (``Scheduler.keyed``). Raises ``ValueError`` for one the scheduler refuses (an empty
+        prompt, or one that could never fit) and for a repeated id."""
         if request_id in self.times:
             raise ValueError(f"request {request_id!r} is already here")
-        seq = Seq(request_id, list(prompt), max_tokens)
+        seq = Seq(request_id, list(prompt), max_tokens, known_keys=known_keys)
         if self._run is None:
             self.scheduler.add(seq)
         else:  # queued after the step in progress, which cannot have seen it

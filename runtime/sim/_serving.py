@@ -140,7 +140,16 @@ class _Pool:
         for name in self.gens:
             router.add(name)
 
-    def route(self, prompt: Sequence[int], now: float) -> str:
+    def submit(self, request_id: str, prompt: Sequence[int], max_tokens: int, now: float) -> str:
+        """Route a request and submit it there, with the block keys the router made."""
+        worker, known = self.route(prompt, now)
+        self.gens[worker].submit(request_id, prompt, max_tokens, known)
+        return worker
+
+    def route(
+        self, prompt: Sequence[int], now: float
+    ) -> tuple[str, tuple[tuple[Any, ...], list[bytes]] | None]:
+        """The generator for ``prompt``, and its block keys if the rule made them."""
         loads = self.loads
         for name, gen in self.gens.items():  # those that changed since: their events, load
             if gen.changes != self.seen[name]:
@@ -148,11 +157,13 @@ class _Pool:
                 self.router.apply(name, gen.scheduler.pool.take_events())
                 loads[name] = Load(*gen.load)
         hashes: list[bytes] = []
+        known = None
         if self.router.policy == "kv":  # as the front door: hashed only for the kv rule
-            hashes = next(iter(self.gens.values())).scheduler.prompt_keys(prompt)
+            known = next(iter(self.gens.values())).scheduler.keyed(prompt)
+            hashes = known[1]
         choice = self.router.choose(hashes, loads, now)
         self.router.expect(choice.worker, hashes, now)
-        return choice.worker
+        return choice.worker, known
 
 
 def simulate_serving(
@@ -213,7 +224,7 @@ def simulate_serving(
                 s.end = times.end
                 return
             source = where[times.id]
-            target = s.worker = decode.route(request.prompt, engine.seconds)
+            target = s.worker = decode.route(request.prompt, engine.seconds)[0]
             nbytes = kv_bytes_per_token * len(request.prompt)
             moved[0] += nbytes
             path = ((source, "fabric"), ("fabric", target))
@@ -222,11 +233,12 @@ def simulate_serving(
 
         def handoff(request: ServingRequest, target: str) -> None:
             sched = decode.gens[target].scheduler
-            keys = sched.prompt_keys(request.prompt)
+            known = sched.keyed(request.prompt)
+            keys = known[1]
             start = sched.cached_run(keys)
             sched.adopt(keys, request.prompt, start, len(keys) - start)
             prompt = [*request.prompt, 0]  # and the first token, sampled on the prefill side
-            decode.gens[target].submit(request.id, prompt, request.output_tokens - 1)
+            decode.gens[target].submit(request.id, prompt, request.output_tokens - 1, known)
 
         pre = _Pool(engine, "prefill", prefill, Router(policy), model=prefill_model or model,
                     done=prefilled, **shape)  # fmt: skip
@@ -242,13 +254,12 @@ def simulate_serving(
         now = engine.seconds
         if pre is not None and len(request.prompt) >= min_prefill_tokens:
             served[request.id].path = "disaggregated"
-            worker = where[request.id] = pre.route(request.prompt, now)
-            pre.gens[worker].submit(request.id, request.prompt, 1)
+            where[request.id] = pre.submit(request.id, request.prompt, 1, now)
             return
         if pre is not None:
             served[request.id].path = "prefilled_on_decode"
-        worker = served[request.id].worker = decode.route(request.prompt, now)
-        decode.gens[worker].submit(request.id, request.prompt, request.output_tokens)
+        worker = decode.submit(request.id, request.prompt, request.output_tokens, now)
+        served[request.id].worker = worker
 
     for r in sorted(requests, key=lambda r: r.arrival):
         engine.at(round(r.arrival * 1e9), arrive, r, name="arrival")

@@ -14,6 +14,7 @@ from orchestr.roles.generator._blocks import (
     BlockPool,
     BlockRemoved,
     BlockStored,
+    chain_hashes,
     hash_block,
 )
 from orchestr.roles.generator._scheduler import Scheduler, Seq, Step
@@ -95,6 +96,47 @@ def test_events_name_the_blocks_their_parents_and_tokens() -> None:
     sched.finish(sched.running[0], "cancelled")
     assert pool.clear_cache() and pool.take_events() == [AllBlocksCleared()]
     assert pool.cached == {}
+
+
+@given(
+    tokens=st.lists(st.integers(0, 2**31 - 1), max_size=70),
+    extra=st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**64 - 1), st.text(), st.binary())),
+    size=st.integers(1, 9),
+)
+def test_hashes_in_a_chain_are_hash_blocks_one_after_the_other(
+    tokens: list[int], extra: list[object], size: int
+) -> None:
+    full = len(tokens) // size
+    want, parent = [], None
+    for b in range(full):
+        parent = hash_block(parent, tokens[b * size : (b + 1) * size], extra)
+        want.append(parent)
+    assert list(chain_hashes(None, tokens, size, extra, range(full))) == want
+    assert list(chain_hashes(None, tuple(tokens), size, tuple(extra), range(full))) == want
+    if full > 1:  # from a block in the middle, chained on the one before
+        assert list(chain_hashes(want[0], tokens, size, extra, range(1, full))) == want[1:]
+
+
+def test_keys_a_router_made_are_used_while_they_are_the_schedulers_own() -> None:
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+
+    def stored(known: tuple[tuple[object, ...], list[bytes]] | None) -> list[bytes]:
+        pool = BlockPool(8, 2)
+        sched = Scheduler(pool, max_batch=4, token_budget=16, extra_keys=("m", 2))
+        sched.add(Seq("a", prompt, 1, known_keys=known))
+        run(sched, random.Random(0))
+        return [k for e in pool.take_events() if isinstance(e, BlockStored) for k in e.block_hashes]
+
+    sched = Scheduler(BlockPool(8, 2), max_batch=4, token_budget=16, extra_keys=("m", 2))
+    extra, keys = sched.keyed(prompt)
+    assert (extra, keys) == (("m", 2, None), sched.prompt_keys(prompt)) and len(keys) == 3
+    made = stored(None)
+    assert made[:3] == keys and stored((extra, keys)) == made
+    # known keys are taken as given while their extra keys are the scheduler's (a wrong one
+    # shows), and ignored once those differ (new weights): the keys are made again
+    wrong = [b"x" * 32, *keys[1:]]
+    assert stored((extra, wrong))[0] == b"x" * 32
+    assert stored((("m", 1, None), wrong)) == made
 
 
 def test_chunked_prefill_shares_the_budget_with_running_decodes() -> None:

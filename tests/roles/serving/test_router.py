@@ -3,7 +3,11 @@ prices each request by its uncached blocks against each generator's load."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestr.roles.generator._blocks import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored
 from orchestr.roles.kvstore import Cleared, KVNamespace, Removed, Stored
@@ -138,3 +142,91 @@ def test_blocks_on_their_way_count_where_they_were_sent_until_confirmed_or_expir
     assert r.choose(A, {"g1": Load(0, 9), "g2": Load(0, 9)}, now=31.0) == r.choose(
         A, {"g1": Load(0, 9), "g2": Load(0, 9)}
     )
+
+
+def _reference(
+    caches: dict[str, set[bytes]],
+    expected: dict[str, dict[bytes, float]],
+    store: set[bytes],
+    hashes: list[bytes],
+    loads: dict[str, Load],
+    now: float | None,
+    store_cost: float,
+    prefill_weight: float,
+) -> tuple[float, int, str, int, int]:
+    """The kv rule as the module docstring states it, every generator priced in turn."""
+    keys = []
+    for w, cache in caches.items():
+        cached = 0
+        while cached < len(hashes) and (
+            hashes[cached] in cache
+            or (now is not None and expected[w].get(hashes[cached], now) > now)
+        ):
+            cached += 1
+        stored = 0
+        while cached + stored < len(hashes) and hashes[cached + stored] in store:
+            stored += 1
+        load = loads.get(w, Load())
+        new = (len(hashes) - cached - stored) + store_cost * stored
+        cost = prefill_weight * (load.prefill_blocks + new) + load.decode_blocks
+        keys.append((cost, load.total, w, cached, stored))
+    return min(keys)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_the_kv_rule_prices_as_if_every_generator_were_priced_in_turn(seed: int) -> None:
+    """Random generators come and go, store, evict and clear blocks of a few shared prompts,
+    are sent requests (expected blocks) and carry random loads: every choice is the one that
+    pricing each generator by its own cache gives."""
+    rng = random.Random(seed)
+    prompts = [[f"p{p}.{i}".encode() for i in range(12)] for p in range(4)]
+    r = Router("kv", store_cost=0.5, prefill_weight=rng.choice([0.5, 1.0, 2.0]), expect_s=5.0)
+    caches: dict[str, set[bytes]] = {}
+    expected: dict[str, dict[bytes, float]] = {}
+    store: set[bytes] = set()
+    names = [f"g{i}" for i in range(9)]
+    now = 0.0
+    for _ in range(150):
+        now += rng.random()
+        op = rng.random()
+        w = rng.choice(names)
+        blocks = rng.choice(prompts)[: rng.randint(1, 12)]
+        if op < 0.08:  # in or out of rotation
+            if w in caches:
+                assert r.remove(w)
+                del caches[w], expected[w]
+            else:
+                r.add(w)
+                caches[w], expected[w] = set(), {}
+        elif w not in caches:
+            continue
+        elif op < 0.45:
+            r.apply(w, [BlockStored(blocks, None, [0] * len(blocks), 1)])
+            caches[w].update(blocks)
+            for h in blocks:
+                expected[w].pop(h, None)
+        elif op < 0.6:
+            gone = rng.sample(blocks, rng.randint(1, len(blocks)))
+            r.apply(w, [BlockRemoved(gone + gone[:1])])  # a hash twice in one event
+            caches[w].difference_update(gone)
+        elif op < 0.63:
+            r.apply(w, [AllBlocksCleared()])
+            caches[w].clear()
+        elif op < 0.7:
+            r.apply_store([Stored(KVNamespace("m", 1), tuple(blocks), "cpu")])
+            store.update(blocks)
+        elif op < 0.8:
+            r.expect(w, blocks, now)
+            expected[w].update({h: now + 5.0 for h in blocks if h not in caches[w]})
+        elif caches:
+            loads = {g: Load(rng.randint(0, 6), rng.randint(0, 6)) for g in caches}
+            at = rng.choice([None, now])
+            choice = r.choose(blocks, loads, at)
+            want = _reference(caches, expected, store, blocks, loads, at, 0.5, r.prefill_weight)
+            got = (choice.cost, loads[choice.worker].total, choice.worker)
+            assert (*got, choice.cached_blocks, choice.store_blocks) == want
+            for g, cache in caches.items():
+                assert r.overlap(g, blocks) == next(
+                    (i for i, h in enumerate(blocks) if h not in cache), len(blocks)
+                )
