@@ -28,6 +28,21 @@ def _pairs(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def _triples(text: str) -> list[tuple[int, int, int]]:
+    if text == "none":
+        return []
+    out = []
+    for part in text.split(","):
+        fields = part.split("x")
+        if len(fields) != 3 or not all(f.isdigit() and int(f) > 0 for f in fields):
+            raise argparse.ArgumentTypeError(
+                f"expected BATCHxCONTEXTxPROMPT triples like 4x128x256 (or none); got {text!r}"
+            )
+        b, c, p = map(int, fields)
+        out.append((b, c, p))
+    return out
+
+
 def _lengths(text: str) -> list[int]:
     parts = text.split(",")
     if not all(p.isdigit() and int(p) > 0 for p in parts):
@@ -44,7 +59,7 @@ def calibrate(args: argparse.Namespace) -> int:
         return 2
     try:
         model, report = run(
-            args.model_dir, prefills=args.prefills, decodes=args.decodes,
+            args.model_dir, prefills=args.prefills, decodes=args.decodes, mixes=args.mixes,
             decode_steps=args.decode_steps, repeats=args.repeats,
             torch_threads=args.torch_threads,
         )  # fmt: skip
@@ -102,7 +117,11 @@ def add_parsers(sub: Any) -> None:
                    help="prompt lengths of the timed prefill steps (default 32,128,512)")  # fmt: skip
     c.add_argument("--decodes", type=_pairs, default=[(1, 64), (8, 64), (8, 256), (16, 128), (32, 32), (32, 64)],
                    help="BATCHxCONTEXT decode runs (default 1x64,8x64,8x256,16x128,32x32,32x64)")  # fmt: skip
-    c.add_argument("--decode-steps", type=_positive, default=16, help="decode steps per run")
+    c.add_argument("--mixes", type=_triples, default=[(2, 256, 384), (4, 128, 256), (8, 64, 512)],
+                   help="BATCHxCONTEXTxPROMPT decode runs a prompt joins after 3 decode steps, "
+                        "or none (default 2x256x384,4x128x256,8x64x512)")  # fmt: skip
+    c.add_argument("--decode-steps", type=_positive, default=16,
+                   help="decode steps per run (at least 5 with --mixes)")  # fmt: skip
     c.add_argument("--repeats", type=_positive, default=3, help="timed runs per step (median)")
     c.add_argument("--torch-threads", type=_positive, default=None)
     c.set_defaults(func=calibrate)

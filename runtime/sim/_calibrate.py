@@ -6,7 +6,11 @@ Two kinds of step are timed, each of known composition:
 - **prefill**: one request of ``p`` prompt tokens and one output token: one step of ``p``
   tokens, one sequence, ``p (p + 1) / 2`` attention pairs;
 - **decode**: ``b`` requests of ``c`` prompt tokens (prefilled together in one step, which is
-  timed too), then ``k`` steps of ``b`` tokens and sequences over ``b * (c + i)`` pairs.
+  timed too), then ``k`` steps of ``b`` tokens and sequences over ``b * (c + i)`` pairs (the
+  first of them right after a prefill);
+- **mixed**: such a decode run into which, after its third decode step, one request of ``p``
+  prompt tokens and one output token arrives: one step computes its ``p`` tokens beside the
+  ``b`` decodes, and the next decodes right after a prefill again.
 
 One engine serves every run (so the weights are packed once, as in serving; each run's
 prompts differ from every other's, so nothing is a prefix hit); a first run warms it up, and
@@ -40,6 +44,7 @@ def calibrate(
         (32, 32),
         (32, 64),
     ),
+    mixes: Sequence[tuple[int, int, int]] = ((2, 256, 384), (4, 128, 256), (8, 64, 512)),
     decode_steps: int = 16,
     repeats: int = 3,
     token_budget: int = 2048,
@@ -47,10 +52,12 @@ def calibrate(
 ) -> tuple[StepTimeModel, dict[str, Any]]:
     """Time the paged engine on ``checkpoint`` (a model folder) and fit a step-time model.
     ``prefills``: prompt lengths of the prefill steps; ``decodes``: ``(batch, context)`` of the
-    decode runs (``batch * context`` at most ``token_budget``, so the prefill is one step).
+    decode runs (``batch * context`` at most ``token_budget``, so the prefill is one step);
+    ``mixes``: ``(batch, context, prompt)`` of the mixed runs (``batch + prompt`` at most the
+    budget too).
     Returns the model and a report: the samples, each one's relative error, the median and
-    largest, the machine and the model's shape. Raises ``ValueError`` for a decode run that
-    does not fit the budget."""
+    largest, the machine and the model's shape. Raises ``ValueError`` for a decode or mixed run
+    that does not fit the budget, or mixed runs with fewer than 5 decode steps."""
     import torch
 
     from orchestr.roles import PagedEngine, Request, models
@@ -58,6 +65,15 @@ def calibrate(
     for b, c in decodes:
         if b * c > token_budget:
             raise ValueError(f"decode run {b} x {c} tokens exceeds the step budget {token_budget}")
+    if mixes and decode_steps < 5:
+        raise ValueError(
+            f"mixed runs need decode_steps >= 5 (a prompt joins after 3), got {decode_steps}"
+        )
+    for b, c, p in mixes:
+        if b * c > token_budget or b + p > token_budget:
+            raise ValueError(
+                f"mixed run {b} x {c} then {p} tokens exceeds the step budget {token_budget}"
+            )
     for p in prefills:
         if p > token_budget:
             raise ValueError(f"a prefill of {p} tokens exceeds the step budget {token_budget}")
@@ -79,16 +95,20 @@ def calibrate(
         salt = next(salts)  # every prompt its own: no prefix hits between runs
         return [(salt * 7919 + 31 * i * (salt % 97 + 1)) % (vocab - 5) + 5 for i in range(n)]
 
-    def timed_steps(requests: list[Any]) -> list[float]:
+    def timed_steps(requests: list[Any], then: tuple[int, list[Any]] = (-1, [])) -> list[float]:
+        """Each step's seconds; ``then``: requests submitted after that many steps."""
         engine.submit(requests)
-        out = []
+        out: list[float] = []
         while engine.has_work():
+            if len(out) == then[0]:
+                engine.submit(then[1])
             began = time.perf_counter()
             engine.step()
             out.append(time.perf_counter() - began)
         return out
 
-    samples: list[tuple[int, int, int, int, float]] = []
+    # (prefill tokens, decodes, prefill pairs, decode pairs, mixed, after a prefill, seconds)
+    samples: list[tuple[int, int, int, int, int, int, float]] = []
     ids = iter(range(1 << 30))
 
     def requests(b: int, c: int, out: int) -> list[Any]:
@@ -100,20 +120,30 @@ def calibrate(
         for p in prefills:
             runs = [timed_steps(requests(1, p, 1)) for _ in range(repeats)]
             seconds = statistics.median(r[0] for r in runs)
-            samples.append((p, 0, attention_pairs(0, p), 0, seconds))
-        for b, c in decodes:
-            runs = [timed_steps(requests(b, c, decode_steps + 1)) for _ in range(repeats)]
+            samples.append((p, 0, attention_pairs(0, p), 0, 0, 0, seconds))
+        runs_of = [(b, c, 0) for b, c in decodes] + list(mixes)
+        for b, c, p in runs_of:
+            runs = [
+                timed_steps(
+                    requests(b, c, decode_steps + 1), (4, requests(1, p, 1)) if p else (-1, [])
+                )
+                for _ in range(repeats)
+            ]
             steps = min(len(x) for x in runs)
             for i in range(steps):
                 seconds = statistics.median(x[i] for x in runs)
                 if i == 0:
-                    samples.append((b * c, 0, b * attention_pairs(0, c), 0, seconds))
+                    samples.append((b * c, 0, b * attention_pairs(0, c), 0, 0, 0, seconds))
+                elif p and i == 4:  # the prompt that arrived, beside the decodes
+                    pairs = attention_pairs(0, p)
+                    samples.append((p, b, pairs, b * (c + i), 1, 0, seconds))
                 else:
-                    samples.append((0, b, 0, b * (c + i), seconds))
+                    after = int(i == 1 or (p > 0 and i == 5))
+                    samples.append((0, b, 0, b * (c + i), 0, after, seconds))
     machine = f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cpus, torch threads "
     machine += f"{torch.get_num_threads()})"
     fitted = fit_step_model(samples, machine)
-    errors = [fitted.seconds(*x[:4]) / x[4] - 1 for x in samples]
+    errors = [fitted.seconds(*x[:-1]) / x[-1] - 1 for x in samples]
     cfg = model.config
     report = {
         "samples": [list(x) for x in samples],

@@ -25,7 +25,10 @@ __all__ = ["RequestTimes", "SimGenerator", "StepTimeModel", "attention_pairs", "
 
 
 #: The model's coefficients, in the order of a sample's features (the first is per step).
-TERMS = ("base_s", "prefill_token_s", "decode_s", "prefill_attention_s", "decode_attention_s")
+TERMS = (
+    "base_s", "prefill_token_s", "decode_s", "prefill_attention_s", "decode_attention_s",
+    "mixed_s", "after_prefill_s",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,13 +41,21 @@ class StepTimeModel:
     ``n * s + n (n + 1) / 2`` pairs; a decode over ``c`` tokens: ``c``). Prefill and decode
     are apart because on this CPU a decode's row and its attention pairs cost differently from
     a prefill's (measured: one coefficient for both left a decode step 18-36% off).
-    ``machine`` says where it was measured."""
+
+    Two terms depend on the mix, both measured here rather than derived: ``mixed_s`` more for
+    a step computing a prefill chunk and decodes together (they take two attention paths;
+    without it such steps came out 6% fast), and ``after_prefill_s`` more for a step without
+    a prefill chunk right after one with (the first decode steps after a prefill measured
+    1.5-3 ms slower than the next; the cause is not isolated). ``machine`` says where it was
+    measured."""
 
     base_s: float
     prefill_token_s: float = 0.0
     decode_s: float = 0.0
     prefill_attention_s: float = 0.0
     decode_attention_s: float = 0.0
+    mixed_s: float = 0.0
+    after_prefill_s: float = 0.0
     machine: str = ""
 
     def __post_init__(self) -> None:
@@ -59,18 +70,26 @@ class StepTimeModel:
         decodes: int = 0,
         prefill_pairs: int = 0,
         decode_pairs: int = 0,
+        mixed: int = 0,
+        after_prefill: int = 0,
     ) -> float:
+        """Seconds of a step of these features (``mixed`` and ``after_prefill`` are 0 or
+        1)."""
         return (
             self.base_s
             + self.prefill_token_s * prefill_tokens
             + self.decode_s * decodes
             + self.prefill_attention_s * prefill_pairs
             + self.decode_attention_s * decode_pairs
+            + self.mixed_s * mixed
+            + self.after_prefill_s * after_prefill
         )
 
-    def step_seconds(self, step: Step) -> float:
-        """The model's time for ``step`` (what a scheduler's ``schedule()`` returned)."""
-        return self.seconds(*features(step))
+    def step_seconds(self, step: Step, after_prefill: bool = False) -> float:
+        """The model's time for ``step`` (what a scheduler's ``schedule()`` returned), which
+        follows a step with a prefill chunk if ``after_prefill``."""
+        f = features(step)
+        return self.seconds(*f, after_prefill=int(after_prefill and f[0] == 0))
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,8 +121,8 @@ class StepTimeModel:
             raise ValueError(f"{path}: {exc}") from None
 
 
-def features(step: Step) -> tuple[int, int, int, int]:
-    """``(prefill_tokens, decodes, prefill_pairs, decode_pairs)`` of a step (see
+def features(step: Step) -> tuple[int, int, int, int, int]:
+    """``(prefill_tokens, decodes, prefill_pairs, decode_pairs, mixed)`` of a step (see
     :class:`StepTimeModel`); a sequence computing the one token it sampled last decodes."""
     prefill = decodes = prefill_pairs = decode_pairs = 0
     for seq, n in step.scheduled:
@@ -114,7 +133,7 @@ def features(step: Step) -> tuple[int, int, int, int]:
         else:
             prefill += n
             prefill_pairs += pairs
-    return prefill, decodes, prefill_pairs, decode_pairs
+    return prefill, decodes, prefill_pairs, decode_pairs, int(prefill > 0 and decodes > 0)
 
 
 def attention_pairs(cached: int, n: int) -> int:
@@ -122,20 +141,25 @@ def attention_pairs(cached: int, n: int) -> int:
     return n * cached + n * (n + 1) // 2
 
 
-def fit_step_model(
-    samples: Sequence[tuple[int, int, int, int, float]], machine: str = ""
-) -> StepTimeModel:
+def fit_step_model(samples: Sequence[Sequence[float]], machine: str = "") -> StepTimeModel:
     """Least squares of the relative error over measured steps ``(prefill_tokens, decodes,
-    prefill_pairs, decode_pairs, seconds)`` (each step weighted by 1 / its time, so a 5 ms
-    decode counts as much as a 300 ms prefill; in absolute terms the prefills decided the fit
-    and the decodes came out 13-21% slow): coefficients that come out negative are dropped
-    (held at 0) and the rest fitted again. Raises ``ValueError`` with fewer samples than
-    coefficients, a step of no time, or samples that do not vary enough."""
-    if any(not x[4] > 0 for x in samples):
-        raise ValueError("a measured step takes more than 0 seconds")
-    rows = [[1.0 / x[4], *(float(f) / x[4] for f in x[:4])] for x in samples]
-    ys = [1.0] * len(samples)
-    active = list(range(len(TERMS)))
+    prefill_pairs, decode_pairs[, mixed, after_prefill], seconds)`` (each step weighted by 1 /
+    its time, so a 5 ms decode counts as much as a 300 ms prefill; in absolute terms the
+    prefills decided the fit and the decodes came out 13-21% slow): coefficients that come out
+    negative are dropped (held at 0) and the rest fitted again, and so are the mix terms when
+    no sample has the mix. Raises ``ValueError`` with fewer samples than coefficients, a step
+    of no time, a sample of the wrong length, or samples that do not vary enough."""
+    width = len(TERMS) - 1
+    rows, ys = [], []
+    for x in samples:
+        if len(x) not in (5, width + 1):
+            raise ValueError(f"a measured step is 4 or {width} features and seconds, got {x!r}")
+        if not x[-1] > 0:
+            raise ValueError("a measured step takes more than 0 seconds")
+        feats = [*x[:-1], *[0] * (width + 1 - len(x))]
+        rows.append([1.0 / x[-1], *(float(f) / x[-1] for f in feats)])
+        ys.append(1.0)
+    active = [i for i in range(len(TERMS)) if i < 5 or any(r[i] for r in rows)]
     while True:
         if len(rows) < len(active):
             raise ValueError(f"{len(rows)} measured steps cannot fit {len(active)} coefficients")
@@ -241,8 +265,10 @@ class SimGenerator:
         self.changes = 0
         self.busy_s = 0.0
         self._stepping = False
-        #: The run in progress: (start ns, steps, per-step seconds a, growth b, its event).
-        self._run: tuple[int, int, float, float, Event] | None = None
+        #: The run in progress: (start ns, steps, per-step seconds a, growth b, the first
+        #: step's extra seconds, its event).
+        self._run: tuple[int, int, float, float, float, Event] | None = None
+        self._prefilled = False  # whether the last step computed a prefill chunk
         self._arrived: list[Seq] = []  # during the run
         self._load: tuple[int, int] | None = None  # load(), until the scheduler changes
 
@@ -293,7 +319,9 @@ class SimGenerator:
         if not step.scheduled:
             self._stepping = False
             return
-        seconds = self.model.step_seconds(step)
+        f = features(step)
+        seconds = self.model.seconds(*f, after_prefill=int(self._prefilled and f[0] == 0))
+        self._prefilled = f[0] > 0
         self.steps += 1
         self.busy_s += seconds
         self.engine.after(seconds, self._finish, step, name="generator step done")
@@ -332,33 +360,38 @@ class SimGenerator:
         keys = sum(s.num_computed + 1 for s in running)  # the first step's decode pairs
         a = m.base_s + m.decode_s * n + m.decode_attention_s * keys
         b = m.decode_attention_s * n  # each step attends to one more key per sequence
+        first = m.after_prefill_s if self._prefilled else 0.0  # charged to the run's first step
+        self._prefilled = False
         event = self.engine.at(
-            self.engine.now + ns(_run_seconds(k, a, b)), self._finish_run, name="decode run done"
+            self.engine.now + ns(_run_seconds(k, a, b, first)),
+            self._finish_run,
+            name="decode run done",
         )
-        self._run = (self.engine.now, k, a, b, event)
+        self._run = (self.engine.now, k, a, b, first, event)
         return True
 
     def _cut_run(self) -> None:
         """End the run at the step in progress now (a request arrived)."""
         assert self._run is not None
-        start, k, a, b, event = self._run
+        start, k, a, b, first, event = self._run
         elapsed = self.engine.now - start
         low, high = 0, k  # the first m whose end is at or after now is in (low, high]
         while high - low > 1:
             mid = (low + high) // 2
-            low, high = (low, mid) if ns(_run_seconds(mid, a, b)) >= elapsed else (mid, high)
+            done = ns(_run_seconds(mid, a, b, first)) >= elapsed
+            low, high = (low, mid) if done else (mid, high)
         if high < k:
             event.cancel()
-            when = start + ns(_run_seconds(high, a, b))
-            self._run = (start, high, a, b, self.engine.at(when, self._finish_run))
+            when = start + ns(_run_seconds(high, a, b, first))
+            self._run = (start, high, a, b, first, self.engine.at(when, self._finish_run))
 
     def _finish_run(self) -> None:
         assert self._run is not None
-        _, k, a, b, _ = self._run
+        _, k, a, b, first, _ = self._run
         self._run = None
         self.steps += k
         self.runs += 1
-        self.busy_s += _run_seconds(k, a, b)
+        self.busy_s += _run_seconds(k, a, b, first)
         self._ended(self.scheduler.advance_decodes(k, 0))
         for seq in self._arrived:
             self.scheduler.add(seq)
@@ -366,6 +399,7 @@ class SimGenerator:
         self._step()
 
 
-def _run_seconds(steps: int, a: float, b: float) -> float:
-    """Seconds of ``steps`` decode steps, the first taking ``a`` and each next ``b`` more."""
-    return steps * a + b * steps * (steps - 1) / 2
+def _run_seconds(steps: int, a: float, b: float, first: float = 0.0) -> float:
+    """Seconds of ``steps`` decode steps, the first taking ``a`` (and ``first`` more) and each
+    next ``b`` more than the one before."""
+    return steps * a + b * steps * (steps - 1) / 2 + (first if steps > 0 else 0.0)

@@ -25,15 +25,16 @@ def calibrate(*args: str) -> subprocess.CompletedProcess[str]:
 def test_calibrate_writes_a_profile_the_simulator_loads(tmp_path: pathlib.Path) -> None:
     folder = models.make_tiny("llama", tmp_path / "tiny", layers=2)
     out = tmp_path / "profile.json"
-    small = ["--prefills", "16,64", "--decodes", "1x16,4x32", "--decode-steps", "3",
-             "--repeats", "1", "--torch-threads", "1"]  # fmt: skip
+    small = ["--prefills", "16,64", "--decodes", "1x16,4x32", "--mixes", "2x16x32",
+             "--decode-steps", "5", "--repeats", "1", "--torch-threads", "1"]  # fmt: skip
     done = calibrate(str(folder), "--out", str(out), *small)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"wrote {out}: base ")
     profile = json.loads(out.read_text())
     model = StepTimeModel.from_json(profile["step_time"])
     assert model.machine and model.seconds(prefill_tokens=64, prefill_pairs=64 * 65 // 2) > 0
-    assert len(profile["calibration"]["samples"]) == 2 + 2 * 4
+    assert len(profile["calibration"]["samples"]) == 2 + 3 * 6
+    assert sum(x[4] for x in profile["calibration"]["samples"]) == 1  # one mixed step
     again = calibrate(str(folder), "--out", str(out), *small)
     assert again.returncode == 2 and "exists (--force to replace it)" in again.stderr
 
@@ -45,6 +46,9 @@ def test_calibrate_writes_a_profile_the_simulator_loads(tmp_path: pathlib.Path) 
         (["--prefills", "0"], "expected prompt lengths"),
         (["--repeats", "0"], "expected a positive integer"),
         (["--decodes", "64x64"], "exceeds the step budget"),
+        (["--mixes", "4x128"], "expected BATCHxCONTEXTxPROMPT triples"),
+        (["--mixes", "4x0x5"], "expected BATCHxCONTEXTxPROMPT triples"),
+        (["--decode-steps", "3"], "mixed runs need decode_steps >= 5"),
     ],
 )
 def test_calibrate_refuses_bad_options(tmp_path: pathlib.Path, args: list[str], error: str) -> None:

@@ -17,7 +17,7 @@ from orchestr.sim._generation import TERMS
 
 MODEL = StepTimeModel(
     base_s=0.002, prefill_token_s=1e-4, decode_s=3e-4, prefill_attention_s=1e-8,
-    decode_attention_s=1e-7,
+    decode_attention_s=1e-7, mixed_s=0.0015, after_prefill_s=0.0008,
 )  # fmt: skip
 
 
@@ -42,11 +42,31 @@ def test_times_follow_from_the_step_model() -> None:
     (a,) = gen.finished
     prefill = MODEL.seconds(prefill_tokens=100, prefill_pairs=100 * 101 // 2)  # causal pairs
     assert a.ttft == pytest.approx(prefill, abs=1e-9)
-    # four decode steps, over 101 .. 104 keys (one query each)
+    # four decode steps, over 101 .. 104 keys (one query each), the first after a prefill
     decodes = sum(MODEL.seconds(decodes=1, decode_pairs=100 + i) for i in range(1, 5))
+    decodes += MODEL.after_prefill_s
     assert a.end == pytest.approx(prefill + decodes, abs=1e-9)
     assert a.tpot == pytest.approx(decodes / 4, abs=1e-9)
     assert (a.output_tokens, gen.steps) == (5, 5)
+
+
+@pytest.mark.parametrize("closed_form", [True, False])
+def test_a_prompt_beside_decodes_is_a_mixed_step_and_the_next_decodes_after_a_prefill(
+    closed_form: bool,
+) -> None:
+    engine = Engine()
+    gen = SimGenerator(engine, MODEL, token_budget=2048, closed_form=closed_form)
+    prefill = MODEL.seconds(prefill_tokens=100, prefill_pairs=100 * 101 // 2)
+    # b arrives during a's first decode step; the next step computes its prompt beside a's
+    # decode, and a's step after that decodes right after a prefill again
+    run(gen, engine, [(0.0, "a", list(range(100)), 5), (prefill + 1e-6, "b", [7] * 50, 1)])
+    a, b = sorted(gen.finished, key=lambda t: t.arrival)
+    first = MODEL.seconds(decodes=1, decode_pairs=101, after_prefill=1)
+    mixed = MODEL.seconds(50, 1, 50 * 51 // 2, 102, mixed=1)
+    rest = MODEL.seconds(decodes=1, decode_pairs=103, after_prefill=1)
+    rest += MODEL.seconds(decodes=1, decode_pairs=104)
+    assert b.first_token == pytest.approx(prefill + first + mixed, abs=1e-9)
+    assert a.end == pytest.approx(prefill + first + mixed + rest, abs=1e-9)
 
 
 def test_a_shared_prefix_is_a_cache_hit_and_every_block_comes_back() -> None:
@@ -121,17 +141,24 @@ def test_runs_of_decodes_in_closed_form_time_requests_as_step_by_step(cache_outp
 
 
 def test_a_fit_recovers_the_coefficients_of_its_samples() -> None:
-    shapes = [(64, 0, 2080, 0), (512, 0, 131328, 0), (0, 8, 0, 800), (0, 32, 0, 3000),
-              (0, 1, 0, 90), (256, 0, 32896, 0), (0, 16, 0, 5000), (128, 4, 8256, 400)]  # fmt: skip
+    shapes = [(64, 0, 2080, 0, 0, 0), (512, 0, 131328, 0, 0, 0), (0, 8, 0, 800, 0, 1),
+              (0, 32, 0, 3000, 0, 0), (0, 1, 0, 90, 0, 0), (256, 0, 32896, 0, 0, 0),
+              (0, 16, 0, 5000, 0, 1), (128, 4, 8256, 400, 1, 0), (300, 8, 45150, 900, 1, 0),
+              (0, 4, 0, 410, 0, 1)]  # fmt: skip
     samples = [(*x, MODEL.seconds(*x)) for x in shapes]
     fitted = fit_step_model(samples, "here")
     for name in TERMS:
         assert getattr(fitted, name) == pytest.approx(getattr(MODEL, name), rel=1e-6)
+    # steps of four features (no mix measured): the mix terms are not fitted, and stay 0
+    plain = fit_step_model([(*x[:4], x[-1]) for x in samples if not any(x[4:6])])
+    assert plain.mixed_s == plain.after_prefill_s == 0 and plain.base_s > 0
     # a coefficient the data would make negative is held at 0
     noisy = fit_step_model([(*x, 0.001 + 1e-4 * x[0] - 1e-9 * x[2]) for x in shapes])
     assert noisy.prefill_attention_s == 0 and min(getattr(noisy, t) for t in TERMS) >= 0
     with pytest.raises(ValueError, match="cannot fit"):
         fit_step_model(samples[:2])
+    with pytest.raises(ValueError, match="features and seconds"):
+        fit_step_model([(1, 2, 3)])
 
 
 def test_profiles_round_trip_and_bad_ones_are_refused(tmp_path: pathlib.Path) -> None:
@@ -153,13 +180,24 @@ def test_calibration_times_the_real_engine(tmp_path: pathlib.Path) -> None:
     folder = models.make_tiny("llama", tmp_path / "tiny", layers=2)
     fitted, report = calibrate(
         str(folder), prefills=(16, 64, 256), decodes=((1, 32), (4, 32), (8, 64)),
-        decode_steps=4, repeats=1, torch_threads=1,
+        mixes=((2, 32, 64),), decode_steps=5, repeats=1, torch_threads=1,
     )  # fmt: skip
     # which terms carry the time depends on the machine's noise; that the fit prices every
     # measured step, and reports its error on each, does not
-    assert all(fitted.seconds(*x[:4]) > 0 for x in report["samples"])
-    assert len(report["relative_errors"]) == len(report["samples"])
-    assert len(report["samples"]) == 3 + 3 * 5  # three prefills; each run: a prefill, 4 decodes
+    samples = report["samples"]
+    assert all(fitted.seconds(*x[:-1]) > 0 for x in samples)
+    assert len(report["relative_errors"]) == len(samples)
+    # three prefills; each run a prefill and 5 decodes, the mixed one's fourth beside a prompt
+    assert len(samples) == 3 + 4 * 6
+    mixed = samples[-6:]
+    assert [x[:6] for x in mixed[3:]] == [
+        [0, 2, 0, 2 * 35, 0, 0],
+        [64, 2, 64 * 65 // 2, 2 * 36, 1, 0],
+        [0, 2, 0, 2 * 37, 0, 1],
+    ]
+    assert [x[5] for x in samples[3:9]] == [0, 1, 0, 0, 0, 0]  # right after the prefill
     assert report["model"]["layers"] == 2
     with pytest.raises(ValueError, match="exceeds the step budget"):
         calibrate(str(folder), decodes=((64, 64),), token_budget=2048)
+    with pytest.raises(ValueError, match="mixed run"):
+        calibrate(str(folder), mixes=((8, 64, 2045),), token_budget=2048)
