@@ -135,6 +135,33 @@ def simulated(profile: StepTimeModel, arrivals: list[Arrival]) -> dict[str, floa
     )
 
 
+def compare(runs: list[dict[str, float]], sim: dict[str, float]) -> dict[str, Any]:
+    """The real runs' median, min and max of each of ``sim``'s metrics, ``sim``'s, and its
+    signed error against the median."""
+    entry: dict[str, Any] = {"real": {}, "sim": {}, "error": {}}
+    for metric in sim:
+        values = [r[metric] for r in runs]
+        med = statistics.median(values)
+        entry["real"][metric] = {"median": round(med, 3), "min": round(min(values), 3),
+                                 "max": round(max(values), 3)}  # fmt: skip
+        entry["sim"][metric] = round(sim[metric], 3)
+        entry["error"][metric] = round(sim[metric] / med - 1, 4)
+    return entry
+
+
+def table(out: dict[str, Any], width: int) -> None:
+    """Print :func:`compare`'s entries in ``out``, a row per workload and metric."""
+    print(f"{'workload':<{width}}{'metric':<22}{'real p50':>10}{'real min-max':>22}{'sim':>10}"
+          f"{'error':>9}")  # fmt: skip
+    for name, entry in out.items():
+        if not isinstance(entry, dict) or "real" not in entry:
+            continue
+        for metric, r in entry["real"].items():
+            spread = f"{r['min']}-{r['max']}"
+            print(f"{name:<{width}}{metric:<22}{r['median']:>10}{spread:>22}"
+                  f"{entry['sim'][metric]:>10}{entry['error'][metric]:>+9.1%}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", help="a model folder instead of a new one")
@@ -157,24 +184,8 @@ def main() -> None:
             print(f"[sim_generation] {name}: {args.runs} real runs", file=sys.stderr, flush=True)
             real(model, arrivals[:4])  # warm-up
             runs = [real(model, arrivals) for _ in range(args.runs)]
-            sim = simulated(profile, arrivals)
-            entry: dict[str, Any] = {"real": {}, "sim": {}, "error": {}}
-            for metric in sim:
-                values = [r[metric] for r in runs]
-                med = statistics.median(values)
-                entry["real"][metric] = {"median": round(med, 3), "min": round(min(values), 3),
-                                         "max": round(max(values), 3)}  # fmt: skip
-                entry["sim"][metric] = round(sim[metric], 3)
-                entry["error"][metric] = round(sim[metric] / med - 1, 4)
-            out[name] = entry
-    print(
-        f"{'workload':<10}{'metric':<22}{'real p50':>10}{'real min-max':>20}{'sim':>10}{'error':>9}"
-    )
-    for name in ("batch", "mixed", "poisson"):
-        for metric, r in out[name]["real"].items():
-            spread = f"{r['min']}-{r['max']}"
-            print(f"{name:<10}{metric:<22}{r['median']:>10}{spread:>20}"
-                  f"{out[name]['sim'][metric]:>10}{out[name]['error'][metric]:>+9.1%}")  # fmt: skip
+            out[name] = compare(runs, simulated(profile, arrivals))
+    table(out, 10)
     print(json.dumps(out))
     if args.save:
         Path(args.save).parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 and the experiments from the results their commands saved under docs/simulator/).
 
     python bench/sim_generation.py --save docs/simulator/l2_generation.json   # L2 (minutes)
+    python bench/sim_serving.py --save docs/simulator/l2_serving.json         # L2 (minutes)
     python bench/sim_experiments.py all                                        # E1-E3, scale
     python bench/sim_report.py                                                 # this page
 
@@ -94,24 +95,27 @@ def l1() -> str:
     return "\n".join(rows) + "\n"
 
 
-def l2() -> str:
-    path = DATA / "l2_generation.json"
+def l2(name: str = "generation") -> str:
+    """The table of ``docs/simulator/l2_<name>.json`` (``bench/sim_<name>.py --save``)."""
+    path = DATA / f"l2_{name}.json"
     if not path.exists():
-        return "*Not produced yet: run `python bench/sim_generation.py --save " \
-               "docs/simulator/l2_generation.json`.*\n"  # fmt: skip
+        return f"*Not produced yet: run `python bench/sim_{name}.py --save " \
+               f"docs/simulator/l2_{name}.json`.*\n"  # fmt: skip
     data = json.loads(path.read_text())
     rows = [f"Profile: `{data['profile']['machine']}`, fit error median "
             f"{data['profile']['fit_median_abs_error']:.1%}; real runs: {data.get('runs', '?')} "
             "each.", "",
             "| workload | metric | real median (min-max) | simulated | signed error | target |",
             "|---|---|---|---|---|---|"]  # fmt: skip
-    for name in ("batch", "mixed", "poisson"):
-        for metric, real in data[name]["real"].items():
-            err = data[name]["error"][metric]
+    for workload, entry in data.items():
+        if not isinstance(entry, dict) or "real" not in entry:
+            continue
+        for metric, real in entry["real"].items():
+            err = entry["error"][metric]
             limit = 0.05 if "tokens_per_s" in metric else 0.10
             verdict = "met" if abs(err) <= limit else "**missed**"
-            rows.append(f"| {name} | {metric} | {real['median']} ({real['min']}-{real['max']}) | "
-                        f"{data[name]['sim'][metric]} | {err:+.1%} | {verdict} (±{limit:.0%}) |")  # fmt: skip
+            rows.append(f"| {workload} | {metric} | {real['median']} ({real['min']}-{real['max']}) | "
+                        f"{entry['sim'][metric]} | {err:+.1%} | {verdict} (±{limit:.0%}) |")  # fmt: skip
     return "\n".join(rows) + "\n"
 
 
@@ -124,8 +128,8 @@ def table(name: str) -> str:
 
 def main() -> None:
     page = (ROOT / "bench" / "sim_report_page.md").read_text()
-    filled = page.format(l0=l0(), l1=l1(), l2=l2(), e1=table("e1"), e2=table("e2"),
-                         e3=table("e3"), scale=table("scale"))  # fmt: skip
+    filled = page.format(l0=l0(), l1=l1(), l2=l2(), l2_serving=l2("serving"), e1=table("e1"),
+                         e2=table("e2"), e3=table("e3"), scale=table("scale"))  # fmt: skip
     (DOCS / "simulator.md").write_text(filled)
     print(f"wrote {DOCS / 'simulator.md'}")
 

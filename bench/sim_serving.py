@@ -1,0 +1,193 @@
+"""The serving simulator against ``orchestr serve`` on this machine: the configurations
+``bench/disagg.py`` compares (co-located: two generators behind the KV-aware router;
+disaggregated: one prefill and one decode generator), each generator one thread, on the same
+requests, with the signed error of each metric beside the real runs' spread.
+
+    python bench/sim_serving.py [--runs 5] [--rate 1.0] [--requests 24] [--mixes ...]
+                                [--checkpoint DIR] [--save PATH]
+
+The checkpoint is ``bench/serving.py``'s (Llama family, 8 layers, hidden 512, float32), made
+locally unless ``--checkpoint`` names one. A step-time model is fitted first with one torch
+thread (``orchestr.sim._calibrate.calibrate``, what ``orchestr sim calibrate`` runs), and the
+data plane's read bandwidth is measured (``bench/disagg.py``'s limit): the simulator's KV
+transfer runs at it.
+
+**Real:** ``orchestr serve`` with ``--torch-threads 1`` (as ``bench/disagg.py`` starts it),
+driven by the ``openai`` client over HTTP: each request a streamed completion of random token
+ids (``ignore_eos``), sent at its arrival. **Simulated:** ``orchestr.sim.simulate_serving``
+with the server's engine shape (512 blocks of 16 tokens, 32 sequences, 512 tokens a step),
+the same router, and the same threshold for the prefill pool (64 tokens). Both see the same
+arrivals (Poisson at ``--rate``, seed 0) and lengths; each real run draws fresh prompt tokens
+(so no run hits the prefix cache another left) and the simulator's prompts are as random.
+
+Mixes are ``bench/disagg.py``'s: ``prefill_heavy`` (input 1,024, output 64) and
+``decode_heavy`` (input 128, output 512). Metrics as the simulator reports them: output tokens
+a second over the run (first arrival to last end), TTFT p50 from arrival, TPOT p50 per request
+((end - first token) / (tokens - 1)). ``error`` = sim / real median - 1.
+
+Prints a table and one JSON line ``{"profile": {...}, "kv_gbps": ..., "<system>/<mix>":
+{"real": {...}, "sim": {...}, "error": {...}}, ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from disagg import MIXES, limit, start  # noqa: E402
+from serving import MODEL, free_port, stop, wait_healthy  # noqa: E402
+from sim_generation import compare, table  # noqa: E402
+
+from orchestr.roles import models  # noqa: E402
+from orchestr.sim import ServingRequest, simulate_serving  # noqa: E402
+from orchestr.sim._calibrate import calibrate  # noqa: E402
+
+SYSTEMS = ("colocated", "disagg")
+SHAPE = {"num_blocks": 512, "block_size": 16, "max_batch": 32, "token_budget": 512}
+
+
+def log(message: str) -> None:
+    print(f"[sim_serving] {message}", file=sys.stderr, flush=True)
+
+
+def arrivals(rate: float, n: int) -> list[float]:
+    rng, at, out = random.Random(0), 0.0, []
+    for _ in range(n):
+        at += rng.expovariate(rate)
+        out.append(at)
+    return out
+
+
+def prompts(vocab: int, n: int, length: int, salt: int) -> list[list[int]]:
+    rng = random.Random(1000 + salt)
+    return [[rng.randrange(5, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def summary(times: list[tuple[float, float, float, int]]) -> dict[str, float]:
+    """From ``(arrival, first token, end, tokens)`` per request, in seconds."""
+    span = max(t[2] for t in times) - min(t[0] for t in times)
+    return {
+        "output_tokens_per_s": sum(t[3] for t in times) / span,
+        "ttft_ms_p50": statistics.median(t[1] - t[0] for t in times) * 1e3,
+        "tpot_ms_p50": statistics.median((t[2] - t[1]) / (t[3] - 1) for t in times) * 1e3,
+    }
+
+
+async def drive(url: str, at: list[float], sent: list[list[int]], out: int) -> dict[str, float]:
+    """Send each prompt at its arrival as a streamed completion; the run's metrics."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    loop = asyncio.get_running_loop()
+    start_at = loop.time() + 0.05
+
+    async def one(arrival: float, prompt: list[int]) -> tuple[float, float, float, int]:
+        await asyncio.sleep(max(0.0, start_at + arrival - loop.time()))
+        first, tokens = None, 0
+        stream = await client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=out, temperature=0.0, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        async for chunk in stream:
+            if chunk.choices:
+                tokens += 1
+                if first is None:
+                    first = loop.time()
+        if first is None or tokens != out:
+            raise RuntimeError(f"a request streamed {tokens} tokens, not {out}")
+        return start_at + arrival, first, loop.time(), tokens
+
+    try:
+        times = await asyncio.gather(*(one(a, p) for a, p in zip(at, sent, strict=True)))
+    finally:
+        await client.close()
+    return summary(list(times))
+
+
+def simulated(system: str, profile: Any, at: list[float], sent: list[list[int]], out: int,
+              kv_gbps: float, kv_bytes_per_token: int) -> dict[str, float]:  # fmt: skip
+    requests = [
+        ServingRequest(f"r{i}", a, p, out) for i, (a, p) in enumerate(zip(at, sent, strict=True))
+    ]
+    pools = {"generators": 2} if system == "colocated" else {"generators": 1, "prefill": 1}
+    run = simulate_serving(
+        requests, profile, policy="kv", min_prefill_tokens=64, kv_gbps=kv_gbps,
+        kv_bytes_per_token=kv_bytes_per_token, **pools, **SHAPE,
+    )  # fmt: skip
+    s = run.summary()
+    return {
+        "output_tokens_per_s": s["output_tokens_per_s"],
+        "ttft_ms_p50": s["ttft_s_p50"] * 1e3,
+        "tpot_ms_p50": s["tpot_s_p50"] * 1e3,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", help="a model folder instead of a new one")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--rate", type=float, default=1.0, help="requests a second (Poisson)")
+    parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--mixes", default=",".join(MIXES), help="of " + ", ".join(MIXES))
+    parser.add_argument("--save", help="also write the results (JSON) here, for sim_report.py")
+    args = parser.parse_args()
+    for name in ("openai", "httpx"):  # one line a request otherwise
+        logging.getLogger(name).setLevel(logging.WARNING)
+    mixes = args.mixes.split(",")
+    if not set(mixes) <= set(MIXES) or args.runs < 1 or args.requests < 2 or not args.rate > 0:
+        parser.error(f"--mixes of {', '.join(MIXES)}; --runs >= 1, --requests >= 2, --rate > 0")
+    out: dict[str, Any] = {"runs": args.runs, "rate": args.rate, "requests": args.requests}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.checkpoint or str(
+            models.make_tiny("llama", Path(tmp) / "llama", max_positions=4096, **MODEL)
+        )
+        log("calibrating (one torch thread)")
+        profile, report = calibrate(folder, torch_threads=1)
+        out["profile"] = {**profile.to_json(), "fit_median_abs_error": report["median_abs_error"],
+                          "fit_max_abs_error": report["max_abs_error"]}  # fmt: skip
+        plane = limit(folder, 20)
+        kv_gbps = out["kv_gbps"] = plane["read_into_gbps"] * 8  # GB/s -> Gb/s
+        per_token = plane["bytes"] // 1024
+        vocab = report["model"]["vocab"]
+        at = arrivals(args.rate, args.requests)
+        for system in SYSTEMS:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            proc = start(system, folder, port)
+            try:
+                wait_healthy(url, proc)
+                asyncio.run(drive(url, at[:2], prompts(vocab, 2, 64, -1), 4))  # warm-up
+                for mix in mixes:
+                    length, tokens = MIXES[mix]
+                    log(f"{system} {mix}: {args.runs} real runs at {args.rate}/s")
+                    runs = [
+                        asyncio.run(drive(url, at, prompts(vocab, len(at), length, r), tokens))
+                        for r in range(args.runs)
+                    ]
+                    sim = simulated(system, profile, at, prompts(vocab, len(at), length, -2),
+                                    tokens, kv_gbps, per_token)  # fmt: skip
+                    out[f"{system}/{mix}"] = compare(runs, sim)
+            finally:
+                stop(proc)
+                time.sleep(1.0)
+    table(out, 24)
+    print(json.dumps(out))
+    if args.save:
+        Path(args.save).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.save).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
