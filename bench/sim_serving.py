@@ -143,7 +143,9 @@ def main() -> None:
     parser.add_argument("--mixes", default=",".join(MIXES), help="of " + ", ".join(MIXES))
     parser.add_argument("--save", help="also write the results (JSON) here, for sim_report.py")
     args = parser.parse_args()
-    for name in ("openai", "httpx"):  # one line a request otherwise
+    import openai  # noqa: F401  (its loggers are set up on import)
+
+    for name in ("openai", "httpx", "httpx2"):  # one line a request otherwise
         logging.getLogger(name).setLevel(logging.WARNING)
     mixes = args.mixes.split(",")
     if not set(mixes) <= set(MIXES) or args.runs < 1 or args.requests < 2 or not args.rate > 0:

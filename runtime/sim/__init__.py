@@ -40,8 +40,9 @@ from ._loop import VirtualClock, VirtualLoop
 from ._run import Simulation, run
 
 if TYPE_CHECKING:
+    from ._calibrate import fit_step_model
     from ._cluster import Role, SimCluster, SimContext
-    from ._generation import RequestTimes, SimGenerator, StepTimeModel, fit_step_model
+    from ._generation import RequestTimes, SimGenerator, StepTimeModel
     from ._profiles import roofline
     from ._rl import RLRun, simulate_grpo
     from ._rlroles import OracleRanker, OutputLengths, RandomRanker, RLCosts
@@ -52,7 +53,7 @@ _LAZY = {
     "RequestTimes": "_generation",
     "SimGenerator": "_generation",
     "StepTimeModel": "_generation",
-    "fit_step_model": "_generation",
+    "fit_step_model": "_calibrate",
     "Role": "_cluster",
     "SimCluster": "_cluster",
     "SimContext": "_cluster",

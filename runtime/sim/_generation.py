@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import platform
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,7 +20,7 @@ from orchestr.roles.generator import BlockPool, Scheduler, Seq, Step
 
 from ._engine import Engine, Event, ns
 
-__all__ = ["RequestTimes", "SimGenerator", "StepTimeModel", "attention_pairs", "fit_step_model"]
+__all__ = ["RequestTimes", "SimGenerator", "StepTimeModel", "attention_pairs"]
 
 
 #: The model's coefficients, in the order of a sample's features (the first is per step).
@@ -139,62 +138,6 @@ def features(step: Step) -> tuple[int, int, int, int, int]:
 def attention_pairs(cached: int, n: int) -> int:
     """(query, key) pairs of ``n`` new tokens after ``cached`` ones, causally."""
     return n * cached + n * (n + 1) // 2
-
-
-def fit_step_model(samples: Sequence[Sequence[float]], machine: str = "") -> StepTimeModel:
-    """Least squares of the relative error over measured steps ``(prefill_tokens, decodes,
-    prefill_pairs, decode_pairs[, mixed, after_prefill], seconds)`` (each step weighted by 1 /
-    its time, so a 5 ms decode counts as much as a 300 ms prefill; in absolute terms the
-    prefills decided the fit and the decodes came out 13-21% slow): coefficients that come out
-    negative are dropped (held at 0) and the rest fitted again, and so are the mix terms when
-    no sample has the mix. Raises ``ValueError`` with fewer samples than coefficients, a step
-    of no time, a sample of the wrong length, or samples that do not vary enough."""
-    width = len(TERMS) - 1
-    rows, ys = [], []
-    for x in samples:
-        if len(x) not in (5, width + 1):
-            raise ValueError(f"a measured step is 4 or {width} features and seconds, got {x!r}")
-        if not x[-1] > 0:
-            raise ValueError("a measured step takes more than 0 seconds")
-        feats = [*x[:-1], *[0] * (width + 1 - len(x))]
-        rows.append([1.0 / x[-1], *(float(f) / x[-1] for f in feats)])
-        ys.append(1.0)
-    active = [i for i in range(len(TERMS)) if i < 5 or any(r[i] for r in rows)]
-    while True:
-        if len(rows) < len(active):
-            raise ValueError(f"{len(rows)} measured steps cannot fit {len(active)} coefficients")
-        coef = _least_squares([[r[i] for i in active] for r in rows], ys)
-        negative = [i for i, c in zip(active, coef, strict=True) if c < 0]
-        if not negative:
-            break
-        active = [i for i in active if i not in negative]
-    values = dict.fromkeys(TERMS, 0.0)
-    for i, c in zip(active, coef, strict=True):
-        values[TERMS[i]] = c
-    return StepTimeModel(**values, machine=machine or platform.node())
-
-
-def _least_squares(x: list[list[float]], y: list[float]) -> list[float]:
-    """Solve the normal equations (columns scaled to 1 first, for conditioning)."""
-    k = len(x[0])
-    scale = [max(abs(r[j]) for r in x) or 1.0 for j in range(k)]
-    xs = [[r[j] / scale[j] for j in range(k)] for r in x]
-    a = [[sum(r[i] * r[j] for r in xs) for j in range(k)] for i in range(k)]
-    b = [sum(r[i] * v for r, v in zip(xs, y, strict=True)) for i in range(k)]
-    for col in range(k):  # Gaussian elimination with partial pivoting
-        pivot = max(range(col, k), key=lambda i: abs(a[i][col]))
-        if abs(a[pivot][col]) < 1e-12:
-            raise ValueError("the measured steps do not vary enough to fit the step-time model")
-        a[col], a[pivot], b[col], b[pivot] = a[pivot], a[col], b[pivot], b[col]
-        for i in range(col + 1, k):
-            f = a[i][col] / a[col][col]
-            for j in range(col, k):
-                a[i][j] -= f * a[col][j]
-            b[i] -= f * b[col]
-    out = [0.0] * k
-    for i in reversed(range(k)):
-        out[i] = (b[i] - sum(a[i][j] * out[j] for j in range(i + 1, k))) / a[i][i]
-    return [o / s for o, s in zip(out, scale, strict=True)]
 
 
 @dataclasses.dataclass

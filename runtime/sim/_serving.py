@@ -10,14 +10,14 @@ front door does. The front door's view here is exact: every generator's events a
 read at each arrival (the live one polls them, so it routes on reports up to a poll old).
 
 With ``prefill`` generators (DistServe's split), a prompt of at least ``min_prefill_tokens``
-tokens is first routed over the prefill pool, computed there to its first token, and its
-KV (``kv_bytes_per_token`` a token) then crosses the prefill generator's link to the decode
-generator's (each ``kv_gbps``, shared max-min fairly by the transfers crossing it, on a
-:class:`~._flows.FlowNet`). The decode generator enters the prompt's full blocks into its
-prefix cache (:meth:`Scheduler.adopt`, as a handoff does) and continues the request: it
-computes what the blocks do not hold (the last partial block and the first token) and
-decodes the rest. Shorter prompts are prefilled on their decode generator, as the front
-door's conditional rule does.
+tokens is first routed over the prefill pool and computed there (as one token that is
+thrown away, as ``Generator.prefill`` does), and its KV (``kv_bytes_per_token`` a token) then
+crosses the prefill generator's link to the decode generator's (each ``kv_gbps``, shared
+max-min fairly by the transfers crossing it, on a :class:`~._flows.FlowNet`). The decode
+generator enters the prompt's full blocks into its prefix cache (:meth:`Scheduler.adopt`, as
+a handoff does) and continues the request: it computes what the blocks do not hold (the last
+partial block), samples the first token, and decodes the rest. Shorter prompts are prefilled
+on their decode generator, as the front door's conditional rule does.
 """
 
 from __future__ import annotations
@@ -206,8 +206,9 @@ def simulate_serving(
 
     def decoded(times: RequestTimes) -> None:
         s = served[times.id]
-        if s.path != "disaggregated":
-            s.first_token, s.cached_tokens = times.first_token, times.cached_tokens
+        s.first_token = times.first_token  # sampled on the decode side, whatever the path
+        if s.path != "disaggregated":  # (the prefill side's hits are the request's)
+            s.cached_tokens = times.cached_tokens
         s.end = times.end
 
     decode = _Pool(engine, "decode", generators, Router(policy), model=model, done=decoded, **shape)
@@ -219,10 +220,7 @@ def simulate_serving(
         def prefilled(times: RequestTimes) -> None:
             request = by_id[times.id]
             s = served[times.id]
-            s.first_token, s.cached_tokens = times.first_token, times.cached_tokens
-            if request.output_tokens == 1:
-                s.end = times.end
-                return
+            s.cached_tokens = times.cached_tokens
             source = where[times.id]
             target = s.worker = decode.route(request.prompt, engine.seconds)[0]
             nbytes = kv_bytes_per_token * len(request.prompt)
@@ -237,8 +235,7 @@ def simulate_serving(
             keys = known[1]
             start = sched.cached_run(keys)
             sched.adopt(keys, request.prompt, start, len(keys) - start)
-            prompt = [*request.prompt, 0]  # and the first token, sampled on the prefill side
-            decode.gens[target].submit(request.id, prompt, request.output_tokens - 1, known)
+            decode.gens[target].submit(request.id, request.prompt, request.output_tokens, known)
 
         pre = _Pool(engine, "prefill", prefill, Router(policy), model=prefill_model or model,
                     done=prefilled, **shape)  # fmt: skip

@@ -67,13 +67,16 @@ def test_prefill_and_decode_apart_move_the_kv_and_continue_the_request() -> None
     (a,) = slow.served
     assert a.path == "disaggregated" and slow.kv_bytes == 300e6
     prefill = MODEL.seconds(prefill_tokens=300, prefill_pairs=300 * 301 // 2)
-    assert a.ttft == pytest.approx(prefill, abs=1e-8)  # its first token, on the prefill side
-    # 300 MB at 1 GB/s, then at 2 GB/s: the end moves by exactly the difference
+    # 300 MB at 1 GB/s, then at 2 GB/s: the first token and the end move by the difference
+    assert a.ttft - fast.served[0].ttft == pytest.approx(0.3 - 0.15, abs=1e-8)
     assert a.end - fast.served[0].end == pytest.approx(0.3 - 0.15, abs=1e-8)
     # the decode side computes only what the handed-off blocks do not hold: the last partial
-    # block (300 = 18 full blocks of 16 + 12) and the first token, then decodes
-    tail = MODEL.seconds(prefill_tokens=13, prefill_pairs=13 * 288 + 13 * 14 // 2)
-    decodes = sum(MODEL.seconds(decodes=1, decode_pairs=301 + i) for i in range(1, 5))
+    # block (300 = 18 full blocks of 16 + 12); it samples the first token there (the prefill
+    # side's is thrown away, as Generator.prefill's), then decodes
+    tail = MODEL.seconds(prefill_tokens=12, prefill_pairs=12 * 288 + 12 * 13 // 2)
+    assert a.ttft == pytest.approx(prefill + 0.3 + tail, abs=1e-8)
+    decodes = sum(MODEL.seconds(decodes=1, decode_pairs=300 + i) for i in range(1, 6))
+    decodes += MODEL.after_prefill_s
     assert a.end == pytest.approx(prefill + 0.3 + tail + decodes, abs=1e-8)
 
 
