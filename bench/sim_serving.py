@@ -20,6 +20,13 @@ the same router, and the same threshold for the prefill pool (64 tokens). Both s
 arrivals (Poisson at ``--rate``, seed 0) and lengths; each real run draws fresh prompt tokens
 (so no run hits the prefix cache another left) and the simulator's prompts are as random.
 
+**The serving path.** The engine's profile does not hold what the server adds around it. Before
+the workload, five requests at idle, one at a time, measure it on each server
+(:func:`serving_path`): a generator step's extra (``step_s``, added to the profile's
+``base_s``), a request's way from arrival to its generator (``request_s``), and a handoff's
+control calls (``handoff_s``), which the simulator then charges. What the server adds under
+load (its processes sharing the cores with the generators) is not measured.
+
 Mixes are ``bench/disagg.py``'s: ``prefill_heavy`` (input 1,024, output 64) and
 ``decode_heavy`` (input 128, output 512). Metrics as the simulator reports them: output tokens
 a second over the run (first arrival to last end), TTFT p50 from arrival, TPOT p50 per request
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -53,6 +61,7 @@ from sim_generation import compare, table  # noqa: E402
 from orchestr.roles import models  # noqa: E402
 from orchestr.sim import ServingRequest, simulate_serving  # noqa: E402
 from orchestr.sim._calibrate import calibrate  # noqa: E402
+from orchestr.sim._generation import attention_pairs  # noqa: E402
 
 SYSTEMS = ("colocated", "disagg")
 SHAPE = {"num_blocks": 512, "block_size": 16, "max_batch": 32, "token_budget": 512}
@@ -116,15 +125,41 @@ async def drive(url: str, at: list[float], sent: list[list[int]], out: int) -> d
     return summary(list(times))
 
 
+def serving_path(
+    url: str, vocab: int, profile: Any, system: str, found: dict[str, float], kv_s: float
+) -> dict[str, float]:
+    """The serving path's own costs on this server, from probes at idle (five requests one at
+    a time, 128 prompt tokens and 16 out): ``step_s`` on each generator step (the actor's work
+    around the engine's; TPOT less the profile's decode steps), ``request_s`` from arrival to
+    the generator (TTFT less the prefill step; measured co-located, where nothing else is on
+    the path) and ``handoff_s`` (disaggregated TTFT less that, the two generators' steps and
+    the KV's transfer ``kv_s``). Each is held at 0 rather than negative."""
+    at = [0.6 * i for i in range(5)]
+    probe = asyncio.run(drive(url, at, prompts(vocab, len(at), 128, -3), 16))
+    decodes = [profile.seconds(0, 1, 0, 128 + i, after_prefill=int(i == 1)) for i in range(1, 16)]
+    step_s = max(0.0, probe["tpot_ms_p50"] / 1e3 - statistics.mean(decodes))
+    served = dataclasses.replace(profile, base_s=profile.base_s + step_s)
+    prefill = served.seconds(128, 0, attention_pairs(0, 128), 0)
+    ttft = probe["ttft_ms_p50"] / 1e3
+    if system == "colocated":
+        return {"step_s": step_s, "request_s": max(0.0, ttft - prefill), "handoff_s": 0.0}
+    tail = served.seconds(16, 0, 16 * 112 + attention_pairs(0, 16), 0)  # the last block's 16
+    handoff_s = max(0.0, ttft - found["request_s"] - prefill - kv_s - tail)
+    return {"step_s": step_s, "request_s": found["request_s"], "handoff_s": handoff_s}
+
+
 def simulated(system: str, profile: Any, at: list[float], sent: list[list[int]], out: int,
-              kv_gbps: float, kv_bytes_per_token: int) -> dict[str, float]:  # fmt: skip
+              kv_gbps: float, kv_bytes_per_token: int,
+              path: dict[str, float]) -> dict[str, float]:  # fmt: skip
     requests = [
         ServingRequest(f"r{i}", a, p, out) for i, (a, p) in enumerate(zip(at, sent, strict=True))
     ]
     pools = {"generators": 2} if system == "colocated" else {"generators": 1, "prefill": 1}
+    served = dataclasses.replace(profile, base_s=profile.base_s + path["step_s"])
     run = simulate_serving(
-        requests, profile, policy="kv", min_prefill_tokens=64, kv_gbps=kv_gbps,
-        kv_bytes_per_token=kv_bytes_per_token, **pools, **SHAPE,
+        requests, served, policy="kv", min_prefill_tokens=64, kv_gbps=kv_gbps,
+        kv_bytes_per_token=kv_bytes_per_token, request_s=path["request_s"],
+        handoff_s=path["handoff_s"], **pools, **SHAPE,
     )  # fmt: skip
     s = run.summary()
     return {
@@ -164,6 +199,8 @@ def main() -> None:
         per_token = plane["bytes"] // 1024
         vocab = report["model"]["vocab"]
         at = arrivals(args.rate, args.requests)
+        paths: dict[str, dict[str, float]] = {}
+        out["serving_path"] = paths
         for system in SYSTEMS:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
@@ -171,6 +208,11 @@ def main() -> None:
             try:
                 wait_healthy(url, proc)
                 asyncio.run(drive(url, at[:2], prompts(vocab, 2, 64, -1), 4))  # warm-up
+                kv_s = 128 * per_token / (kv_gbps * 1e9 / 8)
+                found = paths[system] = serving_path(
+                    url, vocab, profile, system, paths.get("colocated", {}), kv_s
+                )
+                log(f"{system}: serving path {found}")
                 for mix in mixes:
                     length, tokens = MIXES[mix]
                     log(f"{system} {mix}: {args.runs} real runs at {args.rate}/s")
@@ -179,7 +221,7 @@ def main() -> None:
                         for r in range(args.runs)
                     ]
                     sim = simulated(system, profile, at, prompts(vocab, len(at), length, -2),
-                                    tokens, kv_gbps, per_token)  # fmt: skip
+                                    tokens, kv_gbps, per_token, found)  # fmt: skip
                     out[f"{system}/{mix}"] = compare(runs, sim)
             finally:
                 stop(proc)

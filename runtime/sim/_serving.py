@@ -32,7 +32,7 @@ from typing import Any
 
 from orchestr.roles.serving import Load, Router
 
-from ._engine import Engine
+from ._engine import Engine, ns
 from ._flows import FlowNet
 from ._generation import RequestTimes, SimGenerator, StepTimeModel
 
@@ -177,6 +177,8 @@ def simulate_serving(
     min_prefill_tokens: int = 64,
     kv_bytes_per_token: float = 0.0,
     kv_gbps: float = 100.0,
+    request_s: float = 0.0,
+    handoff_s: float = 0.0,
     num_blocks: int = 4096,
     block_size: int = 16,
     max_batch: int = 256,
@@ -187,14 +189,19 @@ def simulate_serving(
 ) -> ServingRun:
     """Serve ``requests`` on ``generators`` (decode) generators timed by ``model`` and, with
     ``prefill`` > 0, a prefill pool timed by ``prefill_model`` (default ``model``); see the
-    module docstring. ``cache_outputs`` is the schedulers' (off: the outputs are placeholders,
-    and cached they would be shared as real outputs are not; the prompts' blocks are cached
-    either way). Raises ``ValueError`` for bad counts, a bad policy, or a request the
-    scheduler refuses (an empty prompt, one that could never fit)."""
+    module docstring. The serving path's own costs, where measured: ``request_s`` from a
+    request's arrival to its generator's queue (the HTTP server, the front door, the call), and
+    ``handoff_s`` of a handoff's control calls, after the KV's transfer and before the decode
+    side takes the request. ``cache_outputs`` is the schedulers' (off: the outputs are
+    placeholders, and cached they would be shared as real outputs are not; the prompts' blocks
+    are cached either way). Raises ``ValueError`` for bad counts, a bad policy, a negative
+    time, or a request the scheduler refuses (an empty prompt, one that could never fit)."""
     if generators < 1 or prefill < 0:
         raise ValueError(f"generators >= 1 and prefill >= 0, got {generators}, {prefill}")
     if not kv_gbps > 0 or kv_bytes_per_token < 0 or min_prefill_tokens < 1:
         raise ValueError("kv_gbps > 0, kv_bytes_per_token >= 0 and min_prefill_tokens >= 1")
+    if not (request_s >= 0 and handoff_s >= 0):
+        raise ValueError(f"request_s and handoff_s are seconds >= 0: {request_s}, {handoff_s}")
     started = time.perf_counter()
     engine = Engine(seed)
     shape = {"num_blocks": num_blocks, "block_size": block_size, "max_batch": max_batch,
@@ -227,7 +234,10 @@ def simulate_serving(
             moved[0] += nbytes
             path = ((source, "fabric"), ("fabric", target))
             assert net is not None
-            net.start(path, nbytes, lambda: handoff(request, target))
+            net.start(path, nbytes, lambda: later(request, target))
+
+        def later(request: ServingRequest, target: str) -> None:
+            engine.after(handoff_s, handoff, request, target, name="handoff calls")
 
         def handoff(request: ServingRequest, target: str) -> None:
             sched = decode.gens[target].scheduler
@@ -259,7 +269,7 @@ def simulate_serving(
         served[request.id].worker = worker
 
     for r in sorted(requests, key=lambda r: r.arrival):
-        engine.at(round(r.arrival * 1e9), arrive, r, name="arrival")
+        engine.at(round(r.arrival * 1e9) + ns(request_s), arrive, r, name="arrival")
     engine.run()
     gens = [*decode.gens.values(), *(pre.gens.values() if pre is not None else ())]
     return ServingRun(

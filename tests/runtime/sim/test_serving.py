@@ -80,6 +80,20 @@ def test_prefill_and_decode_apart_move_the_kv_and_continue_the_request() -> None
     assert a.end == pytest.approx(prefill + 0.3 + tail + decodes, abs=1e-8)
 
 
+def test_the_serving_paths_own_costs_delay_what_they_precede() -> None:
+    prompt = list(range(300))
+    one = [ServingRequest("a", 0.5, prompt, 6)]
+    base = simulate_serving(one, MODEL).served[0]
+    late = simulate_serving(one, MODEL, request_s=0.004).served[0]
+    assert late.ttft == pytest.approx(base.ttft + 0.004, abs=1e-8)
+    assert late.end == pytest.approx(base.end + 0.004, abs=1e-8)
+    apart = {h: simulate_serving(one, MODEL, prefill=1, handoff_s=h).served[0] for h in (0, 0.02)}
+    assert apart[0.02].ttft == pytest.approx(apart[0].ttft + 0.02, abs=1e-8)
+    for bad in ({"request_s": -1.0}, {"handoff_s": float("nan")}):
+        with pytest.raises(ValueError, match="seconds >= 0"):
+            simulate_serving(one, MODEL, **bad)
+
+
 def test_short_prompts_stay_on_their_decode_generator_and_slos_count_goodput() -> None:
     requests = workload(100, 30.0)
     short = [ServingRequest(f"s{i}", 0.01 * i, [1, 2, 3], 3) for i in range(10)]
