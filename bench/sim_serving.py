@@ -56,7 +56,7 @@ sys.path.insert(0, str(HERE))
 
 from disagg import MIXES, limit, start  # noqa: E402
 from serving import MODEL, free_port, stop, wait_healthy  # noqa: E402
-from sim_generation import compare, table  # noqa: E402
+from sim_generation import compare, summary, table  # noqa: E402
 
 from orchestr.roles import models  # noqa: E402
 from orchestr.sim import ServingRequest, simulate_serving  # noqa: E402
@@ -84,14 +84,15 @@ def prompts(vocab: int, n: int, length: int, salt: int) -> list[list[int]]:
     return [[rng.randrange(5, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def summary(times: list[tuple[float, float, float, int]]) -> dict[str, float]:
-    """From ``(arrival, first token, end, tokens)`` per request, in seconds."""
-    span = max(t[2] for t in times) - min(t[0] for t in times)
-    return {
-        "output_tokens_per_s": sum(t[3] for t in times) / span,
-        "ttft_ms_p50": statistics.median(t[1] - t[0] for t in times) * 1e3,
-        "tpot_ms_p50": statistics.median((t[2] - t[1]) / (t[3] - 1) for t in times) * 1e3,
-    }
+def measured(times: list[tuple[float, float, float, int]]) -> dict[str, float]:
+    """:func:`sim_generation.summary` of ``(arrival, first token, end, tokens)`` per request,
+    in seconds."""
+    return summary(
+        [t[1] - t[0] for t in times],
+        [(t[2] - t[1]) / (t[3] - 1) for t in times],
+        sum(t[3] for t in times),
+        max(t[2] for t in times) - min(t[0] for t in times),
+    )
 
 
 async def drive(url: str, at: list[float], sent: list[list[int]], out: int) -> dict[str, float]:
@@ -122,7 +123,7 @@ async def drive(url: str, at: list[float], sent: list[list[int]], out: int) -> d
         times = await asyncio.gather(*(one(a, p) for a, p in zip(at, sent, strict=True)))
     finally:
         await client.close()
-    return summary(list(times))
+    return measured(list(times))
 
 
 def serving_path(

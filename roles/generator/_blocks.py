@@ -66,17 +66,17 @@ Event = BlockStored | BlockRemoved | AllBlocksCleared
 def hash_block(parent: bytes | None, tokens: Sequence[int], extra: Sequence[Any]) -> bytes:
     """The key of a full block: SHA-256 over its parent's key, its tokens and the extra keys
     (msgpack-encoded; the extra keys must be msgpack values)."""
-    payload = msgpack.packb([parent, list(tokens), list(extra)], use_bin_type=True)
-    return hashlib.sha256(payload).digest()
+    return next(chain_hashes(parent, tokens, len(tokens), extra, range(1)))
 
 
 def chain_hashes(
     parent: bytes | None, tokens: Sequence[int], size: int, extra: Sequence[Any], blocks: range
 ) -> Iterator[bytes]:
     """The keys of ``tokens``' full blocks numbered ``blocks`` (of ``size`` tokens), chained
-    from ``parent`` (the key of the block before the first): :func:`hash_block`'s, one after
-    the other, with the extra keys encoded once. A generator: a caller that stops at the
-    first key it has not cached hashes no further."""
+    from ``parent`` (the key of the block before the first), each :func:`hash_block`'s: the
+    SHA-256 of the msgpack array ``[parent, tokens, extra]``, with the extra keys encoded
+    once. A generator: a caller that stops at the first key it has not cached hashes no
+    further."""
     packer = msgpack.Packer(use_bin_type=True)
     pack, sha256 = packer.pack, hashlib.sha256
     tail = pack(list(extra))

@@ -229,19 +229,21 @@ def simulate_serving(
             s = served[times.id]
             s.cached_tokens = times.cached_tokens
             source = where[times.id]
-            target = s.worker = decode.route(request.prompt, engine.seconds)[0]
+            target, known = decode.route(request.prompt, engine.seconds)
+            s.worker = target
             nbytes = kv_bytes_per_token * len(request.prompt)
             moved[0] += nbytes
             path = ((source, "fabric"), ("fabric", target))
             assert net is not None
-            net.start(path, nbytes, lambda: later(request, target))
+            net.start(path, nbytes, lambda: later(request, target, known))
 
-        def later(request: ServingRequest, target: str) -> None:
-            engine.after(handoff_s, handoff, request, target, name="handoff calls")
+        def later(request: ServingRequest, target: str, known: Any) -> None:
+            engine.after(handoff_s, handoff, request, target, known, name="handoff calls")
 
-        def handoff(request: ServingRequest, target: str) -> None:
+        def handoff(request: ServingRequest, target: str, known: Any) -> None:
             sched = decode.gens[target].scheduler
-            known = sched.keyed(request.prompt)
+            if known is None:  # the rule did not hash the prompt
+                known = sched.keyed(request.prompt)
             keys = known[1]
             start = sched.cached_run(keys)
             sched.adopt(keys, request.prompt, start, len(keys) - start)

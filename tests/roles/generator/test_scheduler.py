@@ -3,8 +3,10 @@ prefill, preemption, admission control, and a property test that every block com
 
 from __future__ import annotations
 
+import hashlib
 import random
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -107,9 +109,13 @@ def test_hashes_in_a_chain_are_hash_blocks_one_after_the_other(
     tokens: list[int], extra: list[object], size: int
 ) -> None:
     full = len(tokens) // size
-    want, parent = [], None
+    want: list[bytes] = []
+    parent: bytes | None = None
     for b in range(full):
         parent = hash_block(parent, tokens[b * size : (b + 1) * size], extra)
+        # the key's definition: SHA-256 of the msgpack array [parent, tokens, extra]
+        payload = [want[-1] if want else None, tokens[b * size : (b + 1) * size], extra]
+        assert parent == hashlib.sha256(msgpack.packb(payload, use_bin_type=True)).digest()
         want.append(parent)
     assert list(chain_hashes(None, tokens, size, extra, range(full))) == want
     assert list(chain_hashes(None, tuple(tokens), size, tuple(extra), range(full))) == want
