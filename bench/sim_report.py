@@ -3,6 +3,7 @@ and the experiments from the results their commands saved under docs/simulator/)
 
     python bench/sim_generation.py --save docs/simulator/l2_generation.json   # L2 (minutes)
     python bench/sim_serving.py --save docs/simulator/l2_serving.json         # L2 (minutes)
+    python bench/sim_rl.py --save docs/simulator/l2_rl.json                   # L2 (minutes)
     python bench/sim_experiments.py all                                        # E1-E3, scale
     python bench/sim_report.py                                                 # this page
 
@@ -119,6 +120,41 @@ def l2(name: str = "generation") -> str:
     return "\n".join(rows) + "\n"
 
 
+def l2_rl() -> str:
+    """The table of ``docs/simulator/l2_rl.json`` (``bench/sim_rl.py --save``)."""
+    path = DATA / "l2_rl.json"
+    if not path.exists():
+        return (
+            "*Not produced yet: run `python bench/sim_rl.py --save docs/simulator/l2_rl.json`.*\n"
+        )
+    data = json.loads(path.read_text())
+    meta, costs, call = data["_meta"], data["costs"], data.get("call_path", {})
+    rows = [f"Config: `{meta['config']}` ({meta['steps']} batches), {meta['runs']} real runs of "
+            f"each mode on {meta['cores']} cores. Calibrated: `{data['calibration']['machine']}`, "
+            f"generation step fit error median "
+            f"{data['calibration']['generation_median_abs_error']:.1%}; a trainer step "
+            f"{costs['train_step_s'] * 1e3:.1f} ms + {costs['train_token_s'] * 1e6:.1f} µs a "
+            f"token; calls {call.get('call_s', 0) * 1e3:.2f} ms + "
+            f"{call.get('call_item_s', 0) * 1e6:.1f} µs an item.", "",
+            "| mode | metric | real median (min-max) | simulated | signed error | target |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    for mode in meta["modes"]:
+        entry = data[mode]
+        for metric, real in entry["real"].items():
+            err = entry["error"][metric]
+            if metric == "samples_per_s":
+                shown = f"{err:+.1%}"
+                verdict = "met (±5%)" if abs(err) <= 0.05 else "**missed** (±5%)"
+            elif err is None:
+                shown, verdict = "-", "reported"
+            else:
+                shown = f"{err:+.1%}" if metric == "version_lag" else f"{err:+.3f} (points)"
+                verdict = "reported"
+            rows.append(f"| {mode} | {metric} | {real['median']} ({real['min']}-{real['max']}) | "
+                        f"{entry['sim'][metric]} | {shown} | {verdict} |")  # fmt: skip
+    return "\n".join(rows) + "\n"
+
+
 def table(name: str) -> str:
     path = DATA / f"{name}.md"
     if not path.exists():
@@ -128,8 +164,9 @@ def table(name: str) -> str:
 
 def main() -> None:
     page = (ROOT / "bench" / "sim_report_page.md").read_text()
-    filled = page.format(l0=l0(), l1=l1(), l2=l2(), l2_serving=l2("serving"), e1=table("e1"),
-                         e2=table("e2"), e3=table("e3"), scale=table("scale"))  # fmt: skip
+    filled = page.format(l0=l0(), l1=l1(), l2=l2(), l2_serving=l2("serving"), l2_rl=l2_rl(),
+                         e1=table("e1"), e2=table("e2"), e3=table("e3"),
+                         scale=table("scale"))  # fmt: skip
     (DOCS / "simulator.md").write_text(filled)
     print(f"wrote {DOCS / 'simulator.md'}")
 

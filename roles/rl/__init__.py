@@ -19,6 +19,7 @@ from ._reference import (
     SMALL_CONFIG,
     LlamaModel,
     TrainConfig,
+    step_requests,
     train,
 )
 from ._task import Task
@@ -38,5 +39,6 @@ __all__ = [
     "TrainConfig",
     "reverse_task",
     "run_grpo",
+    "step_requests",
     "train",
 ]

@@ -17,7 +17,9 @@
   to measured steps).
 - :class:`SimCluster` / :class:`SimContext`: a topology's hosts in the head's own placement,
   role models (:class:`Role`) as their actors, and a job context whose meshes are real mesh
-  handles calling those models; a job's own ``main(ctx)`` runs against it unchanged.
+  handles calling those models; a job's own ``main(ctx)`` runs against it unchanged. With
+  ``cpus``, each host's cores are shared by the roles' compute (``_cpu``); :func:`one_host`
+  is one machine on its own, as the live jobs' embedded cluster.
 - :func:`simulate_grpo`: the GRPO job's own code (``orchestr.roles.rl``: sync, stream,
   stream+skew) on a simulated cluster, its roles costed by :class:`RLCosts` and its output
   lengths drawn by :class:`OutputLengths`.
@@ -41,7 +43,7 @@ from ._run import Simulation, run
 
 if TYPE_CHECKING:
     from ._calibrate import fit_step_model
-    from ._cluster import Role, SimCluster, SimContext
+    from ._cluster import Role, SimCluster, SimContext, one_host
     from ._generation import RequestTimes, SimGenerator, StepTimeModel
     from ._profiles import roofline
     from ._rl import RLRun, simulate_grpo
@@ -57,6 +59,7 @@ _LAZY = {
     "Role": "_cluster",
     "SimCluster": "_cluster",
     "SimContext": "_cluster",
+    "one_host": "_cluster",
     "OutputLengths": "_rlroles",
     "RLCosts": "_rlroles",
     "OracleRanker": "_rlroles",
@@ -110,6 +113,7 @@ __all__ = [
     "load_scenario",
     "max_min_rates",
     "ns",
+    "one_host",
     "roofline",
     "run",
     "run_scenario",

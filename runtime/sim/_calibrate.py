@@ -166,8 +166,9 @@ def fit_step_model(samples: Sequence[Sequence[float]], machine: str = "") -> Ste
     prefill_pairs, decode_pairs[, mixed, after_prefill], seconds)`` (each step weighted by 1 /
     its time, so a 5 ms decode counts as much as a 300 ms prefill; in absolute terms the
     prefills decided the fit and the decodes came out 13-21% slow): coefficients that come out
-    negative are dropped (held at 0) and the rest fitted again, and so are the mix terms when
-    no sample has the mix. Raises ``ValueError`` with fewer samples than coefficients, a step
+    negative are dropped (held at 0) and the rest fitted again, and so are the terms no sample
+    has (the mix terms without mixed runs; the decode terms for the recompute engine, whose
+    steps are all whole sequences). Raises ``ValueError`` with fewer samples than coefficients, a step
     of no time, a sample of the wrong length, or samples that do not vary enough."""
     width = len(TERMS) - 1
     rows, ys = [], []
@@ -179,7 +180,7 @@ def fit_step_model(samples: Sequence[Sequence[float]], machine: str = "") -> Ste
         feats = [*x[:-1], *[0] * (width + 1 - len(x))]
         rows.append([1.0 / x[-1], *(float(f) / x[-1] for f in feats)])
         ys.append(1.0)
-    active = [i for i in range(len(TERMS)) if i < 5 or any(r[i] for r in rows)]
+    active = [i for i in range(len(TERMS)) if i == 0 or any(r[i] for r in rows)]
     while True:
         if len(rows) < len(active):
             raise ValueError(f"{len(rows)} measured steps cannot fit {len(active)} coefficients")

@@ -33,13 +33,25 @@ from orchestr._cluster._headstate import HeadState
 from orchestr._job._events import EventLog, export_trace
 from orchestr._job._phases import Collective, Phase, make_phase
 from orchestr.errors import ActorDiedError, ConfigError
-from orchestr.fabric.optical import FabricManager, Hint, Topology, hint_demand
+from orchestr.fabric.optical import FabricManager, Hint, Topology, hint_demand, topology_from_dict
 
 from ._collectives import collective
+from ._cpu import HostCpu
 from ._engine import Engine, SimulationError
 from ._flows import FlowNet
 
-__all__ = ["Role", "SimClient", "SimCluster", "SimContext", "SimMember"]
+__all__ = ["Role", "SimClient", "SimCluster", "SimContext", "SimMember", "one_host"]
+
+
+def one_host(name: str = "local", accelerators: int = 1) -> Topology:
+    """One host and nothing to reach: a machine's roles among themselves (its cores, with
+    ``SimCluster(cpus=...)``), as the live jobs run on an embedded cluster."""
+    return topology_from_dict({
+        "version": 1,
+        "switches": [{"name": "tor", "tier": "tor", "ports": 2}],
+        "hosts": [{"name": name, "accelerators": accelerators,
+                   "nics": [{"name": "nic0", "gbps": 100.0, "port": "tor:0"}]}],
+    })  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +82,8 @@ class SimCluster:
     """``topology``'s hosts, each a node of ``resources`` (default: its accelerators as
     ``gpu`` and 64 ``cpu``) in the head's placement, a flow network over its links, and the
     role models in ``roles`` (by actor class). ``fabric``, when given, is the fabric manager
-    phases are hinted to; the circuits it lays carry flows from then on."""
+    phases are hinted to; the circuits it lays carry flows from then on. ``cpus``, when
+    given, is each host's cores, which the roles' compute then shares (:mod:`._cpu`)."""
 
     def __init__(
         self,
@@ -80,6 +93,7 @@ class SimCluster:
         *,
         resources: Mapping[str, float] | None = None,
         fabric: FabricManager | None = None,
+        cpus: float | None = None,
     ) -> None:
         self.engine = engine
         self.topology = topology
@@ -96,6 +110,21 @@ class SimCluster:
         self.host_of: dict[str, str] = {}
         self._ids = itertools.count()
         self._meetings: dict[Any, tuple[int, asyncio.Future[None]]] = {}
+        #: Each host's cores, when the roles' compute shares them (``cpus``).
+        self.cpu = {h.name: HostCpu(engine, cpus) for h in topology.hosts} if cpus else {}
+
+    # -- compute, as the role models charge it --------------------------------------------------
+    async def compute(self, host: str, seconds: float, weight: float = 1024.0) -> None:
+        """Take ``seconds`` of one thread's work (its time alone) on ``host``, at ``weight``
+        (:func:`~._cpu.nice_weight`) among the threads there when the cluster models its
+        cores, else simply ``seconds``. Blocks until done."""
+        cpu = self.cpu.get(host)
+        if cpu is None:
+            await asyncio.sleep(seconds)
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        cpu.run(seconds, lambda: done.set_result(None), weight)
+        await done
 
     # -- the network, as the role models use it ------------------------------------------------
     async def transfer(self, src: str, dst: str, nbytes: float) -> None:

@@ -18,9 +18,12 @@ from typing import Any
 
 from orchestr.roles.generator import BlockPool, Scheduler, Seq, Step
 
+from ._cpu import HostCpu
 from ._engine import Engine, Event, ns
 
-__all__ = ["RequestTimes", "SimGenerator", "StepTimeModel", "attention_pairs"]
+__all__ = [
+    "RequestTimes", "SimGenerator", "StepTimeModel", "attention_pairs", "recompute_features",
+]  # fmt: skip
 
 
 #: The model's coefficients, in the order of a sample's features (the first is per step).
@@ -135,6 +138,16 @@ def features(step: Step) -> tuple[int, int, int, int, int]:
     return prefill, decodes, prefill_pairs, decode_pairs, int(prefill > 0 and decodes > 0)
 
 
+def recompute_features(step: Step) -> tuple[int, int, int, int, int]:
+    """The features of ``step`` on the recompute engine (``orchestr.roles.generator.Engine``),
+    which runs every scheduled sequence whole (prompt and tokens so far) through the model,
+    padded to the longest ``t``: ``b`` sequences are ``b * t`` prompt tokens and ``b * t (t +
+    1) / 2`` pairs, and ``b`` rows sampled (counted as decodes)."""
+    b = len(step.scheduled)
+    t = max((seq.num_computed + n for seq, n in step.scheduled), default=0)
+    return b * t, b, b * attention_pairs(0, t), 0, 0
+
+
 def attention_pairs(cached: int, n: int) -> int:
     """(query, key) pairs of ``n`` new tokens after ``cached`` ones, causally."""
     return n * cached + n * (n + 1) // 2
@@ -175,7 +188,13 @@ class SimGenerator:
     and the scheduler advances it in one go, to the state the steps leave. A request that
     arrives meanwhile cuts the run at the step then in progress, where the step-by-step
     generator would admit it. ``cache_outputs`` is the scheduler's (whether blocks of
-    generated tokens enter the prefix cache)."""
+    generated tokens enter the prefix cache).
+
+    ``recompute`` times each step as the recompute engine computes it
+    (:func:`recompute_features`: no KV cache), ``cpu`` is the host's cores its steps run on
+    as one thread of ``weight`` (:class:`~._cpu.HostCpu`: a step beside other work takes
+    longer), and either takes each step as its own event. ``busy_s`` counts the steps' time
+    on the clock, as the real generator times them."""
 
     def __init__(
         self,
@@ -189,8 +208,12 @@ class SimGenerator:
         done: Callable[[RequestTimes], None] | None = None,
         closed_form: bool = True,
         cache_outputs: bool = True,
+        recompute: bool = False,
+        cpu: HostCpu | None = None,
+        weight: float = 1024.0,
     ) -> None:
         self.engine, self.model = engine, model
+        self.recompute, self.cpu, self.weight = recompute, cpu, weight
         self.scheduler = Scheduler(
             BlockPool(num_blocks, block_size),
             max_batch=max_batch,
@@ -198,7 +221,7 @@ class SimGenerator:
             cache_outputs=cache_outputs,
         )
         self.done = done
-        self.closed_form = closed_form
+        self.closed_form = closed_form and not recompute and cpu is None
         self.times: dict[str, RequestTimes] = {}
         self.finished: list[RequestTimes] = []
         self.steps = 0
@@ -262,12 +285,20 @@ class SimGenerator:
         if not step.scheduled:
             self._stepping = False
             return
-        f = features(step)
+        f = recompute_features(step) if self.recompute else features(step)
         seconds = self.model.seconds(*f, after_prefill=int(self._prefilled and f[0] == 0))
         self._prefilled = f[0] > 0
         self.steps += 1
-        self.busy_s += seconds
-        self.engine.after(seconds, self._finish, step, name="generator step done")
+        if self.cpu is None:
+            self.busy_s += seconds
+            self.engine.after(seconds, self._finish, step, name="generator step done")
+        else:
+            began = self.engine.now
+            self.cpu.run(seconds, lambda: self._finish_shared(step, began), self.weight)
+
+    def _finish_shared(self, step: Step, began: int) -> None:
+        self.busy_s += (self.engine.now - began) / 1e9
+        self._finish(step)
 
     def _finish(self, step: Step) -> None:
         now = self.engine.seconds

@@ -71,11 +71,14 @@ def simulate_grpo(
     fabric: FabricManager | None = None,
     trace: bool = False,
     trace_dir: str | None = None,
+    host_cpus: float | None = None,
 ) -> RLRun:
     """Run ``config`` (its mode, counts and steps) on ``topology``'s hosts on virtual time,
     with ``costs`` and ``lengths``; ``resources`` per role (``generator``, ``trainer``,
     ``reward``) is what each member takes on a host. ``fabric``, when given, hears the job's
-    phase hints and lays circuits the flow network then uses. Deaths are not simulated: the
+    phase hints and lays circuits the flow network then uses. ``host_cpus``, when given, is
+    each host's cores, which its members' compute shares (a job on a machine of a few CPUs,
+    as the live job on this one). Deaths are not simulated: the
     config's kills must be empty, and its checkpoints are left out.
 
     Raises :class:`ConfigError` for a config or placement the job or the head refuses, and
@@ -88,7 +91,7 @@ def simulate_grpo(
     known = LENGTHS.set(lengths)  # for a ranker that knows them (OracleRanker)
     started, wall = time.perf_counter(), 0.0
     with Simulation(seed, trace=trace) as sim:
-        cluster = SimCluster(sim.engine, topology, roles, fabric=fabric)
+        cluster = SimCluster(sim.engine, topology, roles, fabric=fabric, cpus=host_cpus)
         ctx = SimContext(cluster, trace_dir=trace_dir)
         previous = _client._current
         _client.set_current_client(SimClient(cluster))  # type: ignore[arg-type]

@@ -32,6 +32,7 @@ from orchestr.roles.rl import LengthRanker
 from orchestr.roles.trainer import Trainer
 
 from ._cluster import Role, SimMember
+from ._cpu import nice_weight
 from ._generation import RequestTimes, SimGenerator, StepTimeModel
 
 __all__ = [
@@ -47,13 +48,17 @@ class OutputLengths:
     to long answers: the tail StreamRL's skew-aware dispatch is for; 0: none), times one of
     shape ``sample_sigma`` drawn for the sample; at least 1 and at most ``cap``. Drawn from
     the prompt, the sample's key and ``seed``, so a sample drawn again has the same length,
-    and a prompt length's mean is what a ranker that learns by prompt length can learn."""
+    and a prompt length's mean is what a ranker that learns by prompt length can learn.
+
+    ``requested``: every sample runs to its request's ``max_new_tokens`` instead (a task whose
+    answers stop at a known length, as the digit tasks' do), and the draw is not used."""
 
     per_prompt_token: float = 4.0
     sigma: float = 0.0
     cap: int = 1 << 15
     seed: int = 0
     sample_sigma: float = 0.0
+    requested: bool = False
 
     def __post_init__(self) -> None:
         if not self.per_prompt_token > 0 or not self.sigma >= 0 or not self.sample_sigma >= 0:
@@ -70,6 +75,8 @@ class OutputLengths:
         return base
 
     def draw(self, request: Request) -> int:
+        if self.requested:
+            return max(1, request.max_new_tokens)
         length = self.expected(request.prompt)
         if self.sample_sigma:
             rng = random.Random(f"{request.seed}/{request.id}/{self.seed}")
@@ -112,9 +119,15 @@ class RLCosts:
     ``token_budget`` tokens a step (its batch limit is the job's ``max_batch``). A trainer
     step: ``train_step_s`` plus ``train_token_s`` per token (prompt and output) of the
     trainer's shard, then an all-reduce of ``weight_bytes`` over the trainer mesh. A weight
-    load: ``weight_bytes`` from the publishing trainer's host, then ``load_s``. Scoring:
-    ``score_s`` per sample; rewards are 1 with probability ``reward_p``. A held-out
-    evaluation: ``eval_s``."""
+    load: ``publish_s`` on the trainer, ``weight_bytes`` from its host, then ``load_s``.
+    Scoring: ``score_s`` per sample; rewards are 1 with probability ``reward_p``. A held-out
+    evaluation: ``eval_s``. ``engine``: the generators' (``paged``, or ``recompute``: each
+    step timed as the recompute engine runs it, see
+    :func:`~._generation.recompute_features`). An actor call (``generate``, ``score``,
+    ``train_step``) costs ``call_s`` plus ``call_item_s`` per request, pair or sample it
+    carries beyond its work (serialising them both ways), charged before it. Compute is
+    charged to the host's cores when the cluster models them (a generator's steps and loads
+    at its ``nice``; calls at nice 0)."""
 
     generation: StepTimeModel
     weight_bytes: int
@@ -123,19 +136,35 @@ class RLCosts:
     load_s: float = 0.0
     score_s: float = 0.0
     eval_s: float = 0.0
+    publish_s: float = 0.0
+    call_s: float = 0.0
+    call_item_s: float = 0.0
     reward_p: float = 0.5
     num_blocks: int = 1 << 16
     block_size: int = 16
     token_budget: int = 8192
+    engine: str = "paged"
 
     def __post_init__(self) -> None:
-        for name in ("train_token_s", "train_step_s", "load_s", "score_s", "eval_s"):
+        if self.engine not in ("paged", "recompute"):
+            raise ValueError(f"RLCosts.engine is paged or recompute, got {self.engine!r}")
+        for name in (
+            "train_token_s", "train_step_s", "load_s", "score_s", "eval_s", "publish_s", "call_s",
+            "call_item_s",
+        ):  # fmt: skip
             if not getattr(self, name) >= 0:
                 raise ValueError(f"RLCosts.{name} is seconds >= 0, got {getattr(self, name)!r}")
         if not 0 <= self.reward_p <= 1:
             raise ValueError(f"RLCosts.reward_p is a probability, got {self.reward_p!r}")
         if isinstance(self.weight_bytes, bool) or not self.weight_bytes >= 0:
             raise ValueError(f"RLCosts.weight_bytes is >= 0, got {self.weight_bytes!r}")
+
+
+async def charge_call(member: SimMember, costs: RLCosts, items: int) -> None:
+    """What an actor call carrying ``items`` costs beyond its work (:class:`RLCosts`)."""
+    seconds = costs.call_s + costs.call_item_s * items
+    if seconds:
+        await member.cluster.compute(member.host, seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,10 +182,16 @@ class GeneratorModel:
     concurrent = frozenset({"generate", "stats", "sync_weights"})
 
     def __init__(
-        self, member: SimMember, costs: RLCosts, lengths: OutputLengths, max_batch: int
+        self,
+        member: SimMember,
+        costs: RLCosts,
+        lengths: OutputLengths,
+        max_batch: int,
+        nice: int = 0,
     ) -> None:
         self.member = member
         self.costs, self.lengths = costs, lengths
+        self.weight = nice_weight(nice)
         self.engine = SimGenerator(
             member.cluster.engine,
             costs.generation,
@@ -166,6 +201,9 @@ class GeneratorModel:
             token_budget=costs.token_budget,
             done=self._done,
             cache_outputs=False,  # placeholder outputs: every sample of a group would share
+            recompute=costs.engine == "recompute",
+            cpu=member.cluster.cpu.get(member.host),
+            weight=self.weight,
         )
         self.version = 0
         self.generated = 0
@@ -176,6 +214,7 @@ class GeneratorModel:
         self._waiting.pop(times.id).set_result(times)
 
     async def generate(self, requests: list[Request]) -> list[Completion]:
+        await charge_call(self.member, self.costs, len(requests))
         loop = asyncio.get_running_loop()
         version = self.version
         runs = []
@@ -202,7 +241,7 @@ class GeneratorModel:
         start = self.member.cluster.engine.seconds
         await self.member.cluster.transfer(ref.host, self.member.host, ref.nbytes)
         if self.costs.load_s:
-            await asyncio.sleep(self.costs.load_s)
+            await self.member.cluster.compute(self.member.host, self.costs.load_s, self.weight)
         self.version = ref.version
         seconds = self.member.cluster.engine.seconds - start
         return {"seconds": seconds, "bytes": ref.nbytes, "transports": ["sim"]}
@@ -229,9 +268,11 @@ class TrainerModel:
         self, samples: Sequence[tuple[Completion, float]], group_size: int, advantage_scale: float
     ) -> dict[str, Any]:
         cluster = self.member.cluster
+        await charge_call(self.member, self.costs, len(samples))
         start = cluster.engine.seconds
         tokens = sum(len(c.prompt) + len(c.tokens) for c, _ in samples)
-        await asyncio.sleep(self.costs.train_step_s + self.costs.train_token_s * tokens)
+        work = self.costs.train_step_s + self.costs.train_token_s * tokens
+        await cluster.compute(self.member.host, work)
         if self.member.size > 1:
             key = ("grads", self.member.mesh, self.version)
             hosts = self.member.hosts
@@ -243,10 +284,12 @@ class TrainerModel:
         return {"version": self.version, "busy_s": busy, **zero}
 
     async def publish(self) -> Weights:
+        if self.costs.publish_s:
+            await self.member.cluster.compute(self.member.host, self.costs.publish_s)
         return Weights(self.version, self.costs.weight_bytes, self.member.host)
 
     async def greedy(self, prompts: list[list[int]], max_new_tokens: list[int]) -> list[list[int]]:
-        await asyncio.sleep(self.costs.eval_s)
+        await self.member.cluster.compute(self.member.host, self.costs.eval_s)
         return [[] for _ in prompts]
 
     async def digest(self) -> dict[str, Any]:
@@ -262,7 +305,8 @@ class RewardModel:
         self.member, self.costs = member, costs
 
     async def score(self, pairs: list[Any]) -> list[float]:
-        await asyncio.sleep(self.costs.score_s * len(pairs))
+        await charge_call(self.member, self.costs, len(pairs))
+        await self.member.cluster.compute(self.member.host, self.costs.score_s * len(pairs))
         rng = self.member.cluster.engine.rng
         return [float(rng.random() < self.costs.reward_p) for _ in pairs]
 
@@ -279,7 +323,8 @@ def rl_roles(
     given (default: one ``gpu`` for a generator or trainer, one ``cpu`` for a reward)."""
 
     def make_generator(member: SimMember, *args: Any, **kwargs: Any) -> GeneratorModel:
-        return GeneratorModel(member, costs, lengths, int(kwargs.get("max_batch", 256)))
+        max_batch = int(kwargs.get("max_batch", 256))
+        return GeneratorModel(member, costs, lengths, max_batch, int(kwargs.get("nice", 0)))
 
     return {
         Generator: Role(make_generator, generator or {"gpu": 1}),

@@ -31,8 +31,10 @@ from orchestr.sim import (
     SimCluster,
     SimContext,
     StepTimeModel,
+    one_host,
 )
 from orchestr.sim import _rl as sim_rl
+from orchestr.sim._calibrate_rl import calibrate_rl
 from orchestr.sim._rlroles import rl_roles
 
 GB = 1 << 30
@@ -218,3 +220,74 @@ def test_the_oracle_knows_each_prompts_expected_length() -> None:
     assert mean == pytest.approx(40, rel=0.05)
     with pytest.raises(ValueError, match="sample_sigma"):
         OutputLengths(sample_sigma=-1.0)
+
+
+CPUS = {role: {"cpu": 0.25} for role in ("generator", "trainer", "reward")}
+RECOMPUTE = StepTimeModel(base_s=1e-3, prefill_token_s=1e-4)
+
+
+def test_samples_can_run_to_their_requests_length() -> None:
+    lengths = OutputLengths(requested=True, per_prompt_token=100)
+    tc = config().train
+    requests = rl.step_requests(tc, 0)
+    assert [lengths.draw(r) for r in requests] == [r.max_new_tokens for r in requests]
+    run = sim_rl.simulate_grpo(config(), one_host(), costs(engine="recompute"), lengths,
+                               resources=CPUS)  # fmt: skip
+    for s in run.result.steps:
+        wanted = [r.max_new_tokens for r in rl.step_requests(tc, s.step)]
+        assert s.mean_length == pytest.approx(sum(wanted) / len(wanted))
+    with pytest.raises(ValueError, match="engine"):
+        costs(engine="eager")
+
+
+def test_on_one_machines_cores_the_roles_contend_and_the_generators_yield() -> None:
+    def once(cpus: float | None) -> sim_rl.RLRun:
+        c = costs(generation=RECOMPUTE, engine="recompute", train_step_s=0.3, load_s=0.01)
+        return sim_rl.simulate_grpo(config("stream", steps=6, generators=2), one_host(), c,
+                                    OutputLengths(requested=True), resources=CPUS,
+                                    host_cpus=cpus)  # fmt: skip
+
+    def training(run: sim_rl.RLRun) -> list[float]:
+        return [end - start for name, start, end in run.phases if name == "training"]
+
+    alone, two, one = once(None), once(2), once(1)
+    assert set(alone.placement["generator"] + alone.placement["trainer"]) == {"local"}
+    # two cores: the trainer (nice 0) keeps a core, the generators (nice 10) share the other
+    assert training(two) == pytest.approx(training(alone), rel=1e-9)
+    assert two.result.generator_idle_frac < alone.result.generator_idle_frac
+    assert two.virtual_s > alone.virtual_s
+    # one core: the trainer shares it too
+    assert sum(training(one)) > sum(training(alone)) * 1.05
+    assert one.virtual_s > two.virtual_s
+
+
+def test_calibration_times_the_roles_own_code() -> None:
+    tc = dataclasses.replace(rl.SMALL_CONFIG, prompts_per_step=4, group_size=2, eval_size=8)
+    c, report = calibrate_rl(tc, steps=1)
+    g = c.generation  # eight rows of ten tokens cost more than one of eight
+    assert c.engine == "recompute" and g.seconds(80, 8, 8 * 55) > g.seconds(8, 1, 36) > 0
+    assert c.train_token_s > 0 or c.train_step_s > 0
+    assert min(c.publish_s, c.load_s, c.eval_s, c.score_s) > 0
+    assert c.weight_bytes > 0 and c.weight_bytes % 4 == 0  # float32 TinyLM
+    # the whole batch, then its half, quarter and eighth (whole groups), each run as many
+    # steps as its longest answer has tokens, one sequence a row
+    requests = rl.step_requests(tc, 0)
+    runs = [requests[:n] for n in (8, 4, 2, 2)]
+    assert len(report["generation_steps"]) == sum(max(r.max_new_tokens for r in x) for x in runs)
+    assert report["generation_steps"][0][1] == 8
+    assert len(report["train_steps"]) == 2  # the batch and its half
+    with pytest.raises(ValueError, match="TinyLM"):
+        calibrate_rl(dataclasses.replace(tc, model=rl.LlamaModel()))
+    with pytest.raises(ValueError, match="fractions"):
+        calibrate_rl(tc, fractions=(0.0,))
+
+
+def test_each_call_costs_what_it_carries() -> None:
+    def once(**kw: float) -> float:
+        return sim_rl.simulate_grpo(config(), fat_tree(4), costs(**kw), resources=EIGHT).virtual_s
+
+    # a step: four generate calls of 8 requests at once, then a score and a train_step of 32
+    added = once(call_s=0.01, call_item_s=1e-4) - once()
+    assert added == pytest.approx(3 * (3 * 0.01 + (8 + 32 + 32) * 1e-4), rel=1e-6)
+    with pytest.raises(ValueError, match="call_item_s"):
+        costs(call_item_s=-1.0)
