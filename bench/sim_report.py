@@ -4,6 +4,7 @@ and the experiments from the results their commands saved under docs/simulator/)
     python bench/sim_generation.py --save docs/simulator/l2_generation.json   # L2 (minutes)
     python bench/sim_serving.py --save docs/simulator/l2_serving.json         # L2 (minutes)
     python bench/sim_rl.py --save docs/simulator/l2_rl.json                   # L2 (minutes)
+    sudo .venv/bin/python bench/sim_fabric.py --save docs/simulator/l2_fabric.json  # L2
     python bench/sim_experiments.py all                                        # E1-E3, scale
     python bench/sim_report.py                                                 # this page
 
@@ -155,6 +156,36 @@ def l2_rl() -> str:
     return "\n".join(rows) + "\n"
 
 
+def l2_fabric() -> str:
+    """The table of ``docs/simulator/l2_fabric.json`` (``bench/sim_fabric.py --save``)."""
+    path = DATA / "l2_fabric.json"
+    if not path.exists():
+        return (
+            "*Not produced yet: run `sudo .venv/bin/python bench/sim_fabric.py --save "
+            "docs/simulator/l2_fabric.json`.*\n"
+        )
+    data = json.loads(path.read_text())
+    meta, cost = data["_meta"], data["reconfig_cost"]
+    rows = [f"{meta['hosts']} namespace hosts, {meta['weights_mib']} MiB of weights, "
+            f"{meta['electrical_mbit']:g} Mbit/s electrical and {meta['circuit_mbit']:g} Mbit/s "
+            f"circuits; {meta['reps']} sequences of two cycles on each fabric. Calibrated: "
+            f"goodput {data['goodput']:.3f} of the shaped rate; a reconfiguration "
+            f"{cost['fixed_s'] * 1e3:.0f} ms + {cost['per_change_s'] * 1e3:.0f} ms a port "
+            "changed.", "",
+            "| fabric | metric | real median (min-max) | simulated | signed error | target |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    for fabric in ("static", "circuits"):
+        entry = data[fabric]
+        for metric, real in entry["real"].items():
+            err = entry["error"][metric]
+            limit = 0.10 if "reconfig" in metric else 0.05
+            verdict = "met" if err is not None and abs(err) <= limit else "**missed**"
+            shown = "-" if err is None else f"{err:+.1%}"
+            rows.append(f"| {fabric} | {metric} | {real['median']} ({real['min']}-{real['max']}) | "
+                        f"{entry['sim'][metric]} | {shown} | {verdict} (±{limit:.0%}) |")  # fmt: skip
+    return "\n".join(rows) + "\n"
+
+
 def table(name: str) -> str:
     path = DATA / f"{name}.md"
     if not path.exists():
@@ -165,7 +196,7 @@ def table(name: str) -> str:
 def main() -> None:
     page = (ROOT / "bench" / "sim_report_page.md").read_text()
     filled = page.format(l0=l0(), l1=l1(), l2=l2(), l2_serving=l2("serving"), l2_rl=l2_rl(),
-                         e1=table("e1"), e2=table("e2"), e3=table("e3"),
+                         l2_fabric=l2_fabric(), e1=table("e1"), e2=table("e2"), e3=table("e3"),
                          scale=table("scale"))  # fmt: skip
     (DOCS / "simulator.md").write_text(filled)
     print(f"wrote {DOCS / 'simulator.md'}")

@@ -1,5 +1,6 @@
 """``orchestr sim``: the simulator's commands (``calibrate`` times the real engine here and
-writes a step-time profile; ``run`` runs a scenario file)."""
+writes a step-time profile; ``calibrate-rl`` times the RL job's roles and writes their costs;
+``run`` runs a scenario file)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,34 @@ def calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def calibrate_rl(args: argparse.Namespace) -> int:
+    from orchestr.roles.rl import DEMO_CONFIG, SMALL_CONFIG
+    from orchestr.sim._calibrate_rl import calibrate_rl as run
+
+    where = "orchestr sim calibrate-rl"
+    if os.path.exists(args.out) and not args.force:
+        print(f"{where}: {args.out} exists (--force to replace it)", file=sys.stderr)
+        return 2
+    train = DEMO_CONFIG if args.config == "demo" else SMALL_CONFIG
+    try:
+        costs, report = run(train, steps=args.steps, torch_threads=args.torch_threads)
+    except (oc.ConfigError, ValueError) as exc:
+        print(f"{where}: {exc}", file=sys.stderr)
+        return 2
+    profile = {**costs.to_json(), "config": args.config, "calibration": report}
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(profile, f, indent=1)
+        f.write("\n")
+    print(
+        f"wrote {args.out}: a generation step {costs.generation.base_s * 1e3:.3f} ms + "
+        f"{costs.generation.prefill_token_s * 1e6:.2f} us a token (fit error median "
+        f"{report['generation_median_abs_error']:.1%}); a trainer step "
+        f"{costs.train_step_s * 1e3:.1f} ms + {costs.train_token_s * 1e6:.1f} us a token; a "
+        f"weight load {costs.load_s * 1e3:.2f} ms; on {report['machine']}"
+    )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from orchestr.sim._scenario import load_scenario, run_scenario
 
@@ -125,6 +154,19 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--repeats", type=_positive, default=3, help="timed runs per step (median)")
     c.add_argument("--torch-threads", type=_positive, default=None)
     c.set_defaults(func=calibrate)
+    q = cmds.add_parser(
+        "calibrate-rl",
+        help="time the GRPO job's roles here (generation, training, scoring, weight loads) "
+        "and write their costs",
+    )
+    q.add_argument("--out", required=True, help="the profile to write (JSON)")
+    q.add_argument("--force", action="store_true", help="replace --out if it exists")
+    q.add_argument("--config", choices=("small", "demo"), default="small",
+                   help="the run to calibrate: SMALL_CONFIG or DEMO_CONFIG (default small)")  # fmt: skip
+    q.add_argument("--steps", type=_positive, default=2, help="batches timed (default 2)")
+    q.add_argument("--torch-threads", type=_positive, default=1,
+                   help="torch threads, as each role runs (default 1)")  # fmt: skip
+    q.set_defaults(func=calibrate_rl)
     r = cmds.add_parser(
         "run", help="run a scenario (TOML): metrics, a Perfetto trace of the simulated timeline"
     )

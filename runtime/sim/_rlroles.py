@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import json
 import math
 import random
 from collections.abc import Sequence
@@ -158,6 +159,41 @@ class RLCosts:
             raise ValueError(f"RLCosts.reward_p is a probability, got {self.reward_p!r}")
         if isinstance(self.weight_bytes, bool) or not self.weight_bytes >= 0:
             raise ValueError(f"RLCosts.weight_bytes is >= 0, got {self.weight_bytes!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """A profile: the generators' step-time model under ``step_time`` (where a
+        ``[profile] file`` of a scenario reads it) and the rest under ``rl_costs``."""
+        rest = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {"step_time": rest.pop("generation").to_json(), "rl_costs": rest}
+
+    @classmethod
+    def from_json(cls, data: Any) -> RLCosts:
+        """The costs :meth:`to_json` wrote; ``ValueError`` names a missing, unknown or bad
+        field."""
+        if not isinstance(data, dict) or not isinstance(data.get("rl_costs"), dict):
+            raise ValueError("an RL profile is a JSON object with rl_costs and step_time")
+        known = {f.name for f in dataclasses.fields(cls)} - {"generation"}
+        unknown = sorted(set(data["rl_costs"]) - known)
+        if unknown:
+            raise ValueError(f"unknown rl_costs field(s) {unknown}; known: {sorted(known)}")
+        if "weight_bytes" not in data["rl_costs"]:
+            raise ValueError("rl_costs needs weight_bytes")
+        generation = StepTimeModel.from_json(data.get("step_time", {}))
+        try:
+            return cls(generation=generation, **data["rl_costs"])
+        except TypeError as exc:
+            raise ValueError(f"rl_costs: {exc}") from None
+
+    @classmethod
+    def load(cls, path: str) -> RLCosts:
+        """The costs in the profile at ``path``; ``OSError``, or ``ValueError`` naming what
+        is wrong."""
+        with open(path, encoding="utf-8") as f:
+            try:
+                data = json.load(f)
+            except ValueError as exc:
+                raise ValueError(f"not JSON ({exc})") from None
+        return cls.from_json(data)
 
 
 async def charge_call(member: SimMember, costs: RLCosts, items: int) -> None:

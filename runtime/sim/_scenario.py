@@ -23,6 +23,8 @@ and a summary.
     mode = "stream+skew"
     generators = 768
     ...
+    [rl.costs]                  # RLCosts' fields, over those of a file when one is named:
+    file = "rl-costs.json"      # `orchestr sim calibrate-rl`'s (its step_time is a [profile])
 
     [serving]                   # simulate_serving's arguments and the workload
     generators = 128
@@ -39,11 +41,13 @@ import math
 import os
 import random
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from orchestr._job._events import EventLog, export_trace
 from orchestr.errors import ConfigError, PlacementError
+
+from ._table import REQUIRED, Table, nonneg, pos
 
 __all__ = ["Scenario", "load_scenario", "run_scenario"]
 
@@ -62,59 +66,6 @@ class Scenario:
     body: dict[str, Any]
 
 
-class _Table:
-    """One table of the file, read field by field; an error names ``where`` and the field."""
-
-    def __init__(self, data: Any, file: str, name: str = "") -> None:
-        self.file, self.name = file, name
-        self.where = f"{file}: [{name}]" if name else file
-        if not isinstance(data, dict):
-            raise ConfigError(f"{self.where}: expected a table, got {type(data).__name__}")
-        self.data = data
-        self.read: set[str] = set()
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None, *,
-            check: Callable[[Any], bool] | None = None, want: str = "") -> Any:  # fmt: skip
-        self.read.add(key)
-        if key not in self.data:
-            if default is _REQUIRED:
-                raise ConfigError(f"{self.where}: {key} is required")
-            return default
-        value = self.data[key]
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
-        if not ok or (check is not None and not check(value)):
-            names = want or " or ".join(k.__name__ for k in kinds)
-            if not want and check is _pos:
-                names = f"a positive {names}"
-            elif not want and check is _nonneg:
-                names = f"{names} >= 0"
-            raise ConfigError(f"{self.where}: {key} must be {names}, got {value!r}")
-        return value
-
-    def table(self, key: str) -> _Table:
-        self.read.add(key)
-        return _Table(self.data.get(key, {}), self.file, f"{self.name}.{key}" if self.name else key)
-
-    def done(self) -> None:
-        unknown = sorted(set(self.data) - self.read)
-        if unknown:
-            raise ConfigError(f"{self.where}: unknown field(s) {', '.join(unknown)}")
-
-
-_REQUIRED = object()
-
-
-def _pos(v: Any) -> bool:
-    return bool(v > 0)
-
-
-def _nonneg(v: Any) -> bool:
-    return bool(v >= 0)
-
-
 def load_scenario(path: str) -> Scenario:
     """Read and check the scenario at ``path``. Raises :class:`ConfigError` naming the file,
     table and field of the first problem."""
@@ -125,20 +76,20 @@ def load_scenario(path: str) -> Scenario:
         raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not TOML ({exc})") from None
-    top = _Table(data, path)
-    kind = top.get("kind", str, _REQUIRED, check=lambda v: v in KINDS, want=" or ".join(KINDS))
+    top = Table(data, path)
+    kind = top.get("kind", str, REQUIRED, check=lambda v: v in KINDS, want=" or ".join(KINDS))
     seed = top.get("seed", int, 0)
     base = os.path.dirname(os.path.abspath(path))
     profile = _profile(top.table("profile"), base)
     topology: dict[str, Any] = {}
     if kind == "rl" or "topology" in data:
         topology = _topology(top.table("topology"))
-    body = _rl(top.table("rl")) if kind == "rl" else _serving(top.table("serving"))
+    body = _rl(top.table("rl"), base) if kind == "rl" else _serving(top.table("serving"))
     top.done()
     return Scenario(path, kind, seed, topology, profile, body)
 
 
-def _profile(t: _Table, base: str) -> dict[str, Any]:
+def _profile(t: Table, base: str) -> dict[str, Any]:
     from ._generation import TERMS, StepTimeModel
     from ._profiles import BUILTIN
 
@@ -157,9 +108,7 @@ def _profile(t: _Table, base: str) -> dict[str, Any]:
         except (OSError, ValueError, AttributeError) as exc:
             raise ConfigError(f"{t.where}: file {file!r}: {exc}") from None
     else:
-        terms = {
-            name: t.get(name, float, 0.0, check=_nonneg, want="seconds >= 0") for name in TERMS
-        }
+        terms = {name: t.get(name, float, 0.0, check=nonneg, want="seconds >= 0") for name in TERMS}
         if "base_s" not in t.data:
             raise ConfigError(
                 f"{t.where}: give a file, a builtin profile or the step-time terms "
@@ -170,27 +119,27 @@ def _profile(t: _Table, base: str) -> dict[str, Any]:
     return {"model": model, "file": file, "builtin": builtin}
 
 
-def _topology(t: _Table) -> dict[str, Any]:
-    k = t.get("k", int, _REQUIRED, check=lambda v: v >= 2 and v % 2 == 0, want="an even int >= 2")
+def _topology(t: Table) -> dict[str, Any]:
+    k = t.get("k", int, REQUIRED, check=lambda v: v >= 2 and v % 2 == 0, want="an even int >= 2")
     out: dict[str, Any] = {"k": k}
-    out["hosts_per_tor"] = t.get("hosts_per_tor", int, None, check=_pos)
-    out["accelerators_per_host"] = t.get("accelerators_per_host", int, 8, check=_pos)
+    out["hosts_per_tor"] = t.get("hosts_per_tor", int, None, check=pos)
+    out["accelerators_per_host"] = t.get("accelerators_per_host", int, 8, check=pos)
     for key in ("nic_gbps", "tor_agg_gbps", "agg_core_gbps"):
-        out[key] = t.get(key, float, 400.0, check=_pos)
+        out[key] = t.get(key, float, 400.0, check=pos)
     if "ocs" in t.data:
         o = t.table("ocs")
         out["ocs"] = {
-            "uplinks": o.get("uplinks", int, 1, check=_pos),
-            "count": o.get("count", int, 1, check=_pos),
-            "gbps": o.get("gbps", float, 400.0, check=_pos),
-            "reconfig_ms": o.get("reconfig_ms", float, 625.0, check=_pos),
+            "uplinks": o.get("uplinks", int, 1, check=pos),
+            "count": o.get("count", int, 1, check=pos),
+            "gbps": o.get("gbps", float, 400.0, check=pos),
+            "reconfig_ms": o.get("reconfig_ms", float, 625.0, check=pos),
         }
         o.done()
     t.done()
     return out
 
 
-def _rl(t: _Table) -> dict[str, Any]:
+def _rl(t: Table, base: str) -> dict[str, Any]:
     from orchestr.roles.rl import MODES
 
     out: dict[str, Any] = {
@@ -199,49 +148,69 @@ def _rl(t: _Table) -> dict[str, Any]:
     for key, default in (("generators", 4), ("trainers", 1), ("rewards", 1), ("steps", 2),
                          ("prompts_per_step", 64), ("group_size", 8), ("eta", 1),
                          ("lookahead", 1), ("long_generators", 1), ("max_batch", 256)):  # fmt: skip
-        out[key] = t.get(key, int, default, check=_pos, want="a positive int")
+        out[key] = t.get(key, int, default, check=pos, want="a positive int")
     for role in ("generator", "trainer"):
         res = t.get(f"{role}_resources", dict, {"gpu": 8})
         if not all(isinstance(v, int | float) and v >= 0 for v in res.values()):
             raise ConfigError(f"{t.where}: {role}_resources maps names to amounts >= 0")
         out[f"{role}_resources"] = res
     c = t.table("costs")
+    known = _rl_profile(c, base)  # `orchestr sim calibrate-rl`'s, when named
     out["costs"] = {
-        "weight_bytes": int(c.get("weight_bytes", float, _REQUIRED, check=_nonneg)),
-        **{key: c.get(key, float, 0.0, check=_nonneg, want="seconds >= 0")
-           for key in ("train_token_s", "train_step_s", "load_s", "score_s", "eval_s")},
-        "num_blocks": c.get("num_blocks", int, 1 << 15, check=_pos),
-        "block_size": c.get("block_size", int, 16, check=_pos),
-        "token_budget": c.get("token_budget", int, 8192, check=_pos),
+        "weight_bytes": int(c.get("weight_bytes", float, known.get("weight_bytes", REQUIRED),
+                                  check=nonneg)),
+        **{key: c.get(key, float, known.get(key, 0.0), check=nonneg, want="seconds >= 0")
+           for key in ("train_token_s", "train_step_s", "load_s", "score_s", "eval_s",
+                       "publish_s", "call_s", "call_item_s")},
+        "num_blocks": c.get("num_blocks", int, known.get("num_blocks", 1 << 15), check=pos),
+        "block_size": c.get("block_size", int, known.get("block_size", 16), check=pos),
+        "token_budget": c.get("token_budget", int, known.get("token_budget", 8192), check=pos),
+        "engine": c.get("engine", str, known.get("engine", "paged"),
+                        check=lambda v: v in ("paged", "recompute"), want="paged or recompute"),
     }  # fmt: skip
     c.done()
     lengths = t.table("lengths")
     out["lengths"] = {
-        "per_prompt_token": lengths.get("per_prompt_token", float, 4.0, check=_pos),
-        "sigma": lengths.get("sigma", float, 0.0, check=_nonneg),
-        "cap": lengths.get("cap", int, 1 << 15, check=_pos),
+        "per_prompt_token": lengths.get("per_prompt_token", float, 4.0, check=pos),
+        "sigma": lengths.get("sigma", float, 0.0, check=nonneg),
+        "cap": lengths.get("cap", int, 1 << 15, check=pos),
+        "requested": lengths.get("requested", bool, False),
     }
     lengths.done()
     t.done()
     return out
 
 
-def _serving(t: _Table) -> dict[str, Any]:
+def _rl_profile(c: Table, base: str) -> dict[str, Any]:
+    """``[rl.costs] file``'s costs (``orchestr sim calibrate-rl``'s), under the table's own."""
+    from ._rlroles import RLCosts
+
+    file = c.get("file", str)
+    if file is None:
+        return {}
+    try:
+        costs = RLCosts.load(file if os.path.isabs(file) else os.path.join(base, file))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{c.where}: file {file!r}: {exc}") from None
+    return dataclasses.asdict(costs)
+
+
+def _serving(t: Table) -> dict[str, Any]:
     from orchestr.roles.serving import POLICIES
 
     out: dict[str, Any] = {
-        "generators": t.get("generators", int, 1, check=_pos),
-        "prefill": t.get("prefill", int, 0, check=_nonneg),
+        "generators": t.get("generators", int, 1, check=pos),
+        "prefill": t.get("prefill", int, 0, check=nonneg),
         "policy": t.get("policy", str, "kv", check=lambda v: v in POLICIES, want=" or ".join(POLICIES)),
-        "min_prefill_tokens": t.get("min_prefill_tokens", int, 64, check=_pos),
-        "kv_bytes_per_token": t.get("kv_bytes_per_token", float, 0.0, check=_nonneg),
-        "kv_gbps": t.get("kv_gbps", float, 100.0, check=_pos),
-        "num_blocks": t.get("num_blocks", int, 4096, check=_pos),
-        "block_size": t.get("block_size", int, 16, check=_pos),
-        "max_batch": t.get("max_batch", int, 256, check=_pos),
-        "token_budget": t.get("token_budget", int, 2048, check=_pos),
-        "ttft_slo_s": t.get("ttft_slo_s", float, None, check=_pos),
-        "tpot_slo_s": t.get("tpot_slo_s", float, None, check=_pos),
+        "min_prefill_tokens": t.get("min_prefill_tokens", int, 64, check=pos),
+        "kv_bytes_per_token": t.get("kv_bytes_per_token", float, 0.0, check=nonneg),
+        "kv_gbps": t.get("kv_gbps", float, 100.0, check=pos),
+        "num_blocks": t.get("num_blocks", int, 4096, check=pos),
+        "block_size": t.get("block_size", int, 16, check=pos),
+        "max_batch": t.get("max_batch", int, 256, check=pos),
+        "token_budget": t.get("token_budget", int, 2048, check=pos),
+        "ttft_slo_s": t.get("ttft_slo_s", float, None, check=pos),
+        "tpot_slo_s": t.get("tpot_slo_s", float, None, check=pos),
     }  # fmt: skip
     w = t.table("workload")
     spans = {}
@@ -255,10 +224,10 @@ def _serving(t: _Table) -> dict[str, Any]:
             raise ConfigError(f"{w.where}: {key} must be [low, high], positive ints, got {span!r}")
         spans[key] = span
     out["workload"] = {
-        "requests": w.get("requests", int, 1000, check=_pos),
-        "rate": w.get("rate", float, 10.0, check=_pos, want="requests/s > 0"),
-        "shared_prefixes": w.get("shared_prefixes", int, 0, check=_nonneg),
-        "shared_prefix_tokens": w.get("shared_prefix_tokens", int, 0, check=_nonneg),
+        "requests": w.get("requests", int, 1000, check=pos),
+        "rate": w.get("rate", float, 10.0, check=pos, want="requests/s > 0"),
+        "shared_prefixes": w.get("shared_prefixes", int, 0, check=nonneg),
+        "shared_prefix_tokens": w.get("shared_prefix_tokens", int, 0, check=nonneg),
         **spans,
     }
     w.done()

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from orchestr.roles import models
-from orchestr.sim import StepTimeModel
+from orchestr.sim import RLCosts, StepTimeModel
 
 from .test_run import ORCHESTR, ROOT
 
@@ -117,6 +117,10 @@ def test_the_example_scenarios_run_and_write_a_perfetto_trace(
         ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n[rl]\n'
          'generators = 40\n[rl.costs]\nweight_bytes = 1e9\n', "[rl]: the roles do not fit [topology]: cannot place member 16 of 40"),
         ("kind = [", "not TOML"),
+        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n[rl.costs]\n'
+         'file = "nowhere.json"\n', "[rl.costs]: file 'nowhere.json': "),
+        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n[rl.costs]\n'
+         'weight_bytes = 1e9\nengine = "eager"\n', "[rl.costs]: engine must be paged or recompute"),
     ],
 )  # fmt: skip
 def test_bad_scenarios_are_refused_naming_the_field(
@@ -129,3 +133,34 @@ def test_bad_scenarios_are_refused_naming_the_field(
     assert done.stderr.startswith("orchestr sim run: ")
     assert message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_calibrate_rl_writes_the_roles_costs_a_scenario_runs_with(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "rl.json"
+    done = subprocess.run(
+        [*ORCHESTR, "sim", "calibrate-rl", "--out", str(out), "--steps", "1"],
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"wrote {out}: a generation step ")
+    profile = json.loads(out.read_text())
+    costs = RLCosts.from_json(profile)
+    assert costs.engine == "recompute" and costs.train_token_s + costs.train_step_s > 0
+    assert profile["calibration"]["machine"] and profile["config"] == "small"
+    # the profile's step_time is a [profile] file, the rest an [rl.costs] file
+    scenario = tmp_path / "here.toml"
+    scenario.write_text(
+        'kind = "rl"\n[profile]\nfile = "rl.json"\n[topology]\nk = 4\n[rl]\nmode = "stream"\n'
+        "generators = 2\nsteps = 2\nprompts_per_step = 8\ngroup_size = 4\n"
+        "generator_resources = {gpu = 1}\ntrainer_resources = {gpu = 1}\n"
+        '[rl.costs]\nfile = "rl.json"\neval_s = 0.5\n[rl.lengths]\nrequested = true\n'
+    )
+    ran = sim_run(str(scenario), "--out", str(tmp_path / "here"), "--json")
+    assert ran.returncode == 0, ran.stderr
+    metrics = json.loads(ran.stdout)
+    assert metrics["mode"] == "stream" and metrics["steps"] == 2 and metrics["samples_per_s"] > 0
+    again = subprocess.run(
+        [*ORCHESTR, "sim", "calibrate-rl", "--out", str(out)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert again.returncode == 2 and "exists (--force to replace it)" in again.stderr

@@ -291,3 +291,20 @@ def test_each_call_costs_what_it_carries() -> None:
     assert added == pytest.approx(3 * (3 * 0.01 + (8 + 32 + 32) * 1e-4), rel=1e-6)
     with pytest.raises(ValueError, match="call_item_s"):
         costs(call_item_s=-1.0)
+
+
+def test_costs_round_trip_as_a_profile_and_bad_ones_are_refused() -> None:
+    c = costs(engine="recompute", call_s=1e-3, publish_s=2e-3, train_token_s=5e-5)
+    data = json.loads(json.dumps(c.to_json()))
+    assert RLCosts.from_json(data) == c
+    assert StepTimeModel.from_json(data["step_time"]) == c.generation
+    for bad, message in (
+        ({"step_time": data["step_time"]}, "rl_costs and step_time"),
+        ({**data, "rl_costs": {**data["rl_costs"], "gpus": 1}}, "unknown rl_costs field"),
+        ({**data, "rl_costs": {"train_s": 1.0}}, "unknown rl_costs field"),
+        ({**data, "rl_costs": {"train_token_s": 1.0}}, "needs weight_bytes"),
+        ({**data, "rl_costs": {**data["rl_costs"], "load_s": -1.0}}, "load_s is seconds"),
+        ({**data, "step_time": {}}, "base_s"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            RLCosts.from_json(bad)
