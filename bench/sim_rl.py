@@ -91,10 +91,9 @@ async def call_path(ctx: oc.JobContext, train: Any, costs: RLCosts) -> dict[str,
     """The job's calls at idle, on roles spawned as the job spawns them (its own ``Job``), beyond
     the work they carry: ``generate`` (minus the engine's busy time), ``score`` (minus the
     calibrated scoring) and ``train_step`` (minus its ``busy_s``) of a whole batch and of an
-    eighth of one, three times each, fitted as ``call_s`` +
-    ``call_item_s`` per item; the trainer's own ``busy_s`` of those steps, fitted as
-    ``train_step_s`` + ``train_token_s`` per token; a publish's round trip and the
-    generators' own load times (medians)."""
+    eighth of one, three times each, fitted as ``call_s`` + ``call_item_s`` per item; the
+    trainer's own ``busy_s`` of those steps, fitted as ``train_step_s`` + ``train_token_s``
+    per token; a publish's round trip and the generators' own load times (medians)."""
     job = Job(ctx, GRPOConfig(train=train), None, None)
     await job.spawn()
     try:
