@@ -4,6 +4,7 @@ and the experiments from the results their commands saved under docs/simulator/)
     python bench/sim_generation.py --save docs/simulator/l2_generation.json   # L2 (minutes)
     python bench/sim_serving.py --save docs/simulator/l2_serving.json         # L2 (minutes)
     python bench/sim_rl.py --save docs/simulator/l2_rl.json                   # L2 (minutes)
+    python bench/sim_rl.py --demo --save docs/simulator/l2_rl_demo.json       # L2 (30 min)
     sudo .venv/bin/python bench/sim_fabric.py --save docs/simulator/l2_fabric.json  # L2
     python bench/sim_experiments.py all                                        # E1-E3, scale
     python bench/sim_report.py                                                 # this page
@@ -121,12 +122,13 @@ def l2(name: str = "generation") -> str:
     return "\n".join(rows) + "\n"
 
 
-def l2_rl() -> str:
-    """The table of ``docs/simulator/l2_rl.json`` (``bench/sim_rl.py --save``)."""
-    path = DATA / "l2_rl.json"
+def l2_rl(name: str = "l2_rl", flags: str = "") -> str:
+    """The table of ``docs/simulator/<name>.json`` (``bench/sim_rl.py [flags] --save``)."""
+    path = DATA / f"{name}.json"
     if not path.exists():
         return (
-            "*Not produced yet: run `python bench/sim_rl.py --save docs/simulator/l2_rl.json`.*\n"
+            f"*Not produced yet: run `python bench/sim_rl.py {flags}--save "
+            f"docs/simulator/{name}.json`.*\n"
         )
     data = json.loads(path.read_text())
     meta, costs, call = data["_meta"], data["costs"], data.get("call_path", {})
@@ -196,6 +198,7 @@ def table(name: str) -> str:
 def main() -> None:
     page = (ROOT / "bench" / "sim_report_page.md").read_text()
     filled = page.format(l0=l0(), l1=l1(), l2=l2(), l2_serving=l2("serving"), l2_rl=l2_rl(),
+                         l2_rl_demo=l2_rl("l2_rl_demo", "--demo "),
                          l2_fabric=l2_fabric(), e1=table("e1"), e2=table("e2"), e3=table("e3"),
                          scale=table("scale"))  # fmt: skip
     (DOCS / "simulator.md").write_text(filled)

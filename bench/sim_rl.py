@@ -91,50 +91,59 @@ async def call_path(ctx: oc.JobContext, train: Any, costs: RLCosts) -> dict[str,
     """The job's calls at idle, on roles spawned as the job spawns them (its own ``Job``), beyond
     the work they carry: ``generate`` (minus the engine's busy time), ``score`` (minus the
     calibrated scoring) and ``train_step`` (minus its ``busy_s``) of a whole batch and of an
-    eighth of one, three times each, fitted as ``call_s`` + ``call_item_s`` per item; the
-    trainer's own ``busy_s`` of those steps, fitted as ``train_step_s`` + ``train_token_s``
-    per token; a publish's round trip and the generators' own load times (medians)."""
+    eighth of one, three times each after a round of warm-up, their medians fitted as
+    ``call_s`` + ``call_item_s`` per item; the trainer's own ``busy_s`` of those steps (the
+    median at each size), fitted as ``train_step_s`` + ``train_token_s`` per token; a
+    publish's round trip and the generators' own load times (medians)."""
     job = Job(ctx, GRPOConfig(train=train), None, None)
     await job.spawn()
     try:
         gen, trainer, group = job.gens[0], job.trainers[0], train.group_size
         requests = step_requests(train, 0)
         await job.sync_weights()  # the first load allocates the loaders' buffers
-        calls: list[tuple[int, float]] = []
-        steps: list[tuple[int, float]] = []  # the trainer's own time, in its process
+        calls: dict[tuple[str, int], list[float]] = {}  # (call, items): overheads
+        steps: dict[int, list[float]] = {}  # tokens: the trainer's own time, in its process
         publishes: list[float] = []
         loads: list[float] = []
-        for rep in range(3):
-            for n in (len(requests), max(group, len(requests) // 8 // group * group)):
+        sizes = (len(requests), max(group, len(requests) // 8 // group * group))
+        for rep in range(4):  # the first a warm-up (a fresh trainer's first step: 1.5x)
+            for n in sizes:
                 part = [dataclasses.replace(r, id=f"probe{rep}-{n}/{r.id}") for r in requests[:n]]
                 busy = (await gen.stats.call_one())["busy_s"]
                 began = time.perf_counter()
                 done = await gen.generate.call_one(part)
                 seconds = time.perf_counter() - began
-                calls.append((n, seconds - ((await gen.stats.call_one())["busy_s"] - busy)))
+                took = [seconds - ((await gen.stats.call_one())["busy_s"] - busy)]
                 pairs = [[list(c.prompt[1:-1]), c.tokens] for c in done]
                 began = time.perf_counter()
                 rewards = await job.rewards.score.choose(pairs)
-                calls.append((n, time.perf_counter() - began - costs.score_s * n))
+                took.append(time.perf_counter() - began - costs.score_s * n)
                 began = time.perf_counter()
                 scored = list(zip(done, rewards, strict=True))
                 stats = await trainer.train_step.call_one(scored, group, train.advantage_scale)
-                calls.append((n, time.perf_counter() - began - stats["busy_s"]))
+                took.append(time.perf_counter() - began - stats["busy_s"])
                 tokens = sum(len(c.prompt) + len(c.tokens) for c in done)
-                steps.append((tokens, stats["busy_s"]))
                 began = time.perf_counter()
                 ref = await trainer.publish.call_one()
-                publishes.append(time.perf_counter() - began)
+                published = time.perf_counter() - began
                 reports = await asyncio.gather(
                     *(job.gens[i].sync_weights.call_one(ref) for i in range(len(job.gens)))
                 )
+                if rep == 0:
+                    continue
+                for kind, overhead in zip(("generate", "score", "train_step"), took, strict=True):
+                    calls.setdefault((kind, n), []).append(overhead)
+                steps.setdefault(tokens, []).append(stats["busy_s"])
+                publishes.append(published)
                 loads += [r["seconds"] for r in reports]
-        call_s, call_item_s = fit_line(calls)
-        train_step_s, train_token_s = fit_line(steps)
+        calls_at = [(n, statistics.median(xs)) for (_, n), xs in calls.items()]
+        steps_at = [(t, statistics.median(xs)) for t, xs in steps.items()]
+        call_s, call_item_s = fit_line(calls_at)
+        train_step_s, train_token_s = fit_line(steps_at)
         return {
             "call_s": call_s, "call_item_s": call_item_s, "publish_s": statistics.median(publishes),
             "load_s": statistics.median(loads), "train_step_s": train_step_s,
-            "train_token_s": train_token_s, "calls": calls, "train_steps": steps,
+            "train_token_s": train_token_s, "calls": calls_at, "train_steps": steps_at,
         }  # fmt: skip
     finally:
         await job.stop()
@@ -231,7 +240,7 @@ def main() -> None:
         costs = dataclasses.replace(costs, **{k: probe[k] for k in PROBED})
     out: dict[str, Any] = {
         "costs": dataclasses.asdict(costs),
-        "call_path": {k: v for k, v in probe.items() if k in PROBED},
+        "call_path": probe,
         "calibration": {
             "generation_median_abs_error": report["generation_median_abs_error"],
             "train_steps": report["train_steps"],

@@ -8,7 +8,7 @@ and a summary.
     kind = "rl"                 # or "serving"
     seed = 0
 
-    [topology]                  # fat_tree(k) (serving needs none)
+    [topology]                  # fat_tree(k), or one_host = true (serving needs none)
     k = 16
     hosts_per_tor = 8           # k/2 by default; more oversubscribes the ToRs
     nic_gbps = 400.0
@@ -22,6 +22,7 @@ and a summary.
     [rl]                        # GRPOConfig's counts, RLCosts, OutputLengths
     mode = "stream+skew"
     generators = 768
+    host_cpus = 2               # each host's cores, shared by its roles (unset: unlimited)
     ...
     [rl.costs]                  # RLCosts' fields, over those of a file when one is named:
     file = "rl-costs.json"      # `orchestr sim calibrate-rl`'s (its step_time is a [profile])
@@ -120,6 +121,10 @@ def _profile(t: Table, base: str) -> dict[str, Any]:
 
 
 def _topology(t: Table) -> dict[str, Any]:
+    if t.get("one_host", bool, False):  # a machine on its own: no network to model
+        one = {"one_host": True, "accelerators": t.get("accelerators", int, 1, check=pos)}
+        t.done()
+        return one
     k = t.get("k", int, REQUIRED, check=lambda v: v >= 2 and v % 2 == 0, want="an even int >= 2")
     out: dict[str, Any] = {"k": k}
     out["hosts_per_tor"] = t.get("hosts_per_tor", int, None, check=pos)
@@ -149,6 +154,9 @@ def _rl(t: Table, base: str) -> dict[str, Any]:
                          ("prompts_per_step", 64), ("group_size", 8), ("eta", 1),
                          ("lookahead", 1), ("long_generators", 1), ("max_batch", 256)):  # fmt: skip
         out[key] = t.get(key, int, default, check=pos, want="a positive int")
+    out["host_cpus"] = t.get("host_cpus", float, None, check=pos)  # cores the roles share
+    out["generator_nice"] = t.get("generator_nice", int, 10, check=lambda v: -20 <= v <= 19,
+                                  want="an int in -20..19")  # fmt: skip
     for role in ("generator", "trainer"):
         res = t.get(f"{role}_resources", dict, {"gpu": 8})
         if not all(isinstance(v, int | float) and v >= 0 for v in res.values()):
@@ -238,6 +246,11 @@ def _serving(t: Table) -> dict[str, Any]:
 def _fat_tree(topo: Mapping[str, Any]) -> tuple[Any, Any]:
     from orchestr.fabric import optical as o
 
+    if topo.get("one_host"):
+        from ._cluster import one_host
+
+        return one_host(accelerators=topo["accelerators"]), None
+
     layer = None
     if "ocs" in topo:
         c = topo["ocs"]
@@ -288,6 +301,7 @@ def _run_rl(s: Scenario, out: str | None) -> dict[str, Any]:
             train=tc, mode=rl["mode"], generators=rl["generators"], trainers=rl["trainers"],
             rewards=rl["rewards"], eta=rl["eta"], lookahead=rl["lookahead"],
             long_generators=rl["long_generators"], max_batch=rl["max_batch"],
+            generator_nice=rl["generator_nice"],
         )  # fmt: skip
     except ValueError as exc:
         raise ConfigError(f"{s.path}: [rl]: {exc}") from None
@@ -297,7 +311,7 @@ def _run_rl(s: Scenario, out: str | None) -> dict[str, Any]:
     trace_dir = os.path.join(out, "events") if out is not None else None
     try:
         run = simulate_grpo(config, topology, costs, lengths, seed=s.seed, resources=resources,
-                            fabric=fabric, trace_dir=trace_dir)  # fmt: skip
+                            fabric=fabric, trace_dir=trace_dir, host_cpus=rl["host_cpus"])  # fmt: skip
     except PlacementError as exc:
         first = str(exc).split(";")[0]  # the head lists every node after it
         raise ConfigError(f"{s.path}: [rl]: the roles do not fit [topology]: {first}") from None

@@ -70,7 +70,7 @@ def sim_run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("example", ["rl_small", "serving_small"])
+@pytest.mark.parametrize("example", ["rl_small", "rl_this_machine", "serving_small"])
 def test_the_example_scenarios_run_and_write_a_perfetto_trace(
     example: str, tmp_path: pathlib.Path
 ) -> None:
@@ -88,6 +88,10 @@ def test_the_example_scenarios_run_and_write_a_perfetto_trace(
         syncs = sum(e["dur"] for e in spans if e["name"] == "weight_sync") / 1e6
         assert syncs == pytest.approx(metrics["phase_s"]["weight_sync"], rel=1e-6)
         assert metrics["fabric"][0] == {"phase": "weight_sync", "status": "applied"}
+    elif example == "rl_this_machine":  # the live demo's roles on two cores
+        assert metrics["mode"] == "stream" and metrics["accelerators"] == 1
+        assert metrics["steps"] == 20 and 0 < metrics["trainer_idle_frac"] < 1
+        assert "fabric" not in metrics
     else:
         assert metrics["completed"] == metrics["requests"] == 5000
         assert sum(1 for e in spans if e["cat"] == "decode") == 5000
@@ -121,6 +125,12 @@ def test_the_example_scenarios_run_and_write_a_perfetto_trace(
          'file = "nowhere.json"\n', "[rl.costs]: file 'nowhere.json': "),
         ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n[rl.costs]\n'
          'weight_bytes = 1e9\nengine = "eager"\n', "[rl.costs]: engine must be paged or recompute"),
+        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\none_host = true\n'
+         '[rl]\nhost_cpus = 0\n', "[rl]: host_cpus must be a positive float, got 0.0"),
+        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\none_host = true\n'
+         'k = 4\n', "[topology]: unknown field(s) k"),
+        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\none_host = true\n'
+         '[rl]\ngenerator_nice = 30\n', "[rl]: generator_nice must be an int in -20..19"),
     ],
 )  # fmt: skip
 def test_bad_scenarios_are_refused_naming_the_field(
