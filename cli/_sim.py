@@ -51,12 +51,25 @@ def _lengths(text: str) -> list[int]:
     return [int(p) for p in parts]
 
 
+def _kept(where: str, args: argparse.Namespace) -> bool:
+    """Whether ``args.out`` exists and is to be kept (no ``--force``), said on stderr."""
+    if os.path.exists(args.out) and not args.force:
+        print(f"{where}: {args.out} exists (--force to replace it)", file=sys.stderr)
+        return True
+    return False
+
+
+def _write(path: str, profile: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(profile, f, indent=1)
+        f.write("\n")
+
+
 def calibrate(args: argparse.Namespace) -> int:
     from orchestr.sim._calibrate import calibrate as run
 
     where = "orchestr sim calibrate"
-    if os.path.exists(args.out) and not args.force:
-        print(f"{where}: {args.out} exists (--force to replace it)", file=sys.stderr)
+    if _kept(where, args):
         return 2
     try:
         model, report = run(
@@ -67,10 +80,7 @@ def calibrate(args: argparse.Namespace) -> int:
     except (oc.ConfigError, ValueError) as exc:
         print(f"{where}: {exc}", file=sys.stderr)
         return 2
-    profile = {"step_time": model.to_json(), "calibration": report}
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(profile, f, indent=1)
-        f.write("\n")
+    _write(args.out, {"step_time": model.to_json(), "calibration": report})
     print(
         f"wrote {args.out}: base {model.base_s * 1e3:.3f} ms, {model.prefill_token_s * 1e6:.2f} "
         f"us per prompt token, {model.decode_s * 1e6:.2f} us per decode; fit error median "
@@ -85,8 +95,7 @@ def calibrate_rl(args: argparse.Namespace) -> int:
     from orchestr.sim._calibrate_rl import calibrate_rl as run
 
     where = "orchestr sim calibrate-rl"
-    if os.path.exists(args.out) and not args.force:
-        print(f"{where}: {args.out} exists (--force to replace it)", file=sys.stderr)
+    if _kept(where, args):
         return 2
     train = DEMO_CONFIG if args.config == "demo" else SMALL_CONFIG
     try:
@@ -94,10 +103,7 @@ def calibrate_rl(args: argparse.Namespace) -> int:
     except (oc.ConfigError, ValueError) as exc:
         print(f"{where}: {exc}", file=sys.stderr)
         return 2
-    profile = {**costs.to_json(), "config": args.config, "calibration": report}
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(profile, f, indent=1)
-        f.write("\n")
+    _write(args.out, {**costs.to_json(), "config": args.config, "calibration": report})
     print(
         f"wrote {args.out}: a generation step {costs.generation.base_s * 1e3:.3f} ms + "
         f"{costs.generation.prefill_token_s * 1e6:.2f} us a token (fit error median "
