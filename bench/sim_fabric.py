@@ -11,19 +11,29 @@ time beside the real runs' spread.
 docstring): the reconfiguration cost of the ``netns`` OCS driver is measured first, then
 ``--reps`` sequences on each fabric, every flow a TCP stream of orchestr's transport.
 
-**Calibrated, at idle, before the sequences:** one flow alone on the static network, whose
-rate over the shaped one is the ``goodput`` share the links carry (the shaping counts each
-packet's headers; the payload is what arrives). The reconfiguration cost is the emulation's own
-measurement (a fixed part and a part per OCS port changed).
+**Calibrated, at idle, before the sequences:**
+
+- ``goodput``: one flow alone on the static network; its rate over the shaped one is the share
+  the links carry (the shaping counts each packet's headers; the payload is what arrives).
+- ``sharing``: 1, 2, ... N-1 flows of an all-to-all's size leaving one host at once (one token
+  bucket); what they carry together over what one carries alone. TCP flows through one bucket
+  back off at its drops, and leave part of it unused.
+- ``reverse_sharing``: 1, 2, ... N-1 flows each way between two hosts at once; the rate each
+  way over one flow's alone. Each link then carries data one way and the acknowledgements of
+  the flows the other way, which wait behind the data in its bucket's queue.
+- ``read_s``: one read of the ``netns`` switch's state (its links and their labels).
+- The reconfiguration cost is the emulation's own measurement (a fixed part and a part per OCS
+  port changed, each timed over a whole hint, the switch's reads included).
 
 **Simulated:** the real ``FabricManager`` (the same cabling plan, policy and measured
-``ReconfigCost``; its OCS a ``SimOcs`` that takes the measured fixed cost, plus the per-port
-cost for each port a program changes) and the flow model (``orchestr.sim.FlowNet``) carrying
-every step's flows, max-min fair, on the links the emulation shapes: each host's way to the
-bridge at the electrical rate (a ToR's uplink here: each host is alone under its ToR), each
-circuit at the circuit rate, both at the goodput share. Ingress is not shaped in the
-emulation; in these phases no host receives more than its senders may send, so the flow
-model's ingress links at the electrical rate change nothing.
+``ReconfigCost``; its OCS a ``SimOcs`` whose reads take ``read_s`` and whose programs take the
+rest of the measured cost: a committed hint's, for the ports it changes, less the reads such a
+hint makes) and the flow model (``orchestr.sim.FlowNet``) carrying
+every step's flows, max-min fair with the measured sharing, on the links the emulation
+shapes: each host's way to the bridge at the electrical rate (a ToR's uplink here: each host
+is alone under its ToR), each circuit at the circuit rate, both at the goodput share. Ingress
+is not shaped in the emulation; in these phases no host receives more than its senders may
+send, so the flow model's ingress links at the electrical rate change nothing.
 
 Metrics per fabric and phase, the medians over the sequences' two cycles: the transfer time,
 and with circuits the time of the hints before the phase's steps (``reconfig_s``: plan and
@@ -38,6 +48,7 @@ import json
 import random
 import statistics
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,7 +57,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _fabric_flows import Flow, digest_of, run_flows  # noqa: E402
-from _fabric_phases import PHASES, demand, phase_steps, topology_dict, tor_names  # noqa: E402
+from _fabric_phases import (  # noqa: E402
+    PHASES,
+    all_to_all_flows,
+    demand,
+    phase_steps,
+    topology_dict,
+    tor_names,
+)
 from _fabric_report import PhaseRun  # noqa: E402
 
 import fabric as emulation  # noqa: E402  (bench/fabric.py)
@@ -55,6 +73,7 @@ from orchestr.fabric.optical import (  # noqa: E402
     FabricManager,
     Hint,
     NetnsFabric,
+    NetnsOcs,
     ReconfigCost,
     RecordingRouter,
     SimOcs,
@@ -72,18 +91,20 @@ def log(message: str) -> None:
 
 
 class PricedOcs(SimOcs):
-    """A simulated OCS priced as the ``netns`` driver measured: ``cost.fixed_s`` a program
-    (the switch's latency) and ``cost.per_change_s`` for each port it changes."""
+    """A simulated OCS priced as the ``netns`` driver measured: ``read_s`` a read of its state,
+    and a program what is left of a committed hint's measured cost (``cost``: a fixed part and
+    a part for each port changed) once the ``reads`` such a hint makes are taken off."""
 
-    def __init__(self, radix: int, cost: ReconfigCost) -> None:
-        super().__init__(radix, latency=cost.fixed_s, rng=0)
-        self.per_change_s = cost.per_change_s
+    def __init__(self, radix: int, cost: ReconfigCost, read_s: float, reads: int) -> None:
+        super().__init__(radix, latency=0.0, rng=0, read_s=read_s)
+        self.cost, self.reads_s = cost, reads * read_s
 
     async def program(
         self, generation: int, connect: Sequence[Any], disconnect: Sequence[Any]
     ) -> None:
         ports = {p for c in (*connect, *disconnect) for p in c}
-        await asyncio.sleep(self.per_change_s * len(ports))
+        whole = self.cost.fixed_s + self.cost.per_change_s * len(ports)
+        await asyncio.sleep(max(0.0, whole - self.reads_s))
         await super().program(generation, connect, disconnect)
 
 
@@ -101,16 +122,41 @@ def flow_topology(n: int, electrical_gbps: float, circuit_gbps: float) -> Any:
     return topology_from_dict(plan)
 
 
-def simulate(n: int, nbytes: int, e_gbps: float, c_gbps: float, cost: ReconfigCost,
-             goodput: float, managed: bool) -> list[PhaseRun]:  # fmt: skip
-    """Two cycles of the phases on virtual time, with the manager if ``managed``."""
-    tors = tor_names(n)
+def plan_of(n: int, e_gbps: float, c_gbps: float, cost: ReconfigCost) -> Any:
     latency = {"control_ms": cost.fixed_s * 1e3, "switch_ms": cost.per_change_s * 1e3,
                "settle_ms": 0.0, "concurrency": 1}  # fmt: skip
-    plan = topology_from_dict(topology_dict(n, e_gbps, c_gbps, latency))
+    return topology_from_dict(topology_dict(n, e_gbps, c_gbps, latency))
+
+
+def reads_in_a_commit(n: int) -> int:
+    """How many times a committed hint reads the switch back: one circuit made on virtual
+    time by the real manager, over a switch whose reads take a second and programs none."""
+    tors = tor_names(n)
+    with Simulation() as sim:
+
+        async def one() -> float:
+            fm = FabricManager(plan_of(n, 1.0, 8.0, ReconfigCost(0.0, 0.0)),
+                               {"ocs0": SimOcs(n, latency=0.0, rng=0, read_s=1.0)},
+                               RecordingRouter(), policy=emulation.POLICY,
+                               reconfig_cost=ReconfigCost(0.0, 0.0))  # fmt: skip
+            record = await fm.hint(Hint("count", "one", {(tors[0], tors[1]): 1e9}))
+            if record.status != "applied":
+                raise RuntimeError(f"counting the reads: {record.status}: {record.reason}")
+            return sim.engine.seconds
+
+        return round(sim.run(one()))
+
+
+def simulate(n: int, nbytes: int, e_gbps: float, c_gbps: float, cost: ReconfigCost,
+             calibrated: dict[str, Any], managed: bool) -> list[PhaseRun]:  # fmt: skip
+    """Two cycles of the phases on virtual time, with the manager if ``managed``."""
+    tors = tor_names(n)
+    goodput, read_s = calibrated["goodput"], calibrated["read_s"]
+    plan = plan_of(n, e_gbps, c_gbps, cost)
     links = flow_topology(n, e_gbps * goodput, c_gbps * goodput)
     with Simulation() as sim:
-        net = FlowNet.of_topology(sim.engine, links, ecmp=False)
+        net = FlowNet.of_topology(sim.engine, links, ecmp=False, sharing=calibrated["sharing"],
+                                  reverse_sharing=calibrated["reverse_sharing"])  # fmt: skip
 
         async def moved(flows: list[Flow]) -> None:
             loop = asyncio.get_running_loop()
@@ -124,7 +170,8 @@ def simulate(n: int, nbytes: int, e_gbps: float, c_gbps: float, cost: ReconfigCo
         async def sequence() -> list[PhaseRun]:
             fm = None
             if managed:
-                fm = FabricManager(plan, {"ocs0": PricedOcs(n, cost)}, RecordingRouter(),
+                ocs = PricedOcs(n, cost, read_s, calibrated["reads_in_a_commit"])
+                fm = FabricManager(plan, {"ocs0": ocs}, RecordingRouter(),
                                    policy=emulation.POLICY, reconfig_cost=cost)  # fmt: skip
             runs = []
             for phase in PHASES:
@@ -180,6 +227,54 @@ async def goodput_probe(setup: Any, reps: int = 3) -> float:
     return statistics.median(shares)
 
 
+async def sharing_probe(setup: Any, reps: int = 3) -> tuple[list[float], float]:
+    """1, 2, ... N-1 of the all-to-all's flows leaving ``tors[0]`` at once: the rate they carry
+    together over the rate of one alone (medians of ``reps``); and that one's rate."""
+    mine = [f for f in all_to_all_flows(setup.tors, setup.nbytes) if f.src == setup.tors[0]]
+    rates = []
+    for k in range(1, len(mine) + 1):
+        flows = mine[:k]
+        got = []
+        for _ in range(reps):
+            seconds = await run_flows(setup.fabric, flows, setup.payload,
+                                      [setup.digests[f] for f in flows],
+                                      10 * k * flows[0].nbytes / setup.electrical_bps + 60)  # fmt: skip
+            got.append(sum(f.nbytes for f in flows) / seconds)
+        rates.append(statistics.median(got))
+    return [min(1.0, r / rates[0]) for r in rates], rates[0]
+
+
+async def reverse_probe(setup: Any, rate_one: float, reps: int = 3) -> list[float]:
+    """1, 2, ... N-1 flows of the all-to-all's size each way between ``tors[0]`` and
+    ``tors[1]`` at once: the rate each way over ``rate_one``, one flow's alone (medians of
+    ``reps``)."""
+    a, b = setup.tors[0], setup.tors[1]
+    block = setup.nbytes // len(setup.tors)
+    out = []
+    for k in range(1, len(setup.tors)):
+        flows = [Flow(s, d, j * block, block) for j in range(k) for s, d in ((a, b), (b, a))]
+        digests = [digest_of(setup.payload, f) for f in flows]
+        got = []
+        for _ in range(reps):
+            seconds = await run_flows(setup.fabric, flows, setup.payload, digests,
+                                      20 * k * block / setup.electrical_bps + 60)  # fmt: skip
+            got.append(k * block / seconds)
+        out.append(min(1.0, statistics.median(got) / rate_one))
+    return out
+
+
+async def read_probe(setup: Any, reads: int = 20) -> float:
+    """One read of the ``netns`` switch's state (median of ``reads``)."""
+    ocs = NetnsOcs(setup.fabric, setup.tors)
+    took = []
+    for _ in range(reads):
+        began = time.monotonic()
+        await ocs.circuits()
+        took.append(time.monotonic() - began)
+    await ocs.aclose()
+    return statistics.median(took)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5, help="sequences per fabric")
@@ -210,20 +305,37 @@ def main() -> None:
             args.electrical_mbit * 1e6 / 8, args.circuit_mbit * 1e6 / 8,
         )  # fmt: skip
 
-        async def both() -> tuple[float, dict[str, Any]]:
+        async def both() -> tuple[dict[str, Any], dict[str, Any]]:
             log("goodput: one flow alone on the static network")
             share = await goodput_probe(setup)
             log(f"goodput: {share:.3f} of the shaped rate")
-            return share, await emulation.emulate(setup, args.reps, args.calibrate)
+            log("sharing: 1.. flows leaving one host at once")
+            sharing, rate_one = await sharing_probe(setup)
+            log(f"sharing: {', '.join(f'{x:.3f}' for x in sharing)}")
+            log("reverse sharing: 1.. flows each way between two hosts at once")
+            reverse = await reverse_probe(setup, rate_one)
+            log(f"reverse sharing: {', '.join(f'{x:.3f}' for x in reverse)}")
+            read_s = await read_probe(setup)
+            log(f"a read of the switch: {read_s * 1e3:.1f} ms")
+            calibrated = {"goodput": share, "sharing": sharing, "reverse_sharing": reverse,
+                          "read_s": read_s}  # fmt: skip
+            return calibrated, await emulation.emulate(setup, args.reps, args.calibrate)
 
-        goodput, real = asyncio.run(both())
+        calibrated, real = asyncio.run(both())
     cost = real["cost"]
-    log(f"simulating (reconfiguration {cost.fixed_s:.3f} s + {cost.per_change_s:.3f} s a port)")
-    out: dict[str, Any] = {"goodput": round(goodput, 4),
+    calibrated["reads_in_a_commit"] = reads_in_a_commit(args.hosts)
+    log(f"simulating (reconfiguration {cost.fixed_s:.3f} s + {cost.per_change_s:.3f} s a port, "
+        f"{calibrated['reads_in_a_commit']} reads of the switch in it)")  # fmt: skip
+    out: dict[str, Any] = {"goodput": round(calibrated["goodput"], 4),
+                           "sharing": [round(x, 4) for x in calibrated["sharing"]],
+                           "reverse_sharing": [round(x, 4) for x in calibrated["reverse_sharing"]],
+                           "read_s": round(calibrated["read_s"], 5),
+                           "reads_in_a_commit": calibrated["reads_in_a_commit"],
                            "reconfig_cost": {"fixed_s": cost.fixed_s,
                                              "per_change_s": cost.per_change_s}}  # fmt: skip
     for fabric, managed in (("static", False), ("circuits", True)):
-        sim = medians(simulate(args.hosts, nbytes, e_gbps, c_gbps, cost, goodput, managed), managed)
+        runs = simulate(args.hosts, nbytes, e_gbps, c_gbps, cost, calibrated, managed)
+        sim = medians(runs, managed)
         entry: dict[str, Any] = {"real": spread(real[fabric], managed), "sim": {}, "error": {}}
         for metric, value in sim.items():
             entry["sim"][metric] = round(value, 4)

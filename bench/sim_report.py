@@ -168,10 +168,21 @@ def l2_fabric() -> str:
         )
     data = json.loads(path.read_text())
     meta, cost = data["_meta"], data["reconfig_cost"]
+    sharing = ""
+    if "sharing" in data:
+
+        def rates(xs: list[float]) -> str:
+            return ", ".join(f"{x:.3f}" for x in xs)
+
+        sharing = (f"; 1-{len(data['sharing'])} flows out of one host carry "
+                   f"{rates(data['sharing'])} of one flow's rate, and each way between two "
+                   f"hosts {rates(data.get('reverse_sharing', []))}; a read of the switch "
+                   f"{data['read_s'] * 1e3:.1f} ms ({data['reads_in_a_commit']} in a committed "
+                   "hint)")  # fmt: skip
     rows = [f"{meta['hosts']} namespace hosts, {meta['weights_mib']} MiB of weights, "
             f"{meta['electrical_mbit']:g} Mbit/s electrical and {meta['circuit_mbit']:g} Mbit/s "
             f"circuits; {meta['reps']} sequences of two cycles on each fabric. Calibrated: "
-            f"goodput {data['goodput']:.3f} of the shaped rate; a reconfiguration "
+            f"goodput {data['goodput']:.3f} of the shaped rate{sharing}; a reconfiguration "
             f"{cost['fixed_s'] * 1e3:.0f} ms + {cost['per_change_s'] * 1e3:.0f} ms a port "
             "changed.", "",
             "| fabric | metric | real median (min-max) | simulated | signed error | target |",

@@ -24,8 +24,11 @@ arrivals (Poisson at ``--rate``, seed 0) and lengths; each real run draws fresh 
 the workload, five requests at idle, one at a time, measure it on each server
 (:func:`serving_path`): a generator step's extra (``step_s``, added to the profile's
 ``base_s``), a request's way from arrival to its generator (``request_s``), and a handoff's
-control calls (``handoff_s``), which the simulator then charges. What the server adds under
-load (its processes sharing the cores with the generators) is not measured.
+control calls (``handoff_s``), which the simulator then charges. Then bursts of streamed
+tokens measure the CPU work each token costs outside the generators (:func:`token_cpu`): in the
+server's own process (the front door) and in this one (the client). The simulator runs the
+generators' steps and that work on the machine's cores, shared as the kernel shares them
+(``simulate_serving(cpus=, token_cpu_s=)``).
 
 Mixes are ``bench/disagg.py``'s: ``prefill_heavy`` (input 1,024, output 64) and
 ``decode_heavy`` (input 128, output 512). Metrics as the simulator reports them: output tokens
@@ -43,6 +46,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import random
 import statistics
 import sys
@@ -149,6 +153,31 @@ def serving_path(
     return {"step_s": step_s, "request_s": found["request_s"], "handoff_s": handoff_s}
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds process ``pid`` has run, all its threads (user and system time)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def token_cpu(url: str, pid: int, vocab: int) -> dict[str, float]:
+    """The serving path's CPU work on each streamed token, outside the generators: the server's
+    own process (the front door, beside the embedded head) and this one (the ``openai``
+    client). Eight requests of 16 prompt tokens and 128 out, at once, twice; the server's
+    CPU less its rate at idle (it polls its generators), over the tokens streamed."""
+    began = process_cpu_s(pid)
+    time.sleep(3.0)
+    idle_per_s = (process_cpu_s(pid) - began) / 3.0
+    server, client, tokens = [], [], 8 * 128
+    for burst in range(2):
+        cpu, mine, wall = process_cpu_s(pid), time.process_time(), time.monotonic()
+        asyncio.run(drive(url, [0.0] * 8, prompts(vocab, 8, 16, -10 - burst), 128))
+        wall = time.monotonic() - wall
+        server.append((process_cpu_s(pid) - cpu - idle_per_s * wall) / tokens)
+        client.append((time.process_time() - mine) / tokens)
+    return {"server_s": max(0.0, statistics.mean(server)), "client_s": statistics.mean(client),
+            "server_idle_cores": idle_per_s}  # fmt: skip
+
+
 def simulated(system: str, profile: Any, at: list[float], sent: list[list[int]], out: int,
               kv_gbps: float, kv_bytes_per_token: int,
               path: dict[str, float]) -> dict[str, float]:  # fmt: skip
@@ -160,7 +189,8 @@ def simulated(system: str, profile: Any, at: list[float], sent: list[list[int]],
     run = simulate_serving(
         requests, served, policy="kv", min_prefill_tokens=64, kv_gbps=kv_gbps,
         kv_bytes_per_token=kv_bytes_per_token, request_s=path["request_s"],
-        handoff_s=path["handoff_s"], **pools, **SHAPE,
+        handoff_s=path["handoff_s"], cpus=os.cpu_count() or 1,
+        token_cpu_s=[path["server_s"], path["client_s"]], **pools, **SHAPE,
     )  # fmt: skip
     s = run.summary()
     return {
@@ -213,6 +243,7 @@ def main() -> None:
                 found = paths[system] = serving_path(
                     url, vocab, profile, system, paths.get("colocated", {}), kv_s
                 )
+                found.update(token_cpu(url, proc.pid, vocab))
                 log(f"{system}: serving path {found}")
                 for mix in mixes:
                     length, tokens = MIXES[mix]

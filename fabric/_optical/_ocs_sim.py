@@ -57,7 +57,10 @@ class SimEvent:
 
 
 class SimOcs:
-    """A simulated OCS satisfying :class:`~orchestr.fabric._optical._ocs.OcsDriver`."""
+    """A simulated OCS satisfying :class:`~orchestr.fabric._optical._ocs.OcsDriver`.
+
+    ``latency``: what a program takes; ``read_s``: what a read of the switch's state
+    (:meth:`circuits`, :meth:`verify`) takes, a query's round trip (none by default)."""
 
     def __init__(
         self,
@@ -67,11 +70,17 @@ class SimOcs:
         rng: int | random.Random | None = None,
         circuits: Collection[tuple[int, int]] = (),
         on_event: Callable[[SimEvent], None] | None = None,
+        read_s: float = 0.0,
     ) -> None:
         if radix < 2:
             raise ValueError(f"an OCS needs at least 2 ports, not {radix}")
+        if not read_s >= 0:
+            raise ValueError(
+                f"read_s is the seconds a read of the switch takes, >= 0, not {read_s}"
+            )
         self._radix = radix
         self._latency = latency
+        self._read_s = float(read_s)
         self._rng = rng if isinstance(rng, random.Random) else random.Random(rng)
         self._on_event = on_event
         made, _ = check_program(radix, (), circuits, ())
@@ -132,17 +141,20 @@ class SimOcs:
             self._pending.discard(ack)
 
     async def circuits(self) -> tuple[int, frozenset[Circuit]]:
-        """The generation and live circuits (see :meth:`OcsDriver.circuits`). Blocks on the
-        modelled command delay; raises :class:`ClosedResourceError` once closed; cancel-safe."""
+        """The generation and live circuits (see :meth:`OcsDriver.circuits`), as they are when
+        the read reaches the switch. Blocks on the modelled read (``read_s``); raises
+        :class:`ClosedResourceError` once closed; cancel-safe."""
         self._check_open()
-        await asyncio.sleep(0)
+        await asyncio.sleep(self._read_s)
+        self._check_open()
         return self._generation, self._live
 
     async def verify(self, generation: int, expected: Collection[Circuit]) -> None:
-        """See :meth:`OcsDriver.verify`: blocks on the modelled command delay; raises
+        """See :meth:`OcsDriver.verify`: blocks on the modelled read (``read_s``); raises
         :class:`VerifyError`; cancel-safe."""
         self._check_open()
-        await asyncio.sleep(0)
+        await asyncio.sleep(self._read_s)
+        self._check_open()
         want = frozenset(circuit(a, b) for a, b in expected)
         if self._generation != generation or self._live != want:
             raise VerifyError(

@@ -6,7 +6,11 @@ model needs events only when a flow starts or finishes: then every rate is compu
 progressive filling (raise all rates together; a link that fills freezes the flows crossing
 it at their share; repeat with the rest), the max-min fair allocation, and one engine event
 is scheduled for the next flow to finish. Packets, queues and congestion control are not
-modelled: a flow is a fluid that gets its fair share at once.
+modelled: a flow is a fluid that gets its fair share at once. What congestion control costs a
+link can be given as measured, and is then taken off the link's capacity: ``sharing``, the
+fraction of its rate ``k`` flows crossing it carry together, and ``reverse_sharing``, the same
+while flows also cross it the other way (TCP's acknowledgements of those wait behind its data
+in the link's queue, and the flows they pace slow down).
 
 The model is independent of the fabric planner's own prediction (``phase_time``, the
 bottleneck-pair model): it moves bytes over the topology's links, so checking the planner
@@ -79,16 +83,50 @@ class Flow:
         self.rate = 0.0
 
 
+def check_sharing(sharing: Sequence[float] | None, name: str = "sharing") -> tuple[float, ...]:
+    """``sharing`` as a tuple (``()`` for none), or ``ValueError``: a non-empty list of
+    fractions in (0, 1]."""
+    if sharing is None:
+        return ()
+    out = tuple(float(x) for x in sharing)
+    if not out or not all(0 < x <= 1 for x in out):
+        raise ValueError(
+            f"{name} is a non-empty list of fractions in (0, 1] (what 1, 2, ... flows carry "
+            f"of a link together), got {list(sharing)!r}"
+        )
+    return out
+
+
+def _reverse(link: Link) -> Link:
+    if len(link) == 3 and link[0] == "ocs":
+        return ("ocs", link[2], link[1])
+    return (link[1], link[0])
+
+
 class FlowNet:
     """Flows over links of ``capacity`` (bytes/s per direction) on ``engine``'s clock. Use
-    :meth:`of_topology` to build one from a cabling plan and route between hosts."""
+    :meth:`of_topology` to build one from a cabling plan and route between hosts.
 
-    def __init__(self, engine: Engine, capacity: Mapping[Link, float]) -> None:
+    ``sharing``, when given: ``sharing[k - 1]`` is the fraction of a link's capacity that ``k``
+    flows crossing it carry together (past its end, its last entry); ``reverse_sharing``: the
+    same while flows also cross it the other way. Without them every link carries its whole
+    capacity however many flows share it, either way."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        capacity: Mapping[Link, float],
+        *,
+        sharing: Sequence[float] | None = None,
+        reverse_sharing: Sequence[float] | None = None,
+    ) -> None:
         for link, cap in capacity.items():
             if not cap > 0:
                 raise ValueError(f"link {link} has capacity {cap!r}; capacities are > 0 bytes/s")
         self.engine = engine
         self.capacity = dict(capacity)
+        self.sharing = check_sharing(sharing)
+        self.reverse_sharing = check_sharing(reverse_sharing, "reverse_sharing")
         self.flows: list[Flow] = []
         self.finished = 0
         self._topology: Topology | None = None
@@ -102,11 +140,20 @@ class FlowNet:
         self._dist: dict[str, dict[str, int]] = {}  # ToR -> hops from each switch
 
     @classmethod
-    def of_topology(cls, engine: Engine, topology: Topology, *, ecmp: bool = True) -> FlowNet:
+    def of_topology(
+        cls,
+        engine: Engine,
+        topology: Topology,
+        *,
+        ecmp: bool = True,
+        sharing: Sequence[float] | None = None,
+        reverse_sharing: Sequence[float] | None = None,
+    ) -> FlowNet:
         """A network of ``topology``'s links, each direction its capacity (parallel cables
         summed), routing between its hosts: with ``ecmp`` (the default) each pair of hosts
         takes one of the shortest paths by a hash, as switches spread flows over equal-cost
-        uplinks; without it, the topology's one path for every pair."""
+        uplinks; without it, the topology's one path for every pair. ``sharing`` and
+        ``reverse_sharing`` as for the constructor."""
         capacity: dict[Link, float] = {}
         for host in topology.hosts:
             for nic in host.nics:
@@ -117,7 +164,7 @@ class FlowNet:
             a, b = link.a.element, link.b.element
             cap = capacity.get((a, b), 0.0) + link.gbps * 1e9 / 8
             capacity[a, b] = capacity[b, a] = cap
-        net = cls(engine, capacity)
+        net = cls(engine, capacity, sharing=sharing, reverse_sharing=reverse_sharing)
         net._topology = topology
         net.ecmp = ecmp
         hosts = {h.name for h in topology.hosts}
@@ -247,7 +294,9 @@ class FlowNet:
             self._last = now
 
     def _reschedule(self) -> None:
-        rates = max_min_rates([f.path for f in self.flows], self.capacity)
+        paths = [f.path for f in self.flows]
+        shared = self.sharing or self.reverse_sharing
+        rates = max_min_rates(paths, self._shared(paths) if shared else self.capacity)
         soonest = math.inf
         for f, rate in zip(self.flows, rates, strict=True):
             f.rate = rate
@@ -258,6 +307,21 @@ class FlowNet:
         if self.flows:
             due = self.engine.now + math.ceil(soonest * NS - 1e-6)
             self._next = self.engine.at(due, self._finish, name="flows finish")
+
+    def _shared(self, paths: Sequence[Sequence[Link]]) -> dict[Link, float]:
+        """The capacity each link in use carries with the flows now crossing it (either way)."""
+        crossing: dict[Link, int] = {}
+        for path in paths:
+            for link in path:
+                crossing[link] = crossing.get(link, 0) + 1
+        out = {}
+        for link, k in crossing.items():
+            table = self.sharing
+            if self.reverse_sharing and _reverse(link) in crossing:
+                table = self.reverse_sharing
+            share = table[min(k, len(table)) - 1] if table else 1.0
+            out[link] = self.capacity[link] * share
+        return out
 
     def _finish(self) -> None:
         self._next = None

@@ -194,7 +194,8 @@ class SimGenerator:
     (:func:`recompute_features`: no KV cache), ``cpu`` is the host's cores its steps run on
     as one thread of ``weight`` (:class:`~._cpu.HostCpu`: a step beside other work takes
     longer), and either takes each step as its own event. ``busy_s`` counts the steps' time
-    on the clock, as the real generator times them."""
+    on the clock, as the real generator times them. ``tokens(n)`` is called with the tokens
+    each step (or run of steps) samples, as they are streamed out."""
 
     def __init__(
         self,
@@ -211,8 +212,9 @@ class SimGenerator:
         recompute: bool = False,
         cpu: HostCpu | None = None,
         weight: float = 1024.0,
+        tokens: Callable[[int], None] | None = None,
     ) -> None:
-        self.engine, self.model = engine, model
+        self.engine, self.model, self.tokens = engine, model, tokens
         self.recompute, self.cpu, self.weight = recompute, cpu, weight
         self.scheduler = Scheduler(
             BlockPool(num_blocks, block_size),
@@ -310,6 +312,8 @@ class SimGenerator:
                 if times.first_token < 0:
                     times.first_token = now
                     times.cached_tokens = seq.cached_tokens
+        if self.tokens is not None and sampled:
+            self.tokens(len(sampled))
         self._ended(self.scheduler.update(step, sampled))
         self._step()
 
@@ -366,6 +370,8 @@ class SimGenerator:
         self.steps += k
         self.runs += 1
         self.busy_s += _run_seconds(k, a, b, first)
+        if self.tokens is not None:  # a token a sequence a step: none joins or leaves a run
+            self.tokens(k * len(self.scheduler.running))
         self._ended(self.scheduler.advance_decodes(k, 0))
         for seq in self._arrived:
             self.scheduler.add(seq)

@@ -18,6 +18,11 @@ generator enters the prompt's full blocks into its prefix cache (:meth:`Schedule
 a handoff does) and continues the request: it computes what the blocks do not hold (the last
 partial block), samples the first token, and decodes the rest. Shorter prompts are prefilled
 on their decode generator, as the front door's conditional rule does.
+
+With ``cpus``, every generator's steps and the serving path's work on each streamed token
+(``token_cpu_s``: one thread each, the front door's process and a load generator's on the
+same host) share one host's cores (:class:`~._cpu.HostCpu`), as a server on one machine shares
+them; the generators then step one step an event.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any
 
 from orchestr.roles.serving import Load, Router
 
+from ._cpu import HostCpu
 from ._engine import Engine, ns
 from ._flows import FlowNet
 from ._generation import RequestTimes, SimGenerator, StepTimeModel
@@ -166,6 +172,24 @@ class _Pool:
         return choice.worker, known
 
 
+class _Thread:
+    """One thread's work on a host's cores, in turn: what arrives while it runs waits."""
+
+    def __init__(self, cpu: HostCpu) -> None:
+        self.cpu, self.pending, self.busy = cpu, 0.0, False
+
+    def add(self, seconds: float) -> None:
+        self.pending += seconds
+        if not self.busy:
+            self._next()
+
+    def _next(self) -> None:
+        work, self.pending = self.pending, 0.0
+        self.busy = work > 0
+        if self.busy:
+            self.cpu.run(work, self._next)
+
+
 def simulate_serving(
     requests: Sequence[ServingRequest],
     model: StepTimeModel,
@@ -186,6 +210,8 @@ def simulate_serving(
     seed: int = 0,
     closed_form: bool = True,
     cache_outputs: bool = False,
+    cpus: float | None = None,
+    token_cpu_s: Sequence[float] = (),
 ) -> ServingRun:
     """Serve ``requests`` on ``generators`` (decode) generators timed by ``model`` and, with
     ``prefill`` > 0, a prefill pool timed by ``prefill_model`` (default ``model``); see the
@@ -194,14 +220,19 @@ def simulate_serving(
     ``handoff_s`` of a handoff's control calls, after the KV's transfer and before the decode
     side takes the request. ``cache_outputs`` is the schedulers' (off: the outputs are
     placeholders, and cached they would be shared as real outputs are not; the prompts' blocks
-    are cached either way). Raises ``ValueError`` for bad counts, a bad policy, a negative
-    time, or a request the scheduler refuses (an empty prompt, one that could never fit)."""
+    are cached either way). ``cpus``: the host's cores all of it shares, with ``token_cpu_s``
+    seconds of work on each streamed token for each of the serving path's threads (see the
+    module docstring; without ``cpus`` every generator has a core of its own and the path's
+    work takes none). Raises ``ValueError`` for bad counts, a bad policy, a negative time, or
+    a request the scheduler refuses (an empty prompt, one that could never fit)."""
     if generators < 1 or prefill < 0:
         raise ValueError(f"generators >= 1 and prefill >= 0, got {generators}, {prefill}")
     if not kv_gbps > 0 or kv_bytes_per_token < 0 or min_prefill_tokens < 1:
         raise ValueError("kv_gbps > 0, kv_bytes_per_token >= 0 and min_prefill_tokens >= 1")
     if not (request_s >= 0 and handoff_s >= 0):
         raise ValueError(f"request_s and handoff_s are seconds >= 0: {request_s}, {handoff_s}")
+    if not all(t >= 0 for t in token_cpu_s) or (token_cpu_s and cpus is None):
+        raise ValueError(f"token_cpu_s are seconds >= 0, with cpus: {list(token_cpu_s)}")
     started = time.perf_counter()
     engine = Engine(seed)
     shape = {"num_blocks": num_blocks, "block_size": block_size, "max_batch": max_batch,
@@ -218,7 +249,15 @@ def simulate_serving(
             s.cached_tokens = times.cached_tokens
         s.end = times.end
 
-    decode = _Pool(engine, "decode", generators, Router(policy), model=model, done=decoded, **shape)
+    cpu = None if cpus is None else HostCpu(engine, cpus)
+    threads = [] if cpu is None else [(_Thread(cpu), t) for t in token_cpu_s]
+
+    def streamed(tokens: int) -> None:
+        for thread, seconds in threads:
+            thread.add(tokens * seconds)
+
+    decode = _Pool(engine, "decode", generators, Router(policy), model=model, done=decoded,
+                   cpu=cpu, tokens=streamed if threads else None, **shape)  # fmt: skip
     net: FlowNet | None = None
     pre: _Pool | None = None
     moved = [0.0]
@@ -250,7 +289,7 @@ def simulate_serving(
             decode.gens[target].submit(request.id, request.prompt, request.output_tokens, known)
 
         pre = _Pool(engine, "prefill", prefill, Router(policy), model=prefill_model or model,
-                    done=prefilled, **shape)  # fmt: skip
+                    done=prefilled, cpu=cpu, **shape)  # fmt: skip
         bandwidth = kv_gbps * 1e9 / 8
         capacity: dict[tuple[Hashable, ...], float] = {}
         for name in [*pre.gens, *decode.gens]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import pytest
 
@@ -23,6 +23,7 @@ from orchestr.fabric._optical._ocs import (
     circuit,
 )
 from orchestr.fabric._optical._ocs_sim import MEMS_LATENCY_S, SimEvent, SimOcs
+from orchestr.sim import Simulation
 
 FAST = 1e-5  # seconds per program: keeps the tests quick
 
@@ -246,3 +247,24 @@ async def test_closing_fails_a_pending_program() -> None:
     with pytest.raises(ClosedResourceError):
         await pending
     assert sim.generation == 0 and kinds(sim)[-1] == "closed"
+
+
+def test_reads_take_the_modelled_round_trip_on_virtual_time() -> None:
+    async def reads(sim: SimOcs, clock: Callable[[], float]) -> list[float]:
+        began = clock()
+        await sim.program(1, [(0, 1)], [])
+        programmed = clock()
+        assert await sim.circuits() == (1, frozenset({circuit(0, 1)}))
+        read = clock()
+        await sim.verify(1, [(0, 1)])
+        return [programmed - began, read - programmed, clock() - read]
+
+    with Simulation() as run:
+        took = run.run(reads(SimOcs(8, latency=0.02, read_s=0.005), lambda: run.engine.seconds))
+    assert took == pytest.approx([0.02, 0.005, 0.005], abs=1e-9)
+    with pytest.raises(ValueError, match="read_s"):
+        SimOcs(8, read_s=-1.0)
+
+
+async def test_the_sim_with_a_read_time_passes_the_conformance_suite() -> None:
+    assert await check_ocs_driver(lambda: SimOcs(8, latency=FAST, rng=1, read_s=FAST)) == []

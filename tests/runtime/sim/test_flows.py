@@ -72,6 +72,38 @@ def test_a_flow_speeds_up_when_the_one_it_shared_with_ends() -> None:
     assert net.finished == 2 and not net.flows
 
 
+def test_measured_sharing_takes_what_flows_leave_unused_off_a_link() -> None:
+    engine = Engine()
+    # two flows carry 0.8 of a link together, three or more 0.6
+    net = FlowNet(engine, {("a", "b"): 100.0, ("b", "c"): 100.0}, sharing=[1.0, 0.8, 0.6])
+    ended: dict[str, int] = {}
+    net.start([("a", "b")], 80.0, lambda: ended.setdefault("small", engine.now))
+    net.start([("a", "b"), ("b", "c")], 240.0, lambda: ended.setdefault("big", engine.now))
+    engine.run()
+    # 40 B/s each until the small one ends at 2 s; the big one, alone on both links, then
+    # moves its last 160 at the full 100 B/s (one flow a link: sharing[0])
+    assert ended == {"small": ns(2), "big": ns(3.6)}
+    engine = Engine()
+    net = FlowNet(engine, {("a", "b"): 100.0}, sharing=[0.9, 0.6])
+    for _ in range(4):  # past the list: its last entry
+        net.start([("a", "b")], 15.0, lambda: ended.setdefault("four", engine.now))
+    engine.run()
+    assert ended["four"] == ns(1.0)  # 60 B/s over four flows of 15
+    # flows both ways: each direction carries reverse_sharing, one way sharing (none: all)
+    engine = Engine()
+    net = FlowNet(engine, {("a", "b"): 100.0, ("b", "a"): 100.0}, reverse_sharing=[0.5])
+    net.start([("a", "b")], 50.0, lambda: ended.setdefault("ab", engine.now))
+    net.start([("b", "a")], 100.0, lambda: ended.setdefault("ba", engine.now))
+    engine.run()
+    # 50 B/s each way until a->b ends at 1 s; b->a then has 50 left alone, at 100 B/s
+    assert (ended["ab"], ended["ba"]) == (ns(1.0), ns(1.5))
+    for bad in ([], [0.0], [1.0, 1.2], [float("nan")]):
+        with pytest.raises(ValueError, match=r"fractions in \(0, 1\]"):
+            FlowNet(engine, {("a", "b"): 1.0}, sharing=bad)
+        with pytest.raises(ValueError, match="reverse_sharing"):
+            FlowNet(engine, {("a", "b"): 1.0}, reverse_sharing=bad)
+
+
 def test_a_circuit_takes_the_flows_between_its_tors() -> None:
     engine = Engine()
     net = FlowNet.of_topology(engine, TREE)

@@ -94,6 +94,28 @@ def test_the_serving_paths_own_costs_delay_what_they_precede() -> None:
             simulate_serving(one, MODEL, **bad)
 
 
+def test_generators_and_the_serving_paths_threads_share_the_hosts_cores() -> None:
+    pair = [ServingRequest(n, 0.5, list(range(k, k + 100)), 5) for n, k in (("a", 0), ("b", 500))]
+    apart = simulate_serving(pair, MODEL, generators=2, policy="round_robin")
+    alone = simulate_serving(pair, MODEL, generators=2, policy="round_robin", cpus=2)
+    shared = simulate_serving(pair, MODEL, generators=2, policy="round_robin", cpus=1)
+    took = {name: [s.end - s.arrival for s in run.served]
+            for name, run in (("apart", apart), ("alone", alone), ("shared", shared))}  # fmt: skip
+    assert {s.worker for s in shared.served} == {"decode0", "decode1"}
+    assert took["alone"] == pytest.approx(took["apart"], abs=1e-8)
+    assert took["shared"] == pytest.approx([2 * t for t in took["apart"]], abs=1e-8)
+    # a token's work on the front door's thread shares the one core with the next step: each
+    # step after a token is longer by that work; the first (the prefill) is not
+    one = pair[:1]
+    base = simulate_serving(one, MODEL, cpus=1).served[0]
+    fed = simulate_serving(one, MODEL, cpus=1, token_cpu_s=[0.001]).served[0]
+    assert fed.ttft == pytest.approx(base.ttft, abs=1e-8)
+    assert fed.end == pytest.approx(base.end + 4 * 0.001, abs=1e-8)
+    for bad in ({"token_cpu_s": [0.001]}, {"cpus": 1, "token_cpu_s": [-1.0]}):
+        with pytest.raises(ValueError, match="token_cpu_s"):
+            simulate_serving(one, MODEL, **bad)
+
+
 def test_short_prompts_stay_on_their_decode_generator_and_slos_count_goodput() -> None:
     requests = workload(100, 30.0)
     short = [ServingRequest(f"s{i}", 0.01 * i, [1, 2, 3], 3) for i in range(10)]
