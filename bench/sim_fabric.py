@@ -18,9 +18,9 @@ docstring): the reconfiguration cost of the ``netns`` OCS driver is measured fir
 - ``sharing``: 1, 2, ... N-1 flows of an all-to-all's size leaving one host at once (one token
   bucket); what they carry together over what one carries alone. TCP flows through one bucket
   back off at its drops, and leave part of it unused.
-- ``reverse_sharing``: 1, 2, ... N-1 flows each way between two hosts at once; the rate each
-  way over one flow's alone. Each link then carries data one way and the acknowledgements of
-  the flows the other way, which wait behind the data in its bucket's queue.
+- ``reverse_sharing``: one host exchanging a flow each way with 1, 2, ... N-1 others at once;
+  the rate its link carries out over one flow's alone. The link then carries data out and the
+  acknowledgements of the flows coming in, which wait behind the data in its bucket's queue.
 - ``read_s``: one read of the ``netns`` switch's state (its links and their labels).
 - The reconfiguration cost is the emulation's own measurement (a fixed part and a part per OCS
   port changed, each timed over a whole hint, the switch's reads included).
@@ -245,14 +245,16 @@ async def sharing_probe(setup: Any, reps: int = 3) -> tuple[list[float], float]:
 
 
 async def reverse_probe(setup: Any, rate_one: float, reps: int = 3) -> list[float]:
-    """1, 2, ... N-1 flows of the all-to-all's size each way between ``tors[0]`` and
-    ``tors[1]`` at once: the rate each way over ``rate_one``, one flow's alone (medians of
-    ``reps``)."""
-    a, b = setup.tors[0], setup.tors[1]
-    block = setup.nbytes // len(setup.tors)
+    """``tors[0]`` exchanging a flow of the all-to-all's size each way with 1, 2, ... N-1 of
+    the other hosts at once: the rate its link carries out over ``rate_one``, one flow's alone
+    (medians of ``reps``). Its link then carries k flows out and the acknowledgements of k
+    flows in, from k senders, as an all-to-all's links do; the others carry one each way."""
+    hub, block = setup.tors[0], setup.nbytes // len(setup.tors)
     out = []
     for k in range(1, len(setup.tors)):
-        flows = [Flow(s, d, j * block, block) for j in range(k) for s, d in ((a, b), (b, a))]
+        peers = setup.tors[1 : k + 1]
+        flows = [f for j, p in enumerate(peers, 1)
+                 for f in (Flow(hub, p, j * block, block), Flow(p, hub, j * block, block))]  # fmt: skip
         digests = [digest_of(setup.payload, f) for f in flows]
         got = []
         for _ in range(reps):
@@ -312,7 +314,7 @@ def main() -> None:
             log("sharing: 1.. flows leaving one host at once")
             sharing, rate_one = await sharing_probe(setup)
             log(f"sharing: {', '.join(f'{x:.3f}' for x in sharing)}")
-            log("reverse sharing: 1.. flows each way between two hosts at once")
+            log("reverse sharing: one host exchanging a flow each way with 1.. others")
             reverse = await reverse_probe(setup, rate_one)
             log(f"reverse sharing: {', '.join(f'{x:.3f}' for x in reverse)}")
             read_s = await read_probe(setup)

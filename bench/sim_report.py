@@ -175,8 +175,9 @@ def l2_fabric() -> str:
             return ", ".join(f"{x:.3f}" for x in xs)
 
         sharing = (f"; 1-{len(data['sharing'])} flows out of one host carry "
-                   f"{rates(data['sharing'])} of one flow's rate, and each way between two "
-                   f"hosts {rates(data.get('reverse_sharing', []))}; a read of the switch "
+                   f"{rates(data['sharing'])} of one flow's rate, and one host exchanging a "
+                   f"flow each way with 1-{len(data.get('reverse_sharing', []))} others "
+                   f"{rates(data.get('reverse_sharing', []))}; a read of the switch "
                    f"{data['read_s'] * 1e3:.1f} ms ({data['reads_in_a_commit']} in a committed "
                    "hint)")  # fmt: skip
     rows = [f"{meta['hosts']} namespace hosts, {meta['weights_mib']} MiB of weights, "

@@ -29,6 +29,8 @@ and a summary.
 
     [serving]                   # simulate_serving's arguments and the workload
     generators = 128
+    cpus = 2                    # one host's cores for all of it (unset: a core each),
+    token_cpu_s = [1.5e-4]      # and the serving path's threads' work on each token
     [serving.workload]
     requests = 100000
     rate = 500.0
@@ -219,7 +221,17 @@ def _serving(t: Table) -> dict[str, Any]:
         "token_budget": t.get("token_budget", int, 2048, check=pos),
         "ttft_slo_s": t.get("ttft_slo_s", float, None, check=pos),
         "tpot_slo_s": t.get("tpot_slo_s", float, None, check=pos),
+        "request_s": t.get("request_s", float, 0.0, check=nonneg),
+        "handoff_s": t.get("handoff_s", float, 0.0, check=nonneg),
+        "cpus": t.get("cpus", float, None, check=pos),
+        "token_cpu_s": t.get("token_cpu_s", list, []),
     }  # fmt: skip
+    if not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+        for v in out["token_cpu_s"]
+    ) or (out["token_cpu_s"] and out["cpus"] is None):
+        raise ConfigError(f"{t.where}: token_cpu_s must be seconds >= 0 a token for each "
+                          f"thread, with cpus set, got {out['token_cpu_s']!r}")  # fmt: skip
     w = t.table("workload")
     spans = {}
     for key, default in (("prompt_tokens", [32, 1024]), ("output_tokens", [16, 512])):

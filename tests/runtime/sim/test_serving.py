@@ -4,12 +4,20 @@ generator's cache as a handoff does)."""
 
 from __future__ import annotations
 
+import pathlib
 import random
 
 import pytest
 
 import orchestr.roles.serving as serving
-from orchestr.sim import ServingRequest, StepTimeModel, simulate_serving
+from orchestr.errors import ConfigError
+from orchestr.sim import (
+    ServingRequest,
+    StepTimeModel,
+    load_scenario,
+    run_scenario,
+    simulate_serving,
+)
 from orchestr.sim import _serving as sim_serving
 
 MODEL = StepTimeModel(
@@ -138,3 +146,33 @@ def test_bad_runs_are_refused() -> None:
         simulate_serving(one, MODEL, policy="fastest")
     with pytest.raises(ValueError, match="never fit"):
         simulate_serving([ServingRequest("b", 0.0, [1] * 100, 100)], MODEL, num_blocks=4)
+
+
+SCENARIO = """kind = "serving"
+[profile]
+builtin = "h100-llama3-8b"
+[serving]
+generators = 2
+{extra}
+[serving.workload]
+requests = 40
+rate = 20.0
+prompt_tokens = [64, 256]
+output_tokens = [32, 64]
+"""
+
+
+def test_a_scenario_runs_its_serving_on_one_hosts_cores(tmp_path: pathlib.Path) -> None:
+    tpot = {}
+    for name, extra in (("own", ""), ("one core", "cpus = 1"),
+                        ("one core and tokens", "cpus = 1\ntoken_cpu_s = [0.001, 0.001]")):  # fmt: skip
+        path = tmp_path / "s.toml"
+        path.write_text(SCENARIO.format(extra=extra))
+        metrics = run_scenario(load_scenario(str(path)))
+        assert metrics["completed"] == 40
+        tpot[name] = metrics["tpot_s_p50"]
+    assert tpot["own"] < tpot["one core"] < tpot["one core and tokens"]
+    for bad in ("token_cpu_s = [0.001]", "cpus = 1\ntoken_cpu_s = [true]", "cpus = 0"):
+        path.write_text(SCENARIO.format(extra=bad))
+        with pytest.raises(ConfigError, match=r"\[serving\]: (token_cpu_s|cpus) must be"):
+            load_scenario(str(path))
