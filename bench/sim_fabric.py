@@ -66,6 +66,7 @@ from _fabric_phases import (  # noqa: E402
     tor_names,
 )
 from _fabric_report import PhaseRun  # noqa: E402
+from _sim_compare import compare, table  # noqa: E402
 
 import fabric as emulation  # noqa: E402  (bench/fabric.py)
 from orchestr._log import configure_logging  # noqa: E402
@@ -192,27 +193,18 @@ def simulate(n: int, nbytes: int, e_gbps: float, c_gbps: float, cost: ReconfigCo
         return out
 
 
-def medians(runs: list[PhaseRun], managed: bool) -> dict[str, float]:
-    out = {}
+def per_run(runs: list[PhaseRun], managed: bool) -> list[dict[str, float]]:
+    """The phases' times as one row of metrics per cycle (each phase occurs once a cycle)."""
+    rows: list[dict[str, float]] = []
     for phase in dict.fromkeys(PHASES):
         mine = [r for r in runs if r.phase == phase]
-        out[f"{phase}_s"] = statistics.median(r.transfer_s for r in mine)
-        if managed:
-            out[f"{phase}_reconfig_s"] = statistics.median(r.reconfig_s for r in mine)
-    return out
-
-
-def spread(runs: list[PhaseRun], managed: bool) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
-    for phase in dict.fromkeys(PHASES):
-        mine = [r for r in runs if r.phase == phase]
-        metrics = {f"{phase}_s": [r.transfer_s for r in mine]}
-        if managed:
-            metrics[f"{phase}_reconfig_s"] = [r.reconfig_s for r in mine]
-        for name, xs in metrics.items():
-            out[name] = {"median": round(statistics.median(xs), 4), "min": round(min(xs), 4),
-                         "max": round(max(xs), 4)}  # fmt: skip
-    return out
+        if not rows:
+            rows = [{} for _ in mine]
+        for row, r in zip(rows, mine, strict=True):
+            row[f"{phase}_s"] = r.transfer_s
+            if managed:
+                row[f"{phase}_reconfig_s"] = r.reconfig_s
+    return rows
 
 
 async def goodput_probe(setup: Any, reps: int = 3) -> float:
@@ -336,25 +328,13 @@ def main() -> None:
                            "reconfig_cost": {"fixed_s": cost.fixed_s,
                                              "per_change_s": cost.per_change_s}}  # fmt: skip
     for fabric, managed in (("static", False), ("circuits", True)):
-        runs = simulate(args.hosts, nbytes, e_gbps, c_gbps, cost, calibrated, managed)
-        sim = medians(runs, managed)
-        entry: dict[str, Any] = {"real": spread(real[fabric], managed), "sim": {}, "error": {}}
-        for metric, value in sim.items():
-            entry["sim"][metric] = round(value, 4)
-            med = entry["real"][metric]["median"]
-            entry["error"][metric] = round(value / med - 1, 4) if med else None
-        out[fabric] = entry
+        sim = per_run(simulate(args.hosts, nbytes, e_gbps, c_gbps, cost, calibrated, managed),
+                      managed)  # fmt: skip
+        medians = {m: statistics.median(row[m] for row in sim) for m in sim[0]}
+        out[fabric] = compare(per_run(real[fabric], managed), medians, digits=4)
     out["_meta"] = {"hosts": args.hosts, "weights_mib": args.mib, "reps": args.reps,
                     "electrical_mbit": args.electrical_mbit, "circuit_mbit": args.circuit_mbit}  # fmt: skip
-    print(
-        f"{'fabric':<9} {'metric':<24} {'real p50':>9} {'min':>9} {'max':>9} {'sim':>9} {'error':>8}"
-    )
-    for fabric in ("static", "circuits"):
-        for metric, real_m in out[fabric]["real"].items():
-            err = out[fabric]["error"][metric]
-            print(f"{fabric:<9} {metric:<24} {real_m['median']:>9.3f} {real_m['min']:>9.3f} "
-                  f"{real_m['max']:>9.3f} {out[fabric]['sim'][metric]:>9.3f} "
-                  f"{'-' if err is None else format(err, '+.1%'):>8}")  # fmt: skip
+    table({f: out[f] for f in ("static", "circuits")}, 10)
     line = json.dumps(out)
     if args.save:
         Path(args.save).write_text(line + "\n", encoding="utf-8")

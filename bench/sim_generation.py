@@ -59,6 +59,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
+from _sim_compare import compare, table  # noqa: E402
 
 from orchestr.roles import PagedEngine, Request, models  # noqa: E402
 from orchestr.sim import Engine, SimGenerator, StepTimeModel  # noqa: E402
@@ -133,33 +134,6 @@ def simulated(profile: StepTimeModel, arrivals: list[Arrival]) -> dict[str, floa
         sum(t.output_tokens for t in f),
         seconds,
     )
-
-
-def compare(runs: list[dict[str, float]], sim: dict[str, float]) -> dict[str, Any]:
-    """The real runs' median, min and max of each of ``sim``'s metrics, ``sim``'s, and its
-    signed error against the median."""
-    entry: dict[str, Any] = {"real": {}, "sim": {}, "error": {}}
-    for metric in sim:
-        values = [r[metric] for r in runs]
-        med = statistics.median(values)
-        entry["real"][metric] = {"median": round(med, 3), "min": round(min(values), 3),
-                                 "max": round(max(values), 3)}  # fmt: skip
-        entry["sim"][metric] = round(sim[metric], 3)
-        entry["error"][metric] = round(sim[metric] / med - 1, 4)
-    return entry
-
-
-def table(out: dict[str, Any], width: int) -> None:
-    """Print :func:`compare`'s entries in ``out``, a row per workload and metric."""
-    print(f"{'workload':<{width}}{'metric':<22}{'real p50':>10}{'real min-max':>22}{'sim':>10}"
-          f"{'error':>9}")  # fmt: skip
-    for name, entry in out.items():
-        if not isinstance(entry, dict) or "real" not in entry:
-            continue
-        for metric, r in entry["real"].items():
-            spread = f"{r['min']}-{r['max']}"
-            print(f"{name:<{width}}{metric:<22}{r['median']:>10}{spread:>22}"
-                  f"{entry['sim'][metric]:>10}{entry['error'][metric]:>+9.1%}")  # fmt: skip
 
 
 def main() -> None:

@@ -58,9 +58,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _sim_compare import compare, table  # noqa: E402
 from disagg import MIXES, limit, start  # noqa: E402
 from serving import MODEL, free_port, stop, wait_healthy  # noqa: E402
-from sim_generation import compare, summary, table  # noqa: E402
+from sim_generation import summary  # noqa: E402
 
 from orchestr.roles import models  # noqa: E402
 from orchestr.sim import ServingRequest, simulate_serving  # noqa: E402
