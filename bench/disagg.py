@@ -3,7 +3,7 @@ checkpoint and the same cores, driven by vLLM's benchmark client (``vllm bench s
 through ``bench/vllm_bench_serve.py``).
 
     python bench/disagg.py [--quick] [--checkpoint DIR] [--vllm-python PY] [--mixes ...]
-                           [--rates R,R,..] [--slo-ttft MS] [--slo-tpot MS]
+                           [--rates R,R,..] [--slo-ttft MS] [--slo-tpot MS] [--spill-at R]
 
 The checkpoint is ``bench/serving.py``'s (Llama family, 8 layers, hidden 512, about 24M
 parameters, float32), made locally unless ``--checkpoint`` names one. Two servers, each two
@@ -11,8 +11,11 @@ generators of one thread (``--torch-threads 1``: two cores in all):
 
 - **colocated**: ``orchestr serve --generators 2 --router kv``: each generator prefills and
   decodes its own requests (chunked prefill shares a step with the decodes).
-- **disagg**: ``orchestr serve --prefill 1 --decode 1``: prompts of 64 tokens or more are
-  computed on the prefill generator and their KV read one-sided by the decode generator.
+- **disagg**: ``orchestr serve --prefill 1 --decode 1 --spill-at R``: prompts of 64 tokens
+  or more are computed on the prefill generator and their KV read one-sided by the decode
+  generator; once the decode generator has ``R`` requests (``--spill-at``, default 8: about
+  the batch it steps in half the TPOT SLO here; 0: never), a request goes whole to the
+  prefill generator while that one has fewer (``spilled_share``: the share that did).
 
 Mixes (random tokens, ``ignore_eos`` so every output has its length): **prefill_heavy**
 (input 1,024, output 64) and **decode_heavy** (input 128, output 512), each at the request
@@ -77,8 +80,10 @@ def log(message: str) -> None:
     print(f"[disagg] {message}", file=sys.stderr, flush=True)
 
 
-def start(system: str, folder: str, port: int) -> subprocess.Popen[bytes]:
+def start(system: str, folder: str, port: int, spill_at: int) -> subprocess.Popen[bytes]:
     pools = ["--generators", "2"] if system == "colocated" else ["--prefill", "1", "--decode", "1"]
+    if system == "disagg" and spill_at:
+        pools += ["--spill-at", str(spill_at)]
     cmd = [sys.executable, "-m", "orchestr.cli", "serve", folder, *pools, "--router", "kv",
            "--torch-threads", "1", "--served-model-name", "tiny", "--port", str(port)]  # fmt: skip
     log(f"starting {system}: orchestr serve {' '.join(pools)}")
@@ -93,16 +98,19 @@ def counters(url: str) -> dict[str, float]:
     for name in ("_bytes", "_seconds", "_failures", "_exposed_seconds", "_reads", "s"):
         pattern = rf"^orchestr:kv_transfer{name}_total(?:\{{[^}}]*\}})? ([0-9.e+-]+)$"
         out[name.lstrip("_")] = sum(float(m) for m in re.findall(pattern, text, re.M))
+    for path in ("remote", "local", "fallback", "spilled"):
+        pattern = rf"^orchestr:frontdoor_prefill_{path}_total(?:\{{[^}}]*\}})? ([0-9.e+-]+)$"
+        out[path] = sum(float(m) for m in re.findall(pattern, text, re.M))
     return out
 
 
 def run_mix(
     system: str, folder: str, vllm_python: str, mix: str, rates: list[str], n: int,
-    slo: dict[str, float],
+    slo: dict[str, float], spill_at: int,
 ) -> dict[str, Any]:  # fmt: skip
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start(system, folder, port)
+    proc = start(system, folder, port, spill_at)
     inp, out = MIXES[mix]
     try:
         wait_healthy(url, proc)
@@ -137,6 +145,8 @@ def run_mix(
             # reading left after a prefill had finished (the whole read when not streamed)
             result["kv_transfer_exposed_ms"] = exposed / handoffs * 1e3 if handoffs else 0.0
             result["kv_transfer_reads"] = (after["reads"] - before["reads"]) / max(handoffs, 1)
+            paths = {p: after[p] - before[p] for p in ("remote", "local", "fallback", "spilled")}
+            result["spilled_share"] = paths["spilled"] / max(sum(paths.values()), 1)
         return result
     finally:
         stop(proc)
@@ -212,6 +222,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=None, help="requests per rate")
     parser.add_argument("--slo-ttft", type=float, default=3000.0, help="ms (default 3000)")
     parser.add_argument("--slo-tpot", type=float, default=30.0, help="ms (default 30)")
+    parser.add_argument("--spill-at", type=int, default=8, help="disagg's (default 8; 0: never)")
     args = parser.parse_args()
     slo = {"ttft": args.slo_ttft, "tpot": args.slo_tpot}
     defaults = {"prefill_heavy": "0.4,0.7,1", "decode_heavy": "0.5,1,2"}
@@ -223,10 +234,14 @@ def main() -> None:
             if args.quick:
                 rates = rates[-1:]
             n = args.prompts or (12 if args.quick else 40)
-            results[mix] = {s: run_mix(s, folder, vllm_python, mix, rates, n, slo) for s in SYSTEMS}
+            results[mix] = {
+                s: run_mix(s, folder, vllm_python, mix, rates, n, slo, args.spill_at)
+                for s in SYSTEMS
+            }
             results[mix]["limit"] = lim
             table(mix, results[mix])
     results["slo_ms"] = slo
+    results["spill_at"] = args.spill_at
     print(json.dumps(results))
 
 

@@ -71,10 +71,11 @@ def _check(args: argparse.Namespace) -> str | None:
     if args.prefill and args.engine != "native":
         return "--prefill hands off the native engine's KV blocks; --engine vllm cannot"
     if not args.prefill and (
-        args.prefill_min_tokens or args.prefill_labels or args.no_prefill_overlap
+        args.prefill_min_tokens or args.prefill_labels or args.no_prefill_overlap or args.spill_at
     ):
         return (
-            "--prefill-min-tokens, --prefill-labels and --no-prefill-overlap apply with --prefill P"
+            "--prefill-min-tokens, --prefill-labels, --no-prefill-overlap and --spill-at apply "
+            "with --prefill P"
         )
     for flag in ("prefill_labels", "decode_labels"):
         if getattr(args, flag) is not None and _labels(getattr(args, flag)) is None:
@@ -121,6 +122,7 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
         kv_store_blocks=args.kv_store_blocks,
         prefill=args.prefill,
         prefill_overlap=not args.no_prefill_overlap,
+        spill_at=args.spill_at,
         expert_hosts=args.expert_hosts,
         micro_batches=args.micro_batches,
         **({"prefill_min_tokens": args.prefill_min_tokens} if args.prefill_min_tokens else {}),
@@ -265,6 +267,14 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
         action="store_true",
         help="with --prefill, read a prompt's KV once it is all computed, not layer by layer "
         "as it is",
+    )
+    p.add_argument(
+        "--spill-at",
+        type=_positive,
+        default=None,
+        metavar="R",
+        help="with --prefill, once every decode generator has R requests, serve new ones whole "
+        "(prefill and decode) on a less busy prefill generator (default: never)",
     )
     p.add_argument(
         "--prefill-labels",

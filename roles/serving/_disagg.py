@@ -16,6 +16,16 @@ lease), so it is prefilled there: the "conditional disaggregation" rule, with it
 in tokens. A prefill generator that fails is taken out of the prefill rotation and the
 request is prefilled on its decode generator instead (counted), so a dead prefill side slows
 requests down but never fails them.
+
+A split pool has half the decode capacity of the same generators co-located, so a
+decode-heavy load that two co-located generators carry can swamp one decode generator. With
+``spill_at`` the front door spills: once every decode generator has ``spill_at`` requests
+running or waiting (reported, plus those sent since its report), a request that would be
+handed off is served whole (prefill and decode) on the least-busy prefill generator, if that
+one has fewer requests than the least-busy decode generator. The prefill side then decodes
+only the overflow beyond ``spill_at``, sharing it about evenly, and a prefill-heavy load,
+whose decode side stays under ``spill_at``, is never spilled. Choose ``spill_at`` as the
+batch a decode generator still steps within the TPOT SLO (``bench/disagg.py`` measures it).
 """
 
 from __future__ import annotations
@@ -42,22 +52,40 @@ class Prefill:
     """The prefill pool behind a front door: ``door``, a :class:`FrontDoor` over the prefill
     generators (for its readers and router). Prompts under ``min_tokens`` tokens stay on
     their decode generator; ``hold_s`` is each handoff's lease; ``overlap`` streams each
-    handoff layer by layer. Counts requests by path in :attr:`counts`. Raises ``ValueError``
-    for a bad threshold or ``hold_s``."""
+    handoff layer by layer; ``spill_at`` (``None``: never) is the decode pool's requests
+    per generator beyond which requests are served whole on the prefill pool. Counts
+    requests by path in :attr:`counts`. Raises ``ValueError`` for a bad threshold or
+    ``hold_s``."""
 
     def __init__(
         self, door: Any, *, min_tokens: int = MIN_TOKENS, hold_s: float = 10.0,
-        overlap: bool = True,
+        overlap: bool = True, spill_at: int | None = None,
     ) -> None:  # fmt: skip
-        if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 1:
-            raise ValueError(f"min_tokens must be a positive int, got {min_tokens!r}")
+        for name, value in (("min_tokens", min_tokens), ("spill_at", spill_at)):
+            if value is None and name == "spill_at":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not hold_s > 0:
             raise ValueError(f"hold_s must be positive, got {hold_s!r}")
         self.door = door
         self.min_tokens = min_tokens
         self.hold_s = hold_s
         self.overlap = bool(overlap)
-        self.counts = {"prefill_remote": 0, "prefill_local": 0, "prefill_fallback": 0}
+        self.spill_at = spill_at
+        self.counts = dict.fromkeys(
+            ("prefill_remote", "prefill_local", "prefill_fallback", "prefill_spilled"), 0
+        )
+
+    def spills(self, request: Request, decode_requests: int) -> bool:
+        """Whether ``request`` is to be served whole on the prefill pool, the least-busy
+        decode generator having ``decode_requests`` requests (counted when it is)."""
+        if self.spill_at is None or len(request.prompt) < self.min_tokens:
+            return False
+        if decode_requests < self.spill_at or self.door.fewest_requests() >= decode_requests:
+            return False
+        self.counts["prefill_spilled"] += 1
+        return True
 
     async def handoff(self, request: Request) -> dict[str, Any] | None:
         """Prefill ``request`` on a prefill generator and return the decode side's

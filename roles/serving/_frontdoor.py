@@ -33,13 +33,7 @@ from orchestr import clock
 from ..generator._types import Request, TokenDelta, Updates
 from ._disagg import MIN_TOKENS, Prefill
 from ._events import follow_store, worker_event
-from ._router import (
-    GeneratorLostError,
-    Load,
-    OverloadedError,
-    Router,
-    prompt_hashes,
-)  # fmt: skip
+from ._router import GeneratorLostError, Load, OverloadedError, Router, prompt_hashes
 
 __all__ = ["FrontDoor", "GeneratorLostError", "OverloadedError", "RequestStream"]
 
@@ -52,10 +46,11 @@ RETRY_S = 1.0
 
 
 class _Pending:
-    __slots__ = ("delivered", "id", "queue", "request", "worker")
+    __slots__ = ("delivered", "door", "id", "queue", "request", "worker")
 
-    def __init__(self, request: Request, worker: str) -> None:
+    def __init__(self, request: Request, worker: str, door: FrontDoor) -> None:
         self.id = request.id
+        self.door = door  # whose reader delivers its deltas: this one, or its prefill pool's
         self.request = request
         self.worker = worker
         self.queue: asyncio.Queue[TokenDelta | BaseException] = asyncio.Queue()
@@ -72,7 +67,8 @@ class FrontDoor:
     With ``prefill`` (a second mesh of generators) prompts of ``prefill_min_tokens`` or more
     are prefilled there and handed to ``generators`` to decode (:mod:`._disagg`; each
     handoff's lease lasts ``hold_s``; ``prefill_overlap`` streams it layer by layer as the
-    prompt is computed).
+    prompt is computed; ``spill_at``: requests per decode generator beyond which they are
+    served whole on the prefill pool).
 
     Raises ``ValueError`` for a bad ``max_pending``, policy, threshold or ``hold_s``."""
 
@@ -89,6 +85,7 @@ class FrontDoor:
         prefill_min_tokens: int = MIN_TOKENS,
         hold_s: float = 10.0,
         prefill_overlap: bool = True,
+        spill_at: int | None = None,
     ) -> None:
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending must be a positive int, got {max_pending!r}")
@@ -103,6 +100,8 @@ class FrontDoor:
         self._pending: dict[str, _Pending] = {}
         self._loads: dict[str, Load] = {}
         self._unreported: dict[str, int] = dict.fromkeys(self._members, 0)
+        self._requests: dict[str, int] = {}  # running and waiting, as last reported
+        self._sent: dict[str, int] = dict.fromkeys(self._members, 0)  # requests since
         self._metrics: dict[str, dict[str, float]] = {}
         self._hash: tuple[int, list[Any]] = (0, [])
         self._tasks: list[asyncio.Task[None]] = []
@@ -114,8 +113,9 @@ class FrontDoor:
         if prefill is not None:
             door = FrontDoor(prefill, name=f"{self.name}-prefill", store=store)
             self.prefill = Prefill(
-                door, min_tokens=prefill_min_tokens, hold_s=hold_s, overlap=prefill_overlap
-            )
+                door, min_tokens=prefill_min_tokens, hold_s=hold_s, overlap=prefill_overlap,
+                spill_at=spill_at,
+            )  # fmt: skip
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def __aenter__(self) -> FrontDoor:
@@ -166,13 +166,21 @@ class FrontDoor:
     # -- state -------------------------------------------------------------------------------
     @property
     def pending(self) -> int:
-        """Requests in flight."""
-        return len(self._pending)
+        """Requests in flight (those spilled to the prefill pool too)."""
+        return len(self._pending) + (len(self.prefill.door._pending) if self.prefill else 0)
 
     @property
     def workers(self) -> list[str]:
         """The generators in rotation."""
         return self.router.workers
+
+    def fewest_requests(self) -> int:
+        """The requests running or waiting on the least-busy generator in rotation (as last
+        reported, plus those routed there since); a large number when none is."""
+        return min(
+            (self._requests.get(w, 0) + self._sent.get(w, 0) for w in self.router.workers),
+            default=1 << 30,
+        )
 
     def engine_metrics(self) -> dict[str, float]:
         """The generators' engine counters (vLLM's names), summed over generators, as of
@@ -201,10 +209,10 @@ class FrontDoor:
         the generator chosen fails. Cancel-safe: a cancelled call leaves no request behind."""
         if not self._started:
             raise oc.ClosedResourceError("the front door is not started (use `async with`)")
-        if len(self._pending) >= self.max_pending:
+        if self.pending >= self.max_pending:
             self.counts["rejected"] += 1
             raise OverloadedError(
-                f"{len(self._pending)} requests are in flight, the most this front door takes "
+                f"{self.pending} requests are in flight, the most this front door takes "
                 f"(max_pending); retry later"
             )
         request = Request(id=f"{self.name}-{next(self._ids)}", prompt=list(prompt), **params)
@@ -234,6 +242,7 @@ class FrontDoor:
         now = clock.monotonic()
         choice = self.router.choose(hashes, loads, now)
         self.router.expect(choice.worker, hashes, now)
+        self._sent[choice.worker] = self._sent.get(choice.worker, 0) + 1
         size = self._hash[0] or 16
         self._unreported[choice.worker] = self._unreported.get(choice.worker, 0) + max(
             1, (len(request.prompt) - choice.cached_blocks * size) // size
@@ -245,15 +254,18 @@ class FrontDoor:
         return self._members[worker]
 
     async def _submit(self, request: Request, lost: str | None) -> _Pending:
+        if lost is not None:
+            self.counts["resent"] += 1
+        if self.prefill is not None and self.prefill.spills(request, self.fewest_requests()):
+            spilled: _Pending = await self.prefill.door._submit(request, None)
+            return spilled
         kv_from = None if self.prefill is None else await self.prefill.handoff(request)
         try:
             worker = self.route(request)
         except BaseException:
             Prefill.release(kv_from)
             raise
-        if lost is not None:
-            self.counts["resent"] += 1
-        pending = _Pending(request, worker)
+        pending = _Pending(request, worker, self)
         self._pending[request.id] = pending
         try:
             await self._members[worker].submit.call_one(
@@ -311,6 +323,7 @@ class FrontDoor:
     def _apply(self, worker: str, u: Updates) -> None:
         self._loads[worker] = Load(u.prefill_blocks, u.decode_blocks)
         self._unreported[worker] = 0
+        self._requests[worker], self._sent[worker] = u.running + u.waiting, 0
         self._metrics[worker] = u.metrics
         if u.block_size:
             self._hash = (u.block_size, list(u.extra_keys))
@@ -327,6 +340,7 @@ class FrontDoor:
             return  # out of rotation already: its requests were told
         log.warning("generator out of rotation", generator=worker, error=repr(exc)[:200])
         self._loads.pop(worker, None)
+        self._requests.pop(worker, None)
         self._metrics.pop(worker, None)
         for p in self._pending.values():
             if p.worker == worker:
@@ -370,7 +384,7 @@ class RequestStream:
         if item.finish_reason is not None:
             self.finished = True
             front.counts["finished"] += 1
-            front._pending.pop(self._pending.id, None)
+            self._pending.door._pending.pop(self._pending.id, None)
         return item
 
     def close(self) -> None:
@@ -379,7 +393,7 @@ class RequestStream:
         if self._closed:
             return
         self._closed = True
-        front, pending = self._front, self._pending
-        if front._pending.pop(pending.id, None) is not None and not self.finished:
-            if pending.worker in front.router.workers:
-                front._cancel_later(pending)
+        door, pending = self._pending.door, self._pending
+        if door._pending.pop(pending.id, None) is not None and not self.finished:
+            if pending.worker in door.router.workers:
+                door._cancel_later(pending)

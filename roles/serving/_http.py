@@ -271,6 +271,7 @@ class _App:
                 ("remote", "Prompts prefilled on a prefill generator and handed off."),
                 ("local", "Prompts under the handoff threshold, prefilled where they decode."),
                 ("fallback", "Prompts prefilled where they decode as no prefill generator could."),
+                ("spilled", "Requests served whole on a prefill generator, the decode pool full."),
             ):
                 value = front.prefill.counts[f"prefill_{path}"]
                 family(f"orchestr:frontdoor_prefill_{path}_total", "counter", help, float(value))

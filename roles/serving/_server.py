@@ -40,6 +40,7 @@ async def openai_server(
     prefill: int = 0,
     prefill_min_tokens: int = MIN_TOKENS,
     prefill_overlap: bool = True,
+    spill_at: int | None = None,
     placement: Mapping[str, Mapping[str, Any]] | None = None,
     expert_hosts: int = 0,
     micro_batches: int = 1,
@@ -56,7 +57,8 @@ async def openai_server(
     ``prefill`` generators more, spawned beside them, prompts of ``prefill_min_tokens`` or
     more are prefilled on those and decoded on the others (:mod:`._disagg`; 0: every
     generator does both; ``prefill_overlap``: each prompt's KV is read layer by layer as it
-    is computed). ``placement`` gives ``ctx.spawn``'s placement keywords
+    is computed; ``spill_at``: requests per decode generator beyond which they are served
+    whole on the prefill pool). ``placement`` gives ``ctx.spawn``'s placement keywords
     (``resources``, ``labels``...) per pool, ``"decode"`` and ``"prefill"``: to pin the two
     pools to different hosts. With ``expert_hosts`` (a MoE checkpoint) that many
     :class:`~orchestr.roles.ExpertHost` actors hold the routed experts, spread evenly (with
@@ -114,7 +116,7 @@ async def openai_server(
         async with FrontDoor(
             mesh, router=router, max_pending=max_pending, resend=resend, store=store,
             prefill=meshes.get("prefill"), prefill_min_tokens=prefill_min_tokens,
-            prefill_overlap=prefill_overlap,
+            prefill_overlap=prefill_overlap, spill_at=spill_at,
         ) as front:  # fmt: skip
             yield openai_app(front, model, api_key=api_key)
     finally:

@@ -90,7 +90,7 @@ async def test_long_prompts_are_prefilled_on_the_prefill_pool(
             assert max(abs(a - b) for a, b in zip(got, want.logprobs, strict=True)) <= 1e-5
         assert front.prefill is not None
         assert front.prefill.counts == {
-            "prefill_remote": 2, "prefill_local": 1, "prefill_fallback": 0,
+            "prefill_remote": 2, "prefill_local": 1, "prefill_fallback": 0, "prefill_spilled": 0,
         }  # fmt: skip
         stats = await dec.stats.call_one()
         assert stats["orchestr:kv_transfers"] == 2
@@ -180,3 +180,63 @@ async def test_a_decode_generator_killed_fails_its_requests_and_holds_nothing(
         assert front.prefill is not None and front.prefill.counts["prefill_remote"] == 1
         assert (await pre.stats.call_one())["held"] == 0  # the read had ended the lease
         await until_idle(pre)
+
+
+async def reported(door: FrontDoor, running: int) -> None:
+    """Wait until the generator's own report (not the front door's count of what it sent
+    since) says it has ``running`` requests, so the next routing decision is settled."""
+    (worker,) = door.workers
+    deadline = time.monotonic() + 20
+    while door._requests.get(worker) != running:
+        assert time.monotonic() < deadline, f"{worker} reports {door._requests.get(worker)}"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_full_decode_pool_spills_whole_requests_to_the_prefill_pool(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    alone = await spawn(ctx, folder, "alone")
+    model = ServedModel(folder, ["m"])
+    async with served(ctx, folder, prefill_min_tokens=8, spill_at=2) as (pre, dec, front, url, c):
+        assert front.prefill is not None
+        door = front.prefill.door
+        streams = [await streaming(c, words(40 + i)) for i in range(2)]  # handed off
+        await reported(front, 2)
+        await reported(door, 0)
+        # the decode generator is full: this one is served whole on the prefill generator,
+        # with the tokens and log-probs one generator gives alone
+        ids = list(range(5, 45))
+        r = await c.completions.create(
+            model="m", prompt=ids, max_tokens=12, temperature=0.0, logprobs=1
+        )
+        (want,) = await alone.generate.call_one(
+            [{"id": "x", "prompt": ids, "max_new_tokens": 12, "temperature": 0.0}]
+        )
+        assert r.choices[0].text == model.tokenizer.decode(want.tokens)
+        got = (r.choices[0].logprobs and r.choices[0].logprobs.token_logprobs) or []
+        assert max(abs(a - b) for a, b in zip(got, want.logprobs, strict=True)) <= 1e-5
+        assert (await pre.stats.call_one())["finished"] == 3  # two prefills and the whole one
+        assert (
+            front.prefill.counts["prefill_remote"],
+            front.prefill.counts["prefill_spilled"],
+        ) == (
+            2,
+            1,
+        )
+        # spills go on while the prefill generator has fewer requests than the decode one
+        await reported(door, 0)
+        streams += [await streaming(c, words(60 + i)) for i in range(2)]  # both spilled
+        await reported(door, 2)
+        streams.append(await streaming(c, words(70)))  # 2 against 2: handed off again
+        assert front.prefill.counts["prefill_spilled"] == 3
+        assert front.prefill.counts["prefill_remote"] == 3
+        assert front.pending == 5
+        async with httpx2.AsyncClient(base_url=url) as h:
+            text = (await h.get("/metrics")).text
+        assert 'orchestr:frontdoor_prefill_spilled_total{model_name="m"} 3.0' in text
+        # clients that go away free the blocks on both sides
+        for stream, _ in streams:
+            await stream.close()
+        await until_idle(dec)
+        await until_idle(pre)
+        assert front.pending == 0
