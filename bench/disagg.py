@@ -21,7 +21,9 @@ Mixes (random tokens, ``ignore_eos`` so every output has its length): **prefill_
 (input 1,024, output 64) and **decode_heavy** (input 128, output 512), each at the request
 rates ``--rates`` (Poisson arrivals). Goodput counts the requests that meet both SLOs, TTFT
 <= ``--slo-ttft`` and TPOT <= ``--slo-tpot`` (vLLM's per-request mean time per output token);
-each system's figure is the best rate's. ``kv_transfer_gbps`` is the disaggregated server's
+each system's figure is the best rate's. The same requests are also counted under each TPOT
+SLO of ``--tpot-sweep`` (``goodput_by_tpot_slo``, best rate per SLO), to show how the
+comparison moves with the SLO. ``kv_transfer_gbps`` is the disaggregated server's
 bytes read over seconds reading them (its ``/metrics`` counters, over the mix). The limit is
 the data plane's own: one ``Buffer.read_into`` of a 1,024-token prompt's KV between two
 worker processes on this machine (``read_into_gbps``), beside ``read_spans`` in the layout a
@@ -104,9 +106,22 @@ def counters(url: str) -> dict[str, float]:
     return out
 
 
+def goodput(r: dict[str, Any], ttft_ms: float, tpot_ms: float) -> float:
+    """Requests per second of one client run that met both SLOs, counted from its requests
+    as ``vllm bench serve`` counts its own goodput (TPOT: the time after the first token
+    over the tokens after it; 0 for a one-token answer)."""
+    good = 0
+    for ttft, latency, n, error in zip(
+        r["ttfts"], r["latencies"], r["output_lens"], r["errors"], strict=True
+    ):
+        tpot = (latency - ttft) / (n - 1) if n > 1 else 0.0
+        good += not error and n > 0 and ttft_ms / 1e3 >= ttft and tpot_ms / 1e3 >= tpot
+    return good / r["duration"]
+
+
 def run_mix(
     system: str, folder: str, vllm_python: str, mix: str, rates: list[str], n: int,
-    slo: dict[str, float], spill_at: int,
+    slo: dict[str, float], spill_at: int, sweep: list[float],
 ) -> dict[str, Any]:  # fmt: skip
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -121,7 +136,7 @@ def run_mix(
             r = client(vllm_python, url, folder, [
                 "--dataset-name", "random", "--random-input-len", str(inp),
                 "--random-output-len", str(out), "--ignore-eos", "--num-prompts", str(n),
-                "--request-rate", rate,
+                "--request-rate", rate, "--per-request",
             ], slo)  # fmt: skip
             by_rate[rate] = {
                 "goodput_req_per_s": r.get("request_goodput", 0.0),
@@ -131,10 +146,16 @@ def run_mix(
                 "tpot_ms_p99": r["p99_tpot_ms"],
                 "output_tokens_per_s": r["output_throughput"],
                 "failed": r["failed"],
+                "goodput_by_tpot_slo": {str(t): goodput(r, slo["ttft"], t) for t in sweep},
             }
+            if abs(goodput(r, slo["ttft"], slo["tpot"]) - r.get("request_goodput", 0.0)) > 1e-9:
+                log("warning: the requests' goodput differs from the client's own")
         after = counters(url)
         best = max(by_rate.values(), key=lambda x: x["goodput_req_per_s"])
         result: dict[str, Any] = {**best, "by_rate": by_rate}
+        result["goodput_by_tpot_slo"] = {
+            str(t): max(x["goodput_by_tpot_slo"][str(t)] for x in by_rate.values()) for t in sweep
+        }
         if system == "disagg":
             moved, took = after["bytes"] - before["bytes"], after["seconds"] - before["seconds"]
             result["kv_transfer_gbps"] = moved / took / 1e9 if took else 0.0
@@ -206,6 +227,10 @@ def table(mix: str, res: dict[str, Any]) -> None:
         a, b = res["colocated"][key], res["disagg"][key]
         ratio = f"{b / a:>18.2f}x" if a else ""
         print(f"{key:<22}{a:>14.2f}{b:>14.2f}{ratio}")
+    for t, a in res["colocated"]["goodput_by_tpot_slo"].items():
+        b = res["disagg"]["goodput_by_tpot_slo"][t]
+        ratio = f"{b / a:>18.2f}x" if a else ""
+        print(f"{'goodput @ tpot ' + t:<22}{a:>14.2f}{b:>14.2f}{ratio}")
     lim, d = res["limit"], res["disagg"]
     print(
         f"kv transfer {d['kv_transfer_gbps']:.2f} GB/s ({d['kv_transfer_mb']:.0f} MB); limit: "
@@ -223,9 +248,11 @@ def main() -> None:
     parser.add_argument("--slo-ttft", type=float, default=3000.0, help="ms (default 3000)")
     parser.add_argument("--slo-tpot", type=float, default=30.0, help="ms (default 30)")
     parser.add_argument("--spill-at", type=int, default=8, help="disagg's (default 8; 0: never)")
+    parser.add_argument("--tpot-sweep", default="15,20,25,30,40", help="TPOT SLOs to count (ms)")
     args = parser.parse_args()
     slo = {"ttft": args.slo_ttft, "tpot": args.slo_tpot}
-    defaults = {"prefill_heavy": "0.4,0.7,1", "decode_heavy": "0.5,1,2"}
+    sweep = [float(t) for t in args.tpot_sweep.split(",")]
+    defaults = {"prefill_heavy": "1,1.6,2,2.5", "decode_heavy": "0.5,1,2,2.5"}
     results: dict[str, Any] = {}
     with prepared(args) as (vllm_python, folder):
         lim = limit(folder, 5 if args.quick else 20)
@@ -235,7 +262,7 @@ def main() -> None:
                 rates = rates[-1:]
             n = args.prompts or (12 if args.quick else 40)
             results[mix] = {
-                s: run_mix(s, folder, vllm_python, mix, rates, n, slo, args.spill_at)
+                s: run_mix(s, folder, vllm_python, mix, rates, n, slo, args.spill_at, sweep)
                 for s in SYSTEMS
             }
             results[mix]["limit"] = lim

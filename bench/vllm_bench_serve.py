@@ -8,7 +8,9 @@ console script cannot start under the CPU build: that distribution is named ``vl
 and the script asks for the version of ``vllm`` before it parses anything. One more option,
 ``--concurrencies 1,8,32``, runs the benchmark once per ``--max-concurrency`` in one process
 (vLLM takes seconds to import). Each run's result dict (its numbers and strings) is printed
-as one JSON line prefixed ``RESULT ``.
+as one JSON line prefixed ``RESULT ``; with ``--per-request`` it also keeps each request's
+``ttfts``, ``latencies``, ``output_lens`` and ``errors`` (seconds, tokens, ``""`` for none), so goodput can be counted
+afterwards under other SLOs.
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ def run(argv: list[str]) -> dict[str, Any]:
 def _main(argv: list[str]) -> None:
     ours = argparse.ArgumentParser(add_help=False)
     ours.add_argument("--concurrencies", default=None)
+    ours.add_argument("--per-request", action="store_true")
     known, rest = ours.parse_known_args(argv)
     levels = [None] if known.concurrencies is None else known.concurrencies.split(",")
     for level in levels:
         args = rest if level is None else [*rest, "--max-concurrency", level]
         result = run(args)
         keep = {k: v for k, v in result.items() if isinstance(v, int | float | str | bool)}
+        if known.per_request:
+            keep.update({k: result[k] for k in ("ttfts", "latencies", "output_lens", "errors")})
         print("RESULT " + json.dumps(keep), flush=True)
 
 
