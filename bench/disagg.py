@@ -36,7 +36,10 @@ handoffs streamed layer by layer, prefill_heavy at 1.6, 2 and 2.5 requests/s: 1.
 1.65 (1.04x, both best at 2/s), 0.01 ms of reading left after each prefill
 (``kv_transfer_exposed_ms``, 20 reads a handoff: ``kv_transfer_reads``); decode_heavy at
 0.5, 1 and 2: 0.82 (at 1/s) against 1.36 (at 2/s, where one decode generator falls behind):
-0.60x.
+0.60x. With ``--spill-at 8`` (rates 1-2.5 and 0.5-2.5): decode_heavy 1.49 against 1.37
+(1.09x; 25% of its requests spilled, TPOT p50 23.6 against 29.3 ms at 2.5/s), prefill_heavy
+1.05 against 0.98 (1.07x, nothing spilled); under a 20 ms TPOT SLO prefill_heavy is 1.39x,
+the most of the sweep (15-40 ms), and 15 ms favours co-location (0.81x).
 
 Prints a table per mix and one JSON line last: ``{"prefill_heavy": {"colocated": {...},
 "disagg": {...}, "limit": {...}}, "decode_heavy": {...}}`` with ``goodput_req_per_s``,

@@ -40,6 +40,8 @@ def _main(argv: list[str]) -> None:
     levels = [None] if known.concurrencies is None else known.concurrencies.split(",")
     for level in levels:
         args = rest if level is None else [*rest, "--max-concurrency", level]
+        if known.per_request:  # kept in the result, not written to a file
+            args = [*args, "--save-detailed"]
         result = run(args)
         keep = {k: v for k, v in result.items() if isinstance(v, int | float | str | bool)}
         if known.per_request:

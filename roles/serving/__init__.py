@@ -9,9 +9,11 @@
   mount in an app of your own; :class:`ServedModel` is the checkpoint's tokenizer, chat
   template and context length it needs;
 - :class:`Router` (sans-IO) chooses the generator by what its prefix cache and the KV store
-  hold against its load.
+  hold against its load; :func:`should_spill` is the rule that serves a request whole on the
+  prefill pool when the decode pool is full.
 """
 
+from ._disagg import should_spill
 from ._frontdoor import FrontDoor, GeneratorLostError, OverloadedError, RequestStream
 from ._http import ServedModel, openai_app
 from ._router import POLICIES, Choice, Load, NoWorkerError, Router, ServingError
@@ -31,4 +33,5 @@ __all__ = [
     "ServingError",
     "openai_app",
     "openai_server",
+    "should_spill",
 ]

@@ -40,12 +40,20 @@ import orchestr as oc
 from ..generator._types import Request
 from ._router import NoWorkerError
 
-__all__ = ["Prefill"]
+__all__ = ["Prefill", "should_spill"]
 
 log = structlog.get_logger("orchestr.roles.serving")
 
 #: Prompts shorter than this many tokens are prefilled on their decode generator.
 MIN_TOKENS = 64
+
+
+def should_spill(spill_at: int | None, decode_requests: int, prefill_requests: int) -> bool:
+    """The spill rule (the module docstring): whether a request to be handed off is served
+    whole on the prefill pool instead, its least-busy generators having ``decode_requests``
+    and ``prefill_requests`` requests running or waiting (``spill_at`` ``None``: never).
+    Pure, so the simulator runs the same rule."""
+    return spill_at is not None and prefill_requests < decode_requests >= spill_at
 
 
 class Prefill:
@@ -82,7 +90,7 @@ class Prefill:
         decode generator having ``decode_requests`` requests (counted when it is)."""
         if self.spill_at is None or len(request.prompt) < self.min_tokens:
             return False
-        if decode_requests < self.spill_at or self.door.fewest_requests() >= decode_requests:
+        if not should_spill(self.spill_at, decode_requests, self.door.fewest_requests()):
             return False
         self.counts["prefill_spilled"] += 1
         return True

@@ -213,6 +213,7 @@ def _serving(t: Table) -> dict[str, Any]:
         "prefill": t.get("prefill", int, 0, check=nonneg),
         "policy": t.get("policy", str, "kv", check=lambda v: v in POLICIES, want=" or ".join(POLICIES)),
         "min_prefill_tokens": t.get("min_prefill_tokens", int, 64, check=pos),
+        "spill_at": t.get("spill_at", int, None, check=pos),
         "kv_bytes_per_token": t.get("kv_bytes_per_token", float, 0.0, check=nonneg),
         "kv_gbps": t.get("kv_gbps", float, 100.0, check=pos),
         "num_blocks": t.get("num_blocks", int, 4096, check=pos),

@@ -17,7 +17,10 @@ max-min fairly by the transfers crossing it, on a :class:`~._flows.FlowNet`). Th
 generator enters the prompt's full blocks into its prefix cache (:meth:`Scheduler.adopt`, as
 a handoff does) and continues the request: it computes what the blocks do not hold (the last
 partial block), samples the first token, and decodes the rest. Shorter prompts are prefilled
-on their decode generator, as the front door's conditional rule does.
+on their decode generator, as the front door's conditional rule does. With ``spill_at``, the
+front door's spill rule (``should_spill``) on the requests each pool's least-busy generator
+holds sends a request whole (prefill and decode) to the prefill pool when the decode pool is
+full.
 
 With ``cpus``, every generator's steps and the serving path's work on each streamed token
 (``token_cpu_s``: one thread each, the front door's process and a load generator's on the
@@ -35,7 +38,7 @@ import time
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from orchestr.roles.serving import Load, Router
+from orchestr.roles.serving import Load, Router, should_spill
 
 from ._cpu import HostCpu
 from ._engine import Engine, ns
@@ -67,7 +70,7 @@ class Served:
     first_token: float = math.nan
     end: float = math.nan
     cached_tokens: int = 0
-    path: str = "colocated"  # or "disaggregated", "prefilled_on_decode"
+    path: str = "colocated"  # or "disaggregated", "prefilled_on_decode", "spilled"
     worker: str = ""  # the generator that decoded it
 
     @property
@@ -199,6 +202,7 @@ def simulate_serving(
     prefill: int = 0,
     prefill_model: StepTimeModel | None = None,
     min_prefill_tokens: int = 64,
+    spill_at: int | None = None,
     kv_bytes_per_token: float = 0.0,
     kv_gbps: float = 100.0,
     request_s: float = 0.0,
@@ -218,7 +222,9 @@ def simulate_serving(
     module docstring. The serving path's own costs, where measured: ``request_s`` from a
     request's arrival to its generator's queue (the HTTP server, the front door, the call), and
     ``handoff_s`` of a handoff's control calls, after the KV's transfer and before the decode
-    side takes the request. ``cache_outputs`` is the schedulers' (off: the outputs are
+    side takes the request. ``spill_at``: the front door's spill rule (``should_spill``, on
+    the requests each generator holds), a request it spills served whole on the prefill
+    pool. ``cache_outputs`` is the schedulers' (off: the outputs are
     placeholders, and cached they would be shared as real outputs are not; the prompts' blocks
     are cached either way). ``cpus``: the host's cores all of it shares, with ``token_cpu_s``
     seconds of work on each streamed token for each of the serving path's threads (see the
@@ -229,6 +235,8 @@ def simulate_serving(
         raise ValueError(f"generators >= 1 and prefill >= 0, got {generators}, {prefill}")
     if not kv_gbps > 0 or kv_bytes_per_token < 0 or min_prefill_tokens < 1:
         raise ValueError("kv_gbps > 0, kv_bytes_per_token >= 0 and min_prefill_tokens >= 1")
+    if spill_at is not None and (isinstance(spill_at, bool) or spill_at < 1):
+        raise ValueError(f"spill_at is None or a whole number >= 1, got {spill_at!r}")
     if not (request_s >= 0 and handoff_s >= 0):
         raise ValueError(f"request_s and handoff_s are seconds >= 0: {request_s}, {handoff_s}")
     if not all(t >= 0 for t in token_cpu_s) or (token_cpu_s and cpus is None):
@@ -264,6 +272,8 @@ def simulate_serving(
     if prefill:
 
         def prefilled(times: RequestTimes) -> None:
+            if served[times.id].path == "spilled":  # served whole on the prefill side
+                return decoded(times)
             request = by_id[times.id]
             s = served[times.id]
             s.cached_tokens = times.cached_tokens
@@ -301,6 +311,13 @@ def simulate_serving(
     def arrive(request: ServingRequest) -> None:
         now = engine.seconds
         if pre is not None and len(request.prompt) >= min_prefill_tokens:
+            held = [min(len(g.times) for g in p.gens.values()) for p in (decode, pre)]
+            if should_spill(spill_at, *held):
+                served[request.id].path = "spilled"
+                served[request.id].worker = pre.submit(
+                    request.id, request.prompt, request.output_tokens, now
+                )
+                return
             served[request.id].path = "disaggregated"
             where[request.id] = pre.submit(request.id, request.prompt, 1, now)
             return

@@ -1,8 +1,9 @@
 """Prefill/decode disaggregation behind the front door, on real generators and a real HTTP
 client: long prompts are prefilled on the prefill pool and decoded on the other with the
 tokens one generator gives alone, short ones stay where they decode, a prefill generator
-killed with SIGKILL only moves prompts back to their decode side, and a client that goes
-away leaves no block held on either side."""
+killed with SIGKILL only moves prompts back to their decode side (and fails the requests it
+was serving whole, spilled there from a full decode pool), and a client that goes away leaves
+no block held on either side."""
 
 from __future__ import annotations
 
@@ -239,4 +240,27 @@ async def test_a_full_decode_pool_spills_whole_requests_to_the_prefill_pool(
             await stream.close()
         await until_idle(dec)
         await until_idle(pre)
+        assert front.pending == 0
+
+
+async def test_a_prefill_generator_killed_fails_the_requests_it_was_serving_whole(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    async with served(ctx, folder, prefill_min_tokens=8, spill_at=1) as (pre, dec, front, _, c):
+        assert front.prefill is not None
+        held, _ = await streaming(c, words(40))  # handed off
+        await reported(front, 1)
+        await reported(front.prefill.door, 0)
+        _, chunks = await streaming(c, words(50))  # spilled
+        assert front.prefill.counts["prefill_spilled"] == 1
+        os.kill(await pid_of(ctx, pre, 0), signal.SIGKILL)
+        with pytest.raises(openai.APIError, match="generator prefill\\[0\\] failed"):
+            async for _ in chunks:
+                pass
+        # the decode side serves on, prefilling long prompts itself
+        r = await c.completions.create(model="m", prompt=words(45), max_tokens=4)
+        assert r.choices[0].finish_reason in ("length", "stop")
+        assert front.prefill.counts["prefill_fallback"] == 1
+        await held.close()
+        await until_idle(dec)
         assert front.pending == 0

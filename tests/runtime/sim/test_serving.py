@@ -176,3 +176,41 @@ def test_a_scenario_runs_its_serving_on_one_hosts_cores(tmp_path: pathlib.Path) 
         path.write_text(SCENARIO.format(extra=bad))
         with pytest.raises(ConfigError, match=r"\[serving\]: (token_cpu_s|cpus) must be"):
             load_scenario(str(path))
+
+
+def test_the_spill_rule_is_the_front_doors() -> None:
+    assert sim_serving.should_spill is serving.should_spill  # type: ignore[attr-defined]
+    rule = serving.should_spill
+    assert not rule(None, 100, 0)  # off
+    assert not rule(4, 3, 0)  # the decode pool is not full
+    assert rule(4, 4, 3) and rule(4, 9, 0)  # full, and the prefill side has fewer
+    assert not rule(4, 4, 4) and not rule(4, 5, 7)
+
+
+def test_a_full_decode_pool_spills_whole_requests_to_the_prefill_pool(
+    tmp_path: pathlib.Path,
+) -> None:
+    rng = random.Random(1)
+    at, requests = 0.0, []
+    for i in range(120):  # decode-heavy: long answers to short-ish prompts
+        at += rng.expovariate(20.0)
+        requests.append(ServingRequest(f"r{i}", at, [rng.randrange(300) for _ in range(80)], 200))
+    split = simulate_serving(requests, MODEL, prefill=1)
+    spill = simulate_serving(requests, MODEL, prefill=1, spill_at=8)
+    assert split.summary()["paths"] == {"disaggregated": 120}
+    paths = spill.summary()["paths"]
+    assert paths["spilled"] > 0 and paths["spilled"] + paths["disaggregated"] == 120
+    for s in spill.served:  # served whole where the rule sent it, every token out
+        assert s.worker.startswith("prefill" if s.path == "spilled" else "decode")
+        assert s.end > s.first_token > s.arrival
+    assert spill.summary()["tpot_s_p50"] < split.summary()["tpot_s_p50"]
+    assert spill.summary()["output_tokens_per_s"] > split.summary()["output_tokens_per_s"]
+    with pytest.raises(ValueError, match="spill_at"):
+        simulate_serving(requests, MODEL, prefill=1, spill_at=0)
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO.format(extra="prefill = 1\nspill_at = 2"))
+    assert run_scenario(load_scenario(str(path)))["completed"] == 40
+    for bad in ("spill_at = 0", "spill_at = true", 'spill_at = "4"'):
+        path.write_text(SCENARIO.format(extra=bad))
+        with pytest.raises(ConfigError, match=r"\[serving\]: spill_at must be"):
+            load_scenario(str(path))
