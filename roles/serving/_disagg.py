@@ -24,8 +24,11 @@ running or waiting (reported, plus those sent since its report), a request that 
 handed off is served whole (prefill and decode) on the least-busy prefill generator, if that
 one has fewer requests than the least-busy decode generator. The prefill side then decodes
 only the overflow beyond ``spill_at``, sharing it about evenly, and a prefill-heavy load,
-whose decode side stays under ``spill_at``, is never spilled. Choose ``spill_at`` as the
-batch a decode generator still steps within the TPOT SLO (``bench/disagg.py`` measures it).
+whose decode side stays under ``spill_at``, is never spilled. Choose ``spill_at`` as a batch
+a decode generator steps well within the TPOT SLO (``bench/disagg.py`` serves with 8, about
+half the batch at which one of its generators reaches its 30 ms SLO on these cores). With
+every decode generator out of rotation the decode pool counts as full, so a spilling front
+door serves long prompts whole on the prefill pool instead of refusing them.
 """
 
 from __future__ import annotations

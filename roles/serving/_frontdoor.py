@@ -70,7 +70,8 @@ class FrontDoor:
     prompt is computed; ``spill_at``: requests per decode generator beyond which they are
     served whole on the prefill pool).
 
-    Raises ``ValueError`` for a bad ``max_pending``, policy, threshold or ``hold_s``."""
+    Raises ``ValueError`` for a bad ``max_pending``, policy, threshold, ``hold_s`` or
+    ``spill_at`` (or one without ``prefill``)."""
 
     def __init__(
         self,
@@ -89,6 +90,8 @@ class FrontDoor:
     ) -> None:
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending must be a positive int, got {max_pending!r}")
+        if spill_at is not None and prefill is None:
+            raise ValueError("spill_at spills to a prefill pool: give prefill too")
         self.router = router if isinstance(router, Router) else Router(router)
         self.max_pending = max_pending
         self.resend = resend
@@ -177,10 +180,8 @@ class FrontDoor:
     def fewest_requests(self) -> int:
         """The requests running or waiting on the least-busy generator in rotation (as last
         reported, plus those routed there since); a large number when none is."""
-        return min(
-            (self._requests.get(w, 0) + self._sent.get(w, 0) for w in self.router.workers),
-            default=1 << 30,
-        )
+        held = (self._requests.get(w, 0) + self._sent.get(w, 0) for w in self.router.workers)
+        return min(held, default=1 << 30)
 
     def engine_metrics(self) -> dict[str, float]:
         """The generators' engine counters (vLLM's names), summed over generators, as of

@@ -264,3 +264,26 @@ async def test_a_prefill_generator_killed_fails_the_requests_it_was_serving_whol
         await held.close()
         await until_idle(dec)
         assert front.pending == 0
+
+
+async def test_with_its_decode_generators_dead_a_spilling_front_door_serves_on_the_prefill_pool(
+    ctx: oc.JobContext, folder: pathlib.Path
+) -> None:
+    async with served(ctx, folder, prefill_min_tokens=8, spill_at=4) as (pre, dec, front, _, c):
+        assert front.prefill is not None
+        with pytest.raises(ValueError, match="give prefill too"):
+            FrontDoor(dec, spill_at=4)
+        with pytest.raises(ValueError, match="spill_at must be a positive int"):
+            FrontDoor(dec, prefill=pre, spill_at=0)
+        os.kill(await pid_of(ctx, dec, 0), signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while front.workers:  # its reader finds it dead
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        r = await c.completions.create(model="m", prompt=words(40), max_tokens=4)
+        assert r.choices[0].finish_reason in ("length", "stop")
+        assert front.prefill.counts["prefill_spilled"] == 1
+        with pytest.raises(openai.APIError):  # a short prompt has nowhere to go
+            await c.completions.create(model="m", prompt="w1 w2", max_tokens=4)
+        await until_idle(pre)
+        assert front.pending == 0
