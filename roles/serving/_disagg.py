@@ -25,8 +25,9 @@ handed off is served whole (prefill and decode) on the least-busy prefill genera
 one has fewer requests than the least-busy decode generator. The prefill side then decodes
 only the overflow beyond ``spill_at``, sharing it about evenly, and a prefill-heavy load,
 whose decode side stays under ``spill_at``, is never spilled. Choose ``spill_at`` as a batch
-a decode generator steps well within the TPOT SLO (``bench/disagg.py`` serves with 8, about
-half the batch at which one of its generators reaches its 30 ms SLO on these cores). With
+a decode generator steps well within the TPOT SLO (``bench/disagg.py`` serves with 8: alone,
+one of its decode generators held TPOT p50 at 19 ms with about 10 requests in flight, and
+passed its 30 ms SLO at twice that load). With
 every decode generator out of rotation the decode pool counts as full, so a spilling front
 door serves long prompts whole on the prefill pool instead of refusing them.
 """
