@@ -73,9 +73,8 @@ class Prefill:
         self, door: Any, *, min_tokens: int = MIN_TOKENS, hold_s: float = 10.0,
         overlap: bool = True, spill_at: int | None = None,
     ) -> None:  # fmt: skip
-        for name, value in (("min_tokens", min_tokens), ("spill_at", spill_at)):
-            if value is None and name == "spill_at":
-                continue
+        checked = {"min_tokens": min_tokens, **({} if spill_at is None else {"spill_at": spill_at})}
+        for name, value in checked.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not hold_s > 0:

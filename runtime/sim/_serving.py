@@ -298,8 +298,11 @@ def simulate_serving(
             sched.adopt(keys, request.prompt, start, len(keys) - start)
             decode.gens[target].submit(request.id, request.prompt, request.output_tokens, known)
 
+        # spilled requests stream their tokens from the prefill pool (which then also charges
+        # the one token each handed-off prefill samples, a token the live one never streams)
+        spilled = streamed if threads and spill_at is not None else None
         pre = _Pool(engine, "prefill", prefill, Router(policy), model=prefill_model or model,
-                    done=prefilled, cpu=cpu, **shape)  # fmt: skip
+                    done=prefilled, cpu=cpu, tokens=spilled, **shape)  # fmt: skip
         bandwidth = kv_gbps * 1e9 / 8
         capacity: dict[tuple[Hashable, ...], float] = {}
         for name in [*pre.gens, *decode.gens]:

@@ -202,6 +202,7 @@ async def test_a_full_decode_pool_spills_whole_requests_to_the_prefill_pool(
         assert front.prefill is not None
         door = front.prefill.door
         streams = [await streaming(c, words(40 + i)) for i in range(2)]  # handed off
+        await dec.pause.call_one()  # so they keep running, however fast this machine is
         await reported(front, 2)
         await reported(door, 0)
         # the decode generator is full: this one is served whole on the prefill generator,
@@ -228,6 +229,7 @@ async def test_a_full_decode_pool_spills_whole_requests_to_the_prefill_pool(
         await reported(door, 0)
         streams += [await streaming(c, words(60 + i)) for i in range(2)]  # both spilled
         await reported(door, 2)
+        await dec.resume.call_one()
         streams.append(await streaming(c, words(70)))  # 2 against 2: handed off again
         assert front.prefill.counts["prefill_spilled"] == 3
         assert front.prefill.counts["prefill_remote"] == 3
@@ -249,10 +251,12 @@ async def test_a_prefill_generator_killed_fails_the_requests_it_was_serving_whol
     async with served(ctx, folder, prefill_min_tokens=8, spill_at=1) as (pre, dec, front, _, c):
         assert front.prefill is not None
         held, _ = await streaming(c, words(40))  # handed off
+        await dec.pause.call_one()  # so it keeps running, however fast this machine is
         await reported(front, 1)
         await reported(front.prefill.door, 0)
         _, chunks = await streaming(c, words(50))  # spilled
         assert front.prefill.counts["prefill_spilled"] == 1
+        await dec.resume.call_one()
         os.kill(await pid_of(ctx, pre, 0), signal.SIGKILL)
         with pytest.raises(openai.APIError, match="generator prefill\\[0\\] failed"):
             async for _ in chunks:
