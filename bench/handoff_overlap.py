@@ -1,13 +1,14 @@
-"""A prefill/decode handoff read whole after the prefill against streamed layer by layer while
-it runs: how much of the transfer is left on the request's path (its exposed time), and the
-time to the first token.
+"""A prefill/decode handoff read whole after the prefill, streamed layer by layer while it
+runs, or copied in place once it is done: how much of the transfer is left on the request's
+path (its exposed time), its bandwidth, and the time to the first token.
 
     python bench/handoff_overlap.py [--rounds N] [--tokens T] [--checkpoint DIR]
 
 The checkpoint is ``bench/serving.py``'s (Llama family, 8 layers, hidden 512, about 24M
 parameters, float32), made in a temporary folder unless ``--checkpoint`` names one. Two
 generators of one thread each on an embedded cluster (two cores: one each), the paged engine
-with 512-token prefill chunks: a prefill generator and a decode generator. Each round sends a
+with 512-token prefill chunks: a prefill generator and two decode generators, one reading
+staged (``kv_read="staged"``) and one in place (``"direct"``). Each round sends a
 fresh prompt of ``--tokens`` tokens (no prefix reuse) through each mode, in alternating
 order:
 
@@ -15,16 +16,19 @@ order:
   then reads its blocks (one ``read_spans``) and computes the first token;
 - **streamed**: ``prefill(request, stream=True)`` returns once it is queued; the decode
   generator reads each layer's blocks as the prefill writes them and computes the first
-  token after the last read.
+  token after the last read;
+- **direct**: streamed too, but the decode generator waits for the prompt to be done, then
+  copies its blocks straight from the prefill generator's pool into its own, between steps.
 
 The limit is the prefill alone: the prefill generator computing the same prompt's first token
 with nothing to hand over (a transfer hidden entirely costs nothing more). ``exposed_ms`` is
 the decode generator's ``orchestr:kv_transfer_exposed_seconds`` per request: reading done
-after the prefill had finished (for ``whole``, all of it).
+after the prefill had finished (for ``whole`` and ``direct``, all of it); ``gbps`` is the
+bytes read over the seconds reading them (``orchestr:kv_transfer_bytes`` and ``_seconds``).
 
 Prints a table with medians and min-max over the rounds, and one JSON line last:
-``{"whole": {...}, "streamed": {...}, "limit": {...}}`` with ``ttft_ms``, ``exposed_ms``,
-``read_ms`` and ``reads`` per request.
+``{"whole": {...}, "streamed": {...}, "direct": {...}, "limit": {...}}`` with ``ttft_ms``,
+``exposed_ms``, ``read_ms``, ``reads`` and ``mb`` per request, and ``gbps``.
 """
 
 from __future__ import annotations
@@ -46,12 +50,14 @@ from serving import MODEL  # noqa: E402
 import orchestr as oc  # noqa: E402
 from orchestr.roles import Generator, Request, models  # noqa: E402
 
-MODES = ("whole", "streamed")
+MODES = ("whole", "streamed", "direct")
 COUNTERS = {
     "exposed_ms": "orchestr:kv_transfer_exposed_seconds",
     "read_ms": "orchestr:kv_transfer_seconds",
     "reads": "orchestr:kv_transfer_reads",
+    "mb": "orchestr:kv_transfer_bytes",
 }
+SCALE = {"exposed_ms": 1e3, "read_ms": 1e3, "reads": 1, "mb": 1e-6}
 
 
 def prompt(n: int, salt: int) -> list[int]:
@@ -59,13 +65,17 @@ def prompt(n: int, salt: int) -> list[int]:
 
 
 async def bench(ctx: oc.JobContext, folder: str, rounds: int, tokens: int) -> dict[str, Any]:
-    def spawn(name: str) -> Any:
+    def spawn(name: str, kv_read: str = "direct") -> Any:
         return ctx.spawn(
-            Generator, name=name, checkpoint=folder, torch_threads=1,
+            Generator, name=name, checkpoint=folder, torch_threads=1, kv_read=kv_read,
             kv={"num_blocks": 2 * (tokens // 16 + 4), "block_size": 16, "token_budget": 512},
         )  # fmt: skip
 
-    pre, dec = await spawn("prefill"), await spawn("decode")
+    pre, staged, direct = (
+        await spawn("prefill"),
+        await spawn("staged", "staged"),
+        await spawn("direct"),
+    )
     samples: dict[str, dict[str, list[float]]] = {
         m: {k: [] for k in ("ttft_ms", *COUNTERS)} for m in (*MODES, "limit")
     }
@@ -75,18 +85,18 @@ async def bench(ctx: oc.JobContext, folder: str, rounds: int, tokens: int) -> di
         nonlocal salt
         salt += 1
         r = Request(f"{mode}-{salt}", prompt(tokens, salt), 1, temperature=0.0)
+        dec = direct if mode == "direct" else staged
         before = await dec.stats.call_one()
         started = time.perf_counter()
         if mode == "limit":
             await pre.generate.call_one([r])
         else:
-            h = await pre.prefill.call_one(r, stream=mode == "streamed")
+            h = await pre.prefill.call_one(r, stream=mode != "whole")
             await dec.generate.call_one([r], kv_from={r.id: {**h, "source": pre}})
         samples[mode]["ttft_ms"].append((time.perf_counter() - started) * 1e3)
         after = await dec.stats.call_one()
         for key, name in COUNTERS.items():
-            scale = 1 if key == "reads" else 1e3
-            samples[mode][key].append((after[name] - before[name]) * scale)
+            samples[mode][key].append((after[name] - before[name]) * SCALE[key])
 
     for mode in (*MODES, "limit"):  # warm-up: the decode side maps the prefill pool once
         await one(mode)
@@ -124,9 +134,15 @@ def main() -> None:
         samples = oc.run(job)
     result = {m: {k: summary(v) for k, v in s.items() if v and any(v)} for m, s in samples.items()}
     result["limit"] = {"ttft_ms": summary(samples["limit"]["ttft_ms"])}
+    for mode in MODES:
+        s = samples[mode]
+        result[mode]["gbps"] = round(sum(s["mb"]) / sum(s["read_ms"]), 3)
     limit = result["limit"]["ttft_ms"]["median"]
     print(f"{args.tokens}-token prompts, {args.rounds} rounds (median, min-max)")
-    print(f"{'mode':<10}{'ttft ms':>22}{'x limit':>9}{'exposed ms':>20}{'read ms':>20}{'reads':>7}")
+    print(
+        f"{'mode':<10}{'ttft ms':>22}{'x limit':>9}{'exposed ms':>20}{'read ms':>20}"
+        f"{'reads':>7}{'GB/s':>8}"
+    )
     for mode in MODES:
         r = result[mode]
 
@@ -138,7 +154,7 @@ def main() -> None:
         reads = r["reads"]["median"]
         print(
             f"{mode:<10}{cell('ttft_ms'):>22}{ratio:>9.3f}{cell('exposed_ms'):>20}"
-            f"{cell('read_ms'):>20}{reads:>7.0f}"
+            f"{cell('read_ms'):>20}{reads:>7.0f}{r['gbps']:>8.2f}"
         )
     print(f"{'limit':<10}{limit:>22.2f}  (the prefill alone, nothing handed over)")
     print(json.dumps(result))

@@ -71,11 +71,15 @@ def _check(args: argparse.Namespace) -> str | None:
     if args.prefill and args.engine != "native":
         return "--prefill hands off the native engine's KV blocks; --engine vllm cannot"
     if not args.prefill and (
-        args.prefill_min_tokens or args.prefill_labels or args.no_prefill_overlap or args.spill_at
+        args.prefill_min_tokens
+        or args.prefill_labels
+        or args.no_prefill_overlap
+        or args.spill_at
+        or args.kv_read
     ):
         return (
-            "--prefill-min-tokens, --prefill-labels, --no-prefill-overlap and --spill-at apply "
-            "with --prefill P"
+            "--prefill-min-tokens, --prefill-labels, --no-prefill-overlap, --spill-at and "
+            "--kv-read apply with --prefill P"
         )
     for flag in ("prefill_labels", "decode_labels"):
         if getattr(args, flag) is not None and _labels(getattr(args, flag)) is None:
@@ -107,6 +111,8 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
     options: dict[str, Any] = {"max_batch": args.max_batch}
     if args.torch_threads:
         options["torch_threads"] = args.torch_threads
+    if args.kv_read:
+        options["kv_read"] = args.kv_read
     async with openai_server(
         ctx,
         args.model_dir,
@@ -267,6 +273,15 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
         action="store_true",
         help="with --prefill, read a prompt's KV once it is all computed, not layer by layer "
         "as it is",
+    )
+    p.add_argument(
+        "--kv-read",
+        choices=("direct", "staged"),
+        default=None,
+        help="with --prefill, how a decode generator reads a prompt's KV: direct (the default) "
+        "copies it into its cache straight from a prefill generator's memory on its host, once "
+        "computed; staged reads it into a copy first (layer by layer unless "
+        "--no-prefill-overlap), as it must from another host",
     )
     p.add_argument(
         "--spill-at",

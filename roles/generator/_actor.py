@@ -59,7 +59,8 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
     ``vllm`` gives ``EngineArgs`` options). ``kv_store`` (a :class:`~orchestr.roles.KVStore` mesh; paged
     engine) backs the prefix cache: cached blocks are offloaded, stored prefixes onboarded.
     A paged generator also hands prompts' KV to others (:mod:`._handoff`: :meth:`prefill`
-    there, ``kv_from`` here); ``on_handoff_failure`` is what a failed read does here.
+    there, ``kv_from`` here); ``on_handoff_failure`` is what a failed read does here, and
+    ``kv_read`` how it reads (``"direct"``: in place from a pool on this host; ``"staged"``).
     ``expert_hosts`` (an :class:`~orchestr.roles.ExpertHost` mesh; paged engine, MoE
     checkpoint) runs the routed experts of every sparse layer on those hosts;
     ``expert_options`` go to :class:`~orchestr.roles.experts.ExpertClient` (``on_lost``
@@ -92,6 +93,7 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
         model: str | None = None,
         kv_store: Any = None,
         on_handoff_failure: str = "recompute",
+        kv_read: str = "direct",
         expert_hosts: Any = None,
         expert_options: dict[str, Any] | None = None,
         attention_servers: Any = None,
@@ -117,7 +119,7 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
             name, expert_hosts, expert_options, attention_servers, attention_options
         )  # fmt: skip
         self._engine = with_store(self._engine, kv_store, checkpoint or model_factory)
-        self._init_handoff(on_handoff_failure)
+        self._init_handoff(on_handoff_failure, kv_read)
         self._metrics = EngineMetrics(
             self._engine,
             extra=(self._holds.counts, self._handoff_counts),

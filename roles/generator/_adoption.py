@@ -49,19 +49,43 @@ class BlocksFromElsewhere:
         request left). Nothing when a key before ``start`` is not cached (any more): they
         could not be reached. At most the free blocks are used; the prefix is held
         meanwhile, so they never evict it."""
+        first, prefix, blocks = self.reserve(keys, start, count)
+        self.enter_reserved(keys, prompt, first, prefix, blocks, keep=True)
+        return first, blocks
+
+    def reserve(
+        self, keys: Sequence[bytes], start: int, count: int
+    ) -> tuple[int, list[int], list[int]]:
+        """The first half of :meth:`adopt`, for blocks to fill before they are entered: the
+        index of the first key of ``keys[start : start + count]`` not cached, the cached
+        blocks before it and blocks for those from it on, all held (the new ones in no
+        cache) until :meth:`enter_reserved`."""
         first = self.cached_run(keys[: start + count])
         if first < start or first >= start + count:
-            return first, []
+            return first, [], []
         prefix = [b for b in map(self.pool.lookup, keys[:first]) if b is not None]
         free_prefix = sum(1 for b in prefix if self.pool.refs[b] == 0)
         n = min(start + count - first, self.pool.num_free - free_prefix)
         if n <= 0:
-            return first, []
+            return first, [], []
         self.pool.take(prefix)
-        blocks = self.pool.allocate(n)
-        size = self.pool.block_size
-        parent = keys[first - 1] if first else None
-        tokens = list(prompt[first * size : (first + n) * size])
-        self.pool.commit(blocks, keys[first : first + n], parent, tokens, log=False)
+        return first, prefix, self.pool.allocate(n)
+
+    def enter_reserved(
+        self,
+        keys: Sequence[bytes],
+        prompt: Sequence[int],
+        first: int,
+        prefix: list[int],
+        blocks: list[int],
+        *,
+        keep: bool,
+    ) -> None:
+        """End a :meth:`reserve`: with ``keep``, ``blocks`` (filled) enter the prefix cache
+        under ``keys[first:]`` (a key cached meanwhile keeps its block); all are let go."""
+        if keep and blocks:
+            size = self.pool.block_size
+            parent = keys[first - 1] if first else None
+            tokens = list(prompt[first * size : (first + len(blocks)) * size])
+            self.pool.commit(blocks, keys[first : first + len(blocks)], parent, tokens, log=False)
         self.pool.release(reversed(prefix + blocks))  # the tail is evicted first
-        return first, blocks

@@ -19,6 +19,10 @@ under the weights' version on both sides, so a handoff made under other weights 
 nothing and the prompt is computed here. A failed read, an expired lease or a prefill
 generator that died is counted and, by the generator's ``on_handoff_failure``, either
 recomputed here (``"recompute"``, the default) or refused with :class:`HandoffError`.
+
+That is the staged read (``kv_read="staged"``, and any handoff from another host). On the
+prefill generator's host a decode generator reading ``"direct"`` (the default) copies the
+blocks once, straight from the prefill generator's pool into its own (:mod:`._direct`).
 """
 
 from __future__ import annotations
@@ -36,13 +40,14 @@ import orchestr as oc
 from orchestr import clock as _clock
 from orchestr.roles.kvstore import LeaseExpiredError
 
+from ._direct import Direct, plan_direct
 from ._overlap import Streamed, read_streamed
 from ._spans import block_spans
 from ._types import Completion, Request
 
 __all__ = [
     "HANDOFF_POLICIES", "TRANSFER_COUNTERS", "Handoff", "HandoffError", "Holds", "Received", "adopt",
-    "fetch", "prefill_request",
+    "fetch", "prefill_request", "refused",
 ]  # fmt: skip
 
 log = structlog.get_logger("orchestr.roles.generator")
@@ -204,37 +209,64 @@ async def fetch(
     *,
     policy: str,
     counts: dict[str, float],
-) -> dict[str, Received]:
+    direct: bool = False,
+) -> dict[str, Received | Direct]:
     """Read each request's handed-off blocks that ``engine``'s prefix cache lacks, and end
-    the leases. Returns what was read, by request id. A failed read or an expired lease is
-    counted (``counts``) and, under ``policy`` ``"fail"``, raised as :class:`HandoffError`
-    (the leases of requests not read yet are left to expire); under ``"recompute"`` the
-    request computes its prompt here. Blocks on the reads and the lease calls."""
-    out: dict[str, Received] = {}
-    for r in requests:
-        h = kv_from.get(r.id)
-        if h is None:
-            continue
-        try:
-            got = await _read(engine, r, h)
-        except Exception as exc:
-            counts["orchestr:kv_transfer_failures"] += 1
-            log.warning("reading a request's prefilled KV failed", request=r.id, error=repr(exc))
-            if policy == "fail":
-                raise HandoffError(
-                    f"request {r.id}: its prefilled KV could not be read ({exc!r}); this "
-                    f"generator does not recompute (on_handoff_failure='fail')"
-                ) from exc
-            continue
-        if got is not None:
-            counts["orchestr:kv_transfers"] += 1
-            seconds, exposed, reads, received = got
-            counts["orchestr:kv_transfer_bytes"] += received.data.numel()
-            counts["orchestr:kv_transfer_seconds"] += seconds
-            counts["orchestr:kv_transfer_exposed_seconds"] += exposed
-            counts["orchestr:kv_transfer_reads"] += reads
-            out[r.id] = received
+    the leases. Returns what was read, by request id; with ``direct``, a handoff whose pool
+    can be borrowed on this host is only planned (:mod:`._direct`: copied, its lease ended
+    and entered later). A failed read or an expired lease is counted (``counts``) and,
+    under ``policy`` ``"fail"``, raised as :class:`HandoffError` (the leases of requests
+    not read yet are left to expire); under ``"recompute"`` the request computes its
+    prompt here. Blocks on the reads and the lease calls."""
+    out: dict[str, Received | Direct] = {}
+    try:
+        for r in requests:
+            h = kv_from.get(r.id)
+            if h is not None:
+                await _fetch_one(engine, r, h, out, policy, counts, direct)
+    except BaseException:
+        for d in out.values():
+            if isinstance(d, Direct):  # planned, not copied: let it go
+                d.let_go()
+                d.handoff["source"].release_handoff.broadcast(d.handoff["lease"])
+        raise
     return out
+
+
+async def _fetch_one(
+    engine: Any, r: Request, h: Handoff, out: dict[str, Received | Direct], policy: str,
+    counts: dict[str, float], direct: bool,
+) -> None:  # fmt: skip
+    try:
+        borrowed = h["buffer"].borrow() if direct else None
+        if borrowed is not None:
+            planned = await plan_direct(engine, r, h, borrowed)
+            if planned is not None:
+                out[r.id] = planned
+            return
+        got = await _read(engine, r, h)
+    except Exception as exc:
+        counts["orchestr:kv_transfer_failures"] += 1
+        log.warning("reading a request's prefilled KV failed", request=r.id, error=repr(exc))
+        if policy == "fail":
+            raise refused(r.id, exc) from exc
+        return
+    if got is not None:
+        counts["orchestr:kv_transfers"] += 1
+        seconds, exposed, reads, received = got
+        counts["orchestr:kv_transfer_bytes"] += received.data.numel()
+        counts["orchestr:kv_transfer_seconds"] += seconds
+        counts["orchestr:kv_transfer_exposed_seconds"] += exposed
+        counts["orchestr:kv_transfer_reads"] += reads
+        out[r.id] = received
+
+
+def refused(request_id: str, exc: BaseException | None) -> HandoffError:
+    """The error of a handoff not read under ``on_handoff_failure="fail"``."""
+    return HandoffError(
+        f"request {request_id}: its prefilled KV could not be read ({exc!r}); this "
+        f"generator does not recompute (on_handoff_failure='fail')"
+    )
 
 
 async def _read(engine: Any, r: Request, h: Handoff) -> tuple[float, float, int, Received] | None:
@@ -268,13 +300,13 @@ async def _read(engine: Any, r: Request, h: Handoff) -> tuple[float, float, int,
     return seconds, seconds, 1, Received(keys, local, data)
 
 
-def adopt(engine: Any, requests: list[Request], received: dict[str, Received]) -> int:
+def adopt(engine: Any, requests: list[Request], received: dict[str, Received | Direct]) -> int:
     """Enter what :func:`fetch` read into ``engine``'s prefix cache (between steps);
-    returns the tokens entered."""
+    returns the tokens entered (not those copied in place: :func:`~._direct.enter_direct`)."""
     tokens = 0
     for r in requests:
         got = received.get(r.id)
-        if got is not None:
+        if isinstance(got, Received):
             tokens += engine.adopt(r.prompt, got.keys, got.start, got.data)
     return tokens
 

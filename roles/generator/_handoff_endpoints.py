@@ -12,6 +12,7 @@ from typing import Any
 
 import orchestr as oc
 
+from ._direct import Direct, copy_direct, end_direct, enter_direct
 from ._handoff import (
     HANDOFF_POLICIES,
     TRANSFER_COUNTERS,
@@ -21,11 +22,18 @@ from ._handoff import (
     adopt,
     fetch,
     prefill_request,
+    refused,
 )  # fmt: skip
 from ._kvlink import fetch_stored
 from ._types import Completion, Request, as_request
 
-__all__ = ["HandoffEndpoints"]
+__all__ = ["KV_READS", "HandoffEndpoints"]
+
+#: How a decode generator reads a handoff: ``"direct"``, copied in place from the prefill
+#: generator's pool where it can be borrowed (on its host: :mod:`._direct`), else staged;
+#: ``"staged"``, always read into a copy first (streamed layer by layer when the prefill
+#: streams) and entered between steps.
+KV_READS = ("direct", "staged")
 
 
 class HandoffEndpoints:
@@ -37,6 +45,7 @@ class HandoffEndpoints:
     _holds: Holds
     _expiring: asyncio.Task[None] | None
     _handoff_policy: str
+    _kv_read: str
     _handoff_counts: dict[str, float]
     _claimed: dict[str, asyncio.Future[Completion]]
     _followers: set[asyncio.Task[None]]
@@ -44,11 +53,14 @@ class HandoffEndpoints:
     _ensure_running: Callable[[], None]
     _wake: asyncio.Event
 
-    def _init_handoff(self, policy: str) -> None:
+    def _init_handoff(self, policy: str, kv_read: str) -> None:
         if policy not in HANDOFF_POLICIES:
             raise oc.ConfigError(
                 f"on_handoff_failure is one of {', '.join(HANDOFF_POLICIES)}, got {policy!r}"
             )
+        if kv_read not in KV_READS:
+            raise oc.ConfigError(f"kv_read is one of {', '.join(KV_READS)}, got {kv_read!r}")
+        self._kv_read = kv_read
         self._holds = Holds()
         self._expiring = None
         self._followers = set()
@@ -117,14 +129,17 @@ class HandoffEndpoints:
         self._keep_expiring()
 
     @oc.endpoint(concurrent=True)
-    async def handoff_progress(self, lease: int, after: int = -1) -> dict[str, Any]:
-        """How far the streamed handoff ``lease`` has come, once past cursor ``after``:
+    async def handoff_progress(
+        self, lease: int, after: int = -1, until_done: bool = False
+    ) -> dict[str, Any]:
+        """How far the streamed handoff ``lease`` has come, once past cursor ``after`` (with
+        ``until_done``, once it is done or failed):
         ``cursor``, ``state`` (``"running"``, ``"done"`` or ``"failed"``), ``blocks`` (its
         full prompt blocks so far), ``ready`` (of those, the ones done in every layer),
         ``written`` (layers done of the rest), ``layers``, ``keys`` (when done) and
         ``error``. Blocks until there is news; raises :class:`LeaseExpiredError` for a stream
         not here; cancel-safe."""
-        return await self._holds.streamed.wait(lease, after)
+        return await self._holds.streamed.wait(lease, after, until_done)
 
     @oc.endpoint(concurrent=True)
     async def end_handoff(self, lease: int) -> None:
@@ -157,15 +172,46 @@ class HandoffEndpoints:
         """Read what ``kv_from`` hands over and what a KV store holds of ``requests``, then,
         under the lock, enter it and submit them; the body runs under the lock too."""
         received = await self._receive(requests, kv_from)
-        await fetch_stored(self._engine, requests)
-        async with self._lock:
-            adopt(self._engine, requests, received)
-            self._engine.submit(requests)
-            yield
+        direct = [d for d in received.values() if isinstance(d, Direct)]
+        try:
+            await fetch_stored(self._engine, requests)
+            if direct:
+                async with self._lock:
+                    copy_direct(self._engine, direct)
+                await end_direct(direct)
+            async with self._lock:
+                failed = enter_direct(self._engine, direct, self._handoff_counts)
+                if failed and self._handoff_policy == "fail":
+                    raise refused(failed[0].request.id, failed[0].error)
+                adopt(self._engine, requests, received)
+                self._engine.submit(requests)
+                yield
+        finally:
+            await self._let_go(direct)
+
+    async def _let_go(self, direct: list[Direct]) -> None:
+        """Release what a cancelled or failed entry left of ``direct``: borrows, and blocks
+        reserved (between steps, even when cancelled again)."""
+        for d in direct:
+            d.let_go()
+        left = [d for d in direct if d.reserved is not None]
+        if not left:
+            return
+
+        async def release() -> None:
+            async with self._lock:
+                for d in left:
+                    if d.reserved is not None:
+                        self._engine.enter_reserved(
+                            d.request.prompt, d.keys, d.reserved, keep=False
+                        )
+                        d.reserved = None
+
+        await asyncio.shield(asyncio.ensure_future(release()))
 
     async def _receive(
         self, requests: list[Request], kv_from: dict[str, Handoff] | None
-    ) -> dict[str, Received]:
+    ) -> dict[str, Received | Direct]:
         if not kv_from:
             return {}
         unknown = set(kv_from) - {r.id for r in requests}
@@ -178,7 +224,7 @@ class HandoffEndpoints:
             )
         return await fetch(
             self._engine, requests, kv_from, policy=self._handoff_policy,
-            counts=self._handoff_counts,
+            counts=self._handoff_counts, direct=self._kv_read == "direct",
         )  # fmt: skip
 
     def _keep_expiring(self) -> None:

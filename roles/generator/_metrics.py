@@ -18,9 +18,9 @@ name                                      kind       meaning
 ``vllm:num_preemptions``                  counter    sequences preempted (recomputed later)
 ``orchestr:kv_transfers``                 counter    prefilled KV handed here and read
 ``orchestr:kv_transfer_bytes``            counter    the bytes of those reads
-``orchestr:kv_transfer_seconds``          counter    seconds reading them (then one call ends a lease)
+``orchestr:kv_transfer_seconds``          counter    seconds reading (or copying in place) them
 ``orchestr:kv_transfer_exposed_seconds``  counter    of those seconds, after the prefill had ended
-``orchestr:kv_transfer_reads``            counter    one-sided reads (several a streamed handoff)
+``orchestr:kv_transfer_reads``            counter    one-sided reads (several a streamed one, staged)
 ``orchestr:kv_transfer_failures``         counter    reads failed or leases expired first
 ``orchestr:kv_handoff_leases``            counter    prompts prefilled here for another generator
 ``orchestr:kv_handoff_expired``           counter    of their leases, those no reader ended

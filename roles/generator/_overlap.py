@@ -189,16 +189,19 @@ class Streamed:
     def forget(self, lease: int) -> None:
         self._by_lease.pop(lease, None)
 
-    async def wait(self, lease: int, after: int) -> dict[str, Any]:
-        """The progress of ``lease`` once its cursor is past ``after`` (or it ended). Raises
+    async def wait(self, lease: int, after: int, until_done: bool = False) -> dict[str, Any]:
+        """The progress of ``lease`` once its cursor is past ``after`` (or it ended; with
+        ``until_done``, only once it ended). Raises
         :class:`LeaseExpiredError` for a stream not here (ended, expired, or never
         granted) and ``ValueError`` for a cursor that is not an int."""
         if isinstance(after, bool) or not isinstance(after, int):
             raise ValueError(f"after is a cursor (an int), got {after!r}")
+        if not isinstance(until_done, bool):
+            raise ValueError(f"until_done is a bool, got {until_done!r}")
         s = self._by_lease.get(lease)
         if s is None:
             raise LeaseExpiredError(f"no streamed handoff {lease} here (ended or expired)")
-        while s.cursor <= after and s.state == "running":
+        while s.state == "running" and (until_done or s.cursor <= after):
             s.changed.clear()
             await s.changed.wait()
         with self._lock:

@@ -38,6 +38,7 @@ from ._paged import AttentionMode, PagedKV, PagedRunner
 from ._requests import Detokenize, Intake, Latencies, Live, Pausable, check_state, engine_stats
 from ._sampling import choose_tokens
 from ._scheduler import Scheduler, Seq, Step
+from ._spans import copy_blocks
 from ._types import Completion, EngineStats, Request
 
 __all__ = ["PagedEngine"]
@@ -206,6 +207,32 @@ class PagedEngine(Pausable):
         first, blocks = self._sched.adopt(keys, prompt, start, planes.shape[1])
         self._kv.write(blocks, planes[:, first - start : first - start + len(blocks)])
         return len(blocks) * self._pool.block_size
+
+    def reserve(
+        self, keys: list[bytes], start: int, count: int
+    ) -> tuple[int, list[int], list[int]]:
+        """Blocks for those of ``keys[start : start + count]`` not cached here, to fill
+        (:meth:`copy_blocks_in`) and then enter or let go (:meth:`enter_reserved`): the
+        index of the first such key, the cached blocks before it and the new blocks, all
+        held meanwhile (:meth:`Scheduler.reserve`). Call between steps."""
+        return self._sched.reserve(keys, start, count)
+
+    def copy_blocks_in(
+        self, blocks: list[int], source: torch.Tensor, theirs: list[int], plane_bytes: int
+    ) -> None:
+        """Copy blocks ``theirs`` of a peer's :attr:`kv_memory` of this layout (``source``,
+        ``plane_bytes`` to a plane) into ``blocks`` (:func:`~._spans.copy_blocks`)."""
+        copy_blocks((*self._kv.keys, *self._kv.values), blocks, source, theirs, plane_bytes)
+
+    def enter_reserved(
+        self, prompt: list[int], keys: list[bytes], reserved: tuple[int, list[int], list[int]],
+        *, keep: bool,
+    ) -> int:  # fmt: skip
+        """End a :meth:`reserve`: with ``keep``, its blocks enter the prefix cache; the
+        tokens entered. Call between steps."""
+        first, prefix, blocks = reserved
+        self._sched.enter_reserved(keys, prompt, first, prefix, blocks, keep=keep)
+        return len(blocks) * self._pool.block_size if keep else 0
 
     # -- blocks handed to another engine (prefill -> decode) -------------------------------
     @property

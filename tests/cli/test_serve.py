@@ -36,6 +36,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         (["--prefill-min-tokens", "8"], "apply with --prefill P"),
         (["--no-prefill-overlap"], "apply with --prefill P"),
         (["--spill-at", "4"], "apply with --prefill P"),
+        (["--kv-read", "staged"], "apply with --prefill P"),
+        (["--prefill", "1", "--kv-read", "copy"], "invalid choice: 'copy'"),
         (["--prefill", "1", "--spill-at", "0"], "expected a positive integer, got 0"),
         (["--prefill", "1", "--prefill-labels", "gpu"], "--prefill-labels is K=V pairs"),
         (["--decode-labels", "a=b,"], "--decode-labels is K=V pairs"),

@@ -75,10 +75,24 @@ def test_held_blocks_read_by_another_engine_continue_the_request_exactly(
     got, reference = drain(dec)["r"], drain(alone)["r"]
     close(got, reference)
     assert dec.stats().tokens == 100 - 6 * BLOCK + 11  # the prompt's last 4 tokens, 11 decodes
+    # copied in place instead: straight from the pool into blocks reserved in another one
+    inplace = engine(folder)
+    inplace.submit([Request("other", prompt(40, salt=9), 1)])  # its blocks are not 0..5 there
+    drain(inplace)
+    reserved = inplace.reserve(want, 0, len(want))
+    assert reserved[0] == 0 and len(reserved[2]) == 6 and reserved[2] != blocks
+    inplace.copy_blocks_in(reserved[2], memory, blocks, pre.kv_layout[1])
+    assert inplace.enter_reserved(p, want, reserved, keep=True) == 6 * BLOCK
+    inplace.submit([request])
+    close(drain(inplace)["r"], reference)
     pre.release_blocks(blocks)
     assert pre.metrics()["vllm:kv_cache_usage_perc"] == 0.0
     with pytest.raises(ValueError, match="a block of this engine is"):
         dec.adopt(p, want, 0, torch.zeros(5, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="not a block pool of this layout"):
+        inplace.copy_blocks_in([1], memory[:-1], [2], pre.kv_layout[1])
+    with pytest.raises(ValueError, match="1 blocks here for 2 there"):
+        inplace.copy_blocks_in([1], memory, [2, 3], pre.kv_layout[1])
 
 
 async def spawn(
@@ -147,6 +161,13 @@ async def test_a_lease_nobody_reads_expires_and_a_late_reader_recomputes(
     assert stats["orchestr:kv_transfer_failures"] == 1 and stats["orchestr:kv_transfers"] == 0
     assert stats["tokens"] == 120 + 5  # the whole prompt computed here
     assert await usage(pre) == 0.0
+    # copied in place, then the lease's end refused: under "fail" the request is refused
+    strict = await spawn(ctx, folder, "strict", on_handoff_failure="fail")
+    with pytest.raises(oc.ActorError, match="could not be read") as e:
+        await strict.generate.call_one([r], kv_from={r.id: h})
+    assert e.value.remote_type == "HandoffError"
+    assert (await strict.stats.call_one())["orchestr:kv_transfer_failures"] == 1
+    assert await usage(strict) == 0.0 and (await strict.stats.call_one())["waiting"] == 0
 
 
 async def pid_of(ctx: oc.JobContext, mesh: oc.Mesh) -> int:
@@ -181,6 +202,8 @@ async def test_bad_handoffs_are_refused_clearly(ctx: oc.JobContext, folder: path
         await dec.prefill.call_one(r, hold_s=0)
     with pytest.raises(oc.ConfigError, match="on_handoff_failure is one of"):
         Generator(checkpoint=str(folder), on_handoff_failure="retry")
+    with pytest.raises(oc.ConfigError, match="kv_read is one of direct, staged, got 'copy'"):
+        Generator(checkpoint=str(folder), kv_read="copy")
     toy = await ctx.spawn(Generator, name="toy")
     with pytest.raises(oc.ActorError, match="prefill hands off KV blocks of the paged engine"):
         await toy.prefill.call_one(Request("t", [1, 2, 3], 2))

@@ -1,8 +1,9 @@
 """A handoff streamed layer by layer: the decode side reads a prompt's KV while the prefill
 side computes it. First the prefill side alone (everything it reports ready, copied at the
 moment it says so, equals what the pool holds at the end; a change of weights mid-prefill
-fails the stream), then real generator actors: the same tokens as one engine, a prefill
-generator SIGKILLed mid-stream, and a reader that lets the stream go."""
+fails the stream), then real generator actors: the same tokens as one engine (read staged
+as the prompt is computed, or copied in place once it is done), a prefill generator
+SIGKILLed mid-stream, and a reader that lets the stream go."""
 
 from __future__ import annotations
 
@@ -163,12 +164,13 @@ async def streamed(pre: oc.Mesh, request: Request) -> dict[str, Any]:
     return {**h, "source": pre}
 
 
+@pytest.mark.parametrize("kv_read", ["staged", "direct"])
 async def test_a_streamed_handoff_continues_the_request_as_one_engine(
-    ctx: oc.JobContext, folder: pathlib.Path
+    ctx: oc.JobContext, folder: pathlib.Path, kv_read: str
 ) -> None:
     kv = {"num_blocks": 64, "block_size": BLOCK, "token_budget": BUDGET}
     pre = await spawn(ctx, folder, "prefill", kv={**kv, "num_blocks": 256})
-    dec = await spawn(ctx, folder, "decode", kv=kv)
+    dec = await spawn(ctx, folder, "decode", kv=kv, kv_read=kv_read)
     alone = await spawn(ctx, folder, "alone", kv=kv)
     # the prefill generator keeps stepping another request meanwhile: a stream is granted
     # between its steps, in the lock that queues its request
@@ -186,12 +188,16 @@ async def test_a_streamed_handoff_continues_the_request_as_one_engine(
         close(got, want)
     stats = await dec.stats.call_one()
     assert stats["orchestr:kv_transfers"] == 2 and stats["orchestr:kv_transfer_failures"] == 0
-    assert stats["orchestr:kv_transfer_reads"] > 2  # read as computed, not once at the end
+    exposed, seconds = (stats[f"orchestr:kv_transfer{k}seconds"] for k in ("_exposed_", "_"))
+    if kv_read == "staged":
+        assert stats["orchestr:kv_transfer_reads"] > 2  # read as computed, not once at the end
+        assert 0 <= exposed <= seconds
+    else:  # one copy each, into the pool, once the prompt was done
+        assert stats["orchestr:kv_transfer_reads"] == 2
+        assert 0 < exposed == seconds
     # "b" shares 12 blocks with "a", held by the decode side already: it read 2
     size = kv_block_bytes(str(folder), BLOCK)
     assert stats["orchestr:kv_transfer_bytes"] == (18 + 2) * size
-    assert 0 <= stats["orchestr:kv_transfer_exposed_seconds"]
-    assert stats["orchestr:kv_transfer_exposed_seconds"] <= stats["orchestr:kv_transfer_seconds"]
     assert not busy.done()  # it ran beside both streams (3,000 steps: seconds to go)
     await pre.reset.call_one()
     with pytest.raises(oc.ActorError, match="reset"):
@@ -206,15 +212,17 @@ async def test_a_stream_let_go_stops_its_prefill_and_a_dead_one_is_recomputed(
 ) -> None:
     kv = {"num_blocks": 128, "block_size": BLOCK, "token_budget": 16}
     pre = await spawn(ctx, folder, "prefill", kv=kv)
-    dec = await spawn(ctx, folder, "decode", kv=kv)
-    strict = await spawn(ctx, folder, "strict", kv=kv, on_handoff_failure="fail")
+    dec = await spawn(ctx, folder, "decode", kv=kv, kv_read="staged")  # reading mid-stream
+    strict = await spawn(ctx, folder, "strict", kv=kv, on_handoff_failure="fail")  # waiting
     # let go before it is computed: the prefill request is cancelled, its blocks freed
     await pre.pause.call_one()
     h = await streamed(pre, Request("gone", prompt(600), 4, temperature=0.0))
     assert (await pre.handoff_progress.call_one(h["lease"], -1))["state"] == "running"
+    with pytest.raises(oc.ActorError, match="until_done is a bool"):
+        await pre.handoff_progress.call_one(h["lease"], -1, "yes")
     assert await pre.release_handoff.call_one(h["lease"])
     with pytest.raises(oc.ActorError, match="no streamed handoff"):
-        await pre.handoff_progress.call_one(h["lease"], -1)
+        await pre.handoff_progress.call_one(h["lease"], -1, True)
     await pre.resume.call_one()
     stats = await pre.stats.call_one()
     assert stats["held"] == 0 and stats["running"] == stats["waiting"] == 0

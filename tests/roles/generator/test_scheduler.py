@@ -237,6 +237,28 @@ def test_every_block_comes_back_whatever_the_workload(
         assert s.cached_tokens < s.num_tokens
 
 
+def test_reserved_blocks_are_entered_or_let_go_and_hold_their_prefix() -> None:
+    pool = BlockPool(8, 2)
+    sched = Scheduler(pool, max_batch=2, token_budget=16)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    keys = sched.prompt_keys(prompt)  # 4 full blocks before the last token
+    sched.add(Seq("a", prompt[:5], 1))  # caches the first 2 blocks
+    run(sched, random.Random(0))
+    assert sched.cached_run(keys) == 2
+    first, prefix, blocks = sched.reserve(keys, 2, 2)
+    assert first == 2 and len(prefix) == 2 and len(blocks) == 2
+    assert all(pool.refs[b] == 1 for b in prefix + blocks)  # held: nothing evicts them
+    with pytest.raises(ValueError):
+        pool.allocate(pool.num_free + 1)
+    sched.enter_reserved(keys, prompt, first, prefix, blocks, keep=False)
+    assert sched.cached_run(keys) == 2 and pool.num_free == 8  # let go: nothing entered
+    reserved = sched.reserve(keys, 2, 2)
+    sched.enter_reserved(keys, prompt, *reserved, keep=True)
+    assert sched.cached_run(keys) == 4 and pool.num_free == 8  # entered, free and cached
+    assert sched.reserve(keys, 2, 2) == (4, [], [])  # nothing left to reserve
+    assert sched.reserve(keys, 5, 0)[1:] == ([], [])
+
+
 def state(sched: Scheduler) -> tuple[object, ...]:
     pool = sched.pool
     seqs = [
