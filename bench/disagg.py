@@ -12,8 +12,9 @@ generators of one thread (``--torch-threads 1``: two cores in all):
 - **colocated**: ``orchestr serve --generators 2 --router kv``: each generator prefills and
   decodes its own requests (chunked prefill shares a step with the decodes).
 - **disagg**: ``orchestr serve --prefill 1 --decode 1 --spill-at R``: prompts of 64 tokens
-  or more are computed on the prefill generator and their KV read one-sided by the decode
-  generator; once the decode generator has ``R`` requests (``--spill-at``, default 8: about
+  or more are computed on the prefill generator and their KV copied by the decode generator
+  straight from the prefill generator's pool into its own once computed (``kv_read``
+  ``"direct"``, the default on one host); once the decode generator has ``R`` requests (``--spill-at``, default 8: about
   the batch it steps in half the TPOT SLO here; 0: never), a request goes whole to the
   prefill generator while that one has fewer (``spilled_share``: the share that did).
 
@@ -27,7 +28,9 @@ comparison moves with the SLO. ``kv_transfer_gbps`` is the disaggregated server'
 bytes read over seconds reading them (its ``/metrics`` counters, over the mix). The limit is
 the data plane's own: one ``Buffer.read_into`` of a 1,024-token prompt's KV between two
 worker processes on this machine (``read_into_gbps``), beside ``read_spans`` in the layout a
-handoff reads (``spans_gbps``: one span per layer plane).
+handoff reads (``spans_gbps``: one span per layer plane); both read the same 16 MB again and
+again, so mostly from the caches. ``read_into_cold_gbps`` reads a different prompt's worth
+each time (of 16), into a different place, as a handoff's copy does.
 
 Measured here (two cores; SLO 3 s / 30 ms): prefill_heavy 0.96 against 0.84 requests/s
 (1.14x, TPOT p99 21 against 39 ms, TTFT p50 1.45 against 0.82 s), decode_heavy 0.77 against
@@ -39,7 +42,12 @@ handoffs streamed layer by layer, prefill_heavy at 1.6, 2 and 2.5 requests/s: 1.
 0.60x. With ``--spill-at 8`` (rates 1-2.5 and 0.5-2.5): decode_heavy 1.49 against 1.37
 (1.09x; 25% of its requests spilled, TPOT p50 23.6 against 29.3 ms at 2.5/s), prefill_heavy
 1.05 against 0.98 (1.07x, nothing spilled); under a 20 ms TPOT SLO prefill_heavy is 1.39x,
-the most of the sweep (15-40 ms), and 15 ms favours co-location (0.81x).
+the most of the sweep (15-40 ms), and 15 ms favours co-location (0.81x). KV read at
+0.29-0.33 GB/s, streamed: 0.02x of read_into. With the handoff copied in place (same rates):
+prefill_heavy 1.18 against 1.05 (1.12x; TPOT p99 16 against 64 ms; 1.64x under a 20 ms TPOT
+SLO, 1.62x under 15 ms), decode_heavy 1.52 against 1.50 (1.02x, 24% spilled); KV copied at
+5.6 GB/s on the prefill-heavy mix against read_into's 9.6 GB/s in that run (0.58x) and 5.3
+GB/s cold (1.06x), 2.9 ms a handoff.
 
 Prints a table per mix and one JSON line last: ``{"prefill_heavy": {"colocated": {...},
 "disagg": {...}, "limit": {...}}, "decode_heavy": {...}}`` with ``goodput_req_per_s``,
@@ -77,6 +85,9 @@ import orchestr as oc  # noqa: E402
 from orchestr.roles.generator._spans import block_spans  # noqa: E402
 
 SYSTEMS = ("colocated", "disagg")
+#: The cold reads go round this many prompts' KV (256 MB for a 1,024-token prompt's 16 MB):
+#: more than the caches hold, as a handoff's blocks are, fresh from another core.
+COLD_REGIONS = 16
 MIXES = {"prefill_heavy": (1024, 64), "decode_heavy": (128, 512)}
 KEYS = ("goodput_req_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99")
 
@@ -186,18 +197,24 @@ class Owner(oc.Actor):
 class Reader(oc.Actor):
     @oc.endpoint
     async def read(self, buf: oc.Buffer, n: int, iters: int, planes: int) -> list[float]:
-        """Seconds of ``read_into`` of all ``n`` bytes and of ``read_spans`` of them in a
-        handoff's layout (64 blocks, one span per plane), alternately, after one warm-up."""
+        """Seconds of ``read_into`` of the first ``n`` bytes, of ``read_spans`` of them in a
+        handoff's layout (64 blocks, one span per plane), and of ``read_into`` of the next
+        ``n`` bytes of ``buf`` each time into the next ``n`` of a region as large (out of the
+        caches), in turn, after one warm-up round."""
         whole, spans = torch.ones(n, dtype=torch.uint8), torch.ones(n, dtype=torch.uint8)
+        cold = torch.ones(buf.nbytes, dtype=torch.uint8)
         layout = block_spans(list(range(64)), planes, n // planes, n // 64 // planes)
         times: list[float] = []
-        for _ in range(iters + 1):
+        for i in range(iters + 1):
             t0 = time.perf_counter()
             await buf.read_into(whole)
             t1 = time.perf_counter()
             await buf.read_spans([(at, spans[to : to + k]) for at, k, to in layout])
-            times += [t1 - t0, time.perf_counter() - t1]
-        return times[2:]
+            t2 = time.perf_counter()
+            at = (1 + i % (buf.nbytes // n - 1)) * n  # never the first n, read hot above
+            await buf.read_into(cold[at : at + n], offset=at)
+            times += [t1 - t0, t2 - t1, time.perf_counter() - t2]
+        return times[3:]
 
 
 def limit(folder: str, iters: int) -> dict[str, Any]:
@@ -211,16 +228,17 @@ def limit(folder: str, iters: int) -> dict[str, Any]:
     async def job(ctx: oc.JobContext) -> list[float]:
         owner = await ctx.spawn(Owner)
         reader = await ctx.spawn(Reader)
-        buf = await owner.share.call_one(nbytes)
+        buf = await owner.share.call_one(COLD_REGIONS * nbytes)
         times: list[float] = await reader.read.call_one(buf, nbytes, iters, planes)
         return times
 
     times = oc.run(job)
-    whole, spans = times[0::2], times[1::2]
+    whole, spans, cold = times[0::3], times[1::3], times[2::3]
     return {
         "bytes": nbytes,
         "read_into_gbps": nbytes / statistics.median(whole) / 1e9,
         "spans_gbps": nbytes / statistics.median(spans) / 1e9,
+        "read_into_cold_gbps": nbytes / statistics.median(cold) / 1e9,
     }
 
 
@@ -237,7 +255,8 @@ def table(mix: str, res: dict[str, Any]) -> None:
     lim, d = res["limit"], res["disagg"]
     print(
         f"kv transfer {d['kv_transfer_gbps']:.2f} GB/s ({d['kv_transfer_mb']:.0f} MB); limit: "
-        f"read_into {lim['read_into_gbps']:.2f} GB/s, spans {lim['spans_gbps']:.2f} GB/s: "
+        f"read_into {lim['read_into_gbps']:.2f} GB/s, spans {lim['spans_gbps']:.2f} GB/s, "
+        f"cold {lim['read_into_cold_gbps']:.2f} GB/s: "
         f"{d['kv_transfer_gbps'] / lim['read_into_gbps']:.2f}x of read_into"
     )
 
