@@ -86,6 +86,7 @@ class Holds:
         self._wanted: dict[str, float] = {}  # request id -> seconds to hold its blocks
         self._granted: dict[str, Handoff] = {}  # request id -> its handoff, until taken
         self._leases: dict[int, tuple[list[int], float]] = {}  # lease -> (blocks, expires)
+        self._ending: list[list[int]] = []  # blocks of leases ended, to release between steps
         self.buffer: Any = None  # the pool's Buffer, registered at the first handoff
         self.streamed = Streamed(self, clock)  # handoffs granted before their prefill
         self.counts = {
@@ -113,8 +114,9 @@ class Holds:
         self._wanted[request_id] = hold_s
 
     def after_step(self, engine: Any, finished: Iterable[Completion]) -> None:
-        """Hold the blocks of the wanted requests that just finished, and bring the streams
-        up to date (in the step's lock)."""
+        """Hold the blocks of the wanted requests that just finished, bring the streams up
+        to date, and release the blocks of leases ended meanwhile (in the step's lock)."""
+        self.release_ended(engine)
         self.streamed.after_step(engine, finished)
         if not self._wanted:
             return
@@ -129,17 +131,33 @@ class Holds:
         self._wanted.pop(request_id, None)
         return self._granted.pop(request_id, None)
 
-    def end(self, engine: Any, lease: int, *, check: bool) -> bool:
-        """Release ``lease``'s blocks. With ``check``, raise :class:`LeaseExpiredError`
-        when it had expired (or was never granted) so what was read must not be used;
-        otherwise return whether it was still held."""
+    def end(self, engine: Any, lease: int) -> bool:
+        """Release ``lease``'s blocks now (between steps); whether it was still held."""
         entry = self._leases.pop(lease, None)
         if entry is not None:
             engine.release_blocks(entry[0])
-        held = entry is not None and entry[1] > self._clock()
-        if check and not held:
+        return entry is not None and entry[1] > self._clock()
+
+    def end_now(self, lease: int) -> None:
+        """End ``lease`` at once, while a step may be running: its blocks stay held until
+        :meth:`release_ended` (between steps). Raises :class:`LeaseExpiredError` when it had
+        expired (or was never granted), so what was read must not be used."""
+        entry = self._leases.pop(lease, None)
+        if entry is not None:
+            self._ending.append(entry[0])
+        if entry is None or entry[1] <= self._clock():
             raise LeaseExpiredError(f"handoff lease {lease} had expired before its reader ended it")
-        return held
+
+    @property
+    def ending(self) -> bool:
+        """Whether blocks of ended leases wait for :meth:`release_ended`."""
+        return bool(self._ending)
+
+    def release_ended(self, engine: Any) -> None:
+        """Release the blocks of the leases :meth:`end_now` ended (between steps)."""
+        ending, self._ending = self._ending, []
+        for blocks in ending:
+            engine.release_blocks(blocks)
 
     def next_expiry(self) -> float | None:
         """Seconds until the next lease expires (``None``: none held)."""

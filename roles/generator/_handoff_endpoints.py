@@ -63,6 +63,7 @@ class HandoffEndpoints:
         self._kv_read = kv_read
         self._holds = Holds()
         self._expiring = None
+        self._releasing: asyncio.Task[None] | None = None
         self._followers = set()
         self._handoff_policy = policy
         self._handoff_counts = dict.fromkeys(TRANSFER_COUNTERS, 0.0)
@@ -145,10 +146,18 @@ class HandoffEndpoints:
     async def end_handoff(self, lease: int) -> None:
         """Release a handoff's blocks after reading them; raises
         :class:`LeaseExpiredError` if it had expired first (what was read must not be
-        used). Blocks on the step in progress; cancel-safe."""
+        used). Answers at once, a step running or not: the blocks return to the pool between
+        steps. Cancel-safe."""
+        self._holds.streamed.forget(lease)
+        try:
+            self._holds.end_now(lease)
+        finally:
+            if self._holds.ending and (self._releasing is None or self._releasing.done()):
+                self._releasing = asyncio.get_running_loop().create_task(self._release_ended())
+
+    async def _release_ended(self) -> None:
         async with self._lock:
-            self._holds.streamed.forget(lease)
-            self._holds.end(self._engine, lease, check=True)
+            self._holds.release_ended(self._engine)
 
     @oc.endpoint(concurrent=True)
     async def release_handoff(self, lease: int) -> bool:
@@ -157,7 +166,7 @@ class HandoffEndpoints:
         async with self._lock:
             running = self._holds.streamed.release(self._engine, lease)
             if running is None:
-                return self._holds.end(self._engine, lease, check=False)
+                return self._holds.end(self._engine, lease)
             with contextlib.suppress(KeyError):  # still computing its prompt: stop it
                 self._engine.cancel(running)
             future = self._claimed.pop(running, None)
@@ -240,8 +249,8 @@ class HandoffEndpoints:
                 self._holds.expire(self._engine)
 
     async def _stop_expiring(self) -> None:
-        tasks = [t for t in (self._expiring, *self._followers) if t is not None]
-        self._expiring = None
+        tasks = [t for t in (self._expiring, self._releasing, *self._followers) if t is not None]
+        self._expiring = self._releasing = None
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
