@@ -47,7 +47,11 @@ the most of the sweep (15-40 ms), and 15 ms favours co-location (0.81x). KV read
 prefill_heavy 1.18 against 1.05 (1.12x; TPOT p99 16 against 64 ms; 1.64x under a 20 ms TPOT
 SLO, 1.62x under 15 ms), decode_heavy 1.52 against 1.50 (1.02x, 24% spilled); KV copied at
 5.6 GB/s on the prefill-heavy mix against read_into's 9.6 GB/s in that run (0.58x) and 5.3
-GB/s cold (1.06x), 2.9 ms a handoff.
+GB/s cold (1.06x), 2.9 ms a handoff. With the lease's end answered at once (the decode side
+no longer waits for the prefill generator's step in progress), prefill_heavy: 1.27 against
+1.18 (1.08x; TTFT p50 1.40 s at 1.6/s, was 1.74 s; 1.68x under 20 ms, 1.81x under 15 ms);
+KV copied at 5.6 GB/s against read_into's 14.2 GB/s in that run (0.39x), 5.8 GB/s cold
+(0.97x).
 
 Prints a table per mix and one JSON line last: ``{"prefill_heavy": {"colocated": {...},
 "disagg": {...}, "limit": {...}}, "decode_heavy": {...}}`` with ``goodput_req_per_s``,

@@ -236,7 +236,7 @@ def main() -> None:
         for system in SYSTEMS:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            proc = start(system, folder, port)
+            proc = start(system, folder, port, 0)  # never spilling, as the simulator here
             try:
                 wait_healthy(url, proc)
                 asyncio.run(drive(url, at[:2], prompts(vocab, 2, 64, -1), 4))  # warm-up

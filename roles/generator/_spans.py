@@ -69,12 +69,15 @@ def copy_blocks(
     ``[num_blocks, ...]``) are (``source``: its bytes as a flat ``uint8`` tensor,
     ``plane_bytes`` to a plane) into ``blocks`` of the planes, plane by plane, a run of
     consecutive ids on both sides at a time. Raises ``ValueError`` for lists of different
-    lengths or a source of another layout."""
+    lengths, a source of another layout or a block id outside its pool."""
     if len(blocks) != len(theirs):
         raise ValueError(f"{len(blocks)} blocks here for {len(theirs)} there")
     row = planes[0][0].numel() * planes[0].element_size()
     if source.numel() != len(planes) * plane_bytes or plane_bytes % row:
         raise ValueError("the source is not a block pool of this layout")
+    here, there = planes[0].shape[0], plane_bytes // row
+    if not all(0 <= b < here for b in blocks) or not all(0 <= t < there for t in theirs):
+        raise ValueError(f"a block id lies outside its pool ({here} blocks here, {there} there)")
     runs: list[list[int]] = []  # [first here, first there, count]
     for b, t in zip(blocks, theirs, strict=True):
         if runs and runs[-1][0] + runs[-1][2] == b and runs[-1][1] + runs[-1][2] == t:

@@ -93,6 +93,10 @@ def test_held_blocks_read_by_another_engine_continue_the_request_exactly(
         inplace.copy_blocks_in([1], memory[:-1], [2], pre.kv_layout[1])
     with pytest.raises(ValueError, match="1 blocks here for 2 there"):
         inplace.copy_blocks_in([1], memory, [2, 3], pre.kv_layout[1])
+    with pytest.raises(ValueError, match="outside its pool"):  # never read past the memory
+        inplace.copy_blocks_in([1], memory, [64], pre.kv_layout[1])
+    with pytest.raises(ValueError, match="outside its pool"):
+        inplace.copy_blocks_in([-1], memory, [2], pre.kv_layout[1])
 
 
 async def spawn(
