@@ -13,7 +13,7 @@ Three phases keep the blocks safe:
    (one progress call, ``until_done``); the blocks this cache lacks are planned.
 2. :func:`copy_direct` (under the generator's lock, between steps): blocks are reserved
    here (held, in no cache) and the bytes copied into them; the borrow ends.
-3. :func:`end_direct` (no lock: the call waits for the prefill generator's step) ends each
+3. :func:`end_direct` (no lock: a call to the prefill generator, answered at once) ends each
    lease, which confirms it held through the copy; then :func:`enter_direct` (under the
    lock) enters the blocks into the prefix cache, or lets them go when the lease had expired
    first (its blocks may have been rewritten), which the generator's ``on_handoff_failure``
