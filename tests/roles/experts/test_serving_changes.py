@@ -38,6 +38,8 @@ def requests(n: int, tokens: int, salt: int = 0) -> list[Request]:
 
 
 def reference(folder: pathlib.Path, reqs: list[Request]) -> dict[str, Completion]:
+    """The model in one process, run to the end (seconds: the tests call it in a thread, so
+    the embedded head and node on their loop keep their heartbeats meanwhile)."""
     alone = PagedEngine(models.load_model(folder), num_blocks=96, block_size=16, model_id="m")
     alone.submit(reqs)
     return drain(alone)
@@ -86,7 +88,7 @@ async def test_a_new_placement_is_applied_while_requests_decode(
     tokens, after, report = await streamed(
         gen, reqs, lambda: rebalance_serving(hosts, gen, num_replicas=12)
     )
-    want = reference(folder, reqs)
+    want = await asyncio.to_thread(reference, folder, reqs)
     assert all(tokens[r.id] == want[r.id].tokens for r in reqs)
     assert after > 0  # requests decoded on both sides of the switch
     assert report["experts_moved"] > 0 and report["experts_dropped"] >= 0
@@ -113,7 +115,7 @@ async def test_a_dead_hosts_experts_run_on_their_replicas(
     tokens, after, _ = await streamed(
         gen, reqs, lambda: asyncio.to_thread(os.kill, pid, signal.SIGKILL)
     )
-    want = reference(folder, reqs)
+    want = await asyncio.to_thread(reference, folder, reqs)
     assert all(tokens[r.id] == want[r.id].tokens for r in reqs)
     stats = (await gen.stats.call_one())["experts"]
     assert after > 0 and stats["lost_hosts"] >= 1 and stats["resent_pairs"] > 0
@@ -156,7 +158,7 @@ async def test_an_expert_without_replicas_fails_or_waits_for_a_host(
         await strict.generate.call_one(again)
     assert not waiting.done()
     await hosts[1].load.call_one(HALVES[0])  # a replacement: host 1 now holds every expert
-    want = reference(folder, again)
+    want = await asyncio.to_thread(reference, folder, again)
     for c in await waiting:
         close(c, want[c.id])
     assert (await patient.stats.call_one())["experts"]["lost_hosts"] >= 1
@@ -177,6 +179,6 @@ async def test_a_restarted_host_comes_back_with_its_experts(
     os.kill(await pid_of(ctx, hosts, 0), signal.SIGKILL)
     reqs = requests(2, 30, salt=5)
     got = await gen.generate.call_one(reqs)  # calls wait for the restarted host
-    want = reference(folder, reqs)
+    want = await asyncio.to_thread(reference, folder, reqs)
     assert all(c.tokens == want[c.id].tokens for c in got)
     assert await hosts[0].hosted.call_one() == {0: [0, 1, 2, 3], 1: [0, 1, 2]}
