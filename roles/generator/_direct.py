@@ -34,6 +34,7 @@ from typing import Any
 import structlog
 import torch
 
+from ._spans import same_keys
 from ._types import Request
 
 __all__ = ["Direct", "copy_direct", "end_direct", "enter_direct", "plan_direct"]
@@ -77,9 +78,7 @@ async def plan_direct(engine: Any, r: Request, h: dict[str, Any], borrowed: Any)
         else:
             their_keys, their_blocks = h["keys"], h["blocks"]
         keys, local = engine.prefix_plan(r.prompt)
-        same = 0
-        while same < min(len(keys), len(their_keys)) and keys[same] == their_keys[same]:
-            same += 1
+        same = same_keys(keys, their_keys)
         planes, _, row_bytes = engine.kv_layout
         fits = (
             (h["planes"], h["row_bytes"]) == (planes, row_bytes)

@@ -42,7 +42,7 @@ from orchestr.roles.kvstore import LeaseExpiredError
 
 from ._direct import Direct, plan_direct
 from ._overlap import Streamed, read_streamed
-from ._spans import block_spans
+from ._spans import block_spans, same_keys
 from ._types import Completion, Request
 
 __all__ = [
@@ -296,10 +296,7 @@ async def _read(engine: Any, r: Request, h: Handoff) -> tuple[float, float, int,
         return None if got is None else (*got[:3], Received(*got[3:]))
     source = h["source"]
     keys, local = engine.prefix_plan(r.prompt)
-    theirs = h["keys"]
-    same = 0
-    while same < min(len(keys), len(theirs)) and keys[same] == theirs[same]:
-        same += 1
+    same = same_keys(keys, h["keys"])
     if same <= local or h["planes"] * h["row_bytes"] != engine.block_nbytes:
         if h["lease"]:  # nothing to read here: let it go at once
             source.release_handoff.broadcast(h["lease"])

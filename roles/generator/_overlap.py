@@ -38,7 +38,7 @@ from orchestr import clock as _clock
 from orchestr.roles.kvstore import LeaseExpiredError
 
 from ._scheduler import Step
-from ._spans import plane_spans
+from ._spans import plane_spans, same_keys
 from ._types import Completion, Request
 
 if TYPE_CHECKING:
@@ -266,10 +266,7 @@ async def read_streamed(
         raise
     exposed = time.perf_counter() - done_at
     await source.end_handoff.call_one(lease)  # raises if it had expired: unusable
-    theirs = p["keys"]
-    same = local
-    while same < len(keys) and same < len(theirs) and keys[same] == theirs[same]:
-        same += 1
+    same = same_keys(keys, p["keys"], local)
     if same == local:
         return None
     if same < len(keys):  # blocks past the first that differs are not this prompt's

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-__all__ = ["block_spans", "copy_blocks", "plane_spans"]
+__all__ = ["block_spans", "copy_blocks", "plane_spans", "same_keys"]
 
 
 def block_spans(
@@ -95,3 +95,12 @@ def copy_blocks(
         else:
             for here, there, n in runs:
                 dst[here : here + n].copy_(src[i, there : there + n])
+
+
+def same_keys(keys: Sequence[bytes], theirs: Sequence[bytes], start: int = 0) -> int:
+    """How many of ``keys``, from the first, a handoff's keys ``theirs`` share (those before
+    ``start`` taken as shared): the blocks of the handoff that are this prompt's."""
+    same = start
+    while same < min(len(keys), len(theirs)) and keys[same] == theirs[same]:
+        same += 1
+    return same
