@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import torch
@@ -22,11 +21,12 @@ import torch
 from orchestr import fabric
 from orchestr.roles._common._hf._layers import Attention, CausalLM, DecoderLayer
 
+from ._batch import Batch, causal, tables_of
 from ._decodes import decode_attention
 from ._kernels import Kernels, kernels
 from ._linears import Linears
 from ._mirror import DecodeMirror
-from ._scheduler import Seq, Step
+from ._scheduler import Step
 
 __all__ = ["AttentionMode", "PagedKV", "PagedRunner"]
 
@@ -216,34 +216,37 @@ class PagedRunner:
         longest = int(lengths.max()) if ones else 0
         dtype = self.kv.keys[0].dtype
         if self.ops is not None:
-            tables = _tables(ones, size, longest, device)
+            tables = tables_of(ones, size, longest, device)
         else:
             # an additive mask: torch's CPU attention takes it at about half the time of a
             # bool one
             past = torch.arange(longest, device=device)[None, :] >= lengths[:, None]
             valid = torch.zeros(past.shape, dtype=dtype, device=device)
             valid = valid.masked_fill(past, float("-inf"))[:, None, None]
-        masks = [_causal(start, n, dtype, device) for _, start, n, _ in chunks]
+        masks = [causal(start, n, dtype, device) for _, start, n, _ in chunks]
         hidden = model.embed_tokens(ids)
         layers = cast(list[DecoderLayer], list(model.layers))
         hook = self.on_layer
         written = None if hook is None else functools.partial(hook, step)
+        keep = list(last.values())
         if self.ops is not None:
-            batch = _Batch(len(ones), pos[0], slot, tables, lengths, chunks, masks, written)
+            batch = Batch(len(ones), pos[0], slot, tables, lengths, chunks, masks, written, keep)
             final = self._fused(layers, hidden, batch)
         else:
-            batch = _Batch(len(ones), pos, slot, valid, lengths, chunks, masks, written, longest)
+            batch = Batch(
+                len(ones), pos, slot, valid, lengths, chunks, masks, written, keep, longest
+            )
             final = self._unfused(layers, hidden, batch)
             self.mirror.advance()
         if not last:
             return {}
-        rows = torch.tensor(list(last.values()), device=device)
-        normed = final[0, rows] if self.ops is not None else model.norm(final[0, rows])
+        normed = final[0] if self.ops is not None else model.norm(final[0])
         logits = self.linears.linear(self.model.lm_head, normed).float()
         return {sid: logits[i] for i, sid in enumerate(last)}
 
-    def _unfused(self, layers: list[DecoderLayer], hidden: torch.Tensor, b: _Batch) -> torch.Tensor:
-        """The layers on torch's ops, decodes over the mirror: the last hidden states."""
+    def _unfused(self, layers: list[DecoderLayer], hidden: torch.Tensor, b: Batch) -> torch.Tensor:
+        """The layers on torch's ops, decodes over the mirror: the last hidden states of the
+        rows in ``b.keep``."""
         cos, sin = self.model.model.rotary(b.positions)
         for i, (layer, keys, values) in enumerate(
             zip(layers, self.kv.keys, self.kv.values, strict=True)
@@ -267,14 +270,23 @@ class PagedRunner:
                 outs.append(core.reshape(1, n, -1))
             outs += self._chunks(attn, q, keys, values, b)
             merged = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+            if i == len(layers) - 1:  # only the rows that sample go on
+                rows = torch.tensor(b.keep, dtype=torch.long, device=hidden.device)
+                merged, hidden = merged[:, rows], hidden[:, rows]
             hidden = hidden + self.linears.linear(attn.o_proj, merged)
             hidden = hidden + self.linears.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         return hidden
 
-    def _fused(self, layers: list[DecoderLayer], hidden: torch.Tensor, b: _Batch) -> torch.Tensor:
+    def _fused(self, layers: list[DecoderLayer], hidden: torch.Tensor, b: Batch) -> torch.Tensor:
         """The layers on orchestr's kernels (:mod:`._kernels`): rotary and the pool writes in
         one pass, decodes and prefill chunks attending in the pool, residual sums fused with
-        the norms, SwiGLU in one pass. Returns the last layer's output already through the final norm."""
+        the norms, SwiGLU in one pass. Returns the last layer's output of the rows in
+        ``b.keep``, already through the final norm.
+
+        The last layer computes every row's keys and values (they go to the pool) but its
+        attention, output projection and MLP only for the rows that sample: no later layer
+        reads the others' outputs. A prompt's chunks before its last skip those parts of
+        that layer altogether, and its last chunk attends for one query, not all of them."""
         ops = self.ops
         assert ops is not None
         cos, sin = self._rotations(b.positions)
@@ -293,14 +305,26 @@ class PagedRunner:
             if b.written is not None:
                 b.written(i)
             q = rows[:, : attn.heads * attn.head_dim].view(t, attn.heads, attn.head_dim)
+            final = i == len(layers) - 1
+            if final and len(b.keep) < t:
+                if not b.keep:
+                    return hidden[:, :0]
+                hidden = hidden[:, torch.tensor(b.keep, dtype=torch.long)]
             outs = []
-            if b.decodes:
+            decodes = [r for r in b.keep if r < b.decodes] if final else range(b.decodes)
+            if decodes:
                 out = decode_attention(
                     ops, self.offload, i, q[: b.decodes], keys, values, b.decode_meta,
                     b.lengths, attn.head_dim**-0.5,
                 )  # fmt: skip
-                outs.append(out.reshape(1, b.decodes, -1))
+                if len(decodes) < b.decodes:
+                    out = out[torch.tensor(decodes, dtype=torch.long)]
+                outs.append(out.reshape(1, len(decodes), -1))
             for offset, start, n, table in b.chunks:
+                if final:  # the chunk's last query, if it samples
+                    if offset + n - 1 not in b.keep:
+                        continue
+                    offset, start, n = offset + n - 1, start + n - 1, 1
                 out = ops.prefill_attention(
                     q[offset : offset + n], keys, values, table, start, attn.head_dim**-0.5
                 )
@@ -320,7 +344,7 @@ class PagedRunner:
         q: torch.Tensor,
         keys: torch.Tensor,
         values: torch.Tensor,
-        b: _Batch,
+        b: Batch,
     ) -> list[torch.Tensor]:
         """Each prefill chunk's attention over its blocks (``q``: ``[1, heads, tokens,
         dim]``), ``[1, n, heads * dim]`` each."""
@@ -346,39 +370,3 @@ class PagedRunner:
             half = cos.shape[-1] // 2
             self._cos, self._sin = cos[:, :half].contiguous(), sin[:, :half].contiguous()
         return self._cos, self._sin
-
-
-@dataclass
-class _Batch:
-    """A step's inputs as the layers read them."""
-
-    decodes: int  # the first ``decodes`` tokens are one-token decodes, in this order
-    positions: torch.Tensor
-    slots: torch.Tensor  # each token's slot in the pool
-    decode_meta: torch.Tensor  # the decodes' block tables (kernel) or additive mask
-    lengths: torch.Tensor  # each decode's positions, its new one included
-    chunks: list[tuple[int, int, int, torch.Tensor]]  # (offset, start, n, table) per prefill
-    masks: list[torch.Tensor | None]
-    written: Callable[[int], None] | None  # a layer's keys and values are in the pool
-    longest: int = 0
-
-
-def _tables(seqs: list[Seq], size: int, longest: int, device: torch.device) -> torch.Tensor:
-    """The block tables of ``seqs`` as the kernel reads them: ``[len(seqs), width]`` int32,
-    each row its first blocks (as many as cover ``longest`` positions), padded with 0."""
-    width = -(-longest // size)
-    rows = [s.blocks[:width] + [0] * (width - len(s.blocks[:width])) for s in seqs]
-    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(len(seqs), width)
-
-
-def _causal(start: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
-    """The additive mask of a chunk of queries at positions ``start .. start + n - 1`` over
-    keys ``0 .. start + n - 1``: each sees itself and what precedes it (``None``, plain
-    causal attention, for a chunk from position 0)."""
-    if start == 0:
-        return None
-    ahead = (
-        torch.arange(start + n, device=device)[None, :]
-        > torch.arange(start, start + n, device=device)[:, None]
-    )
-    return torch.zeros(ahead.shape, dtype=dtype, device=device).masked_fill(ahead, float("-inf"))

@@ -26,6 +26,10 @@ TEXTS = [SHARED + "reverse 1 2", SHARED + "the model", "a", SHARED + "what is tr
     [
         # chunked prefill, prefix hits; packed products, the paged attention kernel
         ("llama", 64, 16, True, "kernel"),
+        # four tokens a step among four sequences: one-token prompt chunks that do not sample
+        # run beside the decodes, and steps where nothing samples (the last layer finishes
+        # only the rows that sample)
+        ("llama", 64, 4, True, "kernel"),
         # the modules' own products and torch's attention over the decode mirror (a GPU's path)
         ("llama", 64, 16, False, "torch"),
         # too few blocks for all four at once: preemption too, on both attentions
