@@ -41,11 +41,11 @@ inline float dot(const float* q, const float* k) {
   return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
 }
 
-// Ask for `n` floats from `at` to be brought into cache (the next block's same position,
-// while this block's is worked on: blocks are scattered in the pool, so the hardware's own
-// prefetcher, which follows one stream within a page, does not see them coming).
+// Ask for `n` floats from `at` to be brought into the core's second-level cache (blocks are
+// scattered in the pool, so the hardware's own prefetcher, which follows one stream within a
+// page, does not see them coming). Asking for the first level measured slower here.
 inline void prefetch(const float* at, int64_t n) {
-  for (int64_t x = 0; x < n; x += 16) __builtin_prefetch(at + x, 0, 3);
+  for (int64_t x = 0; x < n; x += 16) __builtin_prefetch(at + x, 0, 1);
 }
 
 // w[t] = exp(w[t] - max(w)) for t < n, with torch's vectorised exp (the tail with std::exp),
@@ -83,8 +83,12 @@ struct Problem {
 // The attention of sequence `i`'s query heads of kv heads `first .. last - 1`: scores over
 // its keys block by block (each position's keys of those heads are contiguous, so the reads
 // run in order within a block), a softmax per query head, then per query head the values
-// summed with its weights in registers. `D`: the head dim, at compile time (a multiple of
-// the vector width), or 0 for any other (plain loops).
+// summed with its weights in registers. While the keys are scored, the next block's keys and
+// this block's values are prefetched, so the value pass, one walk per query head, reads from
+// cache (a sequence's values, a few hundred KB, fit in one core's second-level cache):
+// measured here at batch 32 with 128-256 positions, 0.43 ms a layer against 0.62-0.68 ms
+// when each value walk prefetched its own next block. `D`: the head dim, at compile time (a
+// multiple of the vector width), or 0 for any other (plain loops).
 template <int64_t D>
 void attend(const Problem& p, int64_t i, int64_t first, int64_t last, std::vector<float>& scores) {
   const int64_t dim = D > 0 ? D : p.dim, group = p.heads / p.kv_heads, len = p.length[i];
@@ -96,9 +100,11 @@ void attend(const Problem& p, int64_t i, int64_t first, int64_t last, std::vecto
   for (int64_t t0 = 0; t0 < len; t0 += p.size) {
     const float* keys = p.k + row[t0 / p.size] * p.size * stride + first * dim;
     const float* next = t0 + p.size < len ? p.k + row[t0 / p.size + 1] * p.size * stride + first * dim : nullptr;
+    const float* values = p.v + row[t0 / p.size] * p.size * stride + first * dim;
     const int64_t m = std::min(p.size, len - t0);
     for (int64_t t = 0; t < m; ++t) {
       if (next != nullptr) prefetch(next + t * stride, span);
+      prefetch(values + t * stride, span);
       for (int64_t r = 0; r < rows; ++r) {
         const float* key = keys + t * stride + (r / group) * dim;
         const float* q = query + r * dim;
@@ -125,10 +131,8 @@ void attend(const Problem& p, int64_t i, int64_t first, int64_t last, std::vecto
       for (int64_t c = 0; c < kParts; ++c) acc[c] = Vec(0.f);
       for (int64_t t0 = 0; t0 < len; t0 += p.size) {
         const float* values = p.v + row[t0 / p.size] * p.size * stride + offset;
-        const float* next = t0 + p.size < len ? p.v + row[t0 / p.size + 1] * p.size * stride + offset : nullptr;
         const int64_t m = std::min(p.size, len - t0);
         for (int64_t t = 0; t < m; ++t) {
-          if (next != nullptr) prefetch(next + t * stride, dim);
           const Vec weight(w[t0 + t]);
           for (int64_t c = 0; c < kParts; ++c) {
             acc[c] = at::vec::fmadd(weight, Vec::loadu(values + t * stride + c * kWidth), acc[c]);
