@@ -6,7 +6,8 @@ paged KV cache, and the elementwise work around the products fused into one pass
   and its fused CPU attention (``scaled_dot_product_attention``) spends most of a decode
   step's time on overhead at one query row: measured here on 32 sequences of 256 positions,
   8 query / 4 key-value heads of 64 (two threads), it took 1.29 ms a layer on keys already
-  gathered into dense rows, against 0.63 ms for this kernel reading the scattered blocks.
+  gathered into dense rows, against 0.63 ms for this kernel reading the scattered blocks
+  (0.41 ms since it prefetches each block's values while it scores the block's keys).
 - ``prefill_attention``: a prefill chunk's causal attention over its sequence's blocks (the
   keys before the chunk and its own), in tiles of keys scored by broadcast multiply-adds with
   an online softmax, values added four rows at a time: measured here on a 1,024-token prompt
