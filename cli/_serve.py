@@ -96,6 +96,11 @@ def _check(args: argparse.Namespace) -> str | None:
     args.generators = args.generators or 1
     if args.micro_batches < 1:
         return f"--micro-batches must be 1 or more, got {args.micro_batches}"
+    weight = args.router_prefill_weight
+    if weight is not None and args.router != "kv":
+        return f"--router-prefill-weight prices the kv router's cost; --router is {args.router}"
+    if weight is not None and not 0 <= weight < float("inf"):
+        return f"--router-prefill-weight must be a number 0 or more, got {weight}"
     if (args.afd or args.micro_batches > 1) and args.engine != "native":
         return "--afd and --micro-batches run the native engine; --engine vllm cannot"
     if args.kv_store_blocks and args.engine != "native":
@@ -119,7 +124,7 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
         generators=args.generators,
         engine=ENGINES[args.engine],
         names=args.served_model_name or [],
-        router=args.router,
+        router=_router(args),
         api_key=args.api_key,
         max_pending=args.max_pending,
         resend=args.resend,
@@ -162,8 +167,11 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
             if args.expert_hosts:
                 pools += f" over {args.expert_hosts} expert host(s)"
                 pools += f" in {args.micro_batches} micro-batches" if args.micro_batches > 1 else ""
+            router = args.router
+            if args.router_prefill_weight is not None:
+                router += f" (prefill weight {args.router_prefill_weight:g})"
             print(
-                f"serving {name} on http://{args.host}:{port}/v1 with {pools}, router {args.router}",
+                f"serving {name} on http://{args.host}:{port}/v1 with {pools}, router {router}",
                 flush=True,
             )
         await task  # until SIGINT or SIGTERM, or it fails to bind
@@ -213,6 +221,16 @@ def serve(args: argparse.Namespace) -> int:
         return 130
     print("orchestr serve: stopped", file=sys.stderr)
     return 0
+
+
+def _router(args: argparse.Namespace) -> Any:
+    """The router policy's name, or a kv :class:`~orchestr.roles.serving.Router` with the
+    prefill weight given."""
+    if args.router_prefill_weight is None:
+        return args.router
+    from orchestr.roles.serving import Router
+
+    return Router(args.router, prefill_weight=args.router_prefill_weight)
 
 
 def _port(text: str) -> int:
@@ -319,6 +337,14 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
     )
     p.add_argument(
         "--router", choices=ROUTERS, default="kv", help="how requests pick a generator (default kv)"
+    )
+    p.add_argument(
+        "--router-prefill-weight",
+        type=float,
+        default=None,
+        metavar="W",
+        help="with --router kv, the weight of prompt blocks to compute (the request's and those "
+        "queued) against blocks decoding in its cost (default 1.0, Dynamo's)",
     )
     p.add_argument(
         "--max-batch", type=_positive, default=32, help="sequences per engine step (default 32)"

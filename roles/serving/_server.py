@@ -18,6 +18,7 @@ from ..kvstore._actor import KVStore
 from ._disagg import MIN_TOKENS
 from ._frontdoor import FrontDoor
 from ._http import ServedModel, openai_app
+from ._router import Router
 
 __all__ = ["openai_server"]
 
@@ -30,7 +31,7 @@ async def openai_server(
     generators: int = 1,
     engine: str = "paged",
     names: Sequence[str] = (),
-    router: str = "kv",
+    router: str | Router = "kv",
     api_key: str | None = None,
     max_pending: int = 256,
     resend: bool = False,
@@ -50,7 +51,8 @@ async def openai_server(
     :class:`FrontDoor` over them and yield its OpenAI app, to mount in an app of your own or
     serve with uvicorn. On exit the front door closes (requests in flight end) and the
     generators stop. A generator that dies is restarted up to ``restarts`` times, then left
-    dead while the others serve. ``options`` are more keywords for the generators
+    dead while the others serve. ``router`` is a policy's name or a :class:`Router` (say, the
+    kv policy with another ``prefill_weight``). ``options`` are more keywords for the generators
     (``max_batch``, ``kv``, ``torch_threads``...). With ``kv_store_blocks`` a
     :class:`~orchestr.roles.KVStore` of that many blocks in host memory backs the generators'
     prefix caches (paged engine, float32 blocks) and the router counts its blocks. With

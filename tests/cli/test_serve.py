@@ -45,6 +45,10 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         (["--afd", "1:0"], "--afd is A:E"),
         (["--afd", "1:2", "--generators", "2"], "leave out --generators"),
         (["--micro-batches", "0"], "--micro-batches must be 1 or more"),
+        (["--router-prefill-weight", "-1"], "--router-prefill-weight must be a number 0 or more"),
+        (["--router-prefill-weight", "nan"], "--router-prefill-weight must be a number 0 or more"),
+        (["--router-prefill-weight", "heavy"], "invalid float value: 'heavy'"),
+        (["--router", "round_robin", "--router-prefill-weight", "4"], "--router is round_robin"),
         (["--afd", "1:1", "--engine", "vllm"], "--engine vllm cannot"),
     ],
 )
@@ -73,7 +77,7 @@ def test_serve_answers_openai_clients_and_stops_on_sigint(folder: pathlib.Path) 
     marker = uuid.uuid4().hex
     env = dict(os.environ, ORCHESTR_TEST_MARKER=marker, ORCHESTR_API_KEY="sekrit")
     args = ["serve", str(folder), "--port", "0", "--served-model-name", "tiny", "--router", "kv",
-            "--kv-store-blocks", "64"]  # fmt: skip
+            "--router-prefill-weight", "16", "--kv-store-blocks", "64"]  # fmt: skip
     proc = subprocess.Popen(
         [*ORCHESTR, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
@@ -82,6 +86,7 @@ def test_serve_answers_openai_clients_and_stops_on_sigint(folder: pathlib.Path) 
         assert proc.stdout is not None
         line = proc.stdout.readline()
         found = re.search(r"serving tiny on (http://127\.0\.0\.1:\d+/v1) with 1 native", line)
+        assert line.rstrip().endswith("router kv (prefill weight 16)"), line
         assert found, line + (proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
         with openai.OpenAI(base_url=found[1], api_key="sekrit", max_retries=0) as client:
             r = client.completions.create(model="tiny", prompt="hello", max_tokens=5)
