@@ -106,9 +106,10 @@ class Router:
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown router policy {policy!r}; use one of {', '.join(POLICIES)}")
-        if not prefill_weight >= 0 or not 0 <= store_cost <= 1:
+        # an infinite weight would make a generator with nothing to prefill cost nan
+        if not 0 <= prefill_weight < float("inf") or not 0 <= store_cost <= 1:
             raise ValueError(
-                f"prefill_weight must be >= 0 and store_cost within [0, 1], got "
+                f"prefill_weight must be finite and >= 0 and store_cost within [0, 1], got "
                 f"{prefill_weight}, {store_cost}"
             )
         if not expect_s >= 0:

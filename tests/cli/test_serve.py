@@ -86,8 +86,8 @@ def test_serve_answers_openai_clients_and_stops_on_sigint(folder: pathlib.Path) 
         assert proc.stdout is not None
         line = proc.stdout.readline()
         found = re.search(r"serving tiny on (http://127\.0\.0\.1:\d+/v1) with 1 native", line)
-        assert line.rstrip().endswith("router kv (prefill weight 16)"), line
         assert found, line + (proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
+        assert line.rstrip().endswith("router kv (prefill weight 16)"), line
         with openai.OpenAI(base_url=found[1], api_key="sekrit", max_retries=0) as client:
             r = client.completions.create(model="tiny", prompt="hello", max_tokens=5)
             assert r.usage is not None and r.usage.completion_tokens <= 5 and r.choices

@@ -108,6 +108,9 @@ def test_bad_settings_and_events_are_refused() -> None:
         Router("random")
     with pytest.raises(ValueError, match="store_cost within"):
         Router(store_cost=2.0)
+    for weight in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="prefill_weight must be finite and >= 0"):
+            Router(prefill_weight=weight)
     r = router()
     with pytest.raises(ValueError, match="in rotation already"):
         r.add("g0")
