@@ -113,7 +113,13 @@ def configure_logging(
     if json:
         processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
     else:
-        processors.append(structlog.dev.ConsoleRenderer(colors=False))
+        # plain tracebacks: rich's (when it is installed) print each frame's locals, which
+        # hold request bodies and secrets (an Authorization header) in a server's frames
+        processors.append(
+            structlog.dev.ConsoleRenderer(
+                colors=False, exception_formatter=structlog.dev.plain_traceback
+            )
+        )
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(

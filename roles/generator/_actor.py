@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import os
 import secrets
+import traceback
 from collections import deque
 from typing import Any
 
@@ -351,7 +352,10 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
             raise self._failed()
 
     def _failed(self) -> RuntimeError:
-        err = RuntimeError(f"the generator's engine failed: {self._failure!r}; spawn a new one")
+        err = RuntimeError(
+            f"the generator's engine failed in a step: {self._failure!r:.300}; its requests "
+            f"ended, and its worker exits to be restarted (in this process: spawn a new one)"
+        )
         err.__cause__ = self._failure
         return err
 
@@ -381,9 +385,18 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
                         self._ready.append(c)
                         self._has_ready.set()
         except Exception as exc:  # a model error: nothing can continue; say so to every caller
-            log.exception("generator engine failed")
+            # the traceback as text: a renderer that prints frames' locals would print prompts
+            log.error(
+                "generator engine failed in a step; its requests end",
+                error=repr(exc)[:2000],
+                traceback=traceback.format_exc(),
+            )
             self._failure = exc
             self._fail_waiters(self._failed())
+            with contextlib.suppress(RuntimeError):  # in this process: it stays failed
+                # a fresh engine in a fresh worker, placed by the restart policy: a step's
+                # fault (a kernel's, an allocation's) may have left the pool inconsistent
+                self.crash(f"the engine failed in a step: {type(exc).__name__}")
 
     def _fail_waiters(self, exc: BaseException) -> None:
         for future in self._claimed.values():

@@ -396,4 +396,6 @@ class PagedEngine(Pausable):
                 f"request {r.id!r} can never fit: it needs {need} blocks of "
                 f"{self._pool.block_size} tokens; the cache has {self._pool.num_blocks}"
             )
-        return Seq(r.id, list(r.prompt), r.max_new_tokens, stop_ids=live.stop_ids)
+        return Seq(
+            r.id, list(r.prompt), r.max_new_tokens, stop_ids=live.stop_ids, cache_salt=r.cache_salt
+        )

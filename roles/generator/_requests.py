@@ -4,9 +4,10 @@ length, and finish it into a :class:`~._types.Completion`; and the checks of a w
 (:func:`check_state`).
 
 **Stop strings** are found in the detokenized output (the engine's ``detokenize``, the
-checkpoint's tokenizer): after each token the newest few tokens are decoded and searched, so
-a stop string split across tokens is found as soon as its last piece arrives (the whole
-output is decoded only when one is found). The completion keeps every token it generated (the one that
+checkpoint's tokenizer), decoded incrementally (:mod:`orchestr.roles._common._text`): after
+each token its text is searched together with the last characters before it, so a stop
+string split across tokens is found as soon as its last piece arrives, and a token costs the
+same at any output length. The completion keeps every token it generated (the one that
 completed the stop string too) and its ``text`` ends just before the stop string, as vLLM's
 does. A request that names stop strings on an engine without a tokenizer is refused.
 """
@@ -23,8 +24,18 @@ from typing import Any
 
 import torch
 
-from ._sampling import MAX_TOP_LOGPROBS, check_sampling
-from ._types import Completion, EngineStats, Request
+from orchestr.roles._common._text import IncrementalText, StopFinder
+
+from ._sampling import check_sampling
+from ._types import (
+    MAX_ID_CHARS,
+    MAX_STOP_CHARS,
+    MAX_STOPS,
+    MAX_TOP_LOGPROBS,
+    Completion,
+    EngineStats,
+    Request,
+)
 
 __all__ = [
     "Intake",
@@ -60,6 +71,8 @@ class Live:
     text: str | None = None
     stop_reason: int | str | None = None
     ended: str | None = None  # why, once record() has ended it
+    _text: IncrementalText | None = dataclasses.field(default=None, repr=False)
+    _finder: StopFinder | None = dataclasses.field(default=None, repr=False)
 
     def record(
         self,
@@ -88,20 +101,18 @@ class Live:
 
     def _stop_string(self) -> bool:
         assert self.detokenize is not None  # Intake refuses stop strings without one
-        stops = self.request.stop
-        longest = max(map(len, stops))
-        # a stop string found now ends in the newest token: look at a tail long enough for
-        # it even at one byte a token (up to 4 a character), and decode all only on a hit
-        tail = self.detokenize(self.tokens[-(4 * longest + 8) :])
-        if not any(s in tail for s in stops):
+        if self._finder is None:
+            self._text = IncrementalText(self.detokenize)
+            self._finder = StopFinder(self.request.stop)
+            new = self._text.push(self.tokens)  # the tokens so far (the first one, usually)
+        else:
+            assert self._text is not None
+            new = self._text.push(self.tokens[-1:])
+        hit = self._finder.feed(new)
+        if hit is None:
             return False
-        text = self.detokenize(self.tokens)
-        start = max(0, len(text) - len(tail) - longest)
-        found = [(i, s) for s in stops if (i := text.find(s, start)) >= 0]
-        if not found:  # the tail decoded differently at its start; the whole text rules
-            return False
-        at, self.stop_reason = min(found)
-        self.text = text[:at]
+        at, self.stop_reason = hit
+        self.text = self._text.text[:at]
         return True
 
     def finish(self, reason: str, version: int, now: float) -> Completion:
@@ -194,39 +205,57 @@ class Intake:
     ) -> None:
         self.vocab, self.max_len, self.eos, self.seed = vocab, max_len, eos, seed
         self.detokenize = detokenize
+        self._stops: dict[tuple[str, ...], list[str]] = {}
 
     def check(self, r: Any, now: float) -> Live:
         """``r`` as a :class:`Live`; raises ``TypeError``/``ValueError`` naming the request
         and the field for anything the engine cannot run."""
         if not isinstance(r, Request):
             raise TypeError(f"expected a Request, got {type(r).__name__}")
-        if not isinstance(r.id, str) or not r.id:
-            raise ValueError(f"a request id must be a non-empty string, got {r.id!r}")
+        if not isinstance(r.id, str) or not 0 < len(r.id) <= MAX_ID_CHARS:
+            raise ValueError(
+                f"a request id must be a string of 1 to {MAX_ID_CHARS} characters, got {r.id!r:.80}"
+            )
+        if not isinstance(r.prompt, list | tuple):
+            raise ValueError(f"request {r.id!r}: prompt must be a list of token ids")
         prompt = [self.token(t, f"prompt of {r.id!r}") for t in r.prompt]
         if not prompt:
             raise ValueError(
                 f"request {r.id!r} has an empty prompt; give at least one token (e.g. BOS)"
             )
         m = r.max_new_tokens
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"request {r.id!r}: max_new_tokens must be an int >= 1, got {m!r}")
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m < 2**31:
+            raise ValueError(
+                f"request {r.id!r}: max_new_tokens must be an int from 1 to 2**31-1, got {m!r:.40}"
+            )
         if self.max_len is not None and len(prompt) + r.max_new_tokens > self.max_len:
             raise ValueError(
                 f"request {r.id!r}: prompt ({len(prompt)}) + max_new_tokens ({r.max_new_tokens}) "
                 f"exceeds the model's max_seq_len {self.max_len}"
             )
-        if not (isinstance(r.temperature, int | float) and 0 <= r.temperature < math.inf):
+        r = check_sampling(r, self.vocab)
+        seed = r.seed
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**64
+        ):
+            raise ValueError(f"request {r.id!r}: seed must be a 64-bit integer, got {seed!r:.40}")
+        salt = r.cache_salt
+        if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= MAX_ID_CHARS):
             raise ValueError(
-                f"request {r.id!r}: temperature must be >= 0 and finite, got {r.temperature!r}"
+                f"request {r.id!r}: cache_salt must be a string of 1 to {MAX_ID_CHARS} "
+                f"characters, got {salt!r:.40}"
             )
-        check_sampling(r)
-        self._check_stops(r)
+        if not isinstance(r.ignore_eos, bool):
+            raise ValueError(
+                f"request {r.id!r}: ignore_eos must be a bool, got {r.ignore_eos!r:.40}"
+            )
+        stops = self._check_stops(r)
         if r.stop_token is not None:
             stop = frozenset({self.token(r.stop_token, f"stop_token of {r.id!r}")})
         else:
             stop = frozenset() if r.ignore_eos else self.eos
         generator = torch.Generator().manual_seed(request_seed(self.seed, r))
-        request = dataclasses.replace(r, prompt=prompt, stop=list(r.stop))
+        request = dataclasses.replace(r, prompt=prompt, stop=stops)
         return Live(request, generator, now, stop, self.detokenize)
 
     def token(self, t: Any, what: str) -> int:
@@ -238,12 +267,20 @@ class Intake:
             raise ValueError(f"{what}: token {i} is outside the vocabulary [0, {self.vocab})")
         return i
 
-    def _check_stops(self, r: Request) -> None:
+    def _check_stops(self, r: Request) -> list[str]:
+        """``r``'s stop strings checked; equal lists are one object (a request's ``n``
+        choices come as ``n`` requests with the same stops: held once)."""
         stops = r.stop
         if isinstance(stops, str) or not isinstance(stops, list | tuple):
-            raise ValueError(f"request {r.id!r}: stop must be a list of strings, got {stops!r}")
-        if not all(isinstance(s, str) and s for s in stops):
-            raise ValueError(f"request {r.id!r}: stop strings must be non-empty, got {stops!r}")
+            raise ValueError(f"request {r.id!r}: stop must be a list of strings, got {stops!r:.60}")
+        if len(stops) > MAX_STOPS:
+            raise ValueError(
+                f"request {r.id!r}: at most {MAX_STOPS} stop strings, got {len(stops)}"
+            )
+        if not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stops):
+            raise ValueError(
+                f"request {r.id!r}: stop strings must have 1 to {MAX_STOP_CHARS} characters"
+            )
         if stops and self.detokenize is None:
             raise ValueError(
                 f"request {r.id!r}: stop strings need a tokenizer, and this engine has none "
@@ -253,8 +290,17 @@ class Intake:
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOP_LOGPROBS:
             raise ValueError(
                 f"request {r.id!r}: top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], "
-                f"got {n!r}"
+                f"got {n!r:.40}"
             )
+        if not stops:
+            return []
+        key = tuple(stops)
+        shared = self._stops.get(key)
+        if shared is None:
+            if len(self._stops) >= 1024:  # a bound, not a cache policy: the oldest go
+                self._stops.pop(next(iter(self._stops)))
+            shared = self._stops[key] = list(key)
+        return shared
 
 
 def request_seed(engine_seed: int, r: Request) -> int:

@@ -5,18 +5,16 @@ likeliest tokens' log-probs for a request that asks for them."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
-from ._types import Request
+from ._types import MAX_TOP_LOGPROBS, Request
 
 __all__ = ["MAX_TOP_LOGPROBS", "Chosen", "check_sampling", "choose_tokens"]
-
-#: The most ``top_logprobs`` a request may ask for (OpenAI's and vLLM's default limit).
-MAX_TOP_LOGPROBS = 20
 
 
 class Chosen(NamedTuple):
@@ -67,12 +65,36 @@ def choose_tokens(
     return Chosen(chosen.tolist(), lp.tolist(), slp.tolist(), top)
 
 
-def check_sampling(r: Request) -> None:
-    """Raise ``ValueError`` for a request's bad ``top_k`` or ``top_p``."""
-    if isinstance(r.top_k, bool) or not isinstance(r.top_k, int) or r.top_k < 0:
-        raise ValueError(f"request {r.id!r}: top_k must be an int >= 0, got {r.top_k!r}")
-    if not (isinstance(r.top_p, int | float) and 0 < r.top_p <= 1):
-        raise ValueError(f"request {r.id!r}: top_p must be in (0, 1], got {r.top_p!r}")
+def check_sampling(r: Request, vocab: int | None = None) -> Request:
+    """``r`` with its ``temperature``, ``top_k`` and ``top_p`` checked and normalised (floats
+    as ``float``; ``top_k`` clamped to ``vocab``, where no narrowing is lost, so the step's
+    tensors hold it); raises ``ValueError`` naming the field for a value the step cannot run:
+    a NaN, an infinity, a number out of range, a bool, an integer past a 64-bit one."""
+    t = r.temperature
+    if not _number(t) or not 0 <= float(t) < math.inf:
+        raise ValueError(f"request {r.id!r}: temperature must be >= 0 and finite, got {t!r:.40}")
+    k = r.top_k
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < 2**63:
+        raise ValueError(f"request {r.id!r}: top_k must be an int from 0 to 2**63-1, got {k!r:.40}")
+    p = r.top_p
+    if not _number(p) or not 0 < float(p) <= 1:
+        raise ValueError(f"request {r.id!r}: top_p must be in (0, 1], got {p!r:.40}")
+    if vocab is not None and k > vocab:
+        k = vocab  # every token is among the top vocab: the same narrowing
+    if (type(t), type(p), k) == (float, float, r.top_k):
+        return r
+    return dataclasses.replace(r, temperature=float(t), top_k=k, top_p=float(p))
+
+
+def _number(x: object) -> bool:
+    """Whether ``x`` is an int or float (not a bool) that converts to a float."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return False
+    try:
+        float(x)
+    except OverflowError:
+        return False
+    return True
 
 
 def _narrow(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:

@@ -8,7 +8,27 @@ from typing import Any
 
 from orchestr import register
 
-__all__ = ["Completion", "EngineStats", "Request", "TokenDelta", "Updates", "as_request"]
+__all__ = [
+    "MAX_ID_CHARS",
+    "MAX_STOPS",
+    "MAX_STOP_CHARS",
+    "MAX_TOP_LOGPROBS",
+    "Completion",
+    "EngineStats",
+    "Request",
+    "TokenDelta",
+    "Updates",
+    "as_request",
+]
+
+#: Limits of a :class:`Request` that every engine checks on submission (and the front door
+#: before it): the most ``top_logprobs`` (OpenAI's and vLLM's limit), stop strings, the
+#: characters of one stop string (each is looked for after every token, over a window as
+#: long as the longest), and the characters of a request id.
+MAX_TOP_LOGPROBS = 20
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
+MAX_ID_CHARS = 256
 
 
 @register
@@ -22,7 +42,9 @@ class Request:
     reaches ``top_p``. ``top_logprobs`` (at most 20) asks for that many likeliest tokens and
     their log-probs at each position, untempered as ``Completion.logprobs`` is.
     ``ignore_eos`` generates past the engine's end-of-sequence token (benchmarks do, to fix
-    every output's length); ``stop_token`` and ``stop`` still end it."""
+    every output's length); ``stop_token`` and ``stop`` still end it. ``cache_salt`` (at
+    most 256 characters) keeps the request's prefix-cache blocks apart: it reuses only
+    blocks computed for requests with the same salt, as vLLM's ``cache_salt`` does."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -37,6 +59,7 @@ class Request:
     stop: list[str] = dataclasses.field(default_factory=list)
     top_logprobs: int = 0
     ignore_eos: bool = False
+    cache_salt: str | None = None
 
 
 @register

@@ -199,7 +199,7 @@ class VllmEngine(Pausable):
         try:
             for live in checked:
                 r = live.request
-                prompt = {"prompt_token_ids": r.prompt, "cache_salt": f"v{self._version}"}
+                prompt = {"prompt_token_ids": r.prompt, "cache_salt": _salt(self._version, r)}
                 self._llm.add_request(r.id, prompt, self._params(live))
                 added.append(r.id)
         except (ValueError, TypeError) as exc:
@@ -371,3 +371,9 @@ class VllmEngine(Pausable):
             for m in self._llm.get_metrics()
             if getattr(m, "value", None) is not None
         }
+
+
+def _salt(version: int, r: Request) -> str:
+    """vLLM's cache salt of ``r``: the weights' version (blocks of other weights are not
+    reused) and the request's own salt."""
+    return f"v{version}" if r.cache_salt is None else f"v{version}:{r.cache_salt}"

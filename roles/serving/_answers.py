@@ -3,48 +3,48 @@ the usage, finish reasons and log-probs in the shapes OpenAI's clients parse."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from .._common._text import IncrementalText
 
 __all__ = ["ChoiceText", "chat_logprobs", "completion_logprobs", "finish_reason", "usage"]
 
 
-@dataclasses.dataclass
 class ChoiceText:
     """One choice's text as its tokens arrive: :meth:`push` gives the text that can be shown
-    now. Text is held back while it ends in an incomplete character (a multi-byte character
-    split over tokens) and, with stop strings, the last ``len(longest) - 1`` characters (they
-    may begin a stop string); :meth:`finish` takes the last tokens and gives the rest, cut
-    before the stop string."""
+    now. Text is decoded incrementally (:class:`~orchestr.roles._common._text.IncrementalText`:
+    a token costs the same at any length), held back while it ends in an incomplete
+    character (a multi-byte character split over tokens) and, with stop strings, by the last
+    ``len(longest) - 1`` characters (they may begin a stop string); :meth:`finish` takes the
+    last tokens and gives the rest, cut before the stop string."""
 
-    decode: Any  # list[int] -> str
-    stops: list[str]
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    shown: str = ""
+    def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[str]) -> None:
+        self.stops = list(stops)
+        self._text = IncrementalText(decode)
+        self._hold = max(map(len, self.stops)) - 1 if self.stops else 0
+        self._pending = ""  # decoded, not shown
+        self.shown = 0  # characters shown
 
     def push(self, tokens: Sequence[int]) -> str:
-        self.tokens += tokens
-        text = self.decode(self.tokens)
-        if text.endswith("\ufffd"):
+        self._pending += self._text.push(tokens)
+        cut = len(self._pending) - self._hold
+        if cut <= 0:
             return ""
-        if self.stops:
-            hold = max(map(len, self.stops)) - 1
-            text = text[: max(len(text) - hold, len(self.shown))]
-        return self._show(text)
+        new, self._pending = self._pending[:cut], self._pending[cut:]
+        self.shown += len(new)
+        return new
 
     def finish(self, tokens: Sequence[int], final: str | None) -> str:
         """The last ``tokens`` given, the text not shown yet; ``final`` is the completion's
         text when a stop string cut it (the last tokens complete the stop string, so they are
         never shown through :meth:`push`)."""
-        self.tokens += tokens
-        text = final if final is not None else self.decode(self.tokens)
-        return self._show(text)
-
-    def _show(self, text: str) -> str:
-        if not text.startswith(self.shown):  # decoding more tokens changed the text before
-            return ""
-        new, self.shown = text[len(self.shown) :], text
+        self._text.push(tokens)
+        self._text.flush()
+        text = final if final is not None else self._text.text
+        new = text[self.shown :]
+        self.shown += len(new)
+        self._pending = ""
         return new
 
 

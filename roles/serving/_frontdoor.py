@@ -192,10 +192,14 @@ class FrontDoor:
                 total[k] = total.get(k, 0.0) + v
         return total
 
-    def block_hashes(self, prompt: Sequence[int]) -> list[bytes]:
+    def block_hashes(self, prompt: Sequence[int], cache_salt: str | None = None) -> list[bytes]:
         """The chained hashes of ``prompt``'s full blocks, as the generators' engines key
-        them (empty until a generator has said how, or when it has no prefix cache)."""
-        return prompt_hashes(prompt, *self._hash)
+        them for a request with ``cache_salt`` (empty until a generator has said how, or when
+        it has no prefix cache)."""
+        size, extra = self._hash
+        if cache_salt is not None and extra:
+            extra = [*extra[:-1], cache_salt]  # the last extra key is the request's salt
+        return prompt_hashes(prompt, size, extra)
 
     # -- requests ----------------------------------------------------------------------------
     async def open(self, prompt: list[int], **params: Any) -> RequestStream:
@@ -235,7 +239,11 @@ class FrontDoor:
     def route(self, request: Request) -> str:
         """Choose the generator for ``request`` by the router's policy, and count its blocks
         there until the generator's next report. Raises :class:`NoWorkerError`."""
-        hashes = self.block_hashes(request.prompt) if self.router.policy == "kv" else []
+        hashes = (
+            self.block_hashes(request.prompt, request.cache_salt)
+            if self.router.policy == "kv"
+            else []
+        )
         loads = {}
         for w in self.router.workers:  # the last report, and what was sent since
             load = self._loads.get(w, Load())

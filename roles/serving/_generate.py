@@ -79,8 +79,9 @@ class Generation:
     async def answer(self, request: HTTPRequest, job: Job) -> Response:
         streams = await self._open(job)
         if job.stream:
+            rid = getattr(request.state, "request_id", "")
             return StreamingResponse(
-                self._events(job, streams),
+                self._events(job, streams, rid),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -161,7 +162,9 @@ class Generation:
     def _prompt_tokens(self, job: Job) -> int:
         return sum(len(p) for p in job.prompts) * job.n
 
-    async def _events(self, job: Job, streams: list[RequestStream]) -> AsyncIterator[str]:
+    async def _events(
+        self, job: Job, streams: list[RequestStream], rid: str = ""
+    ) -> AsyncIterator[str]:
         """The server-sent events of a streamed job; its requests are cancelled if the
         client goes away (Starlette cancels this generator) or a write fails."""
         chat = job.kind == "chat"
@@ -227,7 +230,10 @@ class Generation:
                     {**head, "choices": [], "usage": _answers.usage(prompt_tokens, generated)}
                 )
         except Exception as exc:  # after the headers: the error goes in the stream
-            err = api_error(exc)
+            with structlog.contextvars.bound_contextvars(request_id=rid):
+                err = api_error(exc)
+            if err.status >= 500:
+                err.message = f"{err.message} (request id {rid})"
             yield _event(err.body())
         finally:
             for s in streams:
@@ -236,21 +242,28 @@ class Generation:
 
 
 def api_error(exc: BaseException) -> APIError:
-    """The HTTP error for a failure of the front door or a generator."""
+    """The HTTP error for a failure of the front door or a generator. A 5xx says a fixed
+    message (the details, which may hold a remote traceback, go to the log)."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, OverloadedError):
         return APIError(str(exc), status=429, type="rate_limit_error", code="rate_limit_exceeded",
                         headers={"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
     if isinstance(exc, NoWorkerError | GeneratorLostError | oc.ClosedResourceError):
-        return APIError(str(exc), status=503, type="service_unavailable",
+        log.warning("front door: no generator served a request", error=str(exc)[:2000])
+        return APIError("no generator could serve this request now; retry", status=503,
+                        type="service_unavailable",
                         headers={"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
-    if isinstance(exc, ValueError):
-        return APIError(str(exc))
+    if isinstance(exc, ValueError):  # a generator refused the request: our checks' words
+        return APIError(str(exc)[:1000])
     if isinstance(exc, asyncio.CancelledError):
         raise exc
-    log.error("front door: request failed", error=repr(exc)[:300])
-    return APIError(f"the request failed: {type(exc).__name__}", status=500, type="server_error")
+    log.error("front door: request failed", error=repr(exc)[:2000])
+    return APIError(
+        "internal error; the server's log has the details under this request id",
+        status=500,
+        type="server_error",
+    )
 
 
 async def _disconnected(request: HTTPRequest) -> None:

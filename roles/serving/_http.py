@@ -10,19 +10,30 @@ Streams are server-sent events, one chunk per token (``data: {json}``), then ``d
 [DONE]``; with ``stream_options.include_usage`` a last chunk with the usage and no choices
 comes before it. A client that goes away ends its requests on their generators, streaming
 or not (a task watches the connection while a whole answer is computed). Every error is
-OpenAI's error body with its status: 400 for a bad request, 401 without the API key, 429
-with ``Retry-After`` when the front door is full, 503 when no generator is in rotation or a
-request's generator died.
+OpenAI's error body with its status: 400 for a bad request, 401 without the API key, 413 for
+a body larger than the model's context can use, 429 with ``Retry-After`` when the front door
+is full, 503 when no generator is in rotation or a request's generator died. Every response
+of a guarded route carries an ``X-Request-Id``; a 5xx body says only a fixed message and that
+id, and the details go to the server's log under it (never the request's body or key).
+
+Nothing a client sends is worked on at length on the event loop: a body is refused past
+:func:`body_limit` bytes as it arrives, a prompt's text past the model's
+``max_prompt_chars`` before it is tokenized, and tokenizing, rendering a chat template and
+detokenizing run in worker threads, at most :data:`WORKERS` at once with at most
+:data:`QUEUED` waiting (then 429).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import os
 import time
+import traceback
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from starlette.applications import Starlette
@@ -43,8 +54,21 @@ __all__ = ["ServedModel", "openai_app"]
 
 log = structlog.get_logger("orchestr.roles.serving")
 
-#: The largest request body read, in bytes.
+#: The largest request body read, in bytes, whatever the model.
 MAX_BODY = 16 * 1024 * 1024
+#: Checks of requests (tokenizing, chat templates) and detokenizing run at most this many at
+#: once, in threads; at most :data:`QUEUED` more wait (then 429).
+WORKERS = 2
+QUEUED = 64
+
+T = TypeVar("T")
+
+
+def body_limit(model: ServedModel) -> int:
+    """The largest body read for ``model``: room for a few prompts as long as its context
+    (in JSON, each character up to 6 bytes as an escape), at least 1 MiB, at most
+    :data:`MAX_BODY`."""
+    return min(MAX_BODY, max(1 << 20, 4 * 6 * model.max_prompt_chars))
 
 
 class ServedModel:
@@ -56,9 +80,15 @@ class ServedModel:
         self.root = os.fspath(checkpoint)
         config = read_config(self.root)
         self.tokenizer = Tokenizer(self.root)
-        self.names = list(names) or [self.root]
+        # listed names never show where the checkpoint lies: the folder's name by default,
+        # its path (as given, or absolute) still accepted as vLLM's default name is
+        self.names = list(names) or [os.path.basename(os.path.normpath(self.root))]
+        self.aliases = set(self.names) | (
+            set() if names else {self.root, os.path.abspath(self.root)}
+        )
         self.max_len = config.max_position_embeddings
         self.vocab_size = config.vocab_size
+        self.max_prompt_chars = self.max_len * _longest_token(self.tokenizer)
         self.created = int(time.time())
         self._texts: dict[int, str] = {}
 
@@ -81,6 +111,12 @@ class ServedModel:
         return text
 
 
+def _longest_token(tokenizer: Tokenizer) -> int:
+    """An upper bound on the characters of one token's text (at least 16)."""
+    vocab = tokenizer._tok.get_vocab(with_added_tokens=True)
+    return max(16, max(map(len, vocab), default=0))
+
+
 def openai_app(front: FrontDoor, model: ServedModel, *, api_key: str | None = None) -> Starlette:
     """The ASGI app serving OpenAI's API through ``front`` (started by its owner). With
     ``api_key``, every route but ``/health`` needs ``Authorization: Bearer <api_key>``."""
@@ -98,6 +134,9 @@ class _App:
         self.front, self.model = front, model
         self._generation = Generation(front, model)
         self._key = None if api_key is None else f"Bearer {api_key}".encode()
+        self._limit = body_limit(model)
+        self._workers = asyncio.Semaphore(WORKERS)
+        self._queued = 0
         routes = [
             Route("/v1/completions", self._guard(self.completions), methods=["POST"]),
             Route("/v1/chat/completions", self._guard(self.chat), methods=["POST"]),
@@ -114,63 +153,122 @@ class _App:
         )
 
     # -- plumbing ----------------------------------------------------------------------------
+    def _authorized(self, request: HTTPRequest) -> bool:
+        # the header is compared here, so no long-lived frame (a traceback's) holds the key
+        return self._key is None or hmac.compare_digest(
+            request.headers.get("authorization", "").encode(), self._key
+        )
+
     def _guard(
         self, handler: Callable[[HTTPRequest], Awaitable[Response]]
     ) -> Callable[[HTTPRequest], Awaitable[Response]]:
-        """``handler`` behind the API key check, with every error in OpenAI's shape."""
+        """``handler`` behind the API key check, with every error in OpenAI's shape and the
+        request's id in its ``X-Request-Id``."""
 
         async def guarded(request: HTTPRequest) -> Response:
-            try:
-                if self._key is not None:
-                    given = request.headers.get("authorization", "").encode()
-                    if not hmac.compare_digest(given, self._key):
-                        raise APIError(
-                            "Incorrect API key provided: give `Authorization: Bearer <key>`",
-                            status=401,
-                            code="invalid_api_key",
-                        )
-                return await handler(request)
-            except APIError as exc:
-                return _json(exc.body(), exc.status, exc.headers)
-            except Exception:
-                log.exception("front door: unexpected error", path=request.url.path)
-                return _json(
-                    _openai.error_body("internal error; see the server's log", "server_error"), 500
-                )
+            rid = uuid.uuid4().hex
+            request.state.request_id = rid
+            with structlog.contextvars.bound_contextvars(request_id=rid):
+                response = await self._answer(handler, request, rid)
+            response.headers["X-Request-Id"] = rid
+            return response
 
         return guarded
 
+    async def _answer(
+        self, handler: Callable[[HTTPRequest], Awaitable[Response]], request: HTTPRequest, rid: str
+    ) -> Response:
+        try:
+            if not self._authorized(request):
+                raise APIError(
+                    "Incorrect API key provided: give `Authorization: Bearer <key>`",
+                    status=401,
+                    code="invalid_api_key",
+                )
+            return await handler(request)
+        except APIError as exc:
+            if exc.status >= 500:  # the details are for the log
+                log.warning("front door: request failed", status=exc.status, error=exc.message)
+                exc = APIError(
+                    f"{FIXED.get(exc.status, FIXED[500])} (request id {rid})",
+                    status=exc.status,
+                    type=exc.type,
+                    code=exc.code,
+                    headers=exc.headers,
+                )
+            return _json(exc.body(), exc.status, exc.headers)
+        except Exception:
+            # the traceback as text: a renderer that prints frames' locals would print the
+            # request's body and headers
+            log.error(
+                "front door: unexpected error",
+                path=request.url.path,
+                traceback=traceback.format_exc(),
+            )
+            return _json(
+                _openai.error_body(f"{FIXED[500]} (request id {rid})", "server_error"), 500
+            )
+
     async def _not_found(self, request: HTTPRequest, exc: Exception) -> Response:
         return _json(
-            _openai.error_body(f"no route {request.url.path!r}", "invalid_request_error"), 404
+            _openai.error_body(f"no route {request.url.path!r:.200}", "invalid_request_error"),
+            404,
         )
 
     async def _not_allowed(self, request: HTTPRequest, exc: Exception) -> Response:
         return _json(
             _openai.error_body(
-                f"{request.method} is not allowed on {request.url.path!r}", "invalid_request_error"
+                f"{request.method} is not allowed on {request.url.path!r:.200}",
+                "invalid_request_error",
             ),
             405,
         )
 
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread, at most :data:`WORKERS` at once; 429 when
+        :data:`QUEUED` calls wait already."""
+        if self._queued >= QUEUED:
+            raise APIError(
+                f"the server is at capacity; retry after {RETRY_AFTER_S} s",
+                status=429,
+                type="rate_limit_error",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        self._queued += 1
+        try:
+            async with self._workers:
+                return await asyncio.to_thread(fn, *args)
+        finally:
+            self._queued -= 1
+
     async def _body(self, request: HTTPRequest) -> Any:
+        """The body as JSON: refused (413) as soon as it passes the model's limit, before
+        it is parsed; nesting too deep for the parser is a 400."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self._limit:
+            raise _too_large(self._limit)
         raw = bytearray()
         async for chunk in request.stream():
             raw += chunk
-            if len(raw) > MAX_BODY:
-                raise APIError(f"the request body is larger than {MAX_BODY} bytes", status=413)
+            if len(raw) > self._limit:
+                raise _too_large(self._limit)
         try:
             return json.loads(raw)
+        except RecursionError:
+            raise APIError("the request body is nested too deeply") from None
         except ValueError as exc:
-            raise APIError(f"the request body is not valid JSON: {exc}") from None
+            raise APIError(f"the request body is not valid JSON: {exc!s:.200}") from None
 
     # -- generation --------------------------------------------------------------------------
     async def completions(self, request: HTTPRequest) -> Response:
-        job = _openai.completion_request(await self._body(request), self.model)
+        body = await self._body(request)
+        job = await self._off_loop(_openai.completion_request, body, self.model)
         return await self._generation.answer(request, job)
 
     async def chat(self, request: HTTPRequest) -> Response:
-        job = _openai.chat_request(await self._body(request), self.model)
+        body = await self._body(request)
+        job = await self._off_loop(_openai.chat_request, body, self.model)
         return await self._generation.answer(request, job)
 
     # -- the rest ----------------------------------------------------------------------------
@@ -181,7 +279,7 @@ class _App:
                 "object": "model",
                 "created": self.model.created,
                 "owned_by": "orchestr",
-                "root": self.model.root,
+                "root": self.model.names[0],
                 "parent": None,
                 "max_model_len": self.model.max_len,
             }
@@ -194,7 +292,9 @@ class _App:
         if not isinstance(body, dict):
             raise APIError("the request body must be a JSON object")
         if "messages" in body:
-            job = _openai.chat_request({**body, "max_tokens": 1, "stream": False}, self.model)
+            job = await self._off_loop(
+                _openai.chat_request, {**body, "max_tokens": 1, "stream": False}, self.model
+            )
             tokens = job.prompts[0]
         else:
             prompt = body.get("prompt")
@@ -205,24 +305,26 @@ class _App:
                 raise APIError(
                     "'add_special_tokens' must be true or false", param="add_special_tokens"
                 )
-            try:
-                tokens = self.model.encode(prompt, special=special)
-            except ValueError as exc:
-                raise APIError(str(exc), param="prompt") from None
+            tokens = await self._off_loop(_openai.encode_prompt, self.model, prompt, special)
         return _json({"count": len(tokens), "max_model_len": self.model.max_len, "tokens": tokens})
 
     async def detokenize(self, request: HTTPRequest) -> Response:
         body = await self._body(request)
         tokens = body.get("tokens") if isinstance(body, dict) else None
-        if not isinstance(tokens, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.model.vocab_size
-            for t in tokens
+        if (
+            not isinstance(tokens, list)
+            or len(tokens) > self.model.max_len
+            or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.model.vocab_size
+                for t in tokens
+            )
         ):
             raise APIError(
-                f"'tokens' must be a list of token ids in [0, {self.model.vocab_size})",
+                f"'tokens' must be a list of at most {self.model.max_len} token ids in "
+                f"[0, {self.model.vocab_size})",
                 param="tokens",
             )
-        return _json({"prompt": self.model.decode(tokens)})
+        return _json({"prompt": await self._off_loop(self.model.decode, tokens)})
 
     async def health(self, request: HTTPRequest) -> Response:
         if not self.front.workers:
@@ -301,6 +403,20 @@ class _App:
         return PlainTextResponse(
             "\n".join(lines) + "\n", media_type="text/plain; version=0.0.4; charset=utf-8"
         )
+
+
+#: What a 5xx body says (with the request's id): the cause goes to the log only.
+FIXED = {
+    500: "internal error; the server's log has the details under this request id",
+    503: "no generator could serve this request now; retry",
+}
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(
+        f"the request body is larger than {limit} bytes, more than this model's context can use",
+        status=413,
+    )
 
 
 def _label(value: str) -> str:

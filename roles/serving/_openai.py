@@ -17,16 +17,34 @@ import math
 import operator
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
+from ..generator._types import MAX_ID_CHARS, MAX_STOP_CHARS, MAX_STOPS, MAX_TOP_LOGPROBS
 from ._router import ServingError
 
-__all__ = ["APIError", "Job", "Model", "chat_request", "completion_request", "error_body"]
+__all__ = [
+    "MAX_ID_CHARS",
+    "MAX_N",
+    "MAX_PROMPTS",
+    "MAX_STOPS",
+    "MAX_STOP_CHARS",
+    "MAX_TOP_LOGPROBS",
+    "APIError",
+    "Job",
+    "Model",
+    "chat_request",
+    "completion_request",
+    "encode_prompt",
+    "error_body",
+]
 
+#: The most choices per prompt, and prompts per request (each prompt's ``n`` choices count
+#: against the front door's admission).
 MAX_N = 128
-MAX_TOP_LOGPROBS = 20
-MAX_STOPS = 16
+MAX_PROMPTS = 256
+#: The largest integer a field that reaches a kernel may hold (a 64-bit one).
+MAX_INT64 = 2**63 - 1
 
 
 class APIError(ServingError):
@@ -70,10 +88,20 @@ class Model(Protocol):
     def names(self) -> Sequence[str]: ...
 
     @property
+    def aliases(self) -> Collection[str]:
+        """Every name a request may give (the names and any others accepted)."""
+        ...
+
+    @property
     def max_len(self) -> int: ...
 
     @property
     def vocab_size(self) -> int: ...
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """The most characters a prompt's text can have and still fit the context."""
+        ...
 
     def encode(self, text: str, *, special: bool = ...) -> list[int]: ...
 
@@ -137,11 +165,18 @@ def _float(body: Mapping[str, Any], name: str, default: float, lo: float, hi: fl
     value = body.get(name, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _bad(f"'{name}' must be a number, got {value!r:.40}", name)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
+        raise _bad(f"'{name}' must be a finite number, got {value!r:.40}", name)
     if not lo <= value <= hi:
         raise _bad(f"'{name}' must be from {lo} to {hi}, got {value}", name)
     return float(value)
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past a float's range
+        return False
 
 
 def _bool(body: Mapping[str, Any], name: str, default: bool) -> bool:
@@ -180,7 +215,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "structured_outputs": (None,),
     "stop_token_ids": (None, []),
     "priority": (None, 0),
-    "cache_salt": (None,),
 }
 
 
@@ -207,7 +241,7 @@ def _common(body: Any, model: Model) -> tuple[str, dict[str, Any], int, bool, bo
     name = body.get("model")
     if name is None and len(model.names) >= 1:
         name = model.names[0]  # vLLM serves the one model when none is named
-    if not isinstance(name, str) or name not in model.names:
+    if not isinstance(name, str) or name not in model.aliases:
         raise APIError(
             f"The model {name!r:.80} does not exist; this server serves {', '.join(model.names)}",
             param="model",
@@ -227,28 +261,32 @@ def _common(body: Any, model: Model) -> tuple[str, dict[str, Any], int, bool, bo
     elif isinstance(stop, str):
         stops = [stop] if stop else []
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        if len(stop) > MAX_STOPS:
+            raise _bad(f"'stop' may have at most {MAX_STOPS} strings, got {len(stop)}", "stop")
         stops = [s for s in stop if s]
     else:
         raise _bad(f"'stop' must be a string or a list of strings, got {stop!r:.60}", "stop")
-    if len(stops) > MAX_STOPS:
-        raise _bad(f"'stop' may have at most {MAX_STOPS} strings, got {len(stops)}", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise _bad(f"a stop string may have at most {MAX_STOP_CHARS} characters", "stop")
     seed = body.get("seed")
     if seed is not None and (
         isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63
     ):
         raise _bad(f"'seed' must be a 64-bit integer, got {seed!r:.40}", "seed")
-    top_k = _int(body, "top_k", 0, -1)
+    top_k = _int(body, "top_k", 0, -1, MAX_INT64)
     top_p = _float(body, "top_p", 1.0, 0.0, 1.0)
     if top_p <= 0:
         raise _bad("'top_p' must be greater than 0", "top_p")
     params: dict[str, Any] = {
         "temperature": _float(body, "temperature", 1.0, 0.0, 2.0),
         "top_p": top_p,
-        "top_k": max(top_k or 0, 0),
+        "top_k": min(max(top_k or 0, 0), model.vocab_size),  # past the vocabulary: all
         "seed": seed,
         "stop": stops,
         "ignore_eos": _bool(body, "ignore_eos", False),
     }
+    if (salt := _salt(body)) is not None:
+        params["cache_salt"] = salt
     stream = _bool(body, "stream", False)
     options = body.get("stream_options")
     if options is None:
@@ -260,6 +298,13 @@ def _common(body: Any, model: Model) -> tuple[str, dict[str, Any], int, bool, bo
     include_usage = _bool(options, "include_usage", False)
     continuous = _bool(options, "continuous_usage_stats", False)
     return name, params, n, stream, include_usage, continuous
+
+
+def _salt(body: Mapping[str, Any]) -> str | None:
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= MAX_ID_CHARS):
+        raise _bad(f"'cache_salt' must be a string of 1 to {MAX_ID_CHARS} characters", "cache_salt")
+    return salt
 
 
 def _max_tokens(value: int | None, prompt: int, model: Model, param: str) -> int:
@@ -276,7 +321,18 @@ def _max_tokens(value: int | None, prompt: int, model: Model, param: str) -> int
     return value
 
 
+def _too_long(what: int, unit: str, model: Model) -> APIError:
+    return APIError(
+        f"This model's maximum context length is {model.max_len} tokens; the prompt has "
+        f"{what} {unit}, more than fit. Please reduce the prompt.",
+        param="prompt",
+        code="context_length_exceeded",
+    )
+
+
 def _token_list(value: Any, model: Model) -> list[int] | None:
+    if isinstance(value, list) and len(value) > model.max_len:
+        raise _too_long(len(value), "tokens", model)
     if (
         not isinstance(value, list)
         or not value
@@ -291,7 +347,15 @@ def _token_list(value: Any, model: Model) -> list[int] | None:
     return [operator.index(t) for t in value]
 
 
+def encode_prompt(model: Model, text: str, special: bool) -> list[int]:
+    """``text`` tokenized, or :class:`APIError` (400) when it is longer than the context can
+    take (checked before tokenizing) or the tokenizer refuses it."""
+    return _encode(model, text, special)
+
+
 def _encode(model: Model, text: str, special: bool) -> list[int]:
+    if len(text) > model.max_prompt_chars:  # refused before any tokenizing
+        raise _too_long(len(text), "characters", model)
     try:
         return model.encode(text, special=special)
     except ValueError as exc:
@@ -309,7 +373,12 @@ def completion_request(body: Any, model: Model) -> Job:
         prompts = [_encode(model, prompt, special)]
     elif (tokens := _token_list(prompt, model)) is not None:
         prompts = [tokens]
+    elif isinstance(prompt, list) and len(prompt) > MAX_PROMPTS:
+        raise _bad(f"'prompt' may hold at most {MAX_PROMPTS} prompts, got {len(prompt)}", "prompt")
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        for p in prompt:  # every one checked before any is tokenized
+            if len(p) > model.max_prompt_chars:
+                raise _too_long(len(p), "characters", model)
         prompts = [_encode(model, p, special) for p in prompt]
     elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
         prompts = []
@@ -366,7 +435,10 @@ def chat_request(body: Any, model: Model) -> Job:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("'messages' must be a non-empty list", "messages")
+    if len(messages) > model.max_len:
+        raise _too_long(len(messages), "messages", model)
     plain: list[dict[str, Any]] = []
+    chars = 0
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise _bad(f"messages[{i}] must be an object with a 'role'", f"messages[{i}]")
@@ -376,6 +448,9 @@ def chat_request(body: Any, model: Model) -> Job:
             )
         role = "system" if m["role"] == "developer" else m["role"]
         plain.append({"role": role, "content": _message_text(m.get("content"), i)})
+        chars += len(plain[-1]["content"])
+        if chars > model.max_prompt_chars:  # refused before the template renders
+            raise _too_long(chars, "characters", model)
     add = _bool(body, "add_generation_prompt", True)
     try:
         text = model.render_chat(plain, add_generation_prompt=add)

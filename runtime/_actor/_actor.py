@@ -69,6 +69,16 @@ def endpoint(fn: Any = None, /, *, concurrent: bool = False, cancel_safe: bool =
     return mark(fn) if fn is not None else mark
 
 
+#: What :meth:`Actor.crash` calls: set by the worker process that hosts actors.
+_crash_handler: Callable[[str], None] | None = None
+
+
+def set_crash_handler(handler: Callable[[str], None] | None) -> None:
+    """Install what :meth:`Actor.crash` does in this process (the worker's exit)."""
+    global _crash_handler
+    _crash_handler = handler
+
+
 class Actor:
     """Base class of every actor. Subclass it and mark methods with :func:`endpoint`.
 
@@ -90,6 +100,18 @@ class Actor:
                 if isinstance(spec, EndpointSpec):
                     found[name] = dataclasses.replace(spec, name=name)
         cls._orchestr_endpoints = found
+
+    def crash(self, reason: str) -> None:
+        """End this actor's worker process as a failure, for a fault the actor cannot recover
+        from in place (a model that failed mid-step, memory it lost track of): the worker
+        exits with status 70 once the replies already given are sent (about 0.2 s; calls in
+        flight after that fail with :class:`ActorDiedError`), and the actor's supervision
+        restarts it by its :class:`RestartPolicy` as after any death. ``reason`` goes to the
+        worker's log. Returns at once. Raises ``RuntimeError`` where the actor is not hosted
+        by a worker (an object used in this process), so the caller can fail in place."""
+        if _crash_handler is None:
+            raise RuntimeError(f"{type(self).__name__} is not hosted by a worker: {reason}")
+        _crash_handler(f"{type(self).__name__}[{self.rank}] ({self.mesh_name}): {reason}")
 
     def save_state(self) -> Any:
         """Optional: return this actor's state as plain values (no tensors). The owner saves

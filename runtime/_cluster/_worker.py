@@ -19,7 +19,7 @@ import grpc
 import structlog
 
 from orchestr import fabric
-from orchestr._actor._actor import load_actor_class
+from orchestr._actor._actor import load_actor_class, set_crash_handler
 from orchestr._actor._host import ActorHost
 from orchestr._call import _serde
 from orchestr._call._client import CallClient, set_current_client
@@ -107,6 +107,24 @@ def _actor_lookup(head: ControlChannel, config: Config) -> ActorLookup:
     return lookup
 
 
+#: The exit status of a worker whose actor crashed itself (``Actor.crash``): EX_SOFTWARE.
+CRASH_STATUS = 70
+
+
+def _crash_later(reason: str) -> None:
+    """Exit the process as a failure shortly: the loop first sends the replies already given
+    (the calls of the step that failed get their errors)."""
+    log.error("an actor crashed its worker; exiting so that it is restarted", reason=reason)
+
+    def leave() -> None:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(CRASH_STATUS)
+
+    asyncio.get_running_loop().call_later(0.2, leave)
+
+
 def _die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when the node that started it dies."""
     with contextlib.suppress(OSError, AttributeError):
@@ -143,6 +161,7 @@ async def serve_worker() -> None:
             call_address=calls.url,
         ),
     )
+    set_crash_handler(_crash_later)
     log.info("worker serving", call_address=calls.url)
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):

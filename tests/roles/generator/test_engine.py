@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -196,15 +197,37 @@ def test_pause_load_resume_records_the_version_of_every_token() -> None:
     ("request_", "message"),
     [
         (Request("e", [], 4), "empty prompt"),
-        (Request("z", [1], 0), "max_new_tokens must be an int >= 1"),
+        (Request("z", [1], 0), "max_new_tokens must be an int from 1"),
         (Request("v", [1, 99], 4), "outside the vocabulary"),
         (Request("f", [1, 1.5], 4), "is not an int"),  # type: ignore[list-item]
         (Request("t", [1], 4, temperature=-1.0), "temperature must be >= 0"),
         (Request("s", [1], 4, stop_token=32), "stop_token of 's'.*outside the vocabulary"),
-        (Request("", [1], 4), "non-empty string"),
+        (Request("", [1], 4), "string of 1 to 256 characters"),
         (Request("l", [1] * 500, 20), "exceeds the model's max_seq_len 512"),
+        # every field at values no kernel type holds, or that are not numbers at all
+        *((Request("k", [1], 4, top_k=k), "top_k must be an int from 0")
+          for k in (2**63, 2**64, -(2**63), 10**30, -1, True, 1.5)),
+        *((Request("t", [1], 4, temperature=t), "temperature must be >= 0 and finite")
+          for t in (math.nan, math.inf, -math.inf, 10**400, -(2**63), "1")),
+        *((Request("p", [1], 4, top_p=p), r"top_p must be in \(0, 1\]")
+          for p in (math.nan, math.inf, 0.0, 2**64, -1.0)),
+        *((Request("m", [1], m), "max_new_tokens must be an int from 1 to 2\\*\\*31-1")
+          for m in (2**31, 2**63, 2**64, -(2**63), 4.0)),
+        *((Request("x", [1], 4, seed=x), "seed must be a 64-bit integer")
+          for x in (2**64, -(2**63) - 1, 10**30, 1.5, True)),
+        *((Request("n", [1], 4, top_logprobs=n), "top_logprobs must be an int in")
+          for n in (21, 2**63, -1)),
+        (Request("v2", [1, 2**63], 4), "outside the vocabulary"),
+        (Request("v3", [1, -(2**63)], 4), "outside the vocabulary"),
+        (Request("s2", [1], 4, stop_token=2**64), "outside the vocabulary"),
+        (Request("i", [1], 4, ignore_eos=1), "ignore_eos must be a bool"),  # type: ignore[arg-type]
+        (Request("c", [1], 4, cache_salt=""), "cache_salt must be a string of 1 to 256"),
+        (Request("c2", [1], 4, cache_salt="x" * 257), "cache_salt must be a string of 1 to 256"),
+        (Request("y" * 257, [1], 4), "string of 1 to 256 characters"),
+        (Request("st", [1], 4, stop=["x"] * 17), "at most 16 stop strings"),
+        (Request("sl", [1], 4, stop=["x" * 257]), "stop strings must have 1 to 256 characters"),
     ],
-)
+)  # fmt: skip
 def test_bad_requests_are_refused_and_none_is_queued(request_: Request, message: str) -> None:
     e = Engine(model())
     with pytest.raises(ValueError, match=message):

@@ -187,7 +187,7 @@ async def test_openai_clients_get_openai_answers(ctx: oc.JobContext, folder: pat
         # the other routes
         listed = await client.models.list()
         assert [(m.id, (m.model_extra or {})["root"]) for m in listed.data] == [
-            ("tiny", str(folder))
+            ("tiny", "tiny")  # never where the checkpoint lies
         ]
         async with httpx2.AsyncClient(base_url=url) as h:
             tokens = (await h.post("/tokenize", json={"prompt": prompt})).json()
@@ -361,7 +361,9 @@ async def test_a_generator_that_dies_leaves_the_others_serving(
         await anext(chunks)
         (worker,) = {p.worker for p in front._pending.values()}
         os.kill(await pid_of(ctx, gens, int(worker[-2])), signal.SIGKILL)
-        with pytest.raises(openai.APIError, match="generator gen\\[.\\] failed"):
+        # a fixed message and the request's id: what failed is for the server's log
+        with pytest.raises(openai.APIError, match=r"^no generator could serve this request now; "
+                           r"retry \(request id [0-9a-f]{32}\)$"):  # fmt: skip
             async for _ in chunks:
                 pass
         assert front.workers == [w for w in ("gen[0]", "gen[1]") if w != worker]
