@@ -5,8 +5,11 @@ head) or on an embedded one, spawns ``--generators`` generator actors and serves
 door (:mod:`orchestr.roles.serving`) with uvicorn until SIGINT or SIGTERM; then the front
 door closes (requests in flight end) and the generators stop with the job.
 
-Without ``--api-key`` (or ``$ORCHESTR_API_KEY``) it binds only a loopback address: a model
-open to the network without a key is refused.
+Without a key (``--api-key-file``, ``$ORCHESTR_API_KEY``, or ``--api-key``, which every local
+user can read in the process list) it binds only a loopback address: a model open to the
+network without a key is refused. A loopback address is open to every user of the host;
+``--uds PATH`` serves on a Unix-domain socket of mode 0600 instead, which only this user (and
+root) can open. TLS is for a reverse proxy in front.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import contextlib
 import ipaddress
 import os
 import signal
+import socket
+import stat
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -55,13 +60,13 @@ def _check(args: argparse.Namespace) -> str | None:
     folder = args.model_dir
     if not os.path.isfile(os.path.join(folder, "config.json")):
         return f"{folder} is not a model folder (no config.json); make one with `orchestr model make-tiny`"
-    if args.api_key is None and not _loopback(args.host):
+    if args.api_key is None and not _loopback(args.host) and args.uds is None:
         return (
             f"--host {args.host} would open the model to the network without a key; give "
-            f"--api-key (or $ORCHESTR_API_KEY), or bind a loopback address"
+            f"--api-key-file (or $ORCHESTR_API_KEY), or bind a loopback address"
         )
     if args.api_key is not None and not args.api_key:
-        return "--api-key must not be empty"
+        return "the API key must not be empty"
     if args.restarts < 0:
         return f"--restarts must be 0 or more, got {args.restarts}"
     if args.kv_store_blocks < 0:
@@ -150,16 +155,23 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
             log_level="warning",
             access_log=False,
             lifespan="off",
+            # connections beyond the front door's admission are refused (503) by uvicorn
+            limit_concurrency=args.max_pending + 64,
         )
         server = _server_class()(config)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, server.exit)
-        task = asyncio.create_task(server.serve())
+        sockets = None if args.uds is None else [_private_socket(args.uds)]
+        task = asyncio.create_task(server.serve(sockets=sockets))
         while not server.started and not task.done():  # noqa: ASYNC110 (uvicorn has no event)
             await asyncio.sleep(0.05)
         if server.started:
-            port = server.servers[0].sockets[0].getsockname()[1]
+            if args.uds is not None:
+                where = f"unix:{args.uds} (mode 0600)"
+            else:
+                port = server.servers[0].sockets[0].getsockname()[1]
+                where = f"http://{args.host}:{port}/v1"
             name = (args.served_model_name or [args.model_dir])[0]
             pools = f"{args.generators} {args.engine} generator(s)"
             if args.prefill:
@@ -170,13 +182,44 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
             router = args.router
             if args.router_prefill_weight is not None:
                 router += f" (prefill weight {args.router_prefill_weight:g})"
-            print(
-                f"serving {name} on http://{args.host}:{port}/v1 with {pools}, router {router}",
-                flush=True,
-            )
-        await task  # until SIGINT or SIGTERM, or it fails to bind
+            print(f"serving {name} on {where} with {pools}, router {router}", flush=True)
+        try:
+            await task  # until SIGINT or SIGTERM, or it fails to bind
+        finally:
+            if args.uds is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(args.uds)
         if not server.started:
             raise orchestr.ConfigError(f"could not serve on {args.host}:{args.port} (see above)")
+
+
+def _private_socket(path: str) -> socket.socket:
+    """A Unix-domain socket listening at ``path`` with mode 0600 from its creation (uvicorn's
+    own makes it 0666); a socket left there by an earlier server of this user is replaced,
+    anything else is refused."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+            raise orchestr.ConfigError(
+                f"--uds {path}: something other than a socket of yours is there; remove it or "
+                f"choose another path"
+            )
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        raise orchestr.ConfigError(f"--uds {path}: cannot bind ({exc.strerror})") from None
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(2048)
+    return sock
 
 
 def _server_class() -> type:
@@ -198,8 +241,45 @@ def _server_class() -> type:
     return Server
 
 
+def _read_key(path: str) -> str:
+    """The API key in ``path``: a regular file that only its owner can read (as ssh asks of
+    a private key), its first line."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ValueError(f"--api-key-file {path}: {exc.strerror}") from None
+    with os.fdopen(fd, encoding="utf-8") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"--api-key-file {path}: not a regular file")
+        if st.st_mode & 0o077:
+            raise ValueError(
+                f"--api-key-file {path}: other users can read or write it (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}); chmod 600 it"
+            )
+        key = f.readline(4096).strip()
+    if not key:
+        raise ValueError(f"--api-key-file {path}: the file is empty")
+    return key
+
+
 def serve(args: argparse.Namespace) -> int:
-    if args.api_key is None:
+    if args.api_key is not None and args.api_key_file is not None:
+        print("orchestr serve: give --api-key-file or --api-key, not both", file=sys.stderr)
+        return 2
+    if args.api_key is not None:
+        print(
+            "orchestr serve: warning: --api-key shows the key to every user of this host (in "
+            "the process list); use --api-key-file or $ORCHESTR_API_KEY",
+            file=sys.stderr,
+        )
+    elif args.api_key_file is not None:
+        try:
+            args.api_key = _read_key(args.api_key_file)
+        except ValueError as exc:
+            print(f"orchestr serve: {exc}", file=sys.stderr)
+            return 2
+    else:
         args.api_key = os.environ.get("ORCHESTR_API_KEY")
     problem = _check(args)
     if problem is not None:
@@ -330,10 +410,25 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000; 0: any)")
     p.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="PATH",
+        help="a file (mode 0600) holding the key clients send as `Authorization: Bearer KEY`; "
+        "or set $ORCHESTR_API_KEY. Without a key only a loopback address is bound, and every "
+        "user of this host can reach the server there: use --uds for one only you can open",
+    )
+    p.add_argument(
         "--api-key",
         default=None,
-        help="the key clients send as `Authorization: Bearer KEY` (default $ORCHESTR_API_KEY); "
-        "without one only a loopback address is bound",
+        help="the key itself (shown to every local user in the process list: prefer "
+        "--api-key-file or $ORCHESTR_API_KEY)",
+    )
+    p.add_argument(
+        "--uds",
+        default=None,
+        metavar="PATH",
+        help="serve on a Unix-domain socket at PATH, mode 0600 (only you and root can connect), "
+        "instead of --host/--port. TLS is not served here: put a reverse proxy in front",
     )
     p.add_argument(
         "--router", choices=ROUTERS, default="kv", help="how requests pick a generator (default kv)"

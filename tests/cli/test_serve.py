@@ -10,6 +10,7 @@ import signal
 import subprocess
 import uuid
 
+import httpx2
 import openai
 import pytest
 
@@ -27,7 +28,9 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     ("args", "error"),
     [
         (["--host", "0.0.0.0"], "would open the model to the network without a key"),
-        (["--host", "192.0.2.1", "--api-key", ""], "--api-key must not be empty"),
+        (["--host", "192.0.2.1", "--api-key", ""], "the API key must not be empty"),
+        (["--api-key", "a", "--api-key-file", "f"], "give --api-key-file or --api-key, not both"),
+        (["--api-key-file", "/nonexistent/key"], "--api-key-file /nonexistent/key: No such file"),
         (["--restarts", "-1"], "--restarts must be 0 or more"),
         (["--kv-store-blocks", "-1"], "--kv-store-blocks must be 0 or more"),
         (["--kv-store-blocks", "8", "--engine", "vllm"], "--engine vllm has its own"),
@@ -121,3 +124,104 @@ def test_the_router_choices_are_the_routers_policies() -> None:
     from orchestr.roles.serving import POLICIES
 
     assert ROUTERS == POLICIES  # the CLI lists them without importing torch
+
+
+def test_a_key_file_others_can_read_is_refused(
+    folder: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    key = tmp_path / "key"
+    for mode, content, error in (
+        (0o644, "k3y\n", "other users can read or write it (mode 0644); chmod 600 it"),
+        (0o600, "\n", "the file is empty"),
+    ):
+        key.write_text(content)
+        key.chmod(mode)
+        proc = subprocess.run(
+            [*ORCHESTR, "serve", str(folder), "--api-key-file", str(key)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 2 and error in proc.stderr, proc.stderr
+    link = tmp_path / "link"
+    link.symlink_to(key)
+    proc = subprocess.run(
+        [*ORCHESTR, "serve", str(folder), "--api-key-file", str(link)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--api-key-file" in proc.stderr, proc.stderr
+
+
+def test_a_private_socket_and_a_key_file_keep_other_users_out(
+    folder: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """``--uds`` serves on a socket of mode 0600: another user (``nobody``) cannot connect,
+    nor read the key from the process list (it came from ``--api-key-file``)."""
+    if os.getuid() != 0:
+        pytest.fail("this test plays another user against root's server: run as root")
+    key = f"k3y-{uuid.uuid4().hex}"
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    home = tmp_path / "run"
+    home.mkdir(mode=0o755)
+    sock = home / "orchestr.sock"
+    args = ["serve", str(folder), "--uds", str(sock), "--api-key-file", str(key_file),
+            "--served-model-name", "tiny"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "ORCHESTR_API_KEY"}
+    proc = subprocess.Popen(
+        [*ORCHESTR, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert f"serving tiny on unix:{sock} (mode 0600)" in line, line + (
+            proc.stderr.read() if proc.poll() is not None and proc.stderr else ""
+        )
+        assert sock.stat().st_mode & 0o777 == 0o600
+        request = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        attack = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+             "-c", _UNIX_CLIENT, str(sock), request.hex()],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert attack.stdout.strip() == "PermissionError", attack.stdout + attack.stderr
+        ps = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "ps", "-eo", "args"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert "orchestr" in ps.stdout and key not in ps.stdout
+        # the owner connects, with the key
+        transport = httpx2.HTTPTransport(uds=str(sock))
+        with httpx2.Client(transport=transport, base_url="http://x", timeout=60) as client:
+            assert client.get("/v1/models").status_code == 401
+            r = client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+            assert r.status_code == 200 and r.json()["data"][0]["id"] == "tiny"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert key not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert not sock.exists()
+
+
+def test_a_key_on_the_command_line_is_warned_about(folder: pathlib.Path) -> None:
+    proc = subprocess.run(
+        [*ORCHESTR, "serve", str(folder), "--api-key", "k", "--restarts", "-1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "--api-key shows the key to every user of this host" in proc.stderr, proc.stderr
+
+
+_UNIX_CLIENT = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+    s.sendall(bytes.fromhex(sys.argv[2]))
+    print(s.recv(100))
+except OSError as exc:
+    print(type(exc).__name__)
+"""

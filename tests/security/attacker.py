@@ -14,6 +14,11 @@ Each mode takes one JSON object as its argument and prints one JSON object:
 - ``peek``: open each of ``fds`` of process ``pid`` through ``/proc/PID/fd`` read-only (as an
   ``shm`` reader maps an owner's segment) and read ``nbytes`` from it; prints, per fd, the
   error's name or the bytes read (hex).
+- ``flood``: post a JSON body of about ``mib`` MiB (``{"prompt": "hello world ..."}``, to
+  ``path``) on ``port``; prints the status line's code (0: none) and the seconds it took.
+- ``unix``: connect to the Unix-domain socket at ``path`` and send ``data`` (hex); prints the
+  error's name, or what came back (hex).
+- ``cmdline``: read the command lines of every process; prints them.
 """
 
 from __future__ import annotations
@@ -145,7 +150,52 @@ def peek(args: dict[str, Any]) -> dict[str, Any]:
     return {"fds": got}
 
 
+def flood(args: dict[str, Any]) -> dict[str, Any]:
+    words = int(args["mib"] * (1 << 20)) // 12
+    body = b'{"model": "m", "max_tokens": 1, "prompt": "' + b"hello world " * words + b'"}'
+    head = (
+        f"POST {args['path']} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", args["port"]), timeout=60) as sock:
+        try:
+            sock.sendall(head + body)
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # refused before it was all sent: the answer may still be there
+        data, _ = _read_all(sock, 60.0)
+    code = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else 0
+    return {"status": code, "seconds": time.monotonic() - start}
+
+
+def unix(args: dict[str, Any]) -> dict[str, Any]:
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(args["path"])
+            sock.sendall(bytes.fromhex(args["data"]))
+            data, _ = _read_all(sock, 5.0)
+    except OSError as exc:
+        return {"error": type(exc).__name__}
+    return {"received": data.hex()}
+
+
+def cmdline(args: dict[str, Any]) -> dict[str, Any]:
+    import os
+
+    lines = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    lines.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                continue
+    return {"cmdlines": lines}
+
+
 if __name__ == "__main__":
     mode, raw = sys.argv[1], sys.argv[2]
-    modes = {"send": send, "hold": hold, "serve": serve, "peek": peek}
+    modes = {"send": send, "hold": hold, "serve": serve, "peek": peek, "flood": flood,
+             "unix": unix, "cmdline": cmdline}  # fmt: skip
     print(json.dumps(modes[mode](json.loads(raw))))
