@@ -11,7 +11,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -20,10 +19,8 @@ import torch.nn.functional as F
 from orchestr.roles import models
 from orchestr.roles._common._hf._layers import Attention, RMSNorm, Rotary
 from orchestr.roles.generator._kernels import (
-    STALE_LOCK_S,
     DecodeAttention,
     Kernels,
-    clear_stale_lock,
     kernel_status,
     kernels,
 )
@@ -297,14 +294,3 @@ def test_prefill_refuses_tables_that_do_not_reach(ops: Kernels) -> None:
         ops.prefill_attention(q, k, v, torch.tensor([0, 1, 2], dtype=torch.int32), -1, 0.125)
     with pytest.raises(RuntimeError, match="int32"):
         ops.prefill_attention(q, k, v, torch.tensor([0, 1]), 0, 0.125)
-
-
-def test_a_build_lock_left_by_a_killed_build_is_cleared(tmp_path: pathlib.Path) -> None:
-    # torch's builder waits on its lock file forever; one an interrupted build left is old
-    lock = tmp_path / "lock"
-    lock.touch()
-    assert not clear_stale_lock(tmp_path)  # a build may be running: left alone
-    old = time.time() - STALE_LOCK_S - 60
-    os.utime(lock, (old, old))
-    assert clear_stale_lock(tmp_path) and not lock.exists()
-    assert not clear_stale_lock(tmp_path)  # nothing to clear

@@ -145,7 +145,7 @@ async def test_a_failed_step_ends_its_requests_and_the_generator_comes_back(
         assert "Traceback" not in r.text and "injected" not in r.text and ".py" not in r.text
         # its worker exits, the restart policy places a new one, the front door takes it back
         async with asyncio.timeout(120):
-            while (await client.get("/health")).status_code != 200 or not front.workers:
+            while (await client.get("/health")).status_code != 200 or not front.workers:  # noqa: ASYNC110 (polled over HTTP)
                 await asyncio.sleep(0.2)
         r = await client.post("/v1/completions", json=ok)
         assert r.status_code == 200, r.text
