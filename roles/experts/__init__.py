@@ -8,7 +8,8 @@
   straight from its safetensors, only those tensors) and run them for generators.
 - A generator given ``expert_hosts=`` routes each sparse layer's tokens there:
   :class:`ExpertMap` plans one call per host per layer (replicas take turns), the hosts'
-  partial sums are combined back in token order (:func:`attach_experts`); :class:`LoadWindow`
+  partial sums are combined back in token order (:func:`attach_experts`); a host runs its
+  experts with their products packed for the CPU (:func:`packed_experts`); :class:`LoadWindow`
   counts each expert's tokens over recent passes. A host that dies leaves the map and its
   pairs go to other replicas; an expert with none fails the step or waits for a host
   (``on_lost``).
@@ -16,7 +17,7 @@
   loaded first, the switch between two engine steps, old ones dropped last.
 """
 
-from ._dispatch import ExpertMap, LoadWindow, Send, combine, run_experts
+from ._dispatch import ExpertMap, LoadWindow, Send, combine, packed_experts, run_experts
 from ._host import ExpertHost, ExpertUnavailableError
 from ._placement import (
     MODES,
@@ -52,6 +53,7 @@ __all__ = [
     "holder_balancedness",
     "host_experts",
     "host_loads",
+    "packed_experts",
     "placement_of",
     "rebalance",
     "rebalance_serving",

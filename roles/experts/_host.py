@@ -16,13 +16,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 import orchestr as oc
 from orchestr.roles._common._hf._config import read_config
 from orchestr.roles._common._hf._load import ffn_units, load_experts
 
-from ._dispatch import run_experts
+from ._dispatch import Expert, packed_experts, run_experts
 
 __all__ = ["ExpertHost", "ExpertUnavailableError"]
 
@@ -67,7 +66,7 @@ class ExpertHost(oc.Actor):
         cfg = read_config(checkpoint)
         self._units = ffn_units(cfg, ffn_shards, checkpoint)[1]
         self._noun = "expert" if cfg.moe is not None else "FFN shard"
-        self._modules: dict[int, dict[int, nn.Module]] = {}
+        self._modules: dict[int, dict[int, Expert]] = {}
         self._tokens: dict[int, dict[int, int]] = {}
         self._calls = 0
         if placement is not None:
@@ -156,12 +155,12 @@ class ExpertHost(oc.Actor):
         (``tokens[layer][expert]``) since it started."""
         return {"hosted": self.hosted(), "calls": self._calls, "tokens": self._tokens}
 
-    def _read(self, wanted: dict[int, list[int]]) -> dict[tuple[int, int], nn.Module]:
-        return dict(
-            load_experts(self._checkpoint, wanted, ffn_shards=self._shards, dtype=self._dtype)
-        )
+    def _read(self, wanted: dict[int, list[int]]) -> dict[tuple[int, int], Expert]:
+        """The experts ``wanted``, read and packed (:func:`~._dispatch.packed_experts`)."""
+        loaded = load_experts(self._checkpoint, wanted, ffn_shards=self._shards, dtype=self._dtype)
+        return packed_experts(dict(loaded))
 
-    def _install(self, modules: Mapping[tuple[int, int], nn.Module]) -> None:
+    def _install(self, modules: Mapping[tuple[int, int], Expert]) -> None:
         for (layer, e), module in modules.items():
             self._modules.setdefault(layer, {})[e] = module
 

@@ -25,28 +25,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from orchestr.roles._common._hf._layers import MLP, Attention, CausalLM, SparseMoE
+from orchestr.roles._common._packed import can_pack, check, multiply, pack
 
 __all__ = ["Linears", "can_pack"]
 
 Stamp = tuple[tuple[int, int], ...]
 Entry = tuple[Stamp, torch.Tensor, torch.Tensor | None]  # stamp, packed weight, bias
-
-
-def can_pack(weight: torch.Tensor) -> str | None:
-    """Why ``weight``'s products cannot be packed here, or ``None`` when they can."""
-    if weight.device.type != "cpu":
-        return f"the weights are on {weight.device}, not the CPU"
-    if weight.dtype != torch.float32:
-        return f"the weights are {weight.dtype}, not float32"
-    if not (torch._C._has_mkldnn and torch.backends.mkldnn.enabled):
-        return "this torch has oneDNN (mkldnn) off or missing"
-    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        return "this torch has no mkldnn._linear_pointwise"
-    return None
 
 
 #: Products of fewer weights than this stay ``F.linear`` unless packing is forced: oneDNN's
@@ -135,27 +122,15 @@ class Linears:
                     for m in modules
                 ]
             )
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        packed = pack(weight)
         self.packs += 1
-        if self.packs == 1:
-            self._check(weight, bias, packed)
+        if self.packs == 1:  # once per runner
+            check(weight, bias, packed)
         return packed, bias
-
-    def _check(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor) -> None:
-        """Once per runner: the packed product agrees with ``F.linear`` (else a ``RuntimeError``
-        rather than wrong tokens)."""
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(3, weight.shape[1], generator=gen, dtype=weight.dtype)
-        want = F.linear(x, weight, bias)
-        got = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-        scale = want.abs().max().clamp(min=1e-6)
-        if not bool(((got - want).abs().max() / scale) < 1e-4):
-            raise RuntimeError("oneDNN's packed linear disagrees with F.linear on this machine")
 
 
 def _multiply(entry: Entry, x: torch.Tensor) -> torch.Tensor:
-    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, entry[1], entry[2], "none", [], "")
-    return out
+    return multiply(x, entry[1], entry[2])
 
 
 def _stamp(modules: tuple[nn.Linear, ...]) -> Stamp:

@@ -5,7 +5,9 @@ expert host actors producing the logits, tokens and log-probs of the model in on
 from __future__ import annotations
 
 import asyncio
+import copy
 import pathlib
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from orchestr.roles.experts import (
     LoadWindow,
     attach_experts,
     combine,
+    packed_experts,
     run_experts,
 )
 from orchestr.roles.generator._paged_engine import PagedEngine
@@ -53,9 +56,10 @@ def model(folder: pathlib.Path) -> models.CausalLM:
     tokens=st.integers(1, 40),
     hosts=st.integers(1, 4),
     extra=st.integers(0, 6),
+    packed=st.booleans(),
 )
 def test_dispatch_and_combine_equal_the_layers_own_experts(
-    model: models.CausalLM, seed: int, tokens: int, hosts: int, extra: int
+    model: models.CausalLM, seed: int, tokens: int, hosts: int, extra: int, packed: bool
 ) -> None:
     moe = model.model.layers[0].mlp
     assert isinstance(moe, models.SparseMoE)
@@ -73,11 +77,41 @@ def test_dispatch_and_combine_equal_the_layers_own_experts(
     assert sum(s.experts.numel() for s in sends) == experts.numel()
     for s in sends:
         assert all(s.host in holders[e] for e in s.experts.tolist())
-    modules = dict(enumerate(moe.experts))
+    own = dict(enumerate(moe.experts))
+    modules: dict[int, Callable[[torch.Tensor], torch.Tensor]] = dict(own)
+    if packed:  # what a host runs: the products packed for the CPU
+        modules = packed_experts(own)
+        assert not any(isinstance(m, torch.nn.Module) for m in modules.values())
     outputs = [run_experts(modules, x[s.rows], s.slot, s.experts, s.weights) for s in sends]
     assert torch.allclose(
-        combine(x, sends, outputs), moe.run_experts(x, experts, weights), atol=1e-6
+        combine(x, sends, outputs), moe.run_experts(x, experts, weights),
+        atol=1e-5 if packed else 1e-6,
+    )  # fmt: skip
+
+
+def test_a_missing_expert_stops_a_send_before_any_expert_runs(model: models.CausalLM) -> None:
+    moe = model.model.layers[0].mlp
+    assert isinstance(moe, models.SparseMoE)
+    ran: list[int] = []
+
+    def recording(e: int):  # type: ignore[no-untyped-def]
+        return lambda x: (ran.append(e), moe.experts[e](x))[1]
+
+    x = torch.randn(3, model.config.hidden_size)
+    slot, experts = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 5])
+    with pytest.raises(KeyError, match="5"):
+        run_experts({0: recording(0), 1: recording(1)}, x, slot, experts, torch.ones(3))
+    assert ran == []
+    assert torch.equal(
+        run_experts({}, x, slot[:0], experts[:0], torch.ones(0)), torch.zeros_like(x)
     )
+
+
+def test_experts_not_in_float32_run_as_modules(model: models.CausalLM) -> None:
+    moe = model.model.layers[0].mlp
+    assert isinstance(moe, models.SparseMoE)
+    halves = {e: copy.deepcopy(m).to(torch.bfloat16) for e, m in enumerate(moe.experts)}
+    assert all(m is halves[e] for e, m in packed_experts(halves).items())
 
 
 def test_replicas_take_equal_shares() -> None:
