@@ -396,7 +396,7 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
             with contextlib.suppress(RuntimeError):  # in this process: it stays failed
                 # a fresh engine in a fresh worker, placed by the restart policy: a step's
                 # fault (a kernel's, an allocation's) may have left the pool inconsistent
-                self.crash(f"the engine failed in a step: {type(exc).__name__}")
+                self.crash_worker(f"the engine failed in a step: {type(exc).__name__}")
 
     def _fail_waiters(self, exc: BaseException) -> None:
         for future in self._claimed.values():

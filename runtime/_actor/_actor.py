@@ -69,12 +69,12 @@ def endpoint(fn: Any = None, /, *, concurrent: bool = False, cancel_safe: bool =
     return mark(fn) if fn is not None else mark
 
 
-#: What :meth:`Actor.crash` calls: set by the worker process that hosts actors.
+#: What :meth:`Actor.crash_worker` calls: set by the worker process that hosts actors.
 _crash_handler: Callable[[str], None] | None = None
 
 
 def set_crash_handler(handler: Callable[[str], None] | None) -> None:
-    """Install what :meth:`Actor.crash` does in this process (the worker's exit)."""
+    """Install what :meth:`Actor.crash_worker` does in this process (the worker's exit)."""
     global _crash_handler
     _crash_handler = handler
 
@@ -101,7 +101,7 @@ class Actor:
                     found[name] = dataclasses.replace(spec, name=name)
         cls._orchestr_endpoints = found
 
-    def crash(self, reason: str) -> None:
+    def crash_worker(self, reason: str) -> None:
         """End this actor's worker process as a failure, for a fault the actor cannot recover
         from in place (a model that failed mid-step, memory it lost track of): the worker
         exits with status 70 once the replies already given are sent (about 0.2 s; calls in

@@ -107,7 +107,7 @@ def _actor_lookup(head: ControlChannel, config: Config) -> ActorLookup:
     return lookup
 
 
-#: The exit status of a worker whose actor crashed itself (``Actor.crash``): EX_SOFTWARE.
+#: The exit status of a worker whose actor crashed itself (``Actor.crash_worker``): EX_SOFTWARE.
 CRASH_STATUS = 70
 
 

@@ -220,7 +220,7 @@ def test_pause_load_resume_records_the_version_of_every_token() -> None:
         (Request("v2", [1, 2**63], 4), "outside the vocabulary"),
         (Request("v3", [1, -(2**63)], 4), "outside the vocabulary"),
         (Request("s2", [1], 4, stop_token=2**64), "outside the vocabulary"),
-        (Request("i", [1], 4, ignore_eos=1), "ignore_eos must be a bool"),  # type: ignore[arg-type]
+        (Request("i", [1], 4, ignore_eos=1), "ignore_eos must be a bool"),
         (Request("c", [1], 4, cache_salt=""), "cache_salt must be a string of 1 to 256"),
         (Request("c2", [1], 4, cache_salt="x" * 257), "cache_salt must be a string of 1 to 256"),
         (Request("y" * 257, [1], 4), "string of 1 to 256 characters"),
