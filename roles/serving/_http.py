@@ -4,7 +4,8 @@
 the checkpoint's :class:`ServedModel`; mount it in an app of your own or serve it with
 uvicorn (:func:`serve`). Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
 ``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize``, ``GET /health``,
-``GET /metrics``, ``GET /version``.
+``GET /metrics``, ``GET /version``, and the OpenAPI document of them all at
+``GET /openapi.json`` (:mod:`._schema`).
 
 Streams are server-sent events, one chunk per token (``data: {json}``), then ``data:
 [DONE]``; with ``stream_options.include_usage`` a last chunk with the usage and no choices
@@ -49,6 +50,7 @@ from . import _openai
 from ._frontdoor import FrontDoor
 from ._generate import RETRY_AFTER_S, Generation
 from ._openai import APIError
+from ._schema import openapi_document
 
 __all__ = ["ServedModel", "openai_app"]
 
@@ -145,8 +147,10 @@ class _App:
             Route("/detokenize", self._guard(self.detokenize), methods=["POST"]),
             Route("/metrics", self._guard(self.metrics), methods=["GET"]),
             Route("/version", self._guard(self.version), methods=["GET"]),
+            Route("/openapi.json", self._guard(self.openapi), methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
         ]
+        self._document: dict[str, Any] | None = None
         self.app = Starlette(
             routes=routes,
             exception_handlers={404: self._not_found, 405: self._not_allowed},
@@ -334,6 +338,13 @@ class _App:
                 {"Retry-After": str(RETRY_AFTER_S)},
             )
         return PlainTextResponse("")
+
+    async def openapi(self, request: HTTPRequest) -> Response:
+        if self._document is None:
+            self._document = openapi_document(
+                self.model.names, self.model.max_len, self.model.vocab_size
+            )
+        return _json(self._document)
 
     async def version(self, request: HTTPRequest) -> Response:
         return _json({"version": oc.__version__})
