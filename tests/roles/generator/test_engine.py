@@ -235,6 +235,16 @@ def test_bad_requests_are_refused_and_none_is_queued(request_: Request, message:
     assert e.request_ids() == []
 
 
+def test_the_choices_of_one_request_hold_one_list_of_stop_strings() -> None:
+    from orchestr.roles.generator._requests import Intake
+
+    intake = Intake(vocab=32, max_len=64, eos=frozenset(), seed=0, detokenize=str)
+    stops = ["x" * 256] * 16
+    lives = [intake.check(Request(f"c{i}", [1], 4, stop=list(stops)), 0.0) for i in range(8)]
+    assert all(live.request.stop is lives[0].request.stop for live in lives)
+    assert lives[0].request.stop == stops
+
+
 def test_duplicate_and_unknown_ids() -> None:
     e = Engine(model())
     e.submit([Request("a", [1], 2)])
