@@ -40,6 +40,7 @@ def make_tiny(args: argparse.Namespace) -> int:
             seed=args.seed,
             tokenizer=args.tokenizer,
             init_std=args.init_std,
+            force=args.force,
         )
         model = models.load_model(folder)  # what was written loads
     except oc.ConfigError as exc:
@@ -66,7 +67,11 @@ def add_parsers(sub: Any) -> None:
     c.add_argument(
         "--arch", required=True, help="the model family: llama, qwen2 or qwen2_moe (experts)"
     )
-    c.add_argument("dir", help="the folder to write (made if missing; must hold no checkpoint)")
+    c.add_argument(
+        "dir",
+        help="the folder to write: made if missing, else one of yours that only you may write "
+        "to, and empty unless --force",
+    )
     c.add_argument("--layers", type=_positive, default=2)
     c.add_argument("--hidden", type=_positive, default=64)
     c.add_argument("--heads", type=_positive, default=4)
@@ -92,4 +97,10 @@ def add_parsers(sub: Any) -> None:
     )
     c.add_argument("--shards", type=_positive, default=1, help="weight files (>1: with an index)")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a folder that is not empty, replacing the checkpoint files in it "
+        "(config, tokenizer, weights) and keeping the rest",
+    )
     c.set_defaults(func=make_tiny)

@@ -1,7 +1,8 @@
 """A Hugging Face format ``config.json``, read into one checked dataclass for the decoder
 families orchestr runs (``llama``, ``qwen2``, and the mixture of experts ``qwen2_moe``). Both
 spellings of the rotary settings are read: ``rope_theta`` + ``rope_scaling`` (transformers 4)
-and ``rope_parameters`` (5)."""
+and ``rope_parameters`` (5). Every size has an upper bound (:data:`MAX_SIZES`) and token ids
+must be integers, so a damaged or hostile config is refused before anything is built from it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 import orchestr as oc
 
-__all__ = ["FAMILIES", "MoEConfig", "ModelConfig", "RopeScaling", "read_config"]
+__all__ = ["FAMILIES", "MAX_SIZES", "MoEConfig", "ModelConfig", "RopeScaling", "read_config"]
 
 #: ``model_type`` -> what the family fixes: bias on q/k/v, and the tied-embeddings default.
 FAMILIES: dict[str, dict[str, bool]] = {
@@ -22,6 +23,27 @@ FAMILIES: dict[str, dict[str, bool]] = {
     "qwen2_moe": {"qkv_bias": True, "tie": False},
 }
 ROPE_TYPES = ("default", "linear", "llama3")
+#: The largest value each size in a config may take. Each is far above any released model's
+#: (the largest have 126 layers, hidden size 16,384, FFN width 53,248, 128 heads, head_dim
+#: 256, vocabularies of 262,144, contexts of 10M tokens and 512 experts), and together they
+#: keep a config from making orchestr build an absurd model (the module tree of
+#: ``num_hidden_layers`` layers is made before any weight is read) or size a buffer from it.
+MAX_SIZES: dict[str, int] = {
+    "num_hidden_layers": 1024,
+    "hidden_size": 1 << 16,
+    "intermediate_size": 1 << 20,
+    "moe_intermediate_size": 1 << 20,
+    "shared_expert_intermediate_size": 1 << 20,
+    "vocab_size": 1 << 22,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "head_dim": 1024,
+    "max_position_embeddings": 1 << 24,
+    "original_max_position_embeddings": 1 << 24,
+    "num_experts": 4096,
+    "num_experts_per_tok": 4096,
+    "decoder_sparse_step": 1024,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +144,11 @@ class ModelConfig:
             )
         theta, scaling = _rope(raw, where)
         eos = raw.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        eos_list = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        eos_ids = tuple(_token_id(i, "eos_token_id", where) for i in eos_list)
+        bos, pad = raw.get("bos_token_id"), raw.get("pad_token_id")
+        if isinstance(pad, int) and not isinstance(pad, bool) and pad < 0:
+            pad = None  # older configs write -1 for "no padding token"
         return cls(
             model_type=model_type,
             **ints,
@@ -136,9 +162,9 @@ class ModelConfig:
             ),
             qkv_bias=bool(raw.get("qkv_bias", family["qkv_bias"])),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", family["tie"])),
-            bos_token_id=raw.get("bos_token_id"),
-            eos_token_ids=tuple(int(i) for i in eos_ids),
-            pad_token_id=raw.get("pad_token_id"),
+            bos_token_id=None if bos is None else _token_id(bos, "bos_token_id", where),
+            eos_token_ids=eos_ids,
+            pad_token_id=None if pad is None else _token_id(pad, "pad_token_id", where),
             moe=_moe(raw, where, ints["num_hidden_layers"]) if model_type == "qwen2_moe" else None,
         )
 
@@ -215,7 +241,26 @@ def _positive_int(raw: dict[str, Any], name: str, where: str, default: int | Non
     if value is None:
         raise oc.ConfigError(f"{where}: {name} is missing")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise oc.ConfigError(f"{where}: {name} must be a positive integer, got {value!r}")
+        raise oc.ConfigError(f"{where}: {name} must be a positive integer, got {value!r:.80}")
+    most = MAX_SIZES.get(name)
+    if most is not None and value > most:
+        raise oc.ConfigError(
+            f"{where}: {name} is {value:,}, over orchestr's limit of {most:,} (far above any "
+            f"released model's); this config is damaged or not meant for a model orchestr runs"
+        )
+    return value
+
+
+def _token_id(value: Any, name: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise oc.ConfigError(
+            f"{where}: {name} must be a token id (an integer of at least 0), got {value!r:.80}"
+        )
+    most = MAX_SIZES["vocab_size"]
+    if value >= most:
+        raise oc.ConfigError(
+            f"{where}: {name} is {value:,}, past the largest vocabulary orchestr takes ({most:,})"
+        )
     return value
 
 

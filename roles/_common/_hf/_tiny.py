@@ -2,7 +2,8 @@
 folder with ``config.json``, safetensors weights (random init; sharded on request),
 ``tokenizer.json`` (a byte-level BPE trained with the ``tokenizers`` library on text this
 module generates) and ``tokenizer_config.json`` with a ChatML chat template. Tests, examples
-and benchmarks use them; ``orchestr model make-tiny`` is the command."""
+and benchmarks use them; ``orchestr model make-tiny`` is the command. The folder is written as
+:mod:`._folder` says: never through a link, never into a folder another user could change."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import os
 import random
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 from tokenizers import (
     Regex,
     Tokenizer,
@@ -26,6 +27,7 @@ from tokenizers import (
 import orchestr as oc
 
 from ._config import FAMILIES, ModelConfig
+from ._folder import CheckpointFolder
 from ._layers import CausalLM
 
 __all__ = ["ARCHS", "CHAT_TEMPLATE", "DIGIT_TOKENS", "SPECIAL_TOKENS", "TOKENIZERS", "make_tiny"]
@@ -126,17 +128,23 @@ def make_tiny(
     tokenizer: str = "bpe",
     init_std: float = 0.05,
     max_positions: int = 4096,
+    force: bool = False,
 ) -> str:
     """Write a randomly initialised ``arch`` checkpoint (``llama``, ``qwen2`` or
-    ``qwen2_moe``) to ``folder`` (made if missing; it must hold no checkpoint yet) and return
-    its path. Qwen2 ties its embeddings unless ``tie`` says otherwise; ``shards`` > 1 splits
-    the weights into that many files with an index. ``qwen2_moe`` has ``experts`` routed
-    experts of width ``intermediate`` (default ``hidden``), ``experts_per_token`` of them per
-    token, and a shared expert twice as wide. ``tokenizer`` is ``bpe`` (``vocab`` entries,
-    a ChatML chat template; ``<|im_end|>`` ends a turn) or ``digits`` (:data:`DIGIT_TOKENS`,
-    for the digit tasks of :mod:`orchestr.roles.rl`; ``</s>`` ends; ``vocab`` is ignored).
-    Weight matrices are drawn with standard deviation ``init_std``, norms near 1. Raises
-    :class:`ConfigError` for a bad argument."""
+    ``qwen2_moe``) to ``folder`` and return its path. The folder is made (mode 0755) when
+    missing; an existing one must be empty unless ``force``, which replaces the checkpoint
+    files in it and keeps other files. Even with ``force``, a folder that is a symbolic link,
+    belongs to another user or is writable by other users is refused. Files are created new
+    (never through a link), mode 0644. Qwen2 ties its embeddings unless ``tie`` says
+    otherwise; ``shards`` > 1 splits the weights into that many files with an index.
+    ``qwen2_moe`` has ``experts`` routed experts of width ``intermediate`` (default
+    ``hidden``), ``experts_per_token`` of them per token, and a shared expert twice as wide.
+    ``tokenizer`` is ``bpe`` (``vocab`` entries, a ChatML chat template; ``<|im_end|>`` ends
+    a turn) or ``digits`` (:data:`DIGIT_TOKENS`, for the digit tasks of
+    :mod:`orchestr.roles.rl`; ``</s>`` ends; ``vocab`` is ignored). Weight matrices are
+    drawn with standard deviation ``init_std``, norms near 1. Raises :class:`ConfigError`
+    for a bad argument or a folder it must not write into; on any error, what it wrote is
+    removed (and the folder, when it made it)."""
     if arch not in ARCHS:
         raise oc.ConfigError(f"unknown arch {arch!r}; use one of {', '.join(ARCHS)}")
     if tokenizer not in TOKENIZERS:
@@ -146,90 +154,88 @@ def make_tiny(
             f"init_std must be in (0, 1) and max_positions at least 1, got {init_std} and "
             f"{max_positions}"
         )
-    folder = os.fspath(folder)
-    if os.path.exists(os.path.join(folder, "config.json")):
-        raise oc.ConfigError(f"{folder} already holds a checkpoint; give an empty folder")
     if shards < 1:
         raise oc.ConfigError(f"shards must be at least 1, got {shards}")
-    digits = tokenizer == "digits"
-    tok = digit_tokenizer() if digits else train_tokenizer(vocab, seed)
-    eos = "</s>" if digits else "<|im_end|>"
-    raw = {
-        "architectures": [_CLASSES[arch]],
-        "model_type": arch,
-        "vocab_size": tok.get_vocab_size(),
-        "hidden_size": hidden,
-        "intermediate_size": intermediate or 2 * hidden + hidden // 2,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": hidden // heads,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-6,
-        "rope_theta": rope_theta,
-        "max_position_embeddings": max_positions,
-        "tie_word_embeddings": arch == "qwen2" if tie is None else tie,
-        "bos_token_id": tok.token_to_id("<s>"),
-        "eos_token_id": tok.token_to_id(eos),
-        "pad_token_id": tok.token_to_id("<pad>"),
-        "torch_dtype": "float32",
-    }
-    if arch == "qwen2_moe":
-        raw["intermediate_size"] = 2 * hidden + hidden // 2  # the dense layers' width
-        raw |= {
-            "num_experts": experts,
-            "num_experts_per_tok": experts_per_token,
-            "moe_intermediate_size": intermediate or hidden,
-            "shared_expert_intermediate_size": 2 * hidden,
-            "norm_topk_prob": False,
-            "decoder_sparse_step": 1,
-            "mlp_only_layers": [],
+    with CheckpointFolder(folder, force=force) as out:  # checked before the slow part
+        digits = tokenizer == "digits"
+        tok = digit_tokenizer() if digits else train_tokenizer(vocab, seed)
+        eos = "</s>" if digits else "<|im_end|>"
+        raw = {
+            "architectures": [_CLASSES[arch]],
+            "model_type": arch,
+            "vocab_size": tok.get_vocab_size(),
+            "hidden_size": hidden,
+            "intermediate_size": intermediate or 2 * hidden + hidden // 2,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "head_dim": hidden // heads,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-6,
+            "rope_theta": rope_theta,
+            "max_position_embeddings": max_positions,
+            "tie_word_embeddings": arch == "qwen2" if tie is None else tie,
+            "bos_token_id": tok.token_to_id("<s>"),
+            "eos_token_id": tok.token_to_id(eos),
+            "pad_token_id": tok.token_to_id("<pad>"),
+            "torch_dtype": "float32",
         }
-    cfg = ModelConfig.from_dict(raw)  # checks the sizes
-    torch.manual_seed(seed)
-    model = CausalLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            elif name.endswith("mlp.gate.weight"):  # a router: decisive, rarely near a tie
-                p.normal_(0.0, 0.5)
-            else:
-                p.normal_(0.0, init_std)
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    if cfg.tie_word_embeddings:
-        del state["lm_head.weight"]
-    os.makedirs(folder, exist_ok=True)
-    _save(state, folder, shards)
-    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(raw, f, indent=2)
-    tok.save(os.path.join(folder, "tokenizer.json"))
-    tok_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<s>",
-        "eos_token": eos,
-        "pad_token": "<pad>",
-        "model_max_length": max_positions,
-    }
-    if not digits:
-        tok_config["chat_template"] = CHAT_TEMPLATE
-    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(tok_config, f, indent=2)
-    return folder
+        if arch == "qwen2_moe":
+            raw["intermediate_size"] = 2 * hidden + hidden // 2  # the dense layers' width
+            raw |= {
+                "num_experts": experts,
+                "num_experts_per_tok": experts_per_token,
+                "moe_intermediate_size": intermediate or hidden,
+                "shared_expert_intermediate_size": 2 * hidden,
+                "norm_topk_prob": False,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+            }
+        cfg = ModelConfig.from_dict(raw)  # checks the sizes
+        torch.manual_seed(seed)
+        model = CausalLM(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+                    p.copy_(1 + 0.1 * torch.randn_like(p))
+                elif name.endswith("mlp.gate.weight"):  # a router: decisive, rarely near a tie
+                    p.normal_(0.0, 0.5)
+                else:
+                    p.normal_(0.0, init_std)
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if cfg.tie_word_embeddings:
+            del state["lm_head.weight"]
+        _save(state, out, shards)
+        out.write("config.json", _json(raw))
+        out.write("tokenizer.json", tok.to_str(pretty=True).encode())
+        tok_config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<s>",
+            "eos_token": eos,
+            "pad_token": "<pad>",
+            "model_max_length": max_positions,
+        }
+        if not digits:
+            tok_config["chat_template"] = CHAT_TEMPLATE
+        out.write("tokenizer_config.json", _json(tok_config))
+    return out.path
 
 
-def _save(state: dict[str, torch.Tensor], folder: str, shards: int) -> None:
+def _json(value: object) -> bytes:
+    return json.dumps(value, indent=2).encode()
+
+
+def _save(state: dict[str, torch.Tensor], out: CheckpointFolder, shards: int) -> None:
     if shards == 1:
-        save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        out.write("model.safetensors", save(state, metadata={"format": "pt"}))
         return
     names = sorted(state)
     weight_map = {}
     for i in range(shards):
         part = names[i::shards]
         file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        save_file({n: state[n] for n in part}, os.path.join(folder, file), {"format": "pt"})
+        out.write(file, save({n: state[n] for n in part}, {"format": "pt"}))
         weight_map.update(dict.fromkeys(part, file))
     total = sum(t.numel() * t.element_size() for t in state.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    with open(os.path.join(folder, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
-        json.dump(index, f, indent=2)
+    out.write("model.safetensors.index.json", _json(index))

@@ -1,7 +1,7 @@
 """A checkpoint's tokenizer: ``tokenizer.json`` through the ``tokenizers`` library, and the
 chat template of ``tokenizer_config.json`` rendered with Jinja2 in a sandbox (what
 ``transformers`` does), with the same variables (``messages``, ``add_generation_prompt``, the
-special tokens, ``raise_exception``)."""
+special tokens, ``raise_exception``), under the limits of :mod:`._chat`."""
 
 from __future__ import annotations
 
@@ -10,17 +10,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import jinja2
-import jinja2.sandbox
 from tokenizers import Tokenizer as _Tokenizer
 
 import orchestr as oc
 
+from ._chat import ChatTemplate
+
 __all__ = ["Tokenizer"]
-
-
-def _raise(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
 
 
 def _token_text(value: Any) -> str | None:
@@ -51,14 +47,14 @@ class Tokenizer:
         self.eos_token = _token_text(config.get("eos_token"))
         self.pad_token = _token_text(config.get("pad_token"))
         self.chat_template: str | None = config.get("chat_template")
-        self._template: jinja2.Template | None = None
+        self._template: ChatTemplate | None = None
         if self.chat_template is not None:
-            env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise
-            try:
-                self._template = env.from_string(self.chat_template)
-            except jinja2.TemplateError as exc:
-                raise oc.ConfigError(f"{config_path}: bad chat_template: {exc}") from None
+            if not isinstance(self.chat_template, str):
+                raise oc.ConfigError(
+                    f"{config_path}: chat_template must be a string, got "
+                    f"{type(self.chat_template).__name__}"
+                )
+            self._template = ChatTemplate(self.chat_template, where=config_path)
 
     @property
     def vocab_size(self) -> int:
@@ -88,16 +84,15 @@ class Tokenizer:
         self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = False
     ) -> str:
         """The text of ``messages`` in the checkpoint's chat format. Raises
-        :class:`ConfigError` when the checkpoint has no template or rendering fails."""
+        :class:`ConfigError` when the checkpoint has no template or rendering fails, and
+        ``ValueError`` when the render passes one of :mod:`._chat`'s limits (time, steps,
+        size). Blocks its thread while it renders (at most the time limit)."""
         if self._template is None:
             raise oc.ConfigError("this tokenizer has no chat_template")
-        try:
-            return self._template.render(
-                messages=list(messages),
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-                pad_token=self.pad_token or "",
-            )
-        except jinja2.TemplateError as exc:
-            raise oc.ConfigError(f"chat template failed: {exc}") from None
+        return self._template.render(
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            pad_token=self.pad_token or "",
+        )
