@@ -17,18 +17,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ipaddress
 import os
 import signal
-import socket
-import stat
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import orchestr
 
+from ._listen import private_socket, read_key, server_class
 from ._models import _positive
+from ._serve_options import check_options, labels
 
 __all__ = ["add_parsers"]
 
@@ -36,81 +34,6 @@ ENGINES = {"native": "paged", "vllm": "vllm"}
 #: The router's policies (``orchestr.roles.serving.POLICIES``, not imported here: that loads
 #: torch, and every ``orchestr`` command builds this parser).
 ROUTERS = ("kv", "round_robin", "least_loaded")
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _labels(text: str) -> dict[str, str] | None:
-    """``"k=v,k2=v2"`` as a dict; ``None`` when it is not that."""
-    pairs = [item.partition("=") for item in text.split(",")]
-    if any(not k or not sep or not v for k, sep, v in pairs):
-        return None
-    return {k: v for k, _, v in pairs}
-
-
-def _check(args: argparse.Namespace) -> str | None:
-    """What is wrong with the options, if anything."""
-    folder = args.model_dir
-    if not os.path.isfile(os.path.join(folder, "config.json")):
-        return f"{folder} is not a model folder (no config.json); make one with `orchestr model make-tiny`"
-    if args.api_key is None and not _loopback(args.host) and args.uds is None:
-        return (
-            f"--host {args.host} would open the model to the network without a key; give "
-            f"--api-key-file (or $ORCHESTR_API_KEY), or bind a loopback address"
-        )
-    if args.api_key is not None and not args.api_key:
-        return "the API key must not be empty"
-    if args.restarts < 0:
-        return f"--restarts must be 0 or more, got {args.restarts}"
-    if args.kv_store_blocks < 0:
-        return f"--kv-store-blocks must be 0 or more, got {args.kv_store_blocks}"
-    if args.prefill < 0:
-        return f"--prefill must be 0 or more, got {args.prefill}"
-    if args.prefill and args.engine != "native":
-        return "--prefill hands off the native engine's KV blocks; --engine vllm cannot"
-    if not args.prefill and (
-        args.prefill_min_tokens
-        or args.prefill_labels
-        or args.no_prefill_overlap
-        or args.spill_at
-        or args.kv_read
-    ):
-        return (
-            "--prefill-min-tokens, --prefill-labels, --no-prefill-overlap, --spill-at and "
-            "--kv-read apply with --prefill P"
-        )
-    for flag in ("prefill_labels", "decode_labels"):
-        if getattr(args, flag) is not None and _labels(getattr(args, flag)) is None:
-            return f"--{flag.replace('_', '-')} is K=V pairs separated by commas"
-    if args.afd is not None:
-        parts = args.afd.split(":")
-        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            return f"--afd is A:E, attention generators and expert hosts (both 1 or more), got {args.afd!r}"
-        if args.generators is not None:
-            return "--afd A:E says how many generators there are; leave out --generators"
-        args.generators, args.expert_hosts = (int(p) for p in parts)
-    else:
-        args.expert_hosts = 0
-    args.generators = args.generators or 1
-    if args.micro_batches < 1:
-        return f"--micro-batches must be 1 or more, got {args.micro_batches}"
-    weight = args.router_prefill_weight
-    if weight is not None and args.router != "kv":
-        return f"--router-prefill-weight prices the kv router's cost; --router is {args.router}"
-    if weight is not None and not 0 <= weight < float("inf"):
-        return f"--router-prefill-weight must be a number 0 or more, got {weight}"
-    if (args.afd or args.micro_batches > 1) and args.engine != "native":
-        return "--afd and --micro-batches run the native engine; --engine vllm cannot"
-    if args.kv_store_blocks and args.engine != "native":
-        return "--kv-store-blocks backs the native engine's prefix cache; --engine vllm has its own"
-    return None
 
 
 async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
@@ -143,7 +66,7 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
         micro_batches=args.micro_batches,
         **({"prefill_min_tokens": args.prefill_min_tokens} if args.prefill_min_tokens else {}),
         placement={
-            pool: {"labels": _labels(text)}
+            pool: {"labels": labels(text)}
             for pool, text in (("prefill", args.prefill_labels), ("decode", args.decode_labels))
             if text
         },
@@ -158,11 +81,11 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
             # connections beyond the front door's admission are refused (503) by uvicorn
             limit_concurrency=args.max_pending + 64,
         )
-        server = _server_class()(config)
+        server = server_class()(config)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, server.exit)
-        sockets = None if args.uds is None else [_private_socket(args.uds)]
+        sockets = None if args.uds is None else [private_socket(args.uds)]
         task = asyncio.create_task(server.serve(sockets=sockets))
         while not server.started and not task.done():  # noqa: ASYNC110 (uvicorn has no event)
             await asyncio.sleep(0.05)
@@ -193,76 +116,6 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
             raise orchestr.ConfigError(f"could not serve on {args.host}:{args.port} (see above)")
 
 
-def _private_socket(path: str) -> socket.socket:
-    """A Unix-domain socket listening at ``path`` with mode 0600 from its creation (uvicorn's
-    own makes it 0666); a socket left there by an earlier server of this user is replaced,
-    anything else is refused."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        pass
-    else:
-        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
-            raise orchestr.ConfigError(
-                f"--uds {path}: something other than a socket of yours is there; remove it or "
-                f"choose another path"
-            )
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        sock.bind(path)
-    except OSError as exc:
-        sock.close()
-        raise orchestr.ConfigError(f"--uds {path}: cannot bind ({exc.strerror})") from None
-    finally:
-        os.umask(old)
-    os.chmod(path, 0o600)
-    sock.listen(2048)
-    return sock
-
-
-def _server_class() -> type:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn's server without its own signal handling (it raises the signal again
-        once stopped): ``orchestr serve`` stops it, then closes the front door and the job."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-        def exit(self) -> None:
-            if self.should_exit:
-                self.force_exit = True  # a second signal: stop without waiting
-            self.should_exit = True
-
-    return Server
-
-
-def _read_key(path: str) -> str:
-    """The API key in ``path``: a regular file that only its owner can read (as ssh asks of
-    a private key), its first line."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ValueError(f"--api-key-file {path}: {exc.strerror}") from None
-    with os.fdopen(fd, encoding="utf-8") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"--api-key-file {path}: not a regular file")
-        if st.st_mode & 0o077:
-            raise ValueError(
-                f"--api-key-file {path}: other users can read or write it (mode "
-                f"{stat.S_IMODE(st.st_mode):04o}); chmod 600 it"
-            )
-        key = f.readline(4096).strip()
-    if not key:
-        raise ValueError(f"--api-key-file {path}: the file is empty")
-    return key
-
-
 def serve(args: argparse.Namespace) -> int:
     if args.api_key is not None and args.api_key_file is not None:
         print("orchestr serve: give --api-key-file or --api-key, not both", file=sys.stderr)
@@ -275,13 +128,13 @@ def serve(args: argparse.Namespace) -> int:
         )
     elif args.api_key_file is not None:
         try:
-            args.api_key = _read_key(args.api_key_file)
+            args.api_key = read_key(args.api_key_file)
         except ValueError as exc:
             print(f"orchestr serve: {exc}", file=sys.stderr)
             return 2
     else:
         args.api_key = os.environ.get("ORCHESTR_API_KEY")
-    problem = _check(args)
+    problem = check_options(args)
     if problem is not None:
         print(f"orchestr serve: {problem}", file=sys.stderr)
         return 2

@@ -352,10 +352,8 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
             raise self._failed()
 
     def _failed(self) -> RuntimeError:
-        err = RuntimeError(
-            f"the generator's engine failed in a step: {self._failure!r:.300}; its requests "
-            f"ended, and its worker exits to be restarted (in this process: spawn a new one)"
-        )
+        failure = f"the generator's engine failed in a step: {self._failure!r:.300}"
+        err = RuntimeError(f"{failure}; its worker exits to be restarted (in-process: spawn anew)")
         err.__cause__ = self._failure
         return err
 
@@ -385,17 +383,12 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
                         self._ready.append(c)
                         self._has_ready.set()
         except Exception as exc:  # a model error: nothing can continue; say so to every caller
-            # the traceback as text: a renderer that prints frames' locals would print prompts
-            log.error(
-                "generator engine failed in a step; its requests end",
-                error=repr(exc)[:2000],
-                traceback=traceback.format_exc(),
-            )
+            tb = traceback.format_exc()  # as text: a renderer of locals would print prompts
+            log.error("generator engine failed in a step; its requests end", traceback=tb)
             self._failure = exc
             self._fail_waiters(self._failed())
             with contextlib.suppress(RuntimeError):  # in this process: it stays failed
-                # a fresh engine in a fresh worker, placed by the restart policy: a step's
-                # fault (a kernel's, an allocation's) may have left the pool inconsistent
+                # a fresh worker, by the restart policy: the pool may be inconsistent (0016)
                 self.crash_worker(f"the engine failed in a step: {type(exc).__name__}")
 
     def _fail_waiters(self, exc: BaseException) -> None:

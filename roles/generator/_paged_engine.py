@@ -396,6 +396,5 @@ class PagedEngine(Pausable):
                 f"request {r.id!r} can never fit: it needs {need} blocks of "
                 f"{self._pool.block_size} tokens; the cache has {self._pool.num_blocks}"
             )
-        return Seq(
-            r.id, list(r.prompt), r.max_new_tokens, stop_ids=live.stop_ids, cache_salt=r.cache_salt
-        )
+        salt = r.cache_salt
+        return Seq(r.id, list(r.prompt), r.max_new_tokens, stop_ids=live.stop_ids, cache_salt=salt)

@@ -15,8 +15,9 @@
 
 from ._disagg import should_spill
 from ._frontdoor import FrontDoor, GeneratorLostError, OverloadedError, RequestStream
-from ._http import ServedModel, openai_app
+from ._http import openai_app
 from ._router import POLICIES, Choice, Load, NoWorkerError, Router, ServingError
+from ._served import ServedModel
 from ._server import openai_server
 
 __all__ = [

@@ -10,10 +10,10 @@ generator, which frees its KV blocks at the end of the step in progress.
 
 Admission is bounded: at most ``max_pending`` requests in flight; one more is refused with
 :class:`OverloadedError` (the HTTP layer answers 429 with ``Retry-After``), so memory never
-grows with the offered load. A generator whose calls fail (it died, or its engine failed)
-is out of rotation at once; its requests end with :class:`GeneratorLostError`, or are sent
-again to another generator from their start when ``resend`` is set and no token of theirs
-was delivered yet. Its reader puts it back in rotation when it answers again.
+grows with the offered load. A generator whose calls fail (it died, or its engine failed
+and its worker exits) is out of rotation at once; its requests end with
+:class:`GeneratorLostError` (or go to another from their start: ``resend``, before any token
+was delivered), and its reader puts it back when it answers again, restarted.
 """
 
 from __future__ import annotations
@@ -184,8 +184,7 @@ class FrontDoor:
         return min(held, default=1 << 30)
 
     def engine_metrics(self) -> dict[str, float]:
-        """The generators' engine counters (vLLM's names), summed over generators, as of
-        their last updates."""
+        """The generators' engine counters (vLLM's names), summed, as of their last updates."""
         total: dict[str, float] = {}
         for values in self._metrics.values():
             for k, v in values.items():
@@ -194,12 +193,8 @@ class FrontDoor:
 
     def block_hashes(self, prompt: Sequence[int], cache_salt: str | None = None) -> list[bytes]:
         """The chained hashes of ``prompt``'s full blocks, as the generators' engines key
-        them for a request with ``cache_salt`` (empty until a generator has said how, or when
-        it has no prefix cache)."""
-        size, extra = self._hash
-        if cache_salt is not None and extra:
-            extra = [*extra[:-1], cache_salt]  # the last extra key is the request's salt
-        return prompt_hashes(prompt, size, extra)
+        them (empty until a generator has said how, or when it has no prefix cache)."""
+        return prompt_hashes(prompt, *self._hash, cache_salt)
 
     # -- requests ----------------------------------------------------------------------------
     async def open(self, prompt: list[int], **params: Any) -> RequestStream:
@@ -239,11 +234,8 @@ class FrontDoor:
     def route(self, request: Request) -> str:
         """Choose the generator for ``request`` by the router's policy, and count its blocks
         there until the generator's next report. Raises :class:`NoWorkerError`."""
-        hashes = (
-            self.block_hashes(request.prompt, request.cache_salt)
-            if self.router.policy == "kv"
-            else []
-        )
+        kv = self.router.policy == "kv"
+        hashes = self.block_hashes(request.prompt, request.cache_salt) if kv else []
         loads = {}
         for w in self.router.workers:  # the last report, and what was sent since
             load = self._loads.get(w, Load())

@@ -31,7 +31,7 @@ from ._openai import APIError, Job
 from ._router import NoWorkerError
 
 if TYPE_CHECKING:
-    from ._http import ServedModel
+    from ._served import ServedModel
 
 __all__ = ["RETRY_AFTER_S", "Generation", "api_error"]
 
@@ -55,6 +55,12 @@ class Generation:
         """Admit and submit every choice of ``job``: all, or none (the ones opened are
         closed again on a failure)."""
         choices = len(job.prompts) * job.n
+        if choices > self.front.max_pending:  # never admitted, however long one waits
+            raise APIError(
+                f"{len(job.prompts)} prompt(s) x n = {job.n} is {choices} requests; this server "
+                f"takes at most {self.front.max_pending} at once",
+                param="n",
+            )
         if self.front.pending + choices > self.front.max_pending:
             self.front.counts["rejected"] += 1
             raise APIError(
@@ -95,6 +101,7 @@ class Generation:
                 work.cancel()  # the client went away (or this handler was cancelled)
                 for s in streams:
                     s.close()
+                await asyncio.gather(work, return_exceptions=True)
         if work.cancelled():
             return Response(status_code=499)  # nobody is there to read it
         return JSONResponse(work.result())

@@ -29,11 +29,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import os
-import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import structlog
@@ -44,79 +42,23 @@ from starlette.routing import Route
 
 import orchestr as oc
 
-from .._common._hf._config import read_config
-from .._common._hf._tokenizer import Tokenizer
 from . import _openai
 from ._frontdoor import FrontDoor
 from ._generate import RETRY_AFTER_S, Generation
 from ._openai import APIError
 from ._schema import openapi_document
+from ._served import ServedModel, body_limit
 
 __all__ = ["ServedModel", "openai_app"]
 
 log = structlog.get_logger("orchestr.roles.serving")
 
-#: The largest request body read, in bytes, whatever the model.
-MAX_BODY = 16 * 1024 * 1024
 #: Checks of requests (tokenizing, chat templates) and detokenizing run at most this many at
 #: once, in threads; at most :data:`QUEUED` more wait (then 429).
 WORKERS = 2
 QUEUED = 64
 
 T = TypeVar("T")
-
-
-def body_limit(model: ServedModel) -> int:
-    """The largest body read for ``model``: room for a few prompts as long as its context
-    (in JSON, each character up to 6 bytes as an escape), at least 1 MiB, at most
-    :data:`MAX_BODY`."""
-    return min(MAX_BODY, max(1 << 20, 4 * 6 * model.max_prompt_chars))
-
-
-class ServedModel:
-    """The model a front door serves: its names (the first is the one ``/v1/models`` lists
-    first), context length, vocabulary, tokenizer and chat template, read from the
-    checkpoint folder. Raises :class:`ConfigError` for a folder that is not a checkpoint."""
-
-    def __init__(self, checkpoint: str | os.PathLike[str], names: Sequence[str] = ()) -> None:
-        self.root = os.fspath(checkpoint)
-        config = read_config(self.root)
-        self.tokenizer = Tokenizer(self.root)
-        # listed names never show where the checkpoint lies: the folder's name by default,
-        # its path (as given, or absolute) still accepted as vLLM's default name is
-        self.names = list(names) or [os.path.basename(os.path.normpath(self.root))]
-        self.aliases = set(self.names) | (
-            set() if names else {self.root, os.path.abspath(self.root)}
-        )
-        self.max_len = config.max_position_embeddings
-        self.vocab_size = config.vocab_size
-        self.max_prompt_chars = self.max_len * _longest_token(self.tokenizer)
-        self.created = int(time.time())
-        self._texts: dict[int, str] = {}
-
-    def encode(self, text: str, *, special: bool = False) -> list[int]:
-        return self.tokenizer.encode(text, special=special)
-
-    def decode(self, tokens: Sequence[int]) -> str:
-        return self.tokenizer.decode(tokens)
-
-    def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt
-        )
-
-    def token_text(self, token: int) -> str:
-        """One token's text, special tokens included (cached)."""
-        text = self._texts.get(token)
-        if text is None:
-            text = self._texts[token] = self.tokenizer.decode([token], skip_special=False)
-        return text
-
-
-def _longest_token(tokenizer: Tokenizer) -> int:
-    """An upper bound on the characters of one token's text (at least 16)."""
-    vocab = tokenizer._tok.get_vocab(with_added_tokens=True)
-    return max(16, max(map(len, vocab), default=0))
 
 
 def openai_app(front: FrontDoor, model: ServedModel, *, api_key: str | None = None) -> Starlette:

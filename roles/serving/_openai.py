@@ -13,7 +13,6 @@ refusal is an :class:`APIError` carrying OpenAI's error body. The answers' parts
 from __future__ import annotations
 
 import dataclasses
-import math
 import operator
 import time
 import uuid
@@ -21,7 +20,17 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from ..generator._types import MAX_ID_CHARS, MAX_STOP_CHARS, MAX_STOPS, MAX_TOP_LOGPROBS
-from ._router import ServingError
+from ._fields import (
+    NEUTRAL,
+    APIError,
+    bad,
+    bool_field,
+    error_body,
+    float_field,
+    int_field,
+    neutral,
+    text,
+)
 
 __all__ = [
     "MAX_ID_CHARS",
@@ -30,6 +39,7 @@ __all__ = [
     "MAX_STOPS",
     "MAX_STOP_CHARS",
     "MAX_TOP_LOGPROBS",
+    "NEUTRAL",
     "APIError",
     "Job",
     "Model",
@@ -45,40 +55,6 @@ MAX_N = 128
 MAX_PROMPTS = 256
 #: The largest integer a field that reaches a kernel may hold (a 64-bit one).
 MAX_INT64 = 2**63 - 1
-
-
-class APIError(ServingError):
-    """A request refused: the HTTP ``status`` and OpenAI's error fields."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int = 400,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message, self.status, self.type, self.param, self.code = (
-            message,
-            status,
-            type,
-            param,
-            code,
-        )
-        self.headers = dict(headers or {})
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.type, self.param, self.code)
-
-
-def error_body(
-    message: str, type: str, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 class Model(Protocol):
@@ -142,102 +118,9 @@ class Job:
         return params
 
 
-# -- checking ----------------------------------------------------------------------------------
-def _bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(message, param=param, code=code)
-
-
-def _int(
-    body: Mapping[str, Any], name: str, default: int | None, lo: int, hi: int | None = None
-) -> int | None:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(f"'{name}' must be an integer, got {value!r:.40}", name)
-    if value < lo or (hi is not None and value > hi):
-        bound = f"at least {lo}" if hi is None else f"from {lo} to {hi}"
-        raise _bad(f"'{name}' must be {bound}, got {value}", name)
-    return value
-
-
-def _float(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
-        raise _bad(f"'{name}' must be a finite number, got {value!r:.40}", name)
-    if not lo <= value <= hi:
-        raise _bad(f"'{name}' must be from {lo} to {hi}, got {value}", name)
-    return float(value)
-
-
-def _finite(value: float) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int past a float's range
-        return False
-
-
-def _bool(body: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise _bad(f"'{name}' must be true or false, got {value!r:.40}", name)
-    return value
-
-
-#: Fields accepted only at their neutral values (anything else is refused by name).
-NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "repetition_penalty": (None, 1, 1.0),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "echo": (None, False),
-    "suffix": (None, ""),
-    "logit_bias": (None, {}),
-    "min_tokens": (None, 0),
-    "best_of": (None,),  # checked against n below
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
-    "min_p": (None, 0, 0.0),
-    "length_penalty": (None, 1, 1.0),
-    "use_beam_search": (None, False),
-    "prompt_logprobs": (None, 0),
-    "skip_special_tokens": (None, True),
-    "spaces_between_special_tokens": (None, True),
-    "include_stop_str_in_output": (None, False),
-    "continue_final_message": (None, False),
-    "guided_json": (None,),
-    "guided_regex": (None,),
-    "guided_choice": (None,),
-    "structured_outputs": (None,),
-    "stop_token_ids": (None, []),
-    "priority": (None, 0),
-}
-
-
-def _same(value: Any, allowed: Any) -> bool:
-    if isinstance(value, bool) or isinstance(allowed, bool):
-        return value is allowed
-    return bool(value == allowed)
-
-
-def _neutral(body: Mapping[str, Any]) -> None:
-    for name, allowed in NEUTRAL.items():
-        if name == "best_of" or name not in body:
-            continue
-        value = body[name]
-        if not any(_same(value, a) for a in allowed):
-            raise _bad(
-                f"'{name}' = {value!r:.60} is not supported by this server", name, "unsupported"
-            )
-
-
 def _common(body: Any, model: Model) -> tuple[str, dict[str, Any], int, bool, bool, bool]:
     if not isinstance(body, dict):
-        raise _bad("the request body must be a JSON object")
+        raise bad("the request body must be a JSON object")
     name = body.get("model")
     if name is None and len(model.names) >= 1:
         name = model.names[0]  # vLLM serves the one model when none is named
@@ -247,63 +130,65 @@ def _common(body: Any, model: Model) -> tuple[str, dict[str, Any], int, bool, bo
             param="model",
             code="model_not_found",
         )
-    _neutral(body)
-    n = _int(body, "n", 1, 1, MAX_N)
+    neutral(body)
+    n = int_field(body, "n", 1, 1, MAX_N)
     assert n is not None
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
-        raise _bad(
+        raise bad(
             "'best_of' other than n is not supported by this server", "best_of", "unsupported"
         )
     stop = body.get("stop")
     if stop is None:
         stops: list[str] = []
     elif isinstance(stop, str):
-        stops = [stop] if stop else []
+        stops = [text(stop, "stop")] if stop else []
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         if len(stop) > MAX_STOPS:
-            raise _bad(f"'stop' may have at most {MAX_STOPS} strings, got {len(stop)}", "stop")
-        stops = [s for s in stop if s]
+            raise bad(f"'stop' may have at most {MAX_STOPS} strings, got {len(stop)}", "stop")
+        stops = [text(s, "stop") for s in stop if s]
     else:
-        raise _bad(f"'stop' must be a string or a list of strings, got {stop!r:.60}", "stop")
+        raise bad(f"'stop' must be a string or a list of strings, got {stop!r:.60}", "stop")
     if any(len(s) > MAX_STOP_CHARS for s in stops):
-        raise _bad(f"a stop string may have at most {MAX_STOP_CHARS} characters", "stop")
+        raise bad(f"a stop string may have at most {MAX_STOP_CHARS} characters", "stop")
     seed = body.get("seed")
     if seed is not None and (
         isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63
     ):
-        raise _bad(f"'seed' must be a 64-bit integer, got {seed!r:.40}", "seed")
-    top_k = _int(body, "top_k", 0, -1, MAX_INT64)
-    top_p = _float(body, "top_p", 1.0, 0.0, 1.0)
+        raise bad(f"'seed' must be a 64-bit integer, got {seed!r:.40}", "seed")
+    top_k = int_field(body, "top_k", 0, -1, MAX_INT64)
+    top_p = float_field(body, "top_p", 1.0, 0.0, 1.0)
     if top_p <= 0:
-        raise _bad("'top_p' must be greater than 0", "top_p")
+        raise bad("'top_p' must be greater than 0", "top_p")
     params: dict[str, Any] = {
-        "temperature": _float(body, "temperature", 1.0, 0.0, 2.0),
+        "temperature": float_field(body, "temperature", 1.0, 0.0, 2.0),
         "top_p": top_p,
         "top_k": min(max(top_k or 0, 0), model.vocab_size),  # past the vocabulary: all
         "seed": seed,
         "stop": stops,
-        "ignore_eos": _bool(body, "ignore_eos", False),
+        "ignore_eos": bool_field(body, "ignore_eos", False),
     }
     if (salt := _salt(body)) is not None:
         params["cache_salt"] = salt
-    stream = _bool(body, "stream", False)
+    stream = bool_field(body, "stream", False)
     options = body.get("stream_options")
     if options is None:
         options = {}
     if not isinstance(options, dict):
-        raise _bad("'stream_options' must be an object", "stream_options")
+        raise bad("'stream_options' must be an object", "stream_options")
     if options and not stream:
-        raise _bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
-    include_usage = _bool(options, "include_usage", False)
-    continuous = _bool(options, "continuous_usage_stats", False)
+        raise bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
+    include_usage = bool_field(options, "include_usage", False)
+    continuous = bool_field(options, "continuous_usage_stats", False)
     return name, params, n, stream, include_usage, continuous
 
 
 def _salt(body: Mapping[str, Any]) -> str | None:
     salt = body.get("cache_salt")
-    if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= MAX_ID_CHARS):
-        raise _bad(f"'cache_salt' must be a string of 1 to {MAX_ID_CHARS} characters", "cache_salt")
+    if salt is not None and (
+        not isinstance(salt, str) or not 0 < len(text(salt, "cache_salt")) <= MAX_ID_CHARS
+    ):
+        raise bad(f"'cache_salt' must be a string of 1 to {MAX_ID_CHARS} characters", "cache_salt")
     return salt
 
 
@@ -311,7 +196,7 @@ def _max_tokens(value: int | None, prompt: int, model: Model, param: str) -> int
     if value is None:
         value = model.max_len - prompt
     if prompt + value > model.max_len or value < 1:
-        raise _bad(
+        raise bad(
             f"This model's maximum context length is {model.max_len} tokens. However, you "
             f"requested {prompt + value} tokens ({prompt} in the prompt, {value} in the "
             f"completion). Please reduce the prompt or the completion length.",
@@ -341,7 +226,7 @@ def _token_list(value: Any, model: Model) -> list[int] | None:
         return None
     for t in value:
         if not 0 <= t < model.vocab_size:
-            raise _bad(
+            raise bad(
                 f"prompt token {t} is outside the vocabulary [0, {model.vocab_size})", "prompt"
             )
     return [operator.index(t) for t in value]
@@ -359,7 +244,7 @@ def _encode(model: Model, text: str, special: bool) -> list[int]:
     try:
         return model.encode(text, special=special)
     except ValueError as exc:
-        raise _bad(str(exc), "prompt") from None
+        raise bad(str(exc), "prompt") from None
 
 
 def completion_request(body: Any, model: Model) -> Job:
@@ -367,14 +252,14 @@ def completion_request(body: Any, model: Model) -> Job:
     field that is wrong."""
     name, params, n, stream, usage, continuous = _common(body, model)
     prompt = body.get("prompt")
-    special = _bool(body, "add_special_tokens", True)
+    special = bool_field(body, "add_special_tokens", True)
     prompts: list[list[int]]
     if isinstance(prompt, str):
         prompts = [_encode(model, prompt, special)]
     elif (tokens := _token_list(prompt, model)) is not None:
         prompts = [tokens]
     elif isinstance(prompt, list) and len(prompt) > MAX_PROMPTS:
-        raise _bad(f"'prompt' may hold at most {MAX_PROMPTS} prompts, got {len(prompt)}", "prompt")
+        raise bad(f"'prompt' may hold at most {MAX_PROMPTS} prompts, got {len(prompt)}", "prompt")
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         for p in prompt:  # every one checked before any is tokenized
             if len(p) > model.max_prompt_chars:
@@ -385,18 +270,18 @@ def completion_request(body: Any, model: Model) -> Job:
         for p in prompt:
             tokens = _token_list(p, model)
             if tokens is None:
-                raise _bad("a prompt given as lists must be lists of token ids", "prompt")
+                raise bad("a prompt given as lists must be lists of token ids", "prompt")
             prompts.append(tokens)
     else:
-        raise _bad(
+        raise bad(
             "'prompt' must be a string, a list of strings, a list of token ids or a list of "
             f"those, got {prompt!r:.60}",
             "prompt",
         )
     if any(not p for p in prompts):
-        raise _bad("a prompt must have at least one token", "prompt")
-    logprobs = _int(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
-    asked = _int(body, "max_tokens", 16, 1)
+        raise bad("a prompt must have at least one token", "prompt")
+    logprobs = int_field(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
+    asked = int_field(body, "max_tokens", 16, 1)
     longest = max(map(len, prompts))
     params["max_new_tokens"] = _max_tokens(asked, longest, model, "max_tokens")
     params["top_logprobs"] = logprobs or 0
@@ -416,13 +301,13 @@ def _message_text(content: Any, i: int) -> str:
                 or part.get("type") != "text"
                 or not isinstance(part.get("text"), str)
             ):
-                raise _bad(
+                raise bad(
                     f"messages[{i}].content: only text parts are supported, got {part!r:.60}",
                     f"messages[{i}].content",
                 )
             parts.append(part["text"])
         return "".join(parts)
-    raise _bad(
+    raise bad(
         f"messages[{i}].content must be a string or a list of parts", f"messages[{i}].content"
     )
 
@@ -434,16 +319,16 @@ def chat_request(body: Any, model: Model) -> Job:
     name, params, n, stream, usage, continuous = _common(body, model)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise _bad("'messages' must be a non-empty list", "messages")
+        raise bad("'messages' must be a non-empty list", "messages")
     if len(messages) > model.max_len:
         raise _too_long(len(messages), "messages", model)
     plain: list[dict[str, Any]] = []
     chars = 0
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise _bad(f"messages[{i}] must be an object with a 'role'", f"messages[{i}]")
+            raise bad(f"messages[{i}] must be an object with a 'role'", f"messages[{i}]")
         if m["role"] not in ("system", "developer", "user", "assistant", "tool"):
-            raise _bad(
+            raise bad(
                 f"messages[{i}].role {m['role']!r:.40} is not a known role", f"messages[{i}].role"
             )
         role = "system" if m["role"] == "developer" else m["role"]
@@ -451,23 +336,23 @@ def chat_request(body: Any, model: Model) -> Job:
         chars += len(plain[-1]["content"])
         if chars > model.max_prompt_chars:  # refused before the template renders
             raise _too_long(chars, "characters", model)
-    add = _bool(body, "add_generation_prompt", True)
+    add = bool_field(body, "add_generation_prompt", True)
     try:
         text = model.render_chat(plain, add_generation_prompt=add)
     except ValueError as exc:
-        raise _bad(f"the chat template failed on these messages: {exc}", "messages") from None
+        raise bad(f"the chat template failed on these messages: {exc}", "messages") from None
     prompt = _encode(model, text, False)
     if not prompt:
-        raise _bad("the messages render to an empty prompt", "messages")
-    want = _bool(body, "logprobs", False)
-    top = _int(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+        raise bad("the messages render to an empty prompt", "messages")
+    want = bool_field(body, "logprobs", False)
+    top = int_field(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
     if top is not None and top > 0 and not want:
-        raise _bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     asked = body.get("max_completion_tokens")
     param = "max_completion_tokens"
     if asked is None:
         asked, param = body.get("max_tokens"), "max_tokens"
-    value = _int({param: asked}, param, None, 1)
+    value = int_field({param: asked}, param, None, 1)
     params["max_new_tokens"] = _max_tokens(value, len(prompt), model, param)
     params["top_logprobs"] = top or 0
     logprobs = (top or 0) if want else None

@@ -383,10 +383,15 @@ def _drop(holders: dict[bytes, int], bit: int, hashes: Iterable[bytes]) -> None:
             del holders[h]
 
 
-def prompt_hashes(prompt: Sequence[int], size: int, extra: Sequence[Any]) -> list[bytes]:
+def prompt_hashes(
+    prompt: Sequence[int], size: int, extra: Sequence[Any], cache_salt: str | None = None
+) -> list[bytes]:
     """The chained hashes of ``prompt``'s full blocks of ``size`` tokens under ``extra``
     keys, as an engine keys them (the last token is always computed, so a block holding it
-    has none); ``[]`` for ``size`` 0 (no prefix cache)."""
+    has none; the last extra key is a request's ``cache_salt``); ``[]`` for ``size`` 0 (no
+    prefix cache)."""
     if size <= 0:
         return []
+    if cache_salt is not None and extra:
+        extra = [*extra[:-1], cache_salt]
     return list(chain_hashes(None, prompt, size, extra, range((len(prompt) - 1) // size)))

@@ -330,7 +330,7 @@ def _answers() -> dict[str, Schema]:
 
 def _errors() -> dict[str, Schema]:
     # imported here, not above: the app imports this module to serve the document
-    from ._http import MAX_BODY
+    from ._served import MAX_BODY
 
     retry = {
         "Retry-After": {

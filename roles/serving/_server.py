@@ -17,8 +17,9 @@ from ..generator._kvlink import kv_block_bytes
 from ..kvstore._actor import KVStore
 from ._disagg import MIN_TOKENS
 from ._frontdoor import FrontDoor
-from ._http import ServedModel, openai_app
+from ._http import openai_app
 from ._router import Router
+from ._served import ServedModel
 
 __all__ = ["openai_server"]
 

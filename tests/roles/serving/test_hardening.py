@@ -45,6 +45,10 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("c", {"stop": ["x" * 257]}, "stop"),
     ("c", {"stop": ["a"] * 17}, "stop"),
     ("c", {"stop": 5}, "stop"),
+    ("c", {"stop": "\ud800"}, "stop"),  # a lone surrogate cannot travel to a generator
+    ("c", {"stop": ["a", "\udfff"]}, "stop"),
+    ("c", {"cache_salt": "\ud800"}, "cache_salt"),
+    ("c", {"prompt": [[1], [2], [3]], "n": 128}, "n"),  # more than the front door ever admits
     ("c", {"best_of": 2**64}, "best_of"),
     ("c", {"cache_salt": ""}, "cache_salt"),
     ("c", {"cache_salt": 5}, "cache_salt"),
