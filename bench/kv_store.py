@@ -16,7 +16,7 @@ sent to a ``KVStore`` actor holding the prompt (in blocks of 64 bytes) from the 
 times, per iteration, ``get_blocks`` of all of them into preallocated, pre-faulted tensors
 (a lease call, one vectored ``Buffer.read_spans`` of every block, and the lease's release,
 sent without waiting when the read ended within the lease; ``get_gbps``) and one
-``Buffer.read_into`` of the same number of bytes from the store's buffer into one tensor
+``Buffer.read_into`` of the same blocks, leased, from the lease's buffer into one tensor
 (``read_into_gbps``, the data plane's limit for those bytes); medians over ``--iters`` after
 one warm-up, and ``get_of_limit`` = get / read_into (the target is >= 0.8).
 
@@ -93,11 +93,20 @@ class Reader(oc.Actor):
 
     @oc.endpoint
     async def read_whole(self, store: Any) -> float:
-        lease = await store.lease.call_one(NS, chain(1, "get"))
-        await store.release.call_one(lease["lease"])
-        start = time.perf_counter()
-        await lease["buffer"].read_into(self.whole)
-        return time.perf_counter() - start
+        # a lease's buffer reaches its blocks only: the blocks of one put into an empty store
+        # lie end to end, so all of them are one span
+        lease = await store.lease.call_one(NS, chain(self.n, "get"))
+        try:
+            first = min(lease["offsets"])
+            if sorted(lease["offsets"]) != list(
+                range(first, first + self.whole.numel(), self.size)
+            ):
+                raise RuntimeError("the blocks do not lie end to end; read_into needs one span")
+            start = time.perf_counter()
+            await lease["buffer"].read_into(self.whole, offset=first)
+            return time.perf_counter() - start
+        finally:
+            await store.release.call_one(lease["lease"])
 
 
 async def measure(ctx: oc.JobContext, n: int, size: int, iters: int) -> dict[str, Any]:

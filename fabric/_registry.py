@@ -20,7 +20,8 @@ from typing import Any
 import structlog
 
 from ._buffers import _transport as _buffers
-from ._buffers._transport import BufferTransport, Fallback, check_fallback
+from ._buffers._fallback import PREFERENCE, Fallback, check_fallback
+from ._buffers._transport import BufferTransport
 from ._streams import _transport as _streams
 
 __all__ = [
@@ -159,7 +160,7 @@ def usable_buffer_transports() -> list[BufferTransport]:
             continue
         if t is not None and t.probe() is None:
             out.append(t)
-    order = _buffers.PREFERENCE
+    order = PREFERENCE
     return sorted(out, key=lambda t: order.index(t.scheme) if t.scheme in order else 99)
 
 

@@ -19,10 +19,11 @@ is here and what uses it:
 
 from __future__ import annotations
 
+from ._buffers._fallback import Fallback, check_fallback
 from ._buffers._memfd import Segment, open_peer
 from ._buffers._segments import copy, peers, pool, receive_pool
 from ._buffers._shm import address_of
-from ._buffers._transport import Counters, Fallback, check_fallback
+from ._buffers._transport import Counters
 from ._buffers._transport import stats as buffer_stats
 from ._local import host_of, pid_of
 from ._registry import connection_sources, usable_buffer_transports

@@ -4,9 +4,12 @@
 (ordering, large and zero-length frames, backpressure, close versus abort, a peer killed
 mid-transfer, deadline expiry) when it is a registered stream backend, and the one-sided checks
 (sizes, partial reads, writes, out-of-bounds spans, wrong-length, forged and stale descriptors,
-read-only regions, a deadline, an owner killed mid-transfer) when it is a registered buffer
-backend. A backend is done when it passes. An out-of-tree backend registers (directly or
-through the ``orchestr.transports`` entry-point group) and calls this from its own tests.
+read-only regions, scoped regions (grants of some spans: reads and writes inside only, forged
+scopes, widening, revocation), a deadline, an owner killed mid-transfer) when it is a
+registered buffer backend. A backend is done when it passes. An out-of-tree backend registers
+(directly or through the ``orchestr.transports`` entry-point group) and calls this from its
+own tests; one that does not set ``scoped`` (:mod:`._buffers._scope`) is never given a scoped
+region, and skips those checks.
 """
 
 from __future__ import annotations

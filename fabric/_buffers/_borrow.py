@@ -26,7 +26,9 @@ import os
 import struct
 from typing import TYPE_CHECKING
 
+from . import _scope
 from ._memfd import _HEAD, HEADER, MAGIC, Segment
+from ._scope import Scope
 
 if TYPE_CHECKING:
     from ._shm import ShmBuffers
@@ -55,11 +57,28 @@ class Borrowed:
     ``view`` is a read-only memoryview of the region's bytes. They stay as the owner last
     wrote them until :meth:`release` (the owner cannot :func:`claim` them meanwhile), and
     that includes after the owner released the buffer or exited. Release it (or use ``with``)
-    as soon as its bytes are no longer used; a dropped borrow is released when collected."""
+    as soon as its bytes are no longer used; a dropped borrow is released when collected.
 
-    def __init__(self, view: memoryview, fd: int) -> None:
+    Of a scoped buffer, ``view`` covers the whole registration but only the spans were
+    granted (and are held): :attr:`spans`, :meth:`reaches`."""
+
+    def __init__(self, view: memoryview, fd: int, scope: Scope | None = None) -> None:
         self.view = view
         self._fd = fd
+        self._scope = scope
+
+    @property
+    def spans(self) -> list[tuple[int, int]] | None:
+        """The ``(offset, nbytes)`` spans of :attr:`view` granted, ``None`` for all of it."""
+        if self._scope is None:
+            return None
+        return [(a, b - a) for a, b in _scope.pairs(self._scope)]
+
+    def reaches(self, offset: int, nbytes: int) -> bool:
+        """Whether ``[offset, offset + nbytes)`` of :attr:`view` was granted."""
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.view.nbytes:
+            return False
+        return self._scope is None or _scope.covers(self._scope, offset, nbytes)
 
     @property
     def held(self) -> bool:
@@ -121,7 +140,9 @@ def borrow(shm: ShmBuffers, desc: Descriptor) -> Borrowed | None:
             shm._still_live(desc)
             os.close(mine)
             return None
-        if not _lock(mine, fcntl.F_RDLCK, HEADER + start, desc.length):
+        # a scoped grant holds the bytes from its first span to its last
+        lo, hi = (0, desc.length) if desc.scope is None else _scope.bounds(desc.scope)
+        if hi > lo and not _lock(mine, fcntl.F_RDLCK, HEADER + start + lo, hi - lo):
             os.close(mine)  # the owner is changing it
             return None
         shm._still_live(desc)  # locked: a region still live now stays so while borrowed
@@ -134,7 +155,7 @@ def borrow(shm: ShmBuffers, desc: Descriptor) -> Borrowed | None:
     # the cache lets it go)
     mm, array = shm._segments[(pid, fd, key)]
     at = address - int(array.ctypes.data)
-    return Borrowed(memoryview(mm)[at : at + desc.length].toreadonly(), mine)
+    return Borrowed(memoryview(mm)[at : at + desc.length].toreadonly(), mine, desc.scope)
 
 
 def claim(region: Region) -> Claim | None:

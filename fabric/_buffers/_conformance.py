@@ -19,12 +19,15 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 
 from orchestr.errors import DescriptorError, StaleDescriptorError, TransportError
+from orchestr.fabric import _registry
 
+from . import _transport
 from ._handle import Buffer
 
 __all__ = ["check_buffer_transport"]
@@ -52,9 +55,16 @@ class _Owner:
             data: Any = pattern(cmd["nbytes"], cmd["seed"])
             if cmd.get("readonly"):
                 data = data.tobytes()
-            buf = Buffer(data)
+            spans = cmd.get("spans")
+            writable = cmd.get("writable", True)
+            buf = Buffer(data, spans=None if spans is None else [tuple(s) for s in spans],
+                         writable=writable)  # fmt: skip
             self.buffers[len(self.buffers)] = (buf, data)
             return {"id": len(self.buffers) - 1, "handle": buf.to_wire()}
+        if op == "widen":
+            buf = self.buffers[cmd["id"]][0]
+            buf.allow([tuple(s) for s in cmd["spans"]])
+            return {"handle": buf.to_wire()}
         if op == "digest":
             return {"digest": digest(self.buffers[cmd["id"]][1])}
         if op == "release":
@@ -230,6 +240,10 @@ async def check_buffer_transport(scheme: str) -> list[str]:
             raise AssertionError("a released buffer could still be read")
         passed.append("stale after release")
 
+        backend = _registry.buffer_transport(scheme)
+        if backend is not None and _transport.scoping(backend) is not None:
+            passed += await _check_scoped(scheme, owner, register, read)
+
         if isinstance(owner, _Remote):
             _, slow = await register(8 << 20, 10)
             os.kill(owner.pid, signal.SIGSTOP)
@@ -256,6 +270,96 @@ async def check_buffer_transport(scheme: str) -> list[str]:
             passed.append("deadline (in-process: nothing can stall)")
     finally:
         await owner.kill()
+    return passed
+
+
+async def _refused(what: str, move: Awaitable[Any]) -> None:
+    try:
+        await move
+    except DescriptorError:
+        return
+    raise AssertionError(f"{what} was not refused")
+
+
+async def _check_scoped(
+    scheme: str,
+    owner: _Remote | _Local,
+    register: Callable[..., Awaitable[tuple[int, Buffer]]],
+    read: Callable[..., Awaitable[None]],
+) -> list[str]:
+    """Scoped buffers: a grant of some spans of the owner's memory reaches those only, to read
+    only when read-only; a descriptor that claims more is refused by backends whose owner
+    enforces the scope; a grant widens, and a released one is stale while the memory lives
+    on."""
+    size, spans = 1 << 20, [(4096, 8192), (65536 + 10, 4096)]
+    want = pattern(size, 12)
+    ans = await owner.handle(
+        {"op": "register", "nbytes": size, "seed": 12, "spans": spans, "writable": False}
+    )
+    rid, grant = ans["id"], Buffer.from_wire(ans["handle"])
+    assert grant.spans == spans, f"the grant's spans came back as {grant.spans}"
+    for offset, n in spans:
+        got = np.zeros(n, np.uint8)
+        await read(grant, got, offset=offset)
+        assert np.array_equal(got, want[offset : offset + n]), "a granted span read wrong"
+    part = np.zeros(100, np.uint8)
+    await read(grant, part, offset=4096 + 50)
+    outside = (
+        ("a read across a span's end", 4096 + 8192 - 8, 16),
+        ("a read between the spans", 32768, 16),
+        ("a read before the first span", 0, 16),
+        ("a read past the last span", 65536 + 10 + 4096, 1),
+    )
+    dst = np.full(16, 0xAB, np.uint8)
+    for what, offset, n in outside:
+        await _refused(what, read(grant, dst[:n], offset=offset))
+    assert (dst == 0xAB).all(), "a refused read wrote into the destination"
+    await _refused(
+        "a write through a read-only grant",
+        grant.write_from(np.zeros(16, np.uint8), offset=4096, transport=scheme, fallback="error"),
+    )
+    backend = _registry.buffer_transport(scheme)
+    forged = [("a descriptor that drops the scope", _forge(grant, scheme, scope=None))]
+    if backend is not None and _transport.scoping(backend) == "owner":  # shm: see _scope
+        forged.append(
+            ("a descriptor that widens the scope", _forge(grant, scheme, scope=(0, size)))
+        )
+    for what, fake in forged:
+        await _refused(what, read(fake, np.zeros(16, np.uint8), offset=32768))
+    got = (await owner.handle({"op": "digest", "id": rid}))["digest"]
+    assert got == digest(want), "the owner's memory changed under a read-only grant"
+    passed = ["scoped: reads inside only, read-only, forged scopes"]
+
+    ans = await owner.handle({"op": "register", "nbytes": size, "seed": 13, "spans": spans[:1]})
+    wid, wgrant = ans["id"], Buffer.from_wire(ans["handle"])
+    src = pattern(8192, 14)
+    async with asyncio.timeout(30):
+        await wgrant.write_from(src, offset=4096, transport=scheme, fallback="error")
+    for what, offset in (("a write across the span's end", 4096 + 8192 - 8), ("one past", 0)):
+        await _refused(
+            what,
+            wgrant.write_from(np.zeros(16, np.uint8), offset=offset, transport=scheme,
+                              fallback="error"),
+        )  # fmt: skip
+    wider = Buffer.from_wire(
+        (await owner.handle({"op": "widen", "id": wid, "spans": [(0, 64)]}))["handle"]
+    )
+    head = np.zeros(64, np.uint8)
+    await read(wider, head)
+    await read(wgrant, np.zeros(8, np.uint8), offset=4096)  # the old handle keeps its spans
+    expect = pattern(size, 13)
+    expect[4096 : 4096 + 8192] = src
+    assert np.array_equal(head, expect[:64]), "a widened span read wrong"
+    got = (await owner.handle({"op": "digest", "id": wid}))["digest"]
+    assert got == digest(expect), "a write through a grant reached past its span"
+    await owner.handle({"op": "release", "id": wid})
+    try:
+        await read(wider, np.zeros(16, np.uint8))
+    except StaleDescriptorError:
+        pass
+    else:
+        raise AssertionError("a released grant could still be read")
+    passed.append("scoped: writes inside only, widened, revoked")
     return passed
 
 

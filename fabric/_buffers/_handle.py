@@ -9,14 +9,15 @@ the owner's memory and the caller's, over the best backend for where the two are
 from __future__ import annotations
 
 import asyncio
+import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from orchestr.errors import DescriptorError, OrchestrError
 from orchestr.fabric import _local, _registry
 
-from . import _borrow, _transport
+from . import _borrow, _fallback, _scope, _transport
 from ._borrow import Borrowed, Claim
 from ._transport import Descriptor, Region, read_pieces_with
 
@@ -83,23 +84,45 @@ class Buffer:
     :class:`StaleDescriptorError`. A buffer whose owner drops it is released soon after (at the
     next registration), and all are released when the owning actor stops; the kernel reclaims
     them if its process is killed.
+
+    A grant of part of some memory is a buffer of its own: ``Buffer(tensor, spans=[(offset,
+    nbytes), ...], writable=False)`` registers the same memory again under a new key, and
+    peers given that handle reach only those spans (at the memory's own offsets), only to read
+    with ``writable=False``; releasing it revokes just that grant. Who refuses a transfer
+    outside the spans depends on the backend: the owner (``inproc``, ``tcp``, ``nixl``), its
+    adapter (``rdma``: a memory region per span), or, on the owner's host (``shm``), the
+    reader, from the owner-made handle: a process of the owner's user can read that memory
+    anyway, so the user is the boundary there. A span outside ``data`` raises
+    :class:`DescriptorError`; spans that touch or overlap are merged.
     """
 
     __module__ = "orchestr.fabric"  # its public home (the serializer finds it by this name)
 
-    def __init__(self, data: Any) -> None:
+    def __init__(
+        self,
+        data: Any,
+        *,
+        spans: Iterable[tuple[int, int]] | None = None,
+        writable: bool = True,
+    ) -> None:
         view, self.dtype, self.shape = as_bytes(data, writable=False)
+        if not writable:
+            view = view.toreadonly()
+        scope = None if spans is None else _scope.flatten(spans, view.nbytes)
         self._data = data  # keeps the memory alive while registered
         self._transports = _registry.usable_buffer_transports()
-        self._region: Region | None = _transport.register_memory(view, self._transports)
+        self._region: Region | None = _transport.register_memory(view, self._transports, scope)
         # dropped without release(): released soon after (the memory stays valid until then)
         self._finalizer = weakref.finalize(
             self, _transport.release_later, self._region, self._transports
         )
+        self._widening = threading.Lock()
         self.nbytes = view.nbytes
-        self.descriptors: dict[str, Descriptor] = {
-            s: self._region.descriptor(s) for s in self._region.exports
-        }
+        self.descriptors: dict[str, Descriptor] = self._describe(self._region)
+
+    @staticmethod
+    def _describe(region: Region) -> dict[str, Descriptor]:
+        return {s: region.descriptor(s) for s in region.exports}
 
     @classmethod
     def _from_parts(
@@ -117,10 +140,42 @@ class Buffer:
         """The owning process, ``host:pid:nonce``."""
         return next(iter(self.descriptors.values())).owner
 
+    @property
+    def spans(self) -> list[tuple[int, int]] | None:
+        """The ``(offset, nbytes)`` spans a peer may reach, ``None`` when it may reach all of
+        the buffer (as this handle was sent: :meth:`allow` may have widened them since)."""
+        scope = next(iter(self.descriptors.values())).scope
+        return None if scope is None else [(a, b - a) for a, b in _scope.pairs(scope)]
+
+    def allow(self, spans: Iterable[tuple[int, int]]) -> None:
+        """Let peers reach ``spans`` (``(offset, nbytes)``) of a buffer made with ``spans``
+        too (owner only; thread-safe). Handles sent before keep working for what they were
+        granted; those sent afterwards carry the wider spans, which a peer needs where its
+        own check decides (``shm``). Scopes only grow: release the buffer to revoke it.
+        Raises :class:`DescriptorError` for a buffer that is not its owner's, was released or
+        is not scoped, or for a span outside it; with ``rdma``, what registering fails with."""
+        region = self._owned("widen")
+        if region.scope is None:
+            raise DescriptorError("this buffer reaches all of its memory; only a scoped one widens")
+        with self._widening:
+            added = _scope.widen(region.scope, spans, self.nbytes)
+            if added:
+                _transport.widen(region, added, self._transports)
+                self.descriptors = self._describe(region)
+
+    def _owned(self, what: str) -> Region:
+        if self._region is None:
+            if self._data is None:
+                raise DescriptorError(f"only the owner ({self.owner}) can {what} this buffer")
+            raise DescriptorError("this buffer was released")
+        return self._region
+
     def __repr__(self) -> str:
         state = "released" if self._region is None and self._data is not None else "live"
+        scope = self.spans
+        reach = "" if scope is None else f" in {len(scope)} spans"
         return (
-            f"<Buffer {self.nbytes} bytes {self.dtype}{self.shape} of {self.owner} via "
+            f"<Buffer {self.nbytes} bytes {self.dtype}{self.shape}{reach} of {self.owner} via "
             f"{'/'.join(self.descriptors)} {state}>"
         )
 
@@ -252,7 +307,13 @@ class Buffer:
         ``None`` where that is not possible: the owner is on another host,
         its memory is not in shared memory (only ``orchestr.fabric.empty`` tensors are), or it
         holds a claim now (changing the bytes). Read then, as usual. Raises
-        :class:`StaleDescriptorError` for a released buffer."""
+        :class:`StaleDescriptorError` for a released buffer.
+
+        Of a scoped buffer the view still spans the whole registration (the mapping the
+        ``shm`` backend keeps: mapping each span anew costs 2-10 times the copy), the bytes
+        between the spans included; :attr:`Borrowed.spans` says what was granted, and the
+        borrower keeps to it (:meth:`Borrowed.reaches`). The owner's user is the boundary on
+        its host either way."""
         desc = self.descriptors.get("shm")
         shm = _registry.buffer_transport("shm") if desc is not None else None
         if desc is None or shm is None or shm.probe() is not None or not shm.reaches(self.owner):
@@ -263,17 +324,13 @@ class Buffer:
         """The owner's hold on its bytes while it changes them: ``None`` while a peer
         :meth:`borrow` s them, else a :class:`~._borrow.Claim` to release (or use ``with``)
         when done, during which no borrow starts. Owner only (:class:`DescriptorError`)."""
-        if self._region is None:
-            if self._data is None:
-                raise DescriptorError(f"only the owner ({self.owner}) can claim this buffer")
-            raise DescriptorError("this buffer was released")
-        return _borrow.claim(self._region)
+        return _borrow.claim(self._owned("claim"))
 
     def _choose(
         self, want: str | None, fallback: str | None
     ) -> tuple[_transport.BufferTransport, Descriptor]:
-        policy = _transport.check_fallback(fallback or _registry.settings.fallback)
-        return _transport.choose(
+        policy = _fallback.check_fallback(fallback or _registry.settings.fallback)
+        return _fallback.choose(
             self.descriptors, _registry.buffer_transport, want=want, fallback=policy
         )
 

@@ -15,6 +15,7 @@ __all__ = ["InprocBuffers"]
 
 class InprocBuffers(OneSided):
     scheme = "inproc"
+    scoped = "owner"  # the region table checked is the owner's own
 
     def probe(self) -> str | None:
         return None
@@ -37,6 +38,8 @@ class InprocBuffers(OneSided):
             raise DescriptorError(
                 f"descriptor says {desc.length} bytes; the region has {region.mem.nbytes}"
             )
+        if not region.reaches(offset, nbytes):
+            raise DescriptorError(_transport.outside_scope(offset, nbytes, desc.region, desc.owner))
         return region.mem[offset : offset + nbytes]
 
     async def move(self, write: bool, desc: Descriptor, offset: int, local: memoryview) -> None:

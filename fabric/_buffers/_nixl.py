@@ -7,7 +7,10 @@ channel listens, the agent's name and the region's address. NIXL needs the owner
 fetches it over the side channel and loads it, and fetches it again whenever the owner's
 registrations changed since. Before each transfer the reader asks the side channel whether the
 region is still registered and which metadata generation is current (one small round trip), so
-a released region is reported as :class:`StaleDescriptorError`. The bytes themselves move through
+a released region is reported as :class:`StaleDescriptorError`. That check names the bytes the
+transfer moves, and the owner refuses those outside a scoped region's spans (:mod:`._scope`); a
+scoped region is registered with the agent span by span, so the agent's metadata reaches no
+byte of it outside a span (though it reaches every span the process has granted to anyone). The bytes themselves move through
 NIXL (``initialize_xfer`` / ``transfer``), polled in a thread until done.
 
 ``nixl`` is imported on first probe; the module imports without it.
@@ -36,7 +39,8 @@ from orchestr.errors import (
 )
 from orchestr.fabric import _local
 
-from . import _transport
+from . import _scope, _transport
+from ._scope import Scope
 from ._sidechannel import SideChannel, recv_exactly
 from ._transport import Descriptor, OneSided, Region
 
@@ -45,10 +49,10 @@ __all__ = ["NixlBuffers", "load_nixl"]
 NOT_INSTALLED = "the nixl package is not installed (pip install 'orchestr[nixl]')"
 #: Seconds one transfer may take.
 TRANSFER_TIMEOUT = 60.0
-_REQ = struct.Struct("<4sBQQ")  # magic, op, region, key
+_REQ = struct.Struct("<4sBQQQQ")  # magic, op, region, key, offset, bytes to move
 _MAGIC = b"ONXL"
 _CHECK_READ, _META, _CHECK_WRITE = 1, 2, 3
-_LIVE, _RELEASED, _READ_ONLY = 0, 1, 2
+_LIVE, _RELEASED, _READ_ONLY, _OUTSIDE = 0, 1, 2, 3
 _STATE = struct.Struct("<BQQQ")  # region state, metadata generation, address, length
 _META_HEAD = struct.Struct("<QI")  # generation, metadata length
 
@@ -78,7 +82,7 @@ class _Handler(socketserver.BaseRequestHandler):
         backend: NixlBuffers = self.server.backend  # type: ignore[attr-defined]
         proven = False  # the agent's metadata goes only to a peer that named a live region
         while (head := recv_exactly(sock, _REQ.size)) is not None:
-            magic, op, region_id, key = _REQ.unpack(head)
+            magic, op, region_id, key, offset, nbytes = _REQ.unpack(head)
             if magic != _MAGIC:
                 return
             if op in (_CHECK_READ, _CHECK_WRITE):
@@ -87,6 +91,8 @@ class _Handler(socketserver.BaseRequestHandler):
                     region = _transport.lookup(region_id, key)
                     addr, length = backend._regs[region_id][1], region.mem.nbytes
                     state = _READ_ONLY if op == _CHECK_WRITE and region.mem.readonly else _LIVE
+                    if state == _LIVE and not region.reaches(offset, nbytes):
+                        state = _OUTSIDE
                 except (StaleDescriptorError, KeyError):
                     state = _RELEASED
                 if state != _RELEASED and not proven:
@@ -109,8 +115,10 @@ class _Peer:
         self.name: str | None = None  # the owner agent, once its metadata is loaded
         self.generation = -1
 
-    def ask(self, op: int, region: int = 0, key: int = 0) -> bytes:
-        self.sock.sendall(_REQ.pack(_MAGIC, op, region, key))
+    def ask(
+        self, op: int, region: int = 0, key: int = 0, offset: int = 0, nbytes: int = 0
+    ) -> bytes:
+        self.sock.sendall(_REQ.pack(_MAGIC, op, region, key, offset, nbytes))
         size = _META_HEAD.size if op == _META else _STATE.size
         head = recv_exactly(self.sock, size)
         if head is not None and op == _META:
@@ -125,6 +133,7 @@ class NixlBuffers(OneSided):
     """The ``nixl`` buffer backend."""
 
     scheme = "nixl"
+    scoped = "owner"  # each transfer's check, and a scoped region's agent registrations
 
     def __init__(self) -> None:
         self._nixl: Any = None
@@ -133,7 +142,8 @@ class NixlBuffers(OneSided):
         self._probed = False
         self._reason: str | None = None
         self._server: SideChannel | None = None
-        self._regs: dict[int, tuple[Any, int]] = {}  # region id -> (registration, address)
+        #: region id -> (its registrations with the agent, address)
+        self._regs: dict[int, tuple[list[Any], int]] = {}
         self._generation = 0
         self._peers: dict[tuple[str, int], _Peer] = {}
         self._lock = threading.Lock()
@@ -201,18 +211,16 @@ class NixlBuffers(OneSided):
             raise TransportUnavailableError(f"nixl cannot be used here: {self._reason}")
         agent = self._my_agent()
         addr = address_of(region.mem)
-        if region.mem.nbytes:
-            try:
-                reg = agent.register_memory([(addr, region.mem.nbytes, 0, "")], "DRAM")
-            except Exception as exc:
-                raise TransportError(
-                    f"nixl could not register {region.mem.nbytes} bytes: {exc}"
-                ) from exc
-            with self._lock:
-                self._regs[region.id] = (reg, addr)
-                self._generation += 1
-        else:
-            self._regs[region.id] = (None, addr)
+        with self._lock:
+            self._regs[region.id] = ([], addr)
+        try:
+            if region.scope is not None:
+                self.widen(region, region.scope)
+            elif region.mem.nbytes:
+                self._register(agent, region.id, [(addr, region.mem.nbytes, 0, "")])
+        except BaseException:
+            self.unexport(region)
+            raise
         with self._lock:
             if self._server is None:
                 self._server = SideChannel((settings.bind_host, 0), _Handler, self)
@@ -220,11 +228,34 @@ class NixlBuffers(OneSided):
             host, port = self._server.endpoint
         return (host, port, str(agent.name), addr)
 
+    def widen(self, region: Region, added: Scope) -> None:
+        """Register the spans of ``added`` (new bytes of a scoped region) with the agent."""
+        with self._lock:
+            entry = self._regs.get(region.id)
+        if entry is not None and added:
+            spans = [(entry[1] + a, b - a, 0, "") for a, b in _scope.pairs(added)]
+            self._register(self._my_agent(), region.id, spans)
+
+    def _register(self, agent: Any, region_id: int, spans: list[tuple[int, int, int, str]]) -> None:
+        try:
+            reg = agent.register_memory(spans, "DRAM")
+        except Exception as exc:
+            nbytes = sum(s[1] for s in spans)
+            raise TransportError(f"nixl could not register {nbytes} bytes: {exc}") from exc
+        with self._lock:
+            entry = self._regs.get(region_id)
+            if entry is not None:
+                entry[0].append(reg)
+                self._generation += 1
+                reg = None
+        if reg is not None:  # unexported meanwhile
+            agent.deregister_memory(reg)
+
     def unexport(self, region: Region) -> None:
         with self._lock:
-            reg = self._regs.pop(region.id, (None, 0))[0]
+            regs = self._regs.pop(region.id, ([], 0))[0]
             self._generation += 1
-        if reg is not None:
+        for reg in regs:
             self._agent.deregister_memory(reg)
 
     def close(self) -> None:
@@ -251,11 +282,14 @@ class NixlBuffers(OneSided):
             return peer
 
     def _prepare(
-        self, agent: Any, peer: _Peer, write: bool, desc: Descriptor, owner_agent: str
-    ) -> None:
-        """Check the region is live and the owner's current metadata is loaded."""
+        self, agent: Any, peer: _Peer, write: bool, desc: Descriptor, owner_agent: str,
+        offset: int, nbytes: int,
+    ) -> None:  # fmt: skip
+        """Check the region is live, reaches the bytes to move, and the owner's current
+        metadata is loaded."""
         op = _CHECK_WRITE if write else _CHECK_READ
-        state, generation, addr, length = _STATE.unpack(peer.ask(op, desc.region, desc.key))
+        answer = peer.ask(op, desc.region, desc.key, offset, nbytes)
+        state, generation, addr, length = _STATE.unpack(answer)
         if state == _RELEASED:
             raise StaleDescriptorError(
                 f"buffer region {desc.region} of {desc.owner} was released (or the descriptor "
@@ -268,6 +302,8 @@ class NixlBuffers(OneSided):
             )
         if state == _READ_ONLY:
             raise DescriptorError(f"buffer region {desc.region} of {desc.owner} is read-only")
+        if state == _OUTSIDE:
+            raise DescriptorError(_transport.outside_scope(offset, nbytes, desc.region, desc.owner))
         if generation == peer.generation and peer.name is not None:
             return
         reply = peer.ask(_META)
@@ -288,7 +324,7 @@ class NixlBuffers(OneSided):
         laddr, n = address_of(local), local.nbytes
         with peer.lock:
             try:
-                self._prepare(agent, peer, write, desc, owner_agent)
+                self._prepare(agent, peer, write, desc, owner_agent, offset, n)
             except OSError as exc:
                 self._forget(host, port, peer)
                 raise TransportError(f"the nixl owner {desc.owner} went away: {exc}") from exc

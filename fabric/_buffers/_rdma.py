@@ -7,8 +7,12 @@ over the side channel each side sends its QP number, packet sequence number, LID
 and both bring their QP to ready-to-send (the owner keeps its QP while that connection stays
 open). The first time a reader uses a region it asks the owner, over that connection, to vouch
 for the descriptor (region, key, length, address, rkey, writable) and remembers the answer, so a
-forged descriptor is refused. Transfers are RDMA READ / WRITE work requests the owner's CPU takes
-no part in; the reader polls its completion queue in a thread. An unexported region's MR is
+forged descriptor is refused. A scoped region (:mod:`._scope`) has no MR over all of it: the
+owner registers one MR per span (more as it widens), and its answer lists them, each with its
+own rkey; the reader sends one work request per span a transfer touches, and asks again when
+a transfer reaches past the spans it knows. The adapter refuses any access outside an MR, so a
+reader cannot reach the bytes between the spans whatever it sends. Transfers are RDMA READ /
+WRITE work requests the owner's CPU takes no part in; the reader polls its completion queue in a thread. An unexported region's MR is
 deregistered, so its rkey stops working and the owner's adapter answers with a remote access
 error, reported as :class:`StaleDescriptorError`.
 
@@ -20,11 +24,9 @@ this interpreter.
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
+import bisect
 import socket
 import socketserver
-import struct
 import threading
 import time
 from typing import Any
@@ -37,91 +39,28 @@ from orchestr.errors import (
 )
 
 from . import _rdma_devices as devices
-from . import _transport
+from . import _scope, _transport
+from ._rdma_link import (
+    ASK,
+    GID_INDEX_ENV,
+    HELLO,
+    MAX_SPANS,
+    SCOPED,
+    SPAN,
+    VOUCH,
+    WRITABLE,
+    Conn,
+    Verbs,
+)
+from ._scope import Scope
 from ._sidechannel import SideChannel, recv_exactly
 from ._transport import Descriptor, OneSided, Region
 
-__all__ = ["RdmaBuffers"]
+__all__ = ["GID_INDEX_ENV", "RdmaBuffers"]
 
-GID_INDEX_ENV = "ORCHESTR_RDMA_GID_INDEX"
 #: Seconds one work request may wait for its completion.
 COMPLETION_TIMEOUT = 30.0
 _CHUNK = 1 << 30  # bytes per work request
-_HELLO = struct.Struct("<4sIIHB39s")  # magic, QP number, PSN, LID, MTU enum, GID text
-_ASK = struct.Struct("<QQ")  # region, key
-_VOUCH = struct.Struct("<BBQQI")  # known, writable, address, length, rkey
-_MAGIC = b"ORDM"
-
-
-class _Verbs:
-    """One opened device: context, protection domain, the port and GID in use."""
-
-    def __init__(self, device: str, port: int) -> None:
-        self.e: Any = devices.submodule("enums")
-        self.port = port
-        self.ctx = devices.submodule("device").Context(name=device)
-        self.pd = devices.submodule("pd").PD(self.ctx)
-        self.owner_cq = self.new_cq(256)
-        self.port_attr = self.ctx.query_port(port)
-        self.gid_index = self._gid_index()
-        self.gid = str(self.ctx.query_gid(port, self.gid_index))
-
-    def _gid_index(self) -> int:
-        if os.environ.get(GID_INDEX_ENV):
-            return int(os.environ[GID_INDEX_ENV])
-        if self.port_attr.link_layer != self.e.IBV_LINK_LAYER_ETHERNET:
-            return 0
-        for i in range(self.port_attr.gid_tbl_len):  # RoCE: the first RoCE v2 GID with an address
-            try:
-                gid = str(self.ctx.query_gid(self.port, i))
-                v2 = self.ctx.query_gid_type(self.port, i) == self.e.IBV_GID_TYPE_SYSFS_ROCE_V2
-            except Exception:
-                continue
-            if v2 and gid.replace(":", "").strip("0"):
-                return i
-        return 0
-
-    def new_cq(self, depth: int) -> Any:
-        return devices.submodule("cq").CQ(self.ctx, depth, None, None, 0)
-
-    def register(self, addr: int, length: int, access: int) -> Any:
-        """An MR over memory pyverbs did not allocate."""
-        try:
-            return devices.submodule("mr").MR(self.pd, length, access, address=addr)
-        except TypeError as exc:
-            raise TransportUnavailableError(
-                f"this pyverbs cannot register memory it did not allocate ({exc}); pyverbs "
-                f"from rdma-core v28 or newer has MR(pd, length, access, address=...)"
-            ) from exc
-
-    def new_qp(self, cq: Any) -> tuple[Any, int]:
-        qp = devices.submodule("qp")
-        cap = qp.QPCap(max_send_wr=16, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
-        init = qp.QPInitAttr(qp_type=self.e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap, sq_sig_all=1)
-        return qp.QP(self.pd, init), secrets.randbits(24)
-
-    def hello(self, qp: Any, psn: int) -> bytes:
-        pa = self.port_attr
-        return _HELLO.pack(_MAGIC, qp.qp_num, psn, pa.lid, pa.active_mtu, self.gid.encode())
-
-    def connect(self, qp: Any, psn: int, peer: bytes) -> None:
-        """Bring ``qp`` through INIT and RTR to RTS, facing the peer whose hello is ``peer``."""
-        magic, qpn, peer_psn, lid, mtu, gid = _HELLO.unpack(peer)
-        if magic != _MAGIC:
-            raise TransportError("the RDMA side channel answered with something else")
-        e, addr = self.e, devices.submodule("addr")
-        attr = devices.submodule("qp").QPAttr(port_num=self.port)
-        attr.pkey_index = 0
-        attr.qp_access_flags = (
-            e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE
-        )
-        attr.path_mtu = min(mtu, self.port_attr.active_mtu)
-        attr.dest_qp_num, attr.rq_psn, attr.sq_psn = qpn, peer_psn, psn
-        attr.max_dest_rd_atomic = attr.max_rd_atomic = 1
-        attr.min_rnr_timer, attr.timeout, attr.retry_cnt, attr.rnr_retry = 12, 14, 7, 7
-        route = addr.GlobalRoute(dgid=addr.GID(gid.decode()), sgid_index=self.gid_index)
-        attr.ah_attr = addr.AHAttr(port_num=self.port, dlid=lid, is_global=1, gr=route)
-        qp.to_rts(attr)  # RESET -> INIT -> RTR -> RTS, each with its attribute mask
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -132,14 +71,14 @@ class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         sock: socket.socket = self.request
         backend: RdmaBuffers = self.server.backend  # type: ignore[attr-defined]
-        ask = recv_exactly(sock, _ASK.size)
+        ask = recv_exactly(sock, ASK.size)
         if ask is None:
             return
-        answer = backend._vouch(*_ASK.unpack(ask))
+        answer = backend._vouch(*ASK.unpack(ask))
         sock.sendall(answer)
-        if not _VOUCH.unpack(answer)[0]:
+        if not VOUCH.unpack_from(answer)[0]:
             return
-        peer = recv_exactly(sock, _HELLO.size)
+        peer = recv_exactly(sock, HELLO.size)
         if peer is None:
             return
         sock.settimeout(None)  # a reader that showed a key keeps its QP while it is connected
@@ -148,85 +87,38 @@ class _Handler(socketserver.BaseRequestHandler):
         try:
             verbs.connect(qp, psn, peer)
             sock.sendall(verbs.hello(qp, psn))
-            while (ask := recv_exactly(sock, _ASK.size)) is not None:
-                sock.sendall(backend._vouch(*_ASK.unpack(ask)))
+            while (ask := recv_exactly(sock, ASK.size)) is not None:
+                sock.sendall(backend._vouch(*ASK.unpack(ask)))
         except Exception:
             return  # the reader sees the hang-up and reports it
         finally:
             qp.close()
 
 
-class _Conn:
-    """Reader side: the QP, CQ and side-channel socket towards one owner, opened by naming the
-    region of ``first`` (the owner makes a QP only for a reader that knows a key)."""
+class _Registered:
+    """An exported region's MRs: one over all of it, or one per span of a scoped region,
+    as ``(start, end, MR)`` sorted by start."""
 
-    def __init__(self, verbs: _Verbs, host: str, port: int, first: Descriptor) -> None:
-        self.lock = threading.Lock()
-        self.known: dict[tuple[int, int], tuple[int, int, int, bool]] = {}
-        self.sock: socket.socket | None = None
-        self.cq = verbs.new_cq(32)
-        self.qp, psn = verbs.new_qp(self.cq)
-        try:
-            self.sock = socket.create_connection((host, port), timeout=10)
-            self.sock.sendall(_ASK.pack(first.region, first.key))
-            self._vouched(first, recv_exactly(self.sock, _VOUCH.size))
-            self.sock.sendall(verbs.hello(self.qp, psn))
-            peer = recv_exactly(self.sock, _HELLO.size)
-            if peer is None:
-                raise TransportError(f"the RDMA owner at {host}:{port} hung up while connecting")
-            verbs.connect(self.qp, psn, peer)
-        except BaseException:
-            self.close()
-            raise
+    __slots__ = ("addr", "mrs", "scoped", "writable")
 
-    def check(self, desc: Descriptor, write: bool) -> None:
-        """Have the owner vouch for ``desc`` (once per region and key)."""
-        known = self.known.get((desc.region, desc.key))
-        if known is None:
-            assert self.sock is not None
-            self.sock.sendall(_ASK.pack(desc.region, desc.key))
-            known = self._vouched(desc, recv_exactly(self.sock, _VOUCH.size))
-        addr, length, rkey, writable = known
-        if (length, addr, rkey) != (desc.length, desc.where[2], desc.where[3]):
-            raise DescriptorError(
-                f"descriptor of region {desc.region} says {desc.length} bytes at "
-                f"{desc.where[2]:#x} (rkey {desc.where[3]:#x}); the owner registered {length} "
-                f"bytes at {addr:#x} (rkey {rkey:#x})"
-            )
-        if write and not writable:
-            raise DescriptorError(f"buffer region {desc.region} of {desc.owner} is read-only")
-
-    def _vouched(self, desc: Descriptor, answer: bytes | None) -> tuple[int, int, int, bool]:
-        if answer is None:
-            raise ConnectionError("the RDMA owner closed its side channel")
-        ok, writable, addr, length, rkey = _VOUCH.unpack(answer)
-        if not ok:
-            raise StaleDescriptorError(
-                f"buffer region {desc.region} of {desc.owner} is not registered there "
-                f"(released, or the descriptor is forged)"
-            )
-        known = self.known[(desc.region, desc.key)] = (addr, length, rkey, bool(writable))
-        return known
-
-    def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-        self.qp.close()
-        self.cq.close()
+    def __init__(self, addr: int, writable: bool, scoped: bool) -> None:
+        self.addr, self.writable, self.scoped = addr, writable, scoped
+        self.mrs: list[tuple[int, int, Any]] = []
 
 
 class RdmaBuffers(OneSided):
     """The ``rdma`` buffer backend."""
 
     scheme = "rdma"
+    scoped = "owner"  # the adapter: an MR per span, and none over the rest
 
     def __init__(self) -> None:
         self._info: dict[str, Any] | None = None
         self._reason: str | None = None
-        self._verbs: _Verbs | None = None
+        self._verbs: Verbs | None = None
         self._server: SideChannel | None = None
-        self._mrs: dict[int, tuple[Any, int, bool]] = {}  # region id -> (MR, address, writable)
-        self._conns: dict[tuple[str, int], _Conn] = {}
+        self._mrs: dict[int, _Registered] = {}  # by region id
+        self._conns: dict[tuple[str, int], Conn] = {}
         self._lock = threading.Lock()
 
     def probe(self) -> str | None:
@@ -246,12 +138,12 @@ class RdmaBuffers(OneSided):
     def reaches(self, owner: str) -> bool:
         return True
 
-    def _open(self) -> _Verbs:
+    def _open(self) -> Verbs:
         with self._lock:
             if self._verbs is None:
                 if self.probe() is not None:
                     raise TransportUnavailableError(f"rdma cannot be used here: {self._reason}")
-                self._verbs = _Verbs(*devices.select_port(self._info or {}))
+                self._verbs = Verbs(*devices.select_port(self._info or {}))
             return self._verbs
 
     def export(self, region: Region) -> tuple[Any, ...]:
@@ -265,28 +157,63 @@ class RdmaBuffers(OneSided):
                 self._server = SideChannel((settings.bind_host, 0), _Handler, self)
                 self._server.serve_in_thread("orchestr-rdma")
             host, port = self._server.endpoint
-        addr, rkey, e = address_of(region.mem), 0, verbs.e
-        if region.mem.nbytes:
-            access = e.IBV_ACCESS_REMOTE_READ
-            if not region.mem.readonly:  # remote write needs local write too
-                access |= e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
-            mr = verbs.register(addr, region.mem.nbytes, access)
-            self._mrs[region.id] = (mr, addr, not region.mem.readonly)
-            rkey = mr.rkey
-        return (host, port, addr, rkey)
+        addr, writable = address_of(region.mem), not region.mem.readonly
+        entry = _Registered(addr, writable, region.scope is not None)
+        self._mrs[region.id] = entry
+        try:
+            if region.scope is None:
+                if region.mem.nbytes:
+                    self._register(verbs, entry, 0, region.mem.nbytes)
+                return (host, port, addr, entry.mrs[0][2].rkey if entry.mrs else 0)
+            self.widen(region, region.scope)
+        except BaseException:
+            self.unexport(region)
+            raise
+        return (host, port, addr, 0)  # a scoped region's rkeys come with the owner's answer
+
+    def widen(self, region: Region, added: Scope) -> None:
+        """Register an MR over each span of ``added`` (new bytes of a scoped region)."""
+        entry = self._mrs.get(region.id)
+        if entry is None:
+            return
+        if len(entry.mrs) + len(added) // 2 > MAX_SPANS:
+            raise DescriptorError(
+                f"a scoped buffer over rdma reaches at most {MAX_SPANS} spans; grant fewer, "
+                f"larger ones"
+            )
+        verbs = self._open()
+        for start, end in _scope.pairs(added):
+            self._register(verbs, entry, start, end)
+
+    def _register(self, verbs: Verbs, entry: _Registered, start: int, end: int) -> None:
+        e = verbs.e
+        access = e.IBV_ACCESS_REMOTE_READ
+        if entry.writable:  # remote write needs local write too
+            access |= e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+        mr = verbs.register(entry.addr + start, end - start, access)
+        with self._lock:
+            bisect.insort(entry.mrs, (start, end, mr), key=lambda m: m[0])
 
     def unexport(self, region: Region) -> None:
         entry = self._mrs.pop(region.id, None)
         if entry is not None:
-            entry[0].close()  # the rkey dies with the MR
+            for _, _, mr in entry.mrs:
+                mr.close()  # the rkey dies with the MR
 
     def _vouch(self, region_id: int, key: int) -> bytes:
         try:
             region = _transport.lookup(region_id, key)
-            mr, addr, writable = self._mrs[region_id]
+            entry = self._mrs[region_id]
         except (StaleDescriptorError, KeyError):
-            return _VOUCH.pack(0, 0, 0, 0, 0)
-        return _VOUCH.pack(1, int(writable), addr, region.mem.nbytes, mr.rkey)
+            return VOUCH.pack(0, 0, 0, 0, 0, 0)
+        with self._lock:
+            mrs = list(entry.mrs)
+        flags = WRITABLE if entry.writable else 0
+        if not entry.scoped:
+            rkey = mrs[0][2].rkey if mrs else 0
+            return VOUCH.pack(1, flags, entry.addr, region.mem.nbytes, rkey, 0)
+        head = VOUCH.pack(1, flags | SCOPED, entry.addr, region.mem.nbytes, 0, len(mrs))
+        return head + b"".join(SPAN.pack(start, end, mr.rkey) for start, end, mr in mrs)
 
     def close(self) -> None:
         with self._lock:
@@ -298,13 +225,13 @@ class RdmaBuffers(OneSided):
             conn.close()
 
     # -- reader side ---------------------------------------------------------------------------
-    def _conn(self, host: str, port: int, first: Descriptor) -> _Conn:
+    def _conn(self, host: str, port: int, first: Descriptor) -> Conn:
         verbs = self._open()
         with self._lock:
             conn = self._conns.get((host, port))
             if conn is None:
                 try:
-                    conn = _Conn(verbs, host, port, first)
+                    conn = Conn(verbs, host, port, first)
                 except OSError as exc:
                     raise StaleDescriptorError(
                         f"cannot reach the RDMA owner at {host}:{port}: {exc} (it may have exited)"
@@ -312,7 +239,7 @@ class RdmaBuffers(OneSided):
                 self._conns[(host, port)] = conn
             return conn
 
-    def _drop(self, key: tuple[str, int], conn: _Conn) -> None:
+    def _drop(self, key: tuple[str, int], conn: Conn) -> None:
         with self._lock:
             if self._conns.get(key) is conn:
                 del self._conns[key]
@@ -321,40 +248,41 @@ class RdmaBuffers(OneSided):
     def _move_sync(self, write: bool, desc: Descriptor, offset: int, local: memoryview) -> None:
         from ._shm import address_of
 
-        host, port, raddr, rkey = desc.where
+        host, port = desc.where[0], desc.where[1]
         conn = self._conn(host, port, desc)
         verbs = self._open()
         e, wr_mod = verbs.e, devices.submodule("wr")
         opcode = e.IBV_WR_RDMA_WRITE if write else e.IBV_WR_RDMA_READ
         with conn.lock:  # one outstanding work request per QP; completions stay ours
             try:
-                conn.check(desc, write)
+                pieces = conn.route(desc, write, offset, local.nbytes)
             except OSError:
                 self._drop((host, port), conn)
                 raise
             laddr = address_of(local)
             mr = verbs.register(laddr, local.nbytes, 0 if write else e.IBV_ACCESS_LOCAL_WRITE)
             try:
-                for start in range(0, local.nbytes, _CHUNK):
-                    n = min(_CHUNK, local.nbytes - start)
-                    sge = wr_mod.SGE(laddr + start, n, mr.lkey)
-                    wr = wr_mod.SendWR(
-                        wr_id=start,
-                        opcode=opcode,
-                        num_sge=1,
-                        sg=[sge],
-                        send_flags=e.IBV_SEND_SIGNALED,
-                    )
-                    wr.set_wr_rdma(rkey, raddr + offset + start)
-                    conn.qp.post_send(wr)
-                    self._complete(conn, desc)
+                for at, nbytes, rkey, raddr in pieces:
+                    for start in range(at, at + nbytes, _CHUNK):
+                        n = min(_CHUNK, at + nbytes - start)
+                        sge = wr_mod.SGE(laddr + start, n, mr.lkey)
+                        wr = wr_mod.SendWR(
+                            wr_id=start,
+                            opcode=opcode,
+                            num_sge=1,
+                            sg=[sge],
+                            send_flags=e.IBV_SEND_SIGNALED,
+                        )
+                        wr.set_wr_rdma(rkey, raddr + start - at)
+                        conn.qp.post_send(wr)
+                        self._complete(conn, desc)
             except BaseException:
                 self._drop((host, port), conn)  # a failed QP is in the error state: start afresh
                 raise
             finally:
                 mr.close()
 
-    def _complete(self, conn: _Conn, desc: Descriptor) -> None:
+    def _complete(self, conn: Conn, desc: Descriptor) -> None:
         e = self._open().e
         deadline = time.monotonic() + COMPLETION_TIMEOUT
         npolled, wcs = conn.cq.poll()

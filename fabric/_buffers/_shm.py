@@ -37,10 +37,10 @@ from ._transport import Descriptor, OneSided, Region, count
 
 __all__ = ["ShmBuffers"]
 
-#: key, address, length, region id << 1 | writable; and for a region in one of the owner's
-#: segments, that segment's fd + 1 (0: none), key and the region's offset in it
+#: key, address, length, region id << 2 | scoped << 1 | writable; and for a region in one of
+#: the owner's segments, that segment's fd + 1 (0: none), key and the region's offset in it
 _ENTRY = struct.Struct("<QQQQQQQ")
-_WRITABLE = 1
+_WRITABLE, _SCOPED = 1, 2
 TABLE_SLOTS = 1 << 16
 #: Transfers at least this large run in a thread, off the event loop.
 THREAD_BYTES = 256 * 1024
@@ -106,7 +106,8 @@ class _Table:
                 raise TransportError(f"more than {TABLE_SLOTS} shm buffers registered at once")
             slot = self.free.pop()
         addr = address_of(region.mem)
-        flags = region.id << 1 | (0 if region.mem.readonly else _WRITABLE)
+        flags = region.id << 2 | (0 if region.mem.readonly else _WRITABLE)
+        flags |= 0 if region.scope is None else _SCOPED
         from ._segments import pool  # (it imports this module)
 
         found = pool.find(addr, region.mem.nbytes) if region.mem.nbytes else None
@@ -123,9 +124,13 @@ class _Table:
 
 
 class ShmBuffers(OneSided):
-    """The ``shm`` buffer backend."""
+    """The ``shm`` buffer backend. A scoped region's spans are checked here, by the reader,
+    from its descriptor (the owner's table says only that the region is scoped): a reader on
+    the owner's host, running as the same user, can reach the owner's memory anyway
+    (``process_vm_readv``, its memfds), so the user is the boundary."""
 
     scheme = "shm"
+    scoped = "reader"
 
     def __init__(self) -> None:
         self._table: _Table | None = None
@@ -201,7 +206,7 @@ class ShmBuffers(OneSided):
             table = open_peer(pid, fd, table_key, writable=False)
             self._peers[(pid, fd, table_key)] = table
         key, addr, length, flags, *seg = _ENTRY.unpack_from(table, HEADER + slot * _ENTRY.size)
-        if key != desc.key or flags >> 1 != desc.region:
+        if key != desc.key or flags >> 2 != desc.region:
             raise StaleDescriptorError(
                 f"buffer region {desc.region} of {desc.owner} was released (or the descriptor "
                 f"is forged)"
@@ -212,6 +217,11 @@ class ShmBuffers(OneSided):
             )
         if write and not flags & _WRITABLE:
             raise DescriptorError(f"buffer region {desc.region} of {desc.owner} is read-only")
+        if flags & _SCOPED and desc.scope is None:
+            raise DescriptorError(
+                f"buffer region {desc.region} of {desc.owner} grants some spans only; this "
+                f"descriptor claims all of it (forged)"
+            )
         return pid, addr, (seg[0], seg[1], seg[2])
 
     def _mapped(self, pid: int, seg: tuple[int, int, int], offset: int, nbytes: int) -> int:

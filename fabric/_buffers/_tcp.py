@@ -57,6 +57,10 @@ class _Handler(socketserver.BaseRequestHandler):
                     raise DescriptorError(
                         f"[{offset}, +{length}) lies outside the {region.mem.nbytes}-byte buffer"
                     )
+                if not region.reaches(offset, length):  # this process's own copy of the scope
+                    raise DescriptorError(
+                        _transport.outside_scope(offset, length, region_id, "this process")
+                    )
                 if op == _WRITE and region.mem.readonly:
                     raise DescriptorError("the buffer was registered read-only")
                 span = region.mem[offset : offset + length]
@@ -88,6 +92,7 @@ class TcpBuffers(OneSided):
     """The ``tcp`` buffer backend."""
 
     scheme = "tcp"
+    scoped = "owner"  # the owner's server checks each request against its own region table
 
     def __init__(self) -> None:
         self._server: SideChannel | None = None

@@ -4,8 +4,8 @@ or writes from it, completion is the awaited call returning.
 A :class:`Region` is memory this process registered; every available backend exports it and
 returns where peers find it, so one region has a :class:`Descriptor` per backend. A peer picks
 the backend that suits where the owner is (same process, same host, another host) through
-:func:`choose`, which applies the fallback policy: a fallback is either an error or logged and
-counted, never silent.
+:func:`._fallback.choose`, which applies the fallback policy. A region may be scoped: peers
+reach only its spans (:mod:`._scope`).
 """
 
 from __future__ import annotations
@@ -17,35 +17,23 @@ import itertools
 import secrets
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-import structlog
-
-from orchestr.errors import (
-    ConfigError,
-    DescriptorError,
-    FallbackError,
-    StaleDescriptorError,
-    TransportUnavailableError,
-)
+from orchestr.errors import DescriptorError, StaleDescriptorError
 from orchestr.fabric import _local
+
+from . import _scope
+from ._scope import Scope
 
 __all__ = [
     "BufferTransport",
     "Descriptor",
     "OneSided",
     "Region",
-    "choose",
     "register_memory",
     "release_all",
 ]
 
-log = structlog.get_logger("orchestr.fabric")
-
-Fallback = Literal["allow", "error"]
-FALLBACKS = ("allow", "error")
-#: Backends in the order a reader prefers them when the owner offers several.
-PREFERENCE = ("inproc", "shm", "rdma", "nixl", "tcp")
 _U64 = (1 << 64) - 1
 
 
@@ -59,16 +47,23 @@ class Descriptor:
     key: int  # a random secret per registration: a peer that did not get it cannot guess it
     length: int
     where: tuple[Any, ...]  # backend-specific routing (a fd, a URL, an rkey)
+    #: The spans a peer may reach (:mod:`._scope`), ``None`` for the whole region. Owners
+    #: that enforce scopes check their own copy; this one lets a reader refuse early, and is
+    #: what a ``"reader"``-scoped backend checks.
+    scope: Scope | None = None
 
     def to_wire(self) -> list[Any]:
-        return [self.transport, self.owner, self.region, self.key, self.length, list(self.where)]
+        wire = [self.transport, self.owner, self.region, self.key, self.length, list(self.where)]
+        return wire if self.scope is None else [*wire, list(self.scope)]
 
     @classmethod
     def from_wire(cls, data: Any) -> Descriptor:
         try:
-            transport, owner, region, key, length, where = data
+            transport, owner, region, key, length, where, *rest = data
         except (TypeError, ValueError):
             raise DescriptorError(f"malformed buffer descriptor {data!r}") from None
+        if len(rest) > 1:
+            raise DescriptorError(f"malformed buffer descriptor {data!r:.200}")
         if not (
             isinstance(transport, str)
             and isinstance(owner, str)
@@ -81,33 +76,55 @@ class Descriptor:
             _local.pid_of(owner)
         except ValueError:
             raise DescriptorError(f"malformed owner {owner!r} in a buffer descriptor") from None
-        return cls(transport, owner, region, key, length, tuple(where))
+        scope = _scope.parse(rest[0], length) if rest else None
+        return cls(transport, owner, region, key, length, tuple(where), scope)
 
     def check_span(self, offset: int, nbytes: int) -> None:
-        """Raise :class:`DescriptorError` unless ``[offset, offset+nbytes)`` lies inside."""
+        """Raise :class:`DescriptorError` unless ``[offset, offset+nbytes)`` lies inside (and
+        inside one span of a scoped buffer)."""
         if offset < 0 or nbytes < 0 or offset + nbytes > self.length:
             raise DescriptorError(
                 f"[{offset}, +{nbytes}) lies outside the {self.length}-byte buffer "
                 f"(region {self.region} of {self.owner})"
             )
+        if self.scope is not None and not _scope.covers(self.scope, offset, nbytes):
+            raise DescriptorError(outside_scope(offset, nbytes, self.region, self.owner))
+
+
+def outside_scope(offset: int, nbytes: int, region: int, owner: str) -> str:
+    """The message of a transfer refused because it lies outside its buffer's spans."""
+    return (
+        f"[{offset}, +{nbytes}) lies outside the spans this buffer grants (region {region} of "
+        f"{owner}); ask its owner for a buffer that covers those bytes"
+    )
 
 
 class Region:
-    """Memory registered by this process. Backends keep their export state in ``exports``."""
+    """Memory registered by this process. Backends keep their export state in ``exports``.
+    ``scope`` (:mod:`._scope`) is what peers may reach of ``mem``, ``None`` for all of it:
+    the owner's own copy, which the backends that enforce scopes check."""
 
-    __slots__ = ("exports", "id", "key", "mem", "released")
+    __slots__ = ("exports", "id", "key", "mem", "released", "scope")
 
-    def __init__(self, region_id: int, mem: memoryview) -> None:
+    def __init__(self, region_id: int, mem: memoryview, scope: Scope | None = None) -> None:
         self.id = region_id
         self.key = secrets.randbits(63) | 1
         self.mem = mem
+        self.scope = scope
         self.released = False
         self.exports: dict[str, tuple[Any, ...]] = {}
 
     def descriptor(self, scheme: str) -> Descriptor:
         return Descriptor(
-            scheme, _local.process_key(), self.id, self.key, self.mem.nbytes, self.exports[scheme]
-        )
+            scheme, _local.process_key(), self.id, self.key, self.mem.nbytes,
+            self.exports[scheme], self.scope,
+        )  # fmt: skip
+
+    def reaches(self, offset: int, nbytes: int) -> bool:
+        """Whether a peer may move ``[offset, offset + nbytes)`` of this region."""
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.mem.nbytes:
+            return False
+        return self.scope is None or _scope.covers(self.scope, offset, nbytes)
 
 
 class BufferTransport(Protocol):
@@ -229,12 +246,25 @@ def _drain() -> None:
         release(*_later.popleft())
 
 
-def register_memory(mem: memoryview, transports: list[BufferTransport]) -> Region:
-    """Register ``mem`` (a flat byte view) with every backend in ``transports``."""
+def scoping(transport: BufferTransport) -> str | None:
+    """How ``transport`` keeps a scoped region's peers inside its spans: ``"owner"`` (the
+    owner or its adapter refuses the rest), ``"reader"`` (the reader checks the owner-made
+    descriptor), or ``None``: it does not, and never exports a scoped region."""
+    how = getattr(transport, "scoped", None)
+    return how if how in ("owner", "reader") else None
+
+
+def register_memory(
+    mem: memoryview, transports: list[BufferTransport], scope: Scope | None = None
+) -> Region:
+    """Register ``mem`` (a flat byte view) with every backend in ``transports``; with a
+    ``scope``, with those of them that keep peers inside it (:func:`scoping`)."""
     _drain()
     mem = mem.cast("B") if mem.format != "B" or mem.ndim != 1 else mem
+    if scope is not None:
+        transports = [t for t in transports if scoping(t) is not None]
     with _lock:
-        region = Region(next(_ids), mem)
+        region = Region(next(_ids), mem, scope)
         _regions[region.id] = region
     try:
         for t in transports:
@@ -243,6 +273,20 @@ def register_memory(mem: memoryview, transports: list[BufferTransport]) -> Regio
         release(region, transports)
         raise
     return region
+
+
+def widen(region: Region, added: Scope, transports: list[BufferTransport]) -> None:
+    """Let peers reach ``added`` (new bytes, :func:`._scope.widen`) of a scoped region too:
+    each backend that keeps state per span (``widen(region, added)``) makes it first, then the
+    region's scope grows, so no peer is told of a span its backend cannot serve yet."""
+    assert region.scope is not None, "only a scoped region widens"
+    for t in transports:
+        grow = getattr(t, "widen", None)
+        if t.scheme in region.exports and grow is not None:
+            grow(region, added)
+    with _lock:
+        if not region.released:
+            region.scope = _scope.merge(region.scope, added)
 
 
 def release(region: Region, transports: list[BufferTransport]) -> None:
@@ -278,7 +322,7 @@ def release_all(transports: list[BufferTransport]) -> int:
     return len(regions)
 
 
-# -- choosing a backend, and the fallback policy ---------------------------------------------------
+# -- counting what moved ---------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -290,7 +334,6 @@ class Counters:
 
 
 stats: dict[str, Counters] = {}
-_warned: set[tuple[str, str, str]] = set()
 
 
 def count(scheme: str, *, read: int = 0, written: int = 0) -> None:
@@ -298,74 +341,3 @@ def count(scheme: str, *, read: int = 0, written: int = 0) -> None:
     c.bytes_read += read
     c.bytes_written += written
     c.transfers += 1
-
-
-def natural(owner: str) -> str:
-    """The backend a transfer with ``owner`` should use, judged by where it is."""
-    if owner == _local.process_key():
-        return "inproc"
-    if _local.host_of(owner) == _local.host_id():
-        return "shm"
-    return "rdma"
-
-
-def check_fallback(fallback: str) -> Fallback:
-    if fallback not in FALLBACKS:
-        raise ConfigError(f"fallback policy must be one of {FALLBACKS}, got {fallback!r}")
-    return fallback  # type: ignore[return-value]
-
-
-def choose(
-    offered: dict[str, Descriptor],
-    transports: Callable[[str], BufferTransport | None],
-    *,
-    want: str | None,
-    fallback: Fallback,
-) -> tuple[BufferTransport, Descriptor]:
-    """Pick the backend for one transfer.
-
-    ``want`` is the backend asked for (``None``: the natural one for where the owner is). If it
-    cannot be used, the next usable backend in :data:`PREFERENCE` is a fallback: under
-    ``"error"`` that raises :class:`FallbackError`; under ``"allow"`` it is logged (once per
-    reason) and counted in :data:`stats`. Raises :class:`TransportUnavailableError` when no
-    backend can reach the owner at all.
-    """
-    if not offered:
-        raise DescriptorError("the buffer offers no transport")
-    owner = next(iter(offered.values())).owner
-    target = want or natural(owner)
-    reasons: dict[str, str] = {}
-    usable: list[tuple[BufferTransport, Descriptor]] = []
-    for scheme in sorted(offered, key=lambda s: PREFERENCE.index(s) if s in PREFERENCE else 99):
-        t = transports(scheme)
-        why = "not installed in this process" if t is None else t.probe()
-        if t is not None and why is None and not t.reaches(owner):
-            why = f"cannot reach {owner} from {_local.process_key()}"
-        if why is None and t is not None:
-            usable.append((t, offered[scheme]))
-        else:
-            reasons[scheme] = why or "unusable"
-    for t, d in usable:
-        if t.scheme == target:
-            return t, d
-    if want is None and target == "rdma" and "rdma" not in offered:
-        target = "tcp"  # the owner has no RDMA device: TCP is the natural path, not a fallback
-        for t, d in usable:
-            if t.scheme == "tcp":
-                return t, d
-    if not usable:
-        detail = "; ".join(f"{s}: {r}" for s, r in reasons.items())
-        raise TransportUnavailableError(f"no transport reaches the buffer of {owner} ({detail})")
-    t, d = usable[0]
-    why = reasons.get(target, "the owner did not offer it")
-    if fallback == "error":
-        raise FallbackError(
-            f"{target} was wanted for the buffer of {owner} but cannot be used ({why}); "
-            f"{t.scheme} would work, but the fallback policy is 'error' "
-            f"(allow it with fallback='allow' or ORCHESTR_TRANSPORT_FALLBACK=allow)"
-        )
-    stats.setdefault(t.scheme, Counters()).fallbacks += 1
-    if (target, t.scheme, why) not in _warned:
-        _warned.add((target, t.scheme, why))
-        log.warning("transport fallback", wanted=target, using=t.scheme, reason=why, owner=owner)
-    return t, d

@@ -12,7 +12,12 @@ Three phases keep the blocks safe:
 1. :func:`plan_direct` (no lock): a streamed handoff is followed until its prompt is done
    (one progress call, ``until_done``); the blocks this cache lacks are planned.
 2. :func:`copy_direct` (under the generator's lock, between steps): blocks are reserved
-   here (held, in no cache) and the bytes copied into them; the borrow ends.
+   here (held, in no cache) and the bytes copied into them, each checked first to lie in
+   the spans the handoff granted; the borrow ends.
+
+The borrowed view spans the prefill generator's whole pool: mapping only the granted spans
+anew for each handoff costs 2-10 times the copy (decision 0015), so the spans are kept to
+by the check above, and on one host the operating system's user is the boundary.
 3. :func:`end_direct` (no lock: a call to the prefill generator, answered at once) ends each
    lease, which confirms it held through the copy; then :func:`enter_direct` (under the
    lock) enters the blocks into the prefix cache, or lets them go when the lease had expired
@@ -34,7 +39,9 @@ from typing import Any
 import structlog
 import torch
 
-from ._spans import same_keys
+import orchestr as oc
+
+from ._spans import block_spans, same_keys
 from ._types import Request
 
 __all__ = ["Direct", "copy_direct", "end_direct", "enter_direct", "plan_direct"]
@@ -75,6 +82,10 @@ async def plan_direct(engine: Any, r: Request, h: dict[str, Any], borrowed: Any)
             if p["state"] == "failed":
                 raise RuntimeError(f"the prefill generator's stream failed: {p['error']}")
             their_keys, their_blocks = p["keys"], p["blocks"]
+            wider = p["buffer"].borrow() if p.get("buffer") is not None else None
+            if wider is not None:  # the grant as it is now, reaching every block named
+                borrowed.release()
+                borrowed = wider
         else:
             their_keys, their_blocks = h["keys"], h["blocks"]
         keys, local = engine.prefix_plan(r.prompt)
@@ -106,11 +117,12 @@ def copy_direct(engine: Any, directs: list[Direct]) -> None:
             d.reserved = engine.reserve(d.keys, d.local, len(d.keys) - d.local)
             first, _, blocks = d.reserved
             if blocks:
+                at = first - d.local
+                theirs = d.theirs[at : at + len(blocks)]
+                _check_granted(d, theirs)
                 with warnings.catch_warnings():  # a read-only view, only read from
                     warnings.simplefilter("ignore", UserWarning)
                     source = torch.frombuffer(d.borrowed.view, dtype=torch.uint8)
-                at = first - d.local
-                theirs = d.theirs[at : at + len(blocks)]
                 engine.copy_blocks_in(blocks, source, theirs, d.handoff["plane_bytes"])
         except Exception as exc:
             d.error = exc
@@ -120,6 +132,18 @@ def copy_direct(engine: Any, directs: list[Direct]) -> None:
         finally:
             d.let_go()
         d.seconds = time.perf_counter() - started
+
+
+def _check_granted(d: Direct, theirs: list[int]) -> None:
+    """Raise :class:`~orchestr.DescriptorError` unless every byte of blocks ``theirs`` lies in the spans
+    the handoff granted: the borrowed view spans the whole pool, the grant its blocks only."""
+    h = d.handoff
+    for at, n, _ in block_spans(theirs, h["planes"], h["plane_bytes"], h["row_bytes"]):
+        if not d.borrowed.reaches(at, n):
+            raise oc.DescriptorError(
+                f"block bytes [{at}, +{n}) of the prefill generator's pool lie outside what "
+                f"the handoff of request {d.request.id} granted"
+            )
 
 
 async def end_direct(directs: list[Direct]) -> None:

@@ -3,9 +3,10 @@
 The prefill side (:class:`Holds`, in the :class:`~orchestr.roles.Generator` that ran the
 prompt): when a request sent through :meth:`Generator.prefill` finishes its one token, the
 blocks of its prompt cached there are held under a lease in the same step (nothing can evict
-them in between), and the caller gets a :data:`Handoff`: the pool's
-:class:`~orchestr.Buffer`, the blocks' ids and keys, the pool's geometry and the lease's time
-to live. A lease nobody ends expires and its blocks return to the pool.
+them in between), and the caller gets a :data:`Handoff`: a :class:`~orchestr.Buffer` over
+those blocks of the pool and nothing else (read-only, revoked when the lease ends or expires),
+the blocks' ids and keys, the pool's geometry and the lease's time to live. A lease nobody
+ends expires and its blocks return to the pool.
 
 The decode side (:func:`fetch`, in the generator given the handoff with the request): it
 reads only the blocks its own prefix cache lacks, one-sided from the prefill generator's
@@ -38,6 +39,7 @@ import torch
 
 import orchestr as oc
 from orchestr import clock as _clock
+from orchestr.fabric import Buffer
 from orchestr.roles.kvstore import LeaseExpiredError
 
 from ._direct import Direct, plan_direct
@@ -87,7 +89,7 @@ class Holds:
         self._granted: dict[str, Handoff] = {}  # request id -> its handoff, until taken
         self._leases: dict[int, tuple[list[int], float]] = {}  # lease -> (blocks, expires)
         self._ending: list[list[int]] = []  # blocks of leases ended, to release between steps
-        self.buffer: Any = None  # the pool's Buffer, registered at the first handoff
+        self._grants: dict[int, Buffer] = {}  # lease -> the buffer over its blocks
         self.streamed = Streamed(self, clock)  # handoffs granted before their prefill
         self.counts = {
             "orchestr:kv_handoff_leases": 0,  # handoffs granted
@@ -131,8 +133,32 @@ class Holds:
         self._wanted.pop(request_id, None)
         return self._granted.pop(request_id, None)
 
+    def grant(self, lease: int) -> Buffer | None:
+        """The buffer over ``lease``'s blocks, while it is held."""
+        return self._grants.get(lease)
+
+    def widen(self, engine: Any, lease: int, blocks: list[int]) -> None:
+        """Let ``lease``'s buffer reach ``blocks`` too (a stream's blocks as they are held;
+        any thread). Raises nothing: a buffer revoked meanwhile stays so, and one that
+        cannot widen leaves its reader refused those blocks (logged), not the step failed."""
+        grant = self._grants.get(lease)
+        if grant is None or not blocks:
+            return
+        try:
+            grant.allow([(at, n) for at, n, _ in block_spans(blocks, *engine.kv_layout)])
+        except oc.OrchestrError as exc:
+            if self._grants.get(lease) is grant:  # not revoked: it could not widen
+                log.warning("a streamed handoff's buffer could not widen", error=str(exc))
+
+    def revoke(self, lease: int) -> None:
+        """Release ``lease``'s buffer: its reader reaches nothing more. Idempotent."""
+        grant = self._grants.pop(lease, None)
+        if grant is not None:
+            grant.release()
+
     def end(self, engine: Any, lease: int) -> bool:
         """Release ``lease``'s blocks now (between steps); whether it was still held."""
+        self.revoke(lease)
         entry = self._leases.pop(lease, None)
         if entry is not None:
             engine.release_blocks(entry[0])
@@ -142,6 +168,7 @@ class Holds:
         """End ``lease`` at once, while a step may be running: its blocks stay held until
         :meth:`release_ended` (between steps). Raises :class:`LeaseExpiredError` when it had
         expired (or was never granted), so what was read must not be used."""
+        self.revoke(lease)
         entry = self._leases.pop(lease, None)
         if entry is not None:
             self._ending.append(entry[0])
@@ -170,6 +197,7 @@ class Holds:
         now = self._clock()
         gone = [lease for lease, (_, expires) in self._leases.items() if expires <= now]
         for lease in gone:
+            self.revoke(lease)
             engine.release_blocks(self._leases.pop(lease)[0])
         self.counts["orchestr:kv_handoff_expired"] += len(gone)
         self.streamed.prune()
@@ -200,12 +228,14 @@ class Holds:
         self, engine: Any, lease: int, blocks: list[int], keys: list[bytes], tokens: int,
         hold_s: float, version: int,
     ) -> Handoff:  # fmt: skip
-        if self.buffer is None:
-            self.buffer = oc.Buffer(engine.kv_memory)
         planes, plane_bytes, row_bytes = engine.kv_layout
+        grant = None
+        if lease:  # a buffer over this lease's blocks of the pool only (a stream's: none yet)
+            spans = [(at, n) for at, n, _ in block_spans(blocks, planes, plane_bytes, row_bytes)]
+            grant = self._grants[lease] = Buffer(engine.kv_memory, spans=spans, writable=False)
         self.counts["orchestr:kv_handoff_leases"] += 1
         return {
-            "lease": lease, "buffer": self.buffer, "blocks": blocks, "keys": keys,
+            "lease": lease, "buffer": grant, "blocks": blocks, "keys": keys,
             "planes": planes, "plane_bytes": plane_bytes, "row_bytes": row_bytes,
             "tokens": tokens, "ttl": hold_s, "version": version,
         }  # fmt: skip
@@ -256,7 +286,7 @@ async def _fetch_one(
     counts: dict[str, float], direct: bool,
 ) -> None:  # fmt: skip
     try:
-        borrowed = h["buffer"].borrow() if direct else None
+        borrowed = h["buffer"].borrow() if direct and h["buffer"] is not None else None
         if borrowed is not None:
             planned = await plan_direct(engine, r, h, borrowed)
             if planned is not None:

@@ -137,9 +137,10 @@ class HandoffEndpoints:
         ``until_done``, once it is done or failed):
         ``cursor``, ``state`` (``"running"``, ``"done"`` or ``"failed"``), ``blocks`` (its
         full prompt blocks so far), ``ready`` (of those, the ones done in every layer),
-        ``written`` (layers done of the rest), ``layers``, ``keys`` (when done) and
-        ``error``. Blocks until there is news; raises :class:`LeaseExpiredError` for a stream
-        not here; cancel-safe."""
+        ``written`` (layers done of the rest), ``layers``, ``keys`` (when done), ``error``
+        and ``buffer`` (the handoff's buffer as it is now, reaching every block named; read
+        through it, ``None`` once revoked). Blocks until there is news; raises
+        :class:`LeaseExpiredError` for a stream not here; cancel-safe."""
         return await self._holds.streamed.wait(lease, after, until_done)
 
     @oc.endpoint(concurrent=True)

@@ -33,7 +33,7 @@ import torch
 
 import orchestr as oc
 from orchestr.roles._common._hf._config import read_config
-from orchestr.roles.kvstore import KVNamespace, get_blocks, put_blocks
+from orchestr.roles.kvstore import KVNamespace, KVWriter, get_blocks, put_blocks
 
 from ._paged_engine import PagedEngine
 from ._types import Completion, Request
@@ -53,8 +53,9 @@ MAX_PUT = 256
 class StoreEngine:
     """``engine`` (a :class:`PagedEngine`) whose prefix cache is backed by ``store`` (a
     one-actor mesh of :class:`~orchestr.roles.KVStore` with blocks of the engine's
-    :attr:`~PagedEngine.block_nbytes`). ``model`` names the weights in the store's
-    namespace. Other attributes are the engine's."""
+    :attr:`~PagedEngine.block_nbytes`, or a :class:`~orchestr.roles.kvstore.KVWriter` to
+    put and read as that writer). ``model`` names the weights in the store's namespace.
+    Other attributes are the engine's."""
 
     def __init__(
         self, engine: PagedEngine, store: Any, model: str, *, max_queued: int = 1024
@@ -177,7 +178,8 @@ class StoreEngine:
 
 
 def with_store(engine: Any, store: Any, model: str) -> Any:
-    """``engine`` backed by ``store`` (``None``: ``engine`` as it is). Raises
+    """``engine`` backed by ``store`` (``None``: ``engine`` as it is; a
+    :class:`~orchestr.roles.kvstore.KVWriter` to write with its key). Raises
     :class:`ConfigError` for an engine without a paged prefix cache or a store that is not a
     one-actor mesh."""
     if store is None:
@@ -187,7 +189,8 @@ def with_store(engine: Any, store: Any, model: str) -> Any:
             f"a KV store backs the paged engine's prefix cache; this generator runs "
             f"{type(engine).__name__}"
         )
-    if not isinstance(store, oc.Mesh) or len(store) != 1:
+    mesh = store.store if isinstance(store, KVWriter) else store
+    if not isinstance(mesh, oc.Mesh) or len(mesh) != 1:
         raise oc.ConfigError(f"kv_store is a KVStore mesh of one actor, got {store!r}")
     return StoreEngine(engine, store, model)
 

@@ -14,12 +14,15 @@ it, or it expires ``hold_s`` after the prefill finished. A request that is preem
 other blocks, computed under weights that changed meanwhile, cancelled or failed ends its
 stream ``failed``, its blocks released.
 
+The handoff's buffer reaches no block at first: each block is added to it as it is held,
+before any progress names it, and each progress carries the buffer as it is then.
+
 The decode side (:func:`read_streamed`): it asks for the progress past its cursor
-(``handoff_progress``, which waits for news), reads the planes that became ready since its
-last read, one-sided and in as few spans as the layout allows, and repeats until the stream
-is done; then it checks the keys as an unstreamed handoff does and ends the lease. Only what
-the prefill finished after its last read is left to read then: the transfer's exposed time
-(``orchestr:kv_transfer_exposed_seconds``).
+(``handoff_progress``, which waits for news), reads the planes that became ready since its last
+read (through the buffer that progress carried), one-sided and in as few spans as the layout
+allows, and repeats until the stream is done; then it checks the keys as an unstreamed handoff
+does and ends the lease. Only what the prefill finished after its last read is left to read
+then: the transfer's exposed time (``orchestr:kv_transfer_exposed_seconds``).
 """
 
 from __future__ import annotations
@@ -129,6 +132,8 @@ class Streamed:
                 if covered > len(s.blocks):
                     new = seq.blocks[len(s.blocks) : covered]
                     self._engine.hold_blocks(new)
+                    # the handoff's buffer reaches them before any progress names them
+                    self._holds.widen(self._engine, s.lease, new)
                     s.blocks += new
                 s.ready = max(s.ready, min(s.full, seq.num_computed // self._size))
                 s.written = layer + 1
@@ -204,8 +209,8 @@ class Streamed:
         while s.state == "running" and (until_done or s.cursor <= after):
             s.changed.clear()
             await s.changed.wait()
-        with self._lock:
-            return s.view(self._layers)
+        with self._lock:  # the buffer reaches every block the view names (see _on_layer)
+            return s.view(self._layers) | {"buffer": self._holds.grant(lease)}
 
     def _fail(self, engine: Any, s: Stream, why: str) -> None:
         with self._lock:
@@ -214,6 +219,7 @@ class Streamed:
             s.cursor += 1
             held, s.blocks = s.blocks, []
         self._running.pop(s.request_id, None)
+        self._holds.revoke(s.lease)
         engine.release_blocks(held)
         s.changed.set()
         if not self._running:
@@ -224,6 +230,7 @@ class Streamed:
         now = self._clock()
         for lease in [k for k, s in self._by_lease.items() if s.expires <= now]:
             del self._by_lease[lease]
+            self._holds.revoke(lease)  # expired: its buffer with it
 
 
 async def read_streamed(
@@ -256,7 +263,8 @@ async def read_streamed(
             spans = _new_spans(p, have, local, count, plane_bytes, row_bytes)
             if spans:
                 started = time.perf_counter()
-                await h["buffer"].read_spans([(at, data[to : to + n]) for at, n, to in spans])
+                buffer = p.get("buffer") or h["buffer"]  # reaching the blocks named so far
+                await buffer.read_spans([(at, data[to : to + n]) for at, n, to in spans])
                 busy += time.perf_counter() - started
                 reads += 1
             if p["state"] == "done":

@@ -1,14 +1,21 @@
-"""The KV store actor: the block index's I/O shell. It owns the memory (one registered host
-buffer of ``host_blocks`` slots; a disk file of ``disk_blocks``), runs the index's
-housekeeping on a timer, makes the copies between tiers, and hands writers and readers slots
-in its host buffer, which they write and read one-sided over the data plane: block bytes never
-ride an actor call. :func:`put_blocks` and :func:`get_blocks` are the two sides' whole
-exchanges."""
+"""The KV store actor: the block index's I/O shell. It owns the memory (``host_blocks`` slots
+of host memory; a disk file of ``disk_blocks``), runs the index's housekeeping on a timer,
+makes the copies between tiers, and hands writers and readers slots in its host memory, which
+they write and read one-sided over the data plane: block bytes never ride an actor call.
+:func:`~._client.put_blocks` and :func:`~._client.get_blocks` are the two sides' whole
+exchanges.
+
+Each put and each lease gets a :class:`~orchestr.Buffer` of its own over the slots it names
+and nothing else (read-only for a lease), revoked when it ends, is aborted or expires: a
+holder of one cannot reach another's blocks through it. A namespace belongs to its first
+writer (:class:`BlockIndex`): writers name themselves with a secret key
+(:class:`~._client.KVWriter`), kept here only as a digest."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import tempfile
 import threading
@@ -23,16 +30,14 @@ import orchestr as oc
 from orchestr import Buffer, fabric
 
 from ._index import BlockIndex
-from ._types import KVNamespace, Move, Tier
+from ._types import KVNamespace, KVStoreError, Move, Tier
 
-__all__ = ["KVStore", "get_blocks", "put_blocks"]
-
-#: A reader trusts its own clock for a lease's time to live only with these margins: clocks of
-#: two hosts may run at slightly different rates (NTP keeps them within parts per million).
-CLOCK_RATE_MARGIN = 0.01
-CLOCK_SLACK_S = 0.005
+__all__ = ["MAX_KEY", "KVStore"]
 
 log = structlog.get_logger("orchestr.roles.kvstore")
+
+#: The longest writer key a store takes.
+MAX_KEY = 256
 
 
 class KVStore(oc.Actor):
@@ -81,7 +86,8 @@ class KVStore(oc.Actor):
             raise oc.ConfigError(str(exc)) from exc
         self.block_bytes, self.maintain_s = block_bytes, maintain_s
         self._memory = fabric.empty(host_blocks * block_bytes, dtype=torch.uint8)
-        self._buffer = Buffer(self._memory)
+        #: each open put's and lease's buffer over its slots: ("put" | "lease", id)
+        self._grants: dict[tuple[str, int], Buffer] = {}
         self._disk: int | None = None
         # held by each disk copy (in a thread) and by the close: a closed descriptor's number,
         # reused by another file, is never written
@@ -98,16 +104,22 @@ class KVStore(oc.Actor):
     # -- writers ---------------------------------------------------------------------------------
 
     @oc.endpoint
-    def begin_put(self, namespace: KVNamespace, hashes: list[bytes]) -> dict[str, Any]:
+    def begin_put(
+        self, namespace: KVNamespace, hashes: list[bytes], writer: str = ""
+    ) -> dict[str, Any]:
         """Reserve slots for the blocks of ``hashes`` not stored yet: ``{"put", "buffer",
-        "block_bytes", "writes": [[hash, offset], ...], "skipped", "dropped"}``. Write each block's
-        ``block_bytes`` at its offset of ``buffer``, then :meth:`end_put` (or
-        :meth:`abort_put`). Raises nothing but for malformed arguments."""
+        "block_bytes", "writes": [[hash, offset], ...], "skipped", "dropped"}``. Write each
+        block's ``block_bytes`` at its offset of ``buffer`` (a buffer over those slots only,
+        ``None`` when there is nothing to write), then :meth:`end_put` (or :meth:`abort_put`).
+        ``writer`` is the writer's key (:class:`~._client.KVWriter`). Raises :class:`KVStoreError` when
+        the namespace belongs to another writer, and nothing else but for malformed
+        arguments."""
         self._start()
-        put = self._index.begin_put(namespace, hashes, time.monotonic())
+        put = self._index.begin_put(namespace, hashes, time.monotonic(), _identity(writer))
+        slots = [w.slot for w in put.writes]
         return {
             "put": put.id,
-            "buffer": self._buffer,
+            "buffer": self._grant(("put", put.id), slots, writable=True) if slots else None,
             "block_bytes": self.block_bytes,
             "writes": [[w.block_hash, w.slot * self.block_bytes] for w in put.writes],
             "skipped": put.skipped,
@@ -116,13 +128,15 @@ class KVStore(oc.Actor):
 
     @oc.endpoint
     def end_put(self, put: int) -> int:
-        """Publish a put's blocks; returns how many. Raises :class:`KVStoreError` for a put
-        that timed out, was aborted or ended."""
+        """Publish a put's blocks (its buffer is revoked first); returns how many. Raises
+        :class:`KVStoreError` for a put that timed out, was aborted or ended."""
+        self._revoke(("put", put))
         return self._index.end_put(put, time.monotonic())
 
     @oc.endpoint
     def abort_put(self, put: int) -> bool:
-        """Drop a put's reservations. Idempotent."""
+        """Drop a put's reservations and revoke its buffer. Idempotent."""
+        self._revoke(("put", put))
         return self._index.abort_put(put)
 
     # -- readers ---------------------------------------------------------------------------------
@@ -135,32 +149,40 @@ class KVStore(oc.Actor):
 
     @oc.endpoint(concurrent=True)
     async def lease(
-        self, namespace: KVNamespace, hashes: list[bytes], ttl: float | None = None
+        self,
+        namespace: KVNamespace,
+        hashes: list[bytes],
+        ttl: float | None = None,
+        writer: str = "",
     ) -> dict[str, Any]:
         """Lease the longest stored prefix of ``hashes`` in host memory, promoting blocks held
         only on disk first: ``{"lease", "buffer", "block_bytes", "offsets", "tokens",
-        "ttl"}``. Read each block at its offset, then :meth:`check_lease` before using what
-        was read, and :meth:`release`.
+        "ttl"}``. Read each block at its offset of ``buffer`` (read-only, over those blocks
+        only, revoked when the lease ends; ``None`` when nothing is leased), then
+        :meth:`check_lease` before using what was read, and :meth:`release`. ``writer`` is
+        the reader's writer key: the blocks are read only as their own writer's.
 
         Blocks on the disk reads of a promotion; raises ``OSError`` if one failed (the lease
-        is released then). Cancel-safe: cancelled, the lease is released and a promotion
-        already begun completes on its own."""
+        is released then), :class:`KVStoreError` when the namespace belongs to another
+        writer. Cancel-safe: cancelled, the lease is released and a promotion already begun
+        completes on its own."""
         self._start()
-        lease = self._index.lease(namespace, hashes, time.monotonic(), ttl)
+        lease = self._index.lease(namespace, hashes, time.monotonic(), ttl, _identity(writer))
         if not lease.blocks:  # nothing to read: no lease to end
             self._index.release(lease.id)
-            return {"lease": 0, "buffer": self._buffer, "block_bytes": self.block_bytes,
+            return {"lease": 0, "buffer": None, "block_bytes": self.block_bytes,
                     "offsets": [], "tokens": 0, "ttl": 0.0}  # fmt: skip
         try:
             await self._copy(lease.moves)
         except BaseException:
             self._index.release(lease.id)
             raise
+        slots = [b.slot for b in lease.blocks]
         return {
             "lease": lease.id,
-            "buffer": self._buffer,
+            "buffer": self._grant(("lease", lease.id), slots, writable=False),
             "block_bytes": self.block_bytes,
-            "offsets": [b.slot * self.block_bytes for b in lease.blocks],
+            "offsets": [slot * self.block_bytes for slot in slots],
             "tokens": lease.tokens,
             "ttl": lease.expires - time.monotonic(),
         }
@@ -178,11 +200,13 @@ class KVStore(oc.Actor):
         try:
             self._index.check_lease(lease, time.monotonic())
         finally:
+            self._revoke(("lease", lease))
             self._index.release(lease)
 
     @oc.endpoint
     def release(self, lease: int) -> bool:
-        """End a lease. Idempotent."""
+        """End a lease and revoke its buffer. Idempotent."""
+        self._revoke(("lease", lease))
         return self._index.release(lease)
 
     # -- the rest of the index's surface ---------------------------------------------------------
@@ -245,6 +269,8 @@ class KVStore(oc.Actor):
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        for grant in list(self._grants):
+            self._revoke(grant)
         await asyncio.to_thread(self._close_disk)
 
     def _close_disk(self) -> None:
@@ -261,10 +287,32 @@ class KVStore(oc.Actor):
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._maintain())
 
+    def _grant(self, grant: tuple[str, int], slots: list[int], *, writable: bool) -> Buffer:
+        """A buffer over ``slots`` of host memory only, kept under ``grant`` until revoked."""
+        size = self.block_bytes
+        buffer = Buffer(self._memory, spans=[(s * size, size) for s in slots], writable=writable)
+        self._grants[grant] = buffer
+        return buffer
+
+    def _revoke(self, grant: tuple[str, int]) -> None:
+        buffer = self._grants.pop(grant, None)
+        if buffer is not None:
+            buffer.release()
+
+    def _revoke_ended(self, now: float) -> None:
+        """Revoke the buffers of puts and leases that ended on their own (timed out)."""
+        for kind, n in list(self._grants):
+            open_ = self._index.put_open(n) if kind == "put" else self._index.lease_open(n, now)
+            if not open_:
+                self._revoke((kind, n))
+
     async def _maintain(self) -> None:
         while True:
             try:
-                await self._copy(self._index.maintain(time.monotonic()))
+                now = time.monotonic()
+                moves = self._index.maintain(now)
+                self._revoke_ended(now)
+                await self._copy(moves)
             except OSError as exc:  # the failed copies were reported: their blocks stay put
                 self._failures += 1
                 log.warning("kv store demotion failed; blocks stay in host memory", error=str(exc))
@@ -311,70 +359,8 @@ class KVStore(oc.Actor):
             raise OSError(f"moved {written} of a block's {size} bytes")
 
 
-async def put_blocks(
-    store: Any, namespace: KVNamespace, hashes: Sequence[bytes], blocks: Sequence[torch.Tensor]
-) -> int:
-    """Store ``blocks`` (contiguous CPU tensors of the store's ``block_bytes`` each) under
-    ``hashes`` in ``store`` (a one-actor mesh): one call to reserve, one vectored one-sided
-    write into the store's memory (:meth:`Buffer.write_spans`), one call to publish. Returns
-    how many blocks were new; a block already stored is not written again. Aborts the put if
-    a write fails. Raises ``ValueError`` for blocks of the wrong size."""
-    if len(blocks) != len(hashes):
-        raise ValueError(f"{len(hashes)} hashes for {len(blocks)} blocks")
-    grant = await store.begin_put.call_one(namespace, list(hashes))
-    at = {h: i for i, h in enumerate(hashes)}
-    try:
-        _check_sizes(blocks, grant["block_bytes"])
-        spans = [(offset, blocks[at[block_hash]]) for block_hash, offset in grant["writes"]]
-        if spans:
-            await grant["buffer"].write_spans(spans)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await store.abort_put.call_one(grant["put"])
-        raise
-    return int(await store.end_put.call_one(grant["put"]))
-
-
-async def get_blocks(
-    store: Any, namespace: KVNamespace, hashes: Sequence[bytes], out: Sequence[torch.Tensor]
-) -> int:
-    """Read the longest stored prefix of ``hashes`` from ``store`` into ``out`` (tensors of the
-    store's ``block_bytes`` each, one per hash; those past the prefix are left as they were)
-    and return its length in blocks. One call to lease, one vectored one-sided read of the
-    store's memory (:meth:`Buffer.read_spans`), then the lease is ended; a prefix of no block
-    takes the first call only.
-
-    The lease is known to have held through the read without asking when the read ended
-    within its time to live as measured from before the lease was asked for (the store
-    granted it later, and never ends a lease early but at its holder's word): the release is
-    then sent without waiting. Otherwise one call ends it and confirms it (else
-    :class:`LeaseExpiredError`, and what was read must not be used)."""
-    if len(out) < len(hashes):
-        raise ValueError(f"{len(hashes)} hashes but room for {len(out)} blocks")
-    asked = time.monotonic()
-    lease = await store.lease.call_one(namespace, list(hashes))
-    if not lease["offsets"]:
-        return 0  # nothing stored: no lease was taken
-    try:
-        _check_sizes(out[: len(lease["offsets"])], lease["block_bytes"])
-        await lease["buffer"].read_spans(list(zip(lease["offsets"], out, strict=False)))
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await store.release.call_one(lease["lease"])
-        raise
-    if time.monotonic() - asked < lease["ttl"] * (1 - CLOCK_RATE_MARGIN) - CLOCK_SLACK_S:
-        store.release.broadcast(lease["lease"])  # one way: it held, nothing to confirm
-    else:
-        await store.end_read.call_one(lease["lease"])
-    return len(lease["offsets"])
-
-
-def _check_sizes(blocks: Sequence[torch.Tensor], size: int) -> None:
-    for i, block in enumerate(blocks):
-        nbytes = block.numel() * block.element_size()
-        if nbytes != size or not block.is_contiguous() or block.device.type != "cpu":
-            raise ValueError(
-                f"block {i} is {nbytes} bytes ({block.dtype}, {block.device}, contiguous: "
-                f"{block.is_contiguous()}); this store's blocks are contiguous CPU tensors of "
-                f"{size} bytes"
-            )
+def _identity(key: str) -> str:
+    """Who a writer key names, as the index keeps it: a digest, never the key itself."""
+    if not isinstance(key, str) or len(key) > MAX_KEY:
+        raise KVStoreError(f"a writer key is a string of at most {MAX_KEY} characters")
+    return hashlib.sha256(key.encode()).hexdigest() if key else ""

@@ -4,6 +4,9 @@ tiers and slots, who may read them, and what must move between tiers.
 Blocks are keyed by ``(namespace, block hash)``: the generator's chained hashes, under the
 model, block size, weight version and salt they were computed with. Semantics:
 
+- **Writers.** A namespace belongs to its first writer (an opaque identity); puts and leases
+  naming another are refused (:class:`KVStoreError`). Nothing checks a block's bytes against
+  its hash (a hash of tokens): a writer is trusted for its own namespaces only.
 - **Two-phase puts.** :meth:`begin_put` reserves first-tier slots for the blocks not stored
   yet; nothing is visible until :meth:`end_put`. A put not ended within ``put_timeout_s`` (its
   writer died) is dropped by :meth:`maintain` and its slots reused; :meth:`abort_put` drops
@@ -78,14 +81,21 @@ class BlockIndex(TieredBlocks):
         self.lease_s, self.put_timeout_s, self.soft_pin_s = lease_s, put_timeout_s, soft_pin_s
         self._writing: dict[Key, int] = {}  # blocks a put reserved, by put id
         self._puts: dict[int, tuple[Put, float]] = {}  # with the time each began
+        self._writers: dict[KVNamespace, str] = {}  # who owns each namespace written to
 
     # -- puts ----------------------------------------------------------------------------------
 
-    def begin_put(self, namespace: KVNamespace, hashes: Sequence[bytes], now: float) -> Put:
+    def begin_put(
+        self, namespace: KVNamespace, hashes: Sequence[bytes], now: float, writer: str = ""
+    ) -> Put:
         """Reserve first-tier slots for the blocks of ``hashes`` (a chain, in order) not stored
         or being put already, evicting if there is no free slot; stops at the first block it
-        finds no room for (``Put.dropped`` counts it and the rest)."""
+        finds no room for (``Put.dropped`` counts it and the rest). The first put into a
+        namespace makes ``writer`` its owner; raises :class:`KVStoreError` when another
+        writer owns it."""
         keys = _keys(namespace, hashes)
+        self._check_writer(namespace, writer)
+        self._writers.setdefault(namespace, writer)
         put_id, first = next(self._ids), self._tiers[0]
         writes: list[BlockLocation] = []
         skipped = dropped = 0
@@ -103,6 +113,10 @@ class BlockIndex(TieredBlocks):
         put = Put(put_id, namespace, tuple(writes), skipped, dropped)
         self._puts[put_id] = (put, now)
         return put
+
+    def put_open(self, put_id: int) -> bool:
+        """Whether put ``put_id`` is still open (not ended, aborted or expired)."""
+        return put_id in self._puts
 
     def end_put(self, put_id: int, now: float) -> int:
         """Make a put's blocks visible (one :class:`Stored` event); returns how many. Raises
@@ -167,13 +181,17 @@ class BlockIndex(TieredBlocks):
         hashes: Sequence[bytes],
         now: float,
         ttl: float | None = None,
+        writer: str = "",
     ) -> Lease:
         """Lease the longest stored prefix of ``hashes`` for ``ttl`` seconds (default
         ``lease_s``), each block in the first tier: a block held only lower down gets a slot
         there and a :class:`Move` in ``Lease.moves`` (the prefix stops at a block for which no
         first-tier slot can be had, or that is being promoted for another lease). A block being
-        demoted keeps its first-tier copy while leased. Release the lease when done."""
+        demoted keeps its first-tier copy while leased. Release the lease when done. Raises
+        :class:`KVStoreError` when the namespace belongs to a writer other than ``writer``
+        (blocks are read only as their own writer's)."""
         keys = _keys(namespace, hashes)
+        self._check_writer(namespace, writer)
         ttl = self.lease_s if ttl is None else ttl
         if not ttl > 0:
             raise ValueError(f"a lease lasts a positive time, got {ttl}")
@@ -215,6 +233,11 @@ class BlockIndex(TieredBlocks):
                 f"lease {lease_id} expired or was released before the read finished; what was "
                 f"read may have been overwritten: discard it and lease the blocks again"
             )
+
+    def lease_open(self, lease_id: int, now: float) -> bool:
+        """Whether lease ``lease_id`` is held at ``now`` (not released, not expired)."""
+        entry = self._leases.get(lease_id)
+        return entry is not None and entry[0].expires > now
 
     def release(self, lease_id: int) -> bool:
         """End a lease early. Idempotent: ``False`` when it is not held."""
@@ -312,6 +335,18 @@ class BlockIndex(TieredBlocks):
         }
 
     # -- inside --------------------------------------------------------------------------------
+
+    def _check_writer(self, namespace: KVNamespace, writer: str) -> None:
+        if not isinstance(writer, str):
+            raise TypeError(f"a writer is a string, got {type(writer).__name__}")
+        owner = self._writers.get(namespace)
+        if owner is not None and owner != writer:
+            raise KVStoreError(
+                f"namespace {namespace.model!r} (block size {namespace.block_size}, weights "
+                f"{namespace.weight_version}) belongs to another writer; this store takes and "
+                f"gives its blocks only with that writer's key (use a key of your own under "
+                f"another salt)"
+            )
 
     def _remove_keys(self, keys: Iterable[Key], now: float, clear: bool) -> tuple[int, int]:
         removed = refused = 0

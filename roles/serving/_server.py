@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ import orchestr as oc
 from ..experts import spawn_expert_hosts
 from ..generator._actor import Generator
 from ..generator._kvlink import kv_block_bytes
-from ..kvstore._actor import KVStore
+from ..kvstore import KVStore, KVWriter
 from ._disagg import MIN_TOKENS
 from ._frontdoor import FrontDoor
 from ._http import openai_app
@@ -56,7 +57,8 @@ async def openai_server(
     kv policy with another ``prefill_weight``). ``options`` are more keywords for the generators
     (``max_batch``, ``kv``, ``torch_threads``...). With ``kv_store_blocks`` a
     :class:`~orchestr.roles.KVStore` of that many blocks in host memory backs the generators'
-    prefix caches (paged engine, float32 blocks) and the router counts its blocks. With
+    prefix caches (paged engine, float32 blocks; its namespaces are this deployment's alone)
+    and the router counts its blocks. With
     ``prefill`` generators more, spawned beside them, prompts of ``prefill_min_tokens`` or
     more are prefilled on those and decoded on the others (:mod:`._disagg`; 0: every
     generator does both; ``prefill_overlap``: each prompt's KV is read layer by layer as it
@@ -90,7 +92,8 @@ async def openai_server(
         if kv_store_blocks:
             block = kv_block_bytes(folder, dict(options.get("kv") or {}).get("block_size", 16))
             store = await ctx.spawn(KVStore, block, kv_store_blocks, name="kvstore")
-            options["kv_store"] = store
+            # the deployment's generators write and read the store's namespaces as one writer
+            options["kv_store"] = KVWriter(store, secrets.token_urlsafe(24))
         if expert_hosts:
             threads = {k: v for k, v in options.items() if k == "torch_threads"}
             hosts = await spawn_expert_hosts(ctx, folder, expert_hosts, **threads)

@@ -15,7 +15,7 @@ import pytest
 
 from orchestr.errors import DescriptorError, StaleDescriptorError, TransportUnavailableError
 from orchestr.fabric import _local, _registry
-from orchestr.fabric._buffers import _nixl, _rdma, _rdma_devices
+from orchestr.fabric._buffers import _nixl, _rdma, _rdma_devices, _scope
 from orchestr.fabric._buffers import _transport as _buffers
 from orchestr.fabric._buffers._transport import Descriptor
 
@@ -210,6 +210,21 @@ async def test_rdma_data_path() -> None:
         assert np.frombuffer(part, np.uint32).tolist() == [10, 11, 12]
         await backend.write_from(desc, 4, memoryview(np.array([7, 8], np.uint32)).cast("B"))
         assert data[:4].tolist() == [0, 7, 8, 3]
+        # a scoped registration of the same memory: its spans only, read-only
+        scope = _scope.flatten([(4096, 64), (8192, 64)], data.nbytes)
+        grant = _buffers.register_memory(memoryview(data).cast("B").toreadonly(), [backend], scope)
+        try:
+            gdesc = grant.descriptor("rdma")
+            two = bytearray(8)
+            await backend.read_into(gdesc, 8192, memoryview(two))
+            assert np.frombuffer(two, np.uint32).tolist() == [2048, 2049]
+            for offset in (0, 4096 + 60, 6000):
+                with pytest.raises(DescriptorError):
+                    await backend.read_into(gdesc, offset, memoryview(bytearray(8)))
+            with pytest.raises(DescriptorError, match="read-only"):
+                await backend.write_from(gdesc, 4096, memoryview(b"xx"))
+        finally:
+            _buffers.release(grant, [backend])
     finally:
         _buffers.release(region, [backend])
     with pytest.raises(StaleDescriptorError):
@@ -369,6 +384,60 @@ async def test_rdma_flow_against_stand_in_verbs(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(StaleDescriptorError, match="not registered there"):
         await reader.read_into(desc, 0, memoryview(bytearray(8)))  # a new QP asks afresh
     assert _buffers.stats["rdma"].bytes_read >= data.nbytes + 8 + 64
+    reader.close()
+    owner.close()
+
+
+async def test_a_scoped_rdma_region_has_an_mr_per_span_and_none_over_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = _FakeVerbs()
+    monkeypatch.setattr(_rdma_devices, "submodule", lambda name: fake.modules[name])
+    monkeypatch.setattr(_rdma_devices, "discover", lambda: _fake_host(("fake0", "ACTIVE")))
+    monkeypatch.delenv(_rdma_devices.DEVICE_ENV, raising=False)
+    owner, reader = _rdma.RdmaBuffers(), _rdma.RdmaBuffers()
+    data = np.arange(4096, dtype=np.uint32)  # 16 KiB
+    base = data.ctypes.data
+    scope = _scope.flatten([(1024, 512), (1536, 512), (8192, 256)], data.nbytes)
+    region = _buffers.register_memory(memoryview(data).cast("B").toreadonly(), [owner], scope)
+    try:
+        mrs = {(mr.address - base, mr.length) for mr in fake.mrs.values()}
+        assert mrs == {(1024, 1024), (8192, 256)}  # one per span (touching ones merged)
+        desc = region.descriptor("rdma")
+        assert desc.where[3] == 0 and desc.scope == (1024, 2048, 8192, 8448)
+        got = np.zeros(256, np.uint32)
+        await reader.read_into(desc, 1024, memoryview(got).cast("B"))
+        assert got.tolist() == list(range(256, 512))
+        posted = fake.posted
+        forged = [
+            dataclasses.replace(desc, scope=None),
+            dataclasses.replace(desc, scope=(0, data.nbytes)),
+        ]
+        for offset, fake_desc in ((0, forged[0]), (4096, forged[1]), (2040, forged[1])):
+            with pytest.raises(DescriptorError, match="spans|forged"):
+                await reader.read_into(fake_desc, offset, memoryview(bytearray(16)))
+        with pytest.raises(DescriptorError, match="read-only"):
+            await reader.write_from(desc, 1024, memoryview(b"xx"))
+        assert fake.posted == posted, "a transfer outside the spans reached the adapter"
+        # past orchestr's checks, the adapter itself: a span's rkey does not reach beyond it
+        span_mr = next(mr for mr in fake.mrs.values() if mr.address == base + 1024)
+        wr = fake.modules["wr"].SendWR(
+            wr_id=0, opcode=4, sg=[_Bag(addr=got.ctypes.data, length=16)]
+        )
+        wr.set_wr_rdma(span_mr.rkey, base + 4096)
+        qp = next(iter(fake.qps.values()))
+        qp.post_send(wr)
+        assert qp.init.scq.done.pop().status == fake.REM_ACCESS_ERR
+        # widened: an MR over the new bytes only, and the reader asks again when it needs them
+        added = _scope.widen(region.scope or (), [(0, 1100)], data.nbytes)
+        _buffers.widen(region, added, [owner])
+        assert (0, 1024) in {(mr.address - base, mr.length) for mr in fake.mrs.values()}
+        whole = np.zeros(2048 // 4, np.uint32)
+        await reader.read_into(region.descriptor("rdma"), 0, memoryview(whole).cast("B"))
+        assert whole.tolist() == list(range(512))  # across two MRs: two work requests
+    finally:
+        _buffers.release(region, [owner])
+    assert all(getattr(mr, "closed", False) for mr in fake.mrs.values())
     reader.close()
     owner.close()
 

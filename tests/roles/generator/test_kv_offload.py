@@ -26,6 +26,7 @@ from orchestr.roles import (
 from orchestr.roles.generator._blocks import BlockPool, BlockStored, hash_block
 from orchestr.roles.generator._paged_engine import PagedEngine
 from orchestr.roles.generator._scheduler import Scheduler
+from orchestr.roles.kvstore import KVWriter
 from orchestr.roles.serving import FrontDoor, Load
 from tests.roles.generator.test_paged_engine import drain
 
@@ -101,7 +102,8 @@ async def test_a_second_generator_onboards_a_prefix_the_first_computed(
     size = kv_block_bytes(str(folder), BLOCK)
     store = await ctx.spawn(KVStore, size, 64)
     gens = await ctx.spawn(
-        Generator, n=2, checkpoint=str(folder), torch_threads=1, kv_store=store,
+        Generator, n=2, checkpoint=str(folder), torch_threads=1,
+        kv_store=KVWriter(store, "the deployment's key"),
         kv={"block_size": BLOCK, "num_blocks": 64},
     )  # fmt: skip
     p = prompt(200)  # 12 full blocks before the last token
@@ -123,6 +125,22 @@ async def test_a_second_generator_onboards_a_prefix_the_first_computed(
     stats = await gens[1].stats.call_one()
     assert stats["tokens"] == (200 - 12 * BLOCK) + 15  # only the missing block, then decodes
     assert (await _metrics(gens[0]))["orchestr:kv_store_offloaded_blocks"] >= 12
+    # a generator of another job (no key) neither reads those blocks nor writes beside them
+    other = await ctx.spawn(
+        Generator, name="other", checkpoint=str(folder), torch_threads=1, kv_store=store,
+        kv={"block_size": BLOCK, "num_blocks": 64},
+    )  # fmt: skip
+    (third,) = await other.generate.call_one([{"id": "c", **ask}])
+    assert third.tokens == first.tokens  # computed there
+    for _ in range(1200):
+        metrics = await _metrics(other)
+        if metrics["orchestr:kv_store_offload_dropped_blocks"] >= 1:
+            break
+        await asyncio.sleep(0.05)
+    assert metrics["orchestr:kv_store_onboard_failures"] == 1  # its lease was refused
+    assert metrics["orchestr:kv_store_onboarded_tokens"] == 0
+    assert metrics["orchestr:kv_store_offload_dropped_blocks"] >= 1  # and its puts
+    assert metrics["orchestr:kv_store_offloaded_blocks"] == 0
     # a generator whose engine has no paged cache refuses a store
     with pytest.raises(oc.SpawnError, match="backs the paged engine's prefix cache"):
         await ctx.spawn(Generator, kv_store=store)

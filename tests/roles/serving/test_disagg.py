@@ -174,7 +174,7 @@ async def test_a_decode_generator_killed_fails_its_requests_and_holds_nothing(
     async with served(ctx, folder, prefill_min_tokens=8) as (pre, dec, front, _, client):
         _, chunks = await streaming(client, words(60))
         os.kill(await pid_of(ctx, dec, 0), signal.SIGKILL)
-        with pytest.raises(openai.APIError, match="generator decode\\[0\\] failed"):
+        with pytest.raises(openai.APIError, match="^no generator could serve this request now"):
             async for _ in chunks:
                 pass
         assert front.workers == [] and front.pending == 0
@@ -258,7 +258,7 @@ async def test_a_prefill_generator_killed_fails_the_requests_it_was_serving_whol
         assert front.prefill.counts["prefill_spilled"] == 1
         await dec.resume.call_one()
         os.kill(await pid_of(ctx, pre, 0), signal.SIGKILL)
-        with pytest.raises(openai.APIError, match="generator prefill\\[0\\] failed"):
+        with pytest.raises(openai.APIError, match="^no generator could serve this request now"):
             async for _ in chunks:
                 pass
         # the decode side serves on, prefilling long prompts itself
