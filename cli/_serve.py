@@ -78,8 +78,6 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
             log_level="warning",
             access_log=False,
             lifespan="off",
-            # connections beyond the front door's admission are refused (503) by uvicorn
-            limit_concurrency=args.max_pending + 64,
         )
         server = server_class()(config)
         loop = asyncio.get_running_loop()

@@ -99,11 +99,12 @@ class _Registered:
     """An exported region's MRs: one over all of it, or one per span of a scoped region,
     as ``(start, end, MR)`` sorted by start."""
 
-    __slots__ = ("addr", "mrs", "scoped", "writable")
+    __slots__ = ("addr", "closed", "mrs", "scoped", "writable")
 
     def __init__(self, addr: int, writable: bool, scoped: bool) -> None:
         self.addr, self.writable, self.scoped = addr, writable, scoped
         self.mrs: list[tuple[int, int, Any]] = []
+        self.closed = False  # unexported: an MR registered after this is closed at once
 
 
 class RdmaBuffers(OneSided):
@@ -192,13 +193,20 @@ class RdmaBuffers(OneSided):
             access |= e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
         mr = verbs.register(entry.addr + start, end - start, access)
         with self._lock:
-            bisect.insort(entry.mrs, (start, end, mr), key=lambda m: m[0])
+            if not entry.closed:  # else the region was unexported meanwhile: no MR outlives it
+                bisect.insort(entry.mrs, (start, end, mr), key=lambda m: m[0])
+                return
+        mr.close()
 
     def unexport(self, region: Region) -> None:
-        entry = self._mrs.pop(region.id, None)
-        if entry is not None:
-            for _, _, mr in entry.mrs:
-                mr.close()  # the rkey dies with the MR
+        with self._lock:
+            entry = self._mrs.pop(region.id, None)
+            if entry is None:
+                return
+            entry.closed = True
+            mrs, entry.mrs = list(entry.mrs), []
+        for _, _, mr in mrs:
+            mr.close()  # the rkey dies with the MR
 
     def _vouch(self, region_id: int, key: int) -> bytes:
         try:

@@ -6,9 +6,12 @@ Decoding a whole output after every token costs the square of its length; decodi
 new token loses what depends on its neighbours (a leading space a tokenizer strips at the
 start of a text, a character whose bytes span tokens). :class:`IncrementalText` decodes a
 short window instead: the tokens since the last text it gave out plus a few before them as
-context, and gives out what the window's text has beyond the context's. Text that ends in an
-incomplete character (U+FFFD) is held back until the character completes. Each token costs a
-decode of a few tokens, whatever the output's length.
+context, and gives out what the window's text has beyond the context's. The context is the
+tokens given out at the last push, so the window always starts where a character did (a
+tokenizer that decodes a run of byte tokens as one group, as byte fallback does, would decode
+a run cut mid-character to replacement characters). Text that ends in an incomplete
+character (U+FFFD) is held back until the character completes. Each token costs a decode of
+a few tokens, whatever the output's length.
 
 :class:`StopFinder` looks for stop strings in the new text plus the last ``longest - 1``
 characters before it (a stop string found now ends in the new text), so each token costs
@@ -22,9 +25,6 @@ from collections.abc import Callable, Sequence
 __all__ = ["IncrementalText", "StopFinder"]
 
 Decode = Callable[[list[int]], str]
-
-#: Tokens before the new ones decoded with them, for what a tokenizer does at a text's start.
-CONTEXT = 4
 
 
 class IncrementalText:
@@ -46,11 +46,13 @@ class IncrementalText:
         self._tokens.extend(tokens)
         before = self._decode(self._tokens[self._prefix : self._read])
         window = self._decode(self._tokens[self._prefix :])
-        if len(window) <= len(before) or window.endswith("\ufffd"):
+        if window.endswith("\ufffd") or len(window) < len(before):
+            return ""
+        if window == before:  # tokens of no text (special ones skipped): context from now
+            self._prefix, self._read = self._read, len(self._tokens)
             return ""
         new = window[len(before) :]
-        self._read = len(self._tokens)
-        self._prefix = max(0, self._read - CONTEXT)
+        self._prefix, self._read = self._read, len(self._tokens)
         if new:
             self._pieces.append(new)
             self.length += len(new)
@@ -61,8 +63,7 @@ class IncrementalText:
         the sequence."""
         before = self._decode(self._tokens[self._prefix : self._read])
         new = self._decode(self._tokens[self._prefix :])[len(before) :]
-        self._read = len(self._tokens)
-        self._prefix = max(0, self._read - CONTEXT)
+        self._prefix, self._read = self._read, len(self._tokens)
         if new:
             self._pieces.append(new)
             self.length += len(new)

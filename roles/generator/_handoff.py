@@ -220,9 +220,16 @@ class Holds:
         if blocks:
             self._leases[lease] = (blocks, self._clock() + hold_s)
         size = engine.cache_keys()[0]
-        return self._handoff(
-            engine, lease if blocks else 0, blocks, keys, len(blocks) * size, hold_s, c.version
-        )
+        try:
+            return self._handoff(
+                engine, lease if blocks else 0, blocks, keys, len(blocks) * size, hold_s, c.version
+            )
+        except (oc.OrchestrError, OSError) as exc:  # no buffer (a table full, memory locked)
+            log.warning(
+                "a handoff's buffer could not be made; its reader recomputes", error=str(exc)
+            )
+            self.end(engine, lease)  # in the step's lock: its blocks go back now
+            return self._handoff(engine, 0, [], [], 0, hold_s, c.version)
 
     def _handoff(
         self, engine: Any, lease: int, blocks: list[int], keys: list[bytes], tokens: int,

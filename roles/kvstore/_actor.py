@@ -115,11 +115,18 @@ class KVStore(oc.Actor):
         the namespace belongs to another writer, and nothing else but for malformed
         arguments."""
         self._start()
-        put = self._index.begin_put(namespace, hashes, time.monotonic(), _identity(writer))
+        now = time.monotonic()
+        self._revoke_ended(now)  # before any slot is given again: no grant outlives its own
+        put = self._index.begin_put(namespace, hashes, now, _identity(writer))
         slots = [w.slot for w in put.writes]
+        try:
+            grant = self._grant(("put", put.id), slots, writable=True) if slots else None
+        except BaseException:  # no buffer: no put either, rather than one left to time out
+            self._index.abort_put(put.id)
+            raise
         return {
             "put": put.id,
-            "buffer": self._grant(("put", put.id), slots, writable=True) if slots else None,
+            "buffer": grant,
             "block_bytes": self.block_bytes,
             "writes": [[w.block_hash, w.slot * self.block_bytes] for w in put.writes],
             "skipped": put.skipped,
@@ -167,7 +174,9 @@ class KVStore(oc.Actor):
         writer. Cancel-safe: cancelled, the lease is released and a promotion already begun
         completes on its own."""
         self._start()
-        lease = self._index.lease(namespace, hashes, time.monotonic(), ttl, _identity(writer))
+        now = time.monotonic()
+        self._revoke_ended(now)
+        lease = self._index.lease(namespace, hashes, now, ttl, _identity(writer))
         if not lease.blocks:  # nothing to read: no lease to end
             self._index.release(lease.id)
             return {"lease": 0, "buffer": None, "block_bytes": self.block_bytes,
@@ -177,10 +186,19 @@ class KVStore(oc.Actor):
         except BaseException:
             self._index.release(lease.id)
             raise
+        if not self._index.lease_open(lease.id, time.monotonic()):  # ran out while promoting
+            self._index.release(lease.id)  # its blocks may be another's now: no grant
+            return {"lease": 0, "buffer": None, "block_bytes": self.block_bytes,
+                    "offsets": [], "tokens": 0, "ttl": 0.0}  # fmt: skip
         slots = [b.slot for b in lease.blocks]
+        try:
+            grant = self._grant(("lease", lease.id), slots, writable=False)
+        except BaseException:
+            self._index.release(lease.id)
+            raise
         return {
             "lease": lease.id,
-            "buffer": self._grant(("lease", lease.id), slots, writable=False),
+            "buffer": grant,
             "block_bytes": self.block_bytes,
             "offsets": [slot * self.block_bytes for slot in slots],
             "tokens": lease.tokens,
@@ -229,12 +247,16 @@ class KVStore(oc.Actor):
     @oc.endpoint
     def remove(self, namespace: KVNamespace, hashes: list[bytes]) -> list[int]:
         """Remove stored blocks but leased ones: ``[removed, refused]``."""
-        return list(self._index.remove(namespace, hashes, time.monotonic()))
+        now = time.monotonic()
+        self._revoke_ended(now)
+        return list(self._index.remove(namespace, hashes, now))
 
     @oc.endpoint
     def clear(self, namespace: KVNamespace | None = None) -> int:
         """Remove every block (of ``namespace``) but leased ones; returns how many stayed."""
-        return self._index.clear(time.monotonic(), namespace)
+        now = time.monotonic()
+        self._revoke_ended(now)
+        return self._index.clear(now, namespace)
 
     @oc.endpoint
     def events(self, after: int = 0) -> dict[str, Any]:
@@ -310,8 +332,8 @@ class KVStore(oc.Actor):
         while True:
             try:
                 now = time.monotonic()
+                self._revoke_ended(now)  # before maintain() may move their blocks
                 moves = self._index.maintain(now)
-                self._revoke_ended(now)
                 await self._copy(moves)
             except OSError as exc:  # the failed copies were reported: their blocks stay put
                 self._failures += 1

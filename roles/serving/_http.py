@@ -20,8 +20,8 @@ id, and the details go to the server's log under it (never the request's body or
 Nothing a client sends is worked on at length on the event loop: a body is refused past
 :func:`body_limit` bytes as it arrives, a prompt's text past the model's
 ``max_prompt_chars`` before it is tokenized, and tokenizing, rendering a chat template and
-detokenizing run in worker threads, at most :data:`WORKERS` at once with at most
-:data:`QUEUED` waiting (then 429).
+detokenizing run in worker threads, at most :data:`WORKERS` at once with at most the front
+door's ``max_pending`` plus :data:`QUEUED` waiting (then 429).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ __all__ = ["ServedModel", "openai_app"]
 log = structlog.get_logger("orchestr.roles.serving")
 
 #: Checks of requests (tokenizing, chat templates) and detokenizing run at most this many at
-#: once, in threads; at most :data:`QUEUED` more wait (then 429).
+#: once, in threads; at most the front door's ``max_pending`` plus :data:`QUEUED` more wait
+#: (then 429).
 WORKERS = 2
 QUEUED = 64
 
@@ -172,8 +173,9 @@ class _App:
 
     async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a worker thread, at most :data:`WORKERS` at once; 429 when
-        :data:`QUEUED` calls wait already."""
-        if self._queued >= QUEUED:
+        ``max_pending`` + :data:`QUEUED` calls wait already."""
+        if self._queued >= self.front.max_pending + QUEUED:
+            self.front.counts["rejected"] += 1
             raise APIError(
                 f"the server is at capacity; retry after {RETRY_AFTER_S} s",
                 status=429,

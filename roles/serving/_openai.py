@@ -216,14 +216,14 @@ def _too_long(what: int, unit: str, model: Model) -> APIError:
 
 
 def _token_list(value: Any, model: Model) -> list[int] | None:
-    if isinstance(value, list) and len(value) > model.max_len:
-        raise _too_long(len(value), "tokens", model)
     if (
         not isinstance(value, list)
         or not value
         or not all(isinstance(t, int) and not isinstance(t, bool) for t in value)
     ):
         return None
+    if len(value) > model.max_len:
+        raise _too_long(len(value), "tokens", model)
     for t in value:
         if not 0 <= t < model.vocab_size:
             raise bad(

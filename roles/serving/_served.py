@@ -11,6 +11,7 @@ from typing import Any
 
 from .._common._hf._config import read_config
 from .._common._hf._tokenizer import Tokenizer
+from ._openai import MAX_PROMPTS
 
 __all__ = ["MAX_BODY", "ServedModel", "body_limit"]
 
@@ -19,10 +20,12 @@ MAX_BODY = 16 * 1024 * 1024
 
 
 def body_limit(model: ServedModel) -> int:
-    """The largest body read for ``model``: room for a few prompts as long as its context
-    (in JSON, each character up to 6 bytes as an escape), at least 1 MiB, at most
-    :data:`MAX_BODY`."""
-    return min(MAX_BODY, max(1 << 20, 4 * 6 * model.max_prompt_chars))
+    """The largest body read for ``model``: room for a few prompts' text as long as its
+    context (in JSON, each character up to 6 bytes as an escape), or for a batch of
+    ``MAX_PROMPTS`` prompts of token ids as long as it (up to 8 bytes an id), at least
+    1 MiB, at most :data:`MAX_BODY`."""
+    ids = MAX_PROMPTS * model.max_len * 8
+    return min(MAX_BODY, max(1 << 20, 4 * 6 * model.max_prompt_chars, ids))
 
 
 class ServedModel:

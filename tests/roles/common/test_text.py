@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import pathlib
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -42,6 +43,52 @@ def test_a_character_split_over_tokens_waits_until_it_is_whole() -> None:
     text = IncrementalText(lambda tokens: bytes(tokens).decode(errors="replace"))
     assert [text.push([97]), text.push([0xC3]), text.push([0xA9])] == ["a", "", "é"]
     assert text.push([0xF0, 0x9F]) == "" and text.flush() == "\ufffd"
+
+
+def _byte_fallback(vocab: dict[int, str]) -> Callable[[list[int]], str]:
+    """A decoder as byte fallback works (Llama 2, Mistral): a run of byte tokens decodes as
+    one group, to its text when the group is valid UTF-8, else to one U+FFFD per byte."""
+
+    def decode(tokens: list[int]) -> str:
+        out, run = [], bytearray()
+        for t in [*tokens, -1]:
+            if 0 <= t < 256:
+                run.append(t)
+                continue
+            if run:
+                try:
+                    out.append(run.decode())
+                except UnicodeDecodeError:
+                    out.append("\ufffd" * len(run))
+                run.clear()
+            if t >= 0:
+                out.append(vocab[t])
+        return "".join(out).removeprefix(" ")  # a text's leading space is stripped
+
+    return decode
+
+
+def test_byte_runs_cut_mid_character_never_decode_to_replacements() -> None:
+    vocab = {256: " Hi", 257: " the", 258: " end"}
+    decode = _byte_fallback(vocab)
+    tokens = [256, *"漢字語".encode(), 257, *"é🙂".encode(), 258]
+    for step in (1, 2, 3):
+        text = IncrementalText(decode)
+        pieces = [text.push(tokens[i : i + step]) for i in range(0, len(tokens), step)]
+        pieces.append(text.flush())
+        assert "".join(pieces) == decode(tokens) == "Hi漢字語 theé🙂 end", (step, pieces)
+
+
+def test_tokens_of_no_text_do_not_grow_the_window() -> None:
+    calls: list[int] = []
+
+    def decode(tokens: list[int]) -> str:
+        calls.append(len(tokens))
+        return "".join("" if t == 0 else chr(96 + t) for t in tokens)
+
+    text = IncrementalText(decode)
+    assert [text.push([0]) for _ in range(1000)] == [""] * 1000
+    assert text.push([1]) == "a" and max(calls) <= 2
 
 
 @settings(max_examples=200, deadline=None)
