@@ -100,3 +100,21 @@ async def test_a_namespace_takes_puts_and_leases_from_its_own_writer_only(
     assert await owner.read_as.call_one(store, theirs, chain(2), "job-a secret") == "ActorError"
     with pytest.raises(oc.ActorError, match="belongs to another writer"):
         await store.begin_put.call_one(NS, chain(1, 9), "job-b secret")
+
+
+async def test_a_lease_that_ran_out_reaches_no_slot_given_again(ctx: oc.JobContext) -> None:
+    """A lease's blocks are the store's again once it runs out; its grant must be gone before
+    any of them is given to another put, even when housekeeping has not run since."""
+    store = await ctx.spawn(KVStore, SIZE, 2, maintain_s=3600.0)
+    writer = await ctx.spawn(Writer, SIZE)
+    assert await writer.put.call_one(store, NS, chain(2), [1, 2]) == 2
+    lease = await store.lease.call_one(NS, chain(1), ttl=0.05)
+    assert lease["tokens"] == 16
+    await asyncio.sleep(0.2)  # run out, with no housekeeping since
+    assert (await store.remove.call_one(NS, chain(1)))[0] == 1  # its block is free now
+    grant = await store.begin_put.call_one(NS, chain(1, 10))  # and given to another writer
+    assert [w[1] for w in grant["writes"]] == lease["offsets"]
+    out = bytearray(SIZE)
+    with pytest.raises(oc.StaleDescriptorError):
+        await lease["buffer"].read_into(out, offset=lease["offsets"][0])
+    await store.abort_put.call_one(grant["put"])
