@@ -71,6 +71,12 @@ def test_prompt_shapes_and_choice_seeds() -> None:
     ]
     # without a model, the one served (as vLLM does)
     assert completion_request({"prompt": "a"}, MODEL).model == "tiny"
+    # a batch of more strings than the context has tokens: each is a prompt, not a token
+    many = completion_request({"prompt": ["a"] * 100, "max_tokens": 1}, MODEL)
+    assert len(many.prompts) == 100
+    # a prompt of token ids longer than the context is refused before its ids are checked
+    with pytest.raises(APIError, match="context length is 64 tokens"):
+        completion_request({"prompt": [1] * 65}, MODEL)
 
 
 @pytest.mark.parametrize(
