@@ -53,7 +53,7 @@ from .generator import (
     Updates,
     kv_block_bytes,
 )
-from .kvstore import KVNamespace, KVStore, KVStoreError, LeaseExpiredError
+from .kvstore import KVNamespace, KVStore, KVStoreError, KVWriter, LeaseExpiredError
 from .reward import Reward
 from .rl import (
     DEMO_CONFIG,
@@ -92,6 +92,7 @@ __all__ = [
     "KVNamespace",
     "KVStore",
     "KVStoreError",
+    "KVWriter",
     "LeaseExpiredError",
     "LengthRanker",
     "ManifestMismatchError",

@@ -32,7 +32,7 @@ ROLES = {
     "DEMO_CONFIG", "MODES", "SMALL_CONFIG", "AttentionServer", "Backend", "BackendError", "BackendSpec",
     "BackendUnavailableError", "ChecksumMismatchError", "Completion", "Engine", "EngineStats",
     "ExpertHost", "ExpertUnavailableError", "GRPOConfig", "GRPOResult", "Generator", "HandoffError", "KVNamespace", "KVStore", "KVStoreError",
-    "LeaseExpiredError", "LengthRanker", "ManifestMismatchError",
+    "KVWriter", "LeaseExpiredError", "LengthRanker", "ManifestMismatchError",
     "PagedEngine", "Request",
     "Reward", "StaleWeightsError", "StepRecord", "TinyLM", "TinyLMConfig", "TokenDelta",
     "TrainConfig", "Trainer", "UpdateConfig", "Updates", "WeightLoader", "WeightPublisher", "WeightSyncError",

@@ -37,7 +37,7 @@ class KVWriter:
     a key (a plain mesh) writers share the empty key: fine inside one job, but any caller
     with the cluster token can then write those namespaces too."""
 
-    __module__ = "orchestr.roles.kvstore"  # its name on the wire (pinned)
+    __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
     store: Any
     key: str = ""
