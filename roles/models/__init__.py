@@ -7,6 +7,8 @@
 - :class:`Tokenizer` encodes, decodes and renders the checkpoint's chat template.
 - :func:`make_tiny` writes a small random checkpoint of a family, with a tokenizer trained on
   text it generates (``orchestr model make-tiny``).
+- :func:`export_checkpoint` writes a model (trained) back out as a Hugging Face folder that
+  ``transformers`` and ``orchestr serve`` load.
 
 The modules are cut along the lines the serving roles need: each layer's :class:`Attention`
 and :class:`MLP` (or :class:`SparseMoE`: routing, experts, shared expert) take explicit
@@ -14,6 +16,7 @@ inputs, so they can run apart.
 """
 
 from .._common._hf._config import ModelConfig, MoEConfig, RopeScaling, read_config
+from .._common._hf._export import export_checkpoint
 from .._common._hf._layers import MLP, Attention, CausalLM, DecoderLayer, SparseMoE
 from .._common._hf._load import load_model
 from .._common._hf._tiny import ARCHS, make_tiny
@@ -30,6 +33,7 @@ __all__ = [
     "RopeScaling",
     "SparseMoE",
     "Tokenizer",
+    "export_checkpoint",
     "load_model",
     "make_tiny",
     "read_config",

@@ -118,6 +118,8 @@ class Trainer(oc.Actor):
             self.optimizer_args = {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}
             self.backend = choose_backend(backend)
             self.model = build_model(model_factory, model_kwargs, seed)
+            # the checkpoint a Hugging Face model was loaded from: what export_hf copies
+            self.source = (model_kwargs or {}).get("folder")
             # runs the forward passes: the same parameters, on the backend's device, dtype and
             # (when compiled) under torch.compile; self.model keeps the names weights go by
             self.runner = self.backend.prepare(self.model)
@@ -243,6 +245,21 @@ class Trainer(oc.Actor):
         torch.save(state, tmp)
         os.replace(tmp, path)
         return path
+
+    @oc.endpoint
+    def export_hf(self, folder: str, source: str | None = None, force: bool = False) -> str:
+        """Write the weights trained so far as a Hugging Face folder (``config.json``,
+        ``model.safetensors``, ``generation_config.json``, the tokenizer files and chat
+        template of ``source``: by default the checkpoint the model was loaded from) that
+        ``transformers`` and ``orchestr serve`` load. Returns its path. Raises
+        :class:`ConfigError` for a model that is not a Hugging Face format one and what
+        :func:`~orchestr.roles.models.export_checkpoint` raises."""
+        from orchestr.roles._common._hf._export import export_checkpoint
+
+        where = source if source is not None else self.source
+        if not isinstance(where, str):
+            raise oc.ConfigError("export_hf needs the source checkpoint's folder (source=)")
+        return export_checkpoint(self.model, where, folder, force=force)
 
     @oc.endpoint
     def restore(self, path: str) -> int:

@@ -35,6 +35,9 @@ CHECKPOINT_FILES = frozenset(
         "tokenizer_config.json",
         "model.safetensors",
         "model.safetensors.index.json",
+        "generation_config.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
     }
 )
 _SHARD = re.compile(r"model-\d{5,}-of-\d{5,}\.safetensors")
