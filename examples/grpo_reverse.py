@@ -25,8 +25,10 @@ its last checkpoint (``--checkpoint-every``); the counts are in ``summary.json``
 
 A random policy scores about 0.05; the run ends around 0.99 with held-out greedy accuracy
 above 0.9. At the end it writes ``runs/<id>/``: ``metrics.jsonl`` (one line per batch and
-per evaluation), ``summary.json``, ``reward.png``, the job's ``events.jsonl`` and
-``trace.json`` (open it in Perfetto or chrome://tracing).
+per evaluation), ``summary.json``, ``reward.png``, the job's ``events.jsonl``,
+``trace.json`` (open it in Perfetto or chrome://tracing) and, for ``--model llama``,
+``model/``: the trained policy as a Hugging Face folder (``transformers`` loads it, and
+``orchestr serve runs/<id>/model`` serves it).
 """
 
 from __future__ import annotations
@@ -175,10 +177,8 @@ def plot(
 
 
 def write_run(
-    ctx: oc.JobContext, folder: str, args: argparse.Namespace, config: GRPOConfig, result: Any
+    ctx: oc.JobContext, out: str, args: argparse.Namespace, config: GRPOConfig, result: Any
 ) -> str:
-    run_id = time.strftime("%Y%m%d-%H%M%S-") + args.mode.replace("+", "-")
-    out = os.path.join(folder, run_id)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "metrics.jsonl"), "w", encoding="utf-8") as f:
         for r in result.steps:
@@ -190,6 +190,7 @@ def write_run(
         "mode": args.mode,
         **result.summary(),
         "weight_sync": result.weight_sync,
+        "final_digest": result.final_digest,  # the trained weights (and model/'s, if written)
         "config": dataclasses.asdict(config),
     }
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
@@ -214,6 +215,7 @@ async def main(ctx: oc.JobContext) -> dict[str, Any]:
         lr_schedule=args.lr_schedule or train.lr_schedule,
         entropy_coef=train.entropy_coef if args.entropy_coef is None else args.entropy_coef,
     )
+    out = os.path.join(args.runs, time.strftime("%Y%m%d-%H%M%S-") + args.mode.replace("+", "-"))
     config = GRPOConfig(
         train=train,
         mode=args.mode,
@@ -227,6 +229,8 @@ async def main(ctx: oc.JobContext) -> dict[str, Any]:
         kill=tuple(args.kill),
         kill_seed=args.kill_seed,
         engine=args.engine,
+        # the trained policy, as a Hugging Face folder in the run's own
+        export_dir=os.path.join(out, "model") if args.model == "llama" else None,
     )
     task = f"{train.task.name} (up to {train.lengths.max_digits} digits)"
     print(
@@ -240,7 +244,7 @@ async def main(ctx: oc.JobContext) -> dict[str, Any]:
     finally:
         progress.close()
     summary = result.summary()
-    out = write_run(ctx, args.runs, args, config, result)
+    out = write_run(ctx, out, args, config, result)
     print(
         f"done in {result.wall_s:.1f} s: last-50 reward {summary['last50_reward']:.3f}, "
         f"held-out accuracy {result.evals[0][1]:.3f} -> {result.evals[-1][1]:.3f}, "

@@ -40,7 +40,9 @@ class GRPOConfig:
     ``checkpoint_dir`` (default: a temporary folder removed at the end) every
     ``checkpoint_every`` batches, and 0 means never, so a trainer's death fails the job.
     ``kill`` injects faults to test this: ``"ROLE[RANK]@STEP[:PHASE]"`` strings
-    (:func:`~._faults.parse_kill`), drawn with ``kill_seed``, on a cluster on this machine."""
+    (:func:`~._faults.parse_kill`), drawn with ``kill_seed``, on a cluster on this machine.
+    With ``export_dir`` (a :class:`LlamaModel` job) the trained policy is written there at the
+    end as a Hugging Face folder (``transformers`` and ``orchestr serve`` load it)."""
 
     train: TrainConfig = DEMO_CONFIG
     mode: Mode = "sync"
@@ -63,6 +65,7 @@ class GRPOConfig:
     kill: tuple[str, ...] = ()
     kill_seed: int = 0
     ranker: str | None = None
+    export_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -87,6 +90,8 @@ class GRPOConfig:
             isinstance(self.ranker, str) and all(self.ranker.partition(":")[::2])
         ):
             raise oc.ConfigError(f"ranker is a 'module:callable' import path, got {self.ranker!r}")
+        if self.export_dir is not None and not checkpointed:
+            raise oc.ConfigError("export_dir writes a Hugging Face folder: it needs a llama model")
         if self.vllm and self.engine != "vllm":
             raise oc.ConfigError("vllm options apply to engine='vllm'")
         for name in ("max_restarts", "checkpoint_every", "kill_seed"):
@@ -184,6 +189,8 @@ class GRPOResult:
     #: a reward worker and scored again), ``rolled_back_batches`` (trained, then undone by
     #: a trainer's restart from its checkpoint), ``checkpoints`` and the ``kills`` injected.
     faults: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The Hugging Face folder the trained policy was written to (``export_dir``), else "".
+    exported: str = ""
 
     def mean_reward(self, last: int | None = None) -> float:
         rows = self.steps[-last:] if last else self.steps

@@ -102,6 +102,9 @@ async def run_grpo(
         wall = clock.perf_counter() - job.start
         stats1 = await job.generator_stats()
         digests = job.digests
+        exported = ""
+        if config.export_dir is not None:  # the trained policy, out as a Hugging Face folder
+            exported = await job.trainers[0].export_hf.call_one(config.export_dir)
         if job.injector is not None:
             job.injector.check()
     finally:
@@ -129,4 +132,5 @@ async def run_grpo(
         final_digest=digests[0],
         trainer_digests_equal=len(set(digests)) == 1,
         faults=job.faults(),
+        exported=exported,
     )

@@ -69,6 +69,8 @@ def export_checkpoint(
     if len(dtypes) == 1:
         raw["torch_dtype"] = str(dtypes.pop()).removeprefix("torch.")
     generation = _generation_config(source, raw)
+    parent = os.path.dirname(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)  # the folder itself is made (and checked) below
     with CheckpointFolder(folder, force=force) as out:
         out.write("model.safetensors", save(state, metadata={"format": "pt"}))
         out.write("config.json", _json(raw))

@@ -139,6 +139,8 @@ def test_bad_job_configs_are_refused() -> None:
         GRPOConfig(train=LLAMA_CONFIG, engine="recompute")
     with pytest.raises(oc.ConfigError, match="vllm options apply to engine='vllm'"):
         GRPOConfig(train=LLAMA_CONFIG, vllm={"block_size": 32})
+    with pytest.raises(oc.ConfigError, match="export_dir writes a Hugging Face folder"):
+        GRPOConfig(export_dir="out")  # a TinyLM is no Hugging Face format model
 
 
 async def test_roles_run_on_the_backend_they_are_given(ctx: oc.JobContext) -> None:
