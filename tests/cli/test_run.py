@@ -230,12 +230,10 @@ def test_the_rl_example_takes_flags_and_writes_its_run(tmp_path: pathlib.Path) -
     assert [r["step"] for r in rows if r["kind"] == "step"] == [0, 1, 2]
     assert [r["version"] for r in rows if r["kind"] == "eval"] == [0, 3]
     assert (run / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # the trained policy as a Hugging Face folder: the trainer's final weights, bit for bit
+    # the trained policy as a Hugging Face folder (its weights: tests/roles/rl)
     from orchestr.roles import models
-    from orchestr.roles._common._weightplan import weights_digest
 
-    summary = json.loads((run / "summary.json").read_text())
-    assert weights_digest(models.load_model(run / "model")) == summary["final_digest"]
+    assert models.load_model(run / "model").config.model_type == "llama"
     events = (run / "events.jsonl").read_text().splitlines()
     phases = {json.loads(line).get("name") for line in events}
     assert {"training", "weight_sync"} <= phases

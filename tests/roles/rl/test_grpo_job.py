@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import pathlib
 import sys
 
 import pytest
@@ -20,6 +21,7 @@ from orchestr.roles import (
     LengthRanker,
     Request,
     Trainer,
+    models,
     reverse_task,
     run_grpo,
     train,
@@ -45,16 +47,24 @@ async def test_controls_through_the_roles(ctx: oc.JobContext) -> None:
 
 
 @pytest.mark.timeout(180)
-async def test_sync_mode_reproduces_the_single_process_run(ctx: oc.JobContext) -> None:
+async def test_sync_mode_reproduces_the_single_process_run(
+    ctx: oc.JobContext, tmp_path: pathlib.Path
+) -> None:
     # the main job's model: a Llama checkpoint the job makes, sampled on the paged engine.
     # One generator holding the whole batch and one trainer: the reference's computation,
     # bit for bit
     llama = dataclasses.replace(LLAMA_CONFIG, steps=4, eval_every=2, seed=5, threads=1)
     reference = await asyncio.to_thread(train, llama)  # roles run one torch thread each too
-    one = await run_grpo(ctx, GRPOConfig(train=llama, generators=1, max_batch=512))
+    export = str(tmp_path / "policy")
+    one = await run_grpo(
+        ctx, GRPOConfig(train=llama, generators=1, max_batch=512, export_dir=export)
+    )
     assert [r.loss for r in one.steps] == [s.loss for s in reference.steps]
     assert [a for _, a, _ in one.evals] == [e.accuracy for e in reference.evals]
     assert one.final_digest == weights_digest(reference.model)
+    # the trained policy, out as a Hugging Face folder: the same weights, bit for bit
+    assert one.exported == export
+    assert weights_digest(models.load_model(export)) == one.final_digest
     # TinyLM on the recompute engine, two generators and two data-parallel trainers: the
     # same samples and steps up to float rounding between batch shapes (a near-tie can flip a
     # rare token)
