@@ -33,12 +33,14 @@ from ._router import NoWorkerError
 if TYPE_CHECKING:
     from ._served import ServedModel
 
-__all__ = ["RETRY_AFTER_S", "Generation", "api_error"]
+__all__ = ["INTERNAL", "RETRY_AFTER_S", "Generation", "api_error", "with_request_id"]
 
 log = structlog.get_logger("orchestr.roles.serving")
 
 #: Seconds a client is told to wait when the front door is full, or no generator serves.
 RETRY_AFTER_S = 1
+#: What a 500 says: the cause goes to the log only.
+INTERNAL = "internal error; the server's log has the details under this request id"
 
 
 def _event(body: dict[str, Any]) -> str:
@@ -238,9 +240,7 @@ class Generation:
                 )
         except Exception as exc:  # after the headers: the error goes in the stream
             with structlog.contextvars.bound_contextvars(request_id=rid):
-                err = api_error(exc)
-            if err.status >= 500:
-                err.message = f"{err.message} (request id {rid})"
+                err = with_request_id(api_error(exc), rid)
             yield _event(err.body())
         finally:
             for s in streams:
@@ -266,11 +266,15 @@ def api_error(exc: BaseException) -> APIError:
     if isinstance(exc, asyncio.CancelledError):
         raise exc
     log.error("front door: request failed", error=repr(exc)[:2000])
-    return APIError(
-        "internal error; the server's log has the details under this request id",
-        status=500,
-        type="server_error",
-    )
+    return APIError(INTERNAL, status=500, type="server_error")
+
+
+def with_request_id(err: APIError, rid: str) -> APIError:
+    """``err`` with the request's id in its message when it is a 5xx (whose message is a
+    fixed one: :func:`api_error` logged the details, under that id)."""
+    if err.status >= 500:
+        err.message = f"{err.message} (request id {rid})"
+    return err
 
 
 async def _disconnected(request: HTTPRequest) -> None:

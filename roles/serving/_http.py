@@ -44,7 +44,7 @@ import orchestr as oc
 
 from . import _openai
 from ._frontdoor import FrontDoor
-from ._generate import RETRY_AFTER_S, Generation
+from ._generate import INTERNAL, RETRY_AFTER_S, Generation, with_request_id
 from ._openai import APIError
 from ._schema import openapi_document
 from ._served import ServedModel, body_limit
@@ -134,15 +134,7 @@ class _App:
                 )
             return await handler(request)
         except APIError as exc:
-            if exc.status >= 500:  # the details are for the log
-                log.warning("front door: request failed", status=exc.status, error=exc.message)
-                exc = APIError(
-                    f"{FIXED.get(exc.status, FIXED[500])} (request id {rid})",
-                    status=exc.status,
-                    type=exc.type,
-                    code=exc.code,
-                    headers=exc.headers,
-                )
+            exc = with_request_id(exc, rid)
             return _json(exc.body(), exc.status, exc.headers)
         except Exception:
             # the traceback as text: a renderer that prints frames' locals would print the
@@ -152,9 +144,7 @@ class _App:
                 path=request.url.path,
                 traceback=traceback.format_exc(),
             )
-            return _json(
-                _openai.error_body(f"{FIXED[500]} (request id {rid})", "server_error"), 500
-            )
+            return _json(_openai.error_body(f"{INTERNAL} (request id {rid})", "server_error"), 500)
 
     async def _not_found(self, request: HTTPRequest, exc: Exception) -> Response:
         return _json(
@@ -358,13 +348,6 @@ class _App:
         return PlainTextResponse(
             "\n".join(lines) + "\n", media_type="text/plain; version=0.0.4; charset=utf-8"
         )
-
-
-#: What a 5xx body says (with the request's id): the cause goes to the log only.
-FIXED = {
-    500: "internal error; the server's log has the details under this request id",
-    503: "no generator could serve this request now; retry",
-}
 
 
 def _too_large(limit: int) -> APIError:

@@ -25,6 +25,7 @@ from ._openai import (
     MAX_STOPS,
     MAX_TOP_LOGPROBS,
 )
+from ._served import MAX_BODY
 
 __all__ = ["openapi_document"]
 
@@ -329,9 +330,6 @@ def _answers() -> dict[str, Schema]:
 
 
 def _errors() -> dict[str, Schema]:
-    # imported here, not above: the app imports this module to serve the document
-    from ._served import MAX_BODY
-
     retry = {
         "Retry-After": {
             "description": "Seconds to wait before retrying.",

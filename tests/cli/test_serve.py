@@ -76,20 +76,29 @@ def test_a_folder_that_is_no_model_is_refused(tmp_path: pathlib.Path) -> None:
     assert proc.returncode == 2 and "is not a model folder (no config.json)" in proc.stderr
 
 
+def _start(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    """``orchestr ARGS`` in a subprocess, and its first line: the startup line, or (when it
+    exited instead) that line and what it said on stderr."""
+    proc = subprocess.Popen(
+        [*ORCHESTR, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    line = proc.stdout.readline()
+    if proc.poll() is not None:
+        line += proc.stderr.read()
+    return proc, line
+
+
 def test_serve_answers_openai_clients_and_stops_on_sigint(folder: pathlib.Path) -> None:
     marker = uuid.uuid4().hex
     env = dict(os.environ, ORCHESTR_TEST_MARKER=marker, ORCHESTR_API_KEY="sekrit")
     args = ["serve", str(folder), "--port", "0", "--served-model-name", "tiny", "--router", "kv",
             "--router-prefill-weight", "16", "--kv-store-blocks", "64"]  # fmt: skip
-    proc = subprocess.Popen(
-        [*ORCHESTR, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    proc, line = _start(args, env)
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
         found = re.search(r"serving tiny on (http://127\.0\.0\.1:\d+/v1) with 1 native", line)
-        assert found, line + (proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
+        assert found, line
         assert line.rstrip().endswith("router kv (prefill weight 16)"), line
         with openai.OpenAI(base_url=found[1], api_key="sekrit", max_retries=0) as client:
             r = client.completions.create(model="tiny", prompt="hello", max_tokens=5)
@@ -167,16 +176,9 @@ def test_a_private_socket_and_a_key_file_keep_other_users_out(
     args = ["serve", str(folder), "--uds", str(sock), "--api-key-file", str(key_file),
             "--served-model-name", "tiny"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "ORCHESTR_API_KEY"}
-    proc = subprocess.Popen(
-        [*ORCHESTR, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    proc, line = _start(args, env)
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert f"serving tiny on unix:{sock} (mode 0600)" in line, line + (
-            proc.stderr.read() if proc.poll() is not None and proc.stderr else ""
-        )
+        assert f"serving tiny on unix:{sock} (mode 0600)" in line, line
         assert sock.stat().st_mode & 0o777 == 0o600
         request = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         attack = subprocess.run(

@@ -24,14 +24,17 @@ def chain(n: int, start: int = 0) -> list[bytes]:
     return [f"block-{i}".encode() for i in range(start, start + n)]
 
 
+async def roles(ctx: oc.JobContext) -> tuple[oc.Mesh, oc.Mesh, oc.Mesh, oc.Mesh]:
+    """A store of 8 blocks, and a writer, a prober and a reader of it, each in a process."""
+    store = await ctx.spawn(KVStore, SIZE, 8)
+    return (store, *[await ctx.spawn(cls, SIZE) for cls in (Writer, Prober, Reader)])  # type: ignore[return-value]
+
+
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 async def test_a_lease_reads_its_own_blocks_and_nothing_else(
     ctx: oc.JobContext, transport: str
 ) -> None:
-    store = await ctx.spawn(KVStore, SIZE, 8)
-    writer = await ctx.spawn(Writer, SIZE)
-    prober = await ctx.spawn(Prober, SIZE)
-    reader = await ctx.spawn(Reader, SIZE)
+    store, writer, prober, reader = await roles(ctx)
     assert await writer.put.call_one(store, NS, chain(4), [1, 2, 3, 4]) == 4
     got = await prober.probe_lease.call_one(store, NS, chain(2), transport)
     assert got == {
@@ -49,10 +52,7 @@ async def test_a_lease_reads_its_own_blocks_and_nothing_else(
 async def test_a_put_writes_its_reserved_slots_only_and_only_until_published(
     ctx: oc.JobContext, transport: str
 ) -> None:
-    store = await ctx.spawn(KVStore, SIZE, 8)
-    writer = await ctx.spawn(Writer, SIZE)
-    prober = await ctx.spawn(Prober, SIZE)
-    reader = await ctx.spawn(Reader, SIZE)
+    store, writer, prober, reader = await roles(ctx)
     assert await writer.put.call_one(store, NS, chain(2), [5, 6]) == 2
     lease = await store.lease.call_one(NS, chain(2))
     await store.release.call_one(lease["lease"])
