@@ -26,6 +26,11 @@ def read_key(path: str) -> str:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"--api-key-file {path}: not a regular file")
+        if st.st_uid != os.geteuid():  # its owner could change the key under us
+            raise ValueError(
+                f"--api-key-file {path}: owned by uid {st.st_uid}, not by this user; use a "
+                f"file of your own"
+            )
         if st.st_mode & 0o077:
             raise ValueError(
                 f"--api-key-file {path}: other users can read or write it (mode "

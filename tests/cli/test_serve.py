@@ -150,6 +150,17 @@ def test_a_key_file_others_can_read_is_refused(
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert proc.returncode == 2 and error in proc.stderr, proc.stderr
+    if os.getuid() != 0:
+        pytest.fail("this test gives a key file to another user: run as root (as CI does)")
+    key.write_text("k3y\n")
+    key.chmod(0o600)
+    os.chown(key, 65534, 65534)  # nobody's file: nobody could change the key at will
+    proc = subprocess.run(
+        [*ORCHESTR, "serve", str(folder), "--api-key-file", str(key)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "owned by uid 65534, not by this user" in proc.stderr
+    os.chown(key, 0, 0)
     link = tmp_path / "link"
     link.symlink_to(key)
     proc = subprocess.run(
