@@ -5,6 +5,10 @@
   (``_faults``); the stream modes run on a graph (``_stream``), stream+skew's length ranker
   is in ``_streaming``;
 - :func:`train` (``_reference``): the single-process reference loop ``sync`` reproduces;
+- :func:`run_rl` (``_run``): a run from an :class:`RLConfig` (``_rlconfig``: a TOML file,
+  :func:`load_rl_config`), on a user's checkpoint, data (``_data``: :class:`DataSpec`) and
+  reward functions, or on the built-in digit task (:class:`DigitsData`); what a job trains
+  on is a source (``_source``);
 - ``_task``: the digit tasks (reversal, and copy within a fixed-width field: :class:`Task`):
   tokens, prompts, the rewards, the evaluation.
 """
@@ -22,9 +26,29 @@ from ._reference import (
     step_requests,
     train,
 )
+from ._data import DataSource, DataSpec, read_rows
+from ._llama import Checkpoint
+from ._rlconfig import SECTIONS, RewardSection, RLConfig, load_rl_config, rl_config_from_dict
+from ._run import DigitsData, Plan, plan_rl, run_rl
+from ._source import DigitSource, Source
 from ._task import Task
 
 __all__ = [
+    "SECTIONS",
+    "Checkpoint",
+    "DataSource",
+    "DataSpec",
+    "DigitSource",
+    "DigitsData",
+    "Plan",
+    "RLConfig",
+    "RewardSection",
+    "Source",
+    "load_rl_config",
+    "plan_rl",
+    "read_rows",
+    "rl_config_from_dict",
+    "run_rl",
     "DEMO_CONFIG",
     "LLAMA_CONFIG",
     "LLAMA_DEMO_CONFIG",

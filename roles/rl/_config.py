@@ -9,12 +9,16 @@ from typing import Any, Literal
 import orchestr as oc
 
 from ._faults import parse_kill
+from ._llama import Checkpoint
 from ._reference import DEMO_CONFIG, LlamaModel, TrainConfig
 
 Mode = Literal["sync", "stream", "stream+skew"]
 
 
 MODES: tuple[str, ...] = ("sync", "stream", "stream+skew")
+
+#: The model kinds that are Hugging Face checkpoints (run on ``paged`` or ``vllm``, exported).
+CHECKPOINTED = (LlamaModel, Checkpoint)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +46,12 @@ class GRPOConfig:
     ``kill`` injects faults to test this: ``"ROLE[RANK]@STEP[:PHASE]"`` strings
     (:func:`~._faults.parse_kill`), drawn with ``kill_seed``, on a cluster on this machine.
     With ``export_dir`` (a :class:`LlamaModel` job) the trained policy is written there at the
-    end as a Hugging Face folder (``transformers`` and ``orchestr serve`` load it)."""
+    end as a Hugging Face folder (``transformers`` and ``orchestr serve`` load it), and with
+    ``export_every`` also every that many batches, beside it (``model-00020/``).
+    ``update_options`` are :class:`~orchestr.roles.UpdateConfig` fields beyond ``train``'s
+    (the advantage estimator, clip-higher, loss aggregation, KL, micro-batches) and
+    ``trainer_options`` the :class:`~orchestr.roles.Trainer`'s own (``dtype``,
+    ``warmup_steps``, ``activation_checkpointing``)."""
 
     train: TrainConfig = DEMO_CONFIG
     mode: Mode = "sync"
@@ -66,6 +75,9 @@ class GRPOConfig:
     kill_seed: int = 0
     ranker: str | None = None
     export_dir: str | None = None
+    export_every: int = 0
+    update_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    trainer_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -79,7 +91,7 @@ class GRPOConfig:
                 f"stream+skew needs 1 <= long_generators < generators, got "
                 f"{self.long_generators} of {self.generators}"
             )
-        checkpointed = isinstance(self.train.model, LlamaModel)
+        checkpointed = isinstance(self.train.model, CHECKPOINTED)
         engines = ("paged", "vllm") if checkpointed else ("recompute",)
         if self.engine is not None and self.engine not in engines:
             raise oc.ConfigError(
@@ -91,10 +103,14 @@ class GRPOConfig:
         ):
             raise oc.ConfigError(f"ranker is a 'module:callable' import path, got {self.ranker!r}")
         if self.export_dir is not None and not checkpointed:
-            raise oc.ConfigError("export_dir writes a Hugging Face folder: it needs a llama model")
+            raise oc.ConfigError(
+                "export_dir writes a Hugging Face folder: it needs a checkpoint model"
+            )
         if self.vllm and self.engine != "vllm":
             raise oc.ConfigError("vllm options apply to engine='vllm'")
-        for name in ("max_restarts", "checkpoint_every", "kill_seed"):
+        if self.export_every and self.export_dir is None:
+            raise oc.ConfigError("export_every writes beside export_dir: set it too")
+        for name in ("max_restarts", "checkpoint_every", "kill_seed", "export_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise oc.ConfigError(f"{name} must be a non-negative integer, got {value!r}")
@@ -135,7 +151,7 @@ def generator_engine(cfg: GRPOConfig) -> str:
     """The engine the job's generators run."""
     if cfg.engine is not None:
         return cfg.engine
-    return "paged" if isinstance(cfg.train.model, LlamaModel) else "recompute"
+    return "paged" if isinstance(cfg.train.model, CHECKPOINTED) else "recompute"
 
 
 def evaluates(tc: TrainConfig, step: int) -> bool:
@@ -191,6 +207,8 @@ class GRPOResult:
     faults: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The Hugging Face folder the trained policy was written to (``export_dir``), else "".
     exported: str = ""
+    #: Reward functions' failures, per function and cause (``error``, ``timeout``).
+    rewards: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     def mean_reward(self, last: int | None = None) -> float:
         rows = self.steps[-last:] if last else self.steps

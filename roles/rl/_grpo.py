@@ -65,6 +65,7 @@ from orchestr import clock
 from ._config import MODES, GRPOConfig, GRPOResult, StepRecord
 from ._job import Job
 from ._modes import run_sync
+from ._source import Source
 from ._stream import run_stream
 from ._streaming import LengthRanker
 
@@ -77,18 +78,21 @@ async def run_grpo(
     on_step: Callable[[StepRecord], None] | None = None,
     *,
     on_phase: Callable[[str], None] | None = None,
+    source: Source | None = None,
 ) -> GRPOResult:
     """Spawn the roles on ``ctx``'s cluster, run ``config`` to the end, stop the roles and
     return the history. ``on_step`` sees each batch as it is trained on (its evaluation
     included) and ``on_phase`` each change of the controller's phase (``generate``,
     ``score``, ``train``, ``sync``, ``eval``, ``wait``); ``GRPOResult`` carries the figures
     :mod:`bench.rl_throughput` reports, and what deaths of the roles' workers cost.
+    ``source`` is what it trains on (default: the digit task of ``config.train``; a
+    :class:`~._data.DataSource` for a user's data and reward functions).
 
     Blocks until the last batch is trained and evaluated. Raises :class:`ConfigError` for a
     bad config, and :class:`SupervisionError` when a role's deaths exhaust its restarts (or
     the trainer dies with no checkpoint). Not cancel-safe: a cancelled run stops its roles
     but returns no history."""
-    job = Job(ctx, config, on_step, on_phase)
+    job = Job(ctx, config, on_step, on_phase, source)
     try:
         await job.spawn()
         await job.sync_weights()  # version 0 everywhere: generators start from the trainer's
@@ -133,4 +137,5 @@ async def run_grpo(
         trainer_digests_equal=len(set(digests)) == 1,
         faults=job.faults(),
         exported=exported,
+        rewards=job.source.tally.failed(),
     )

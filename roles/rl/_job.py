@@ -19,11 +19,11 @@ from orchestr.roles.generator import Completion, Generator
 from orchestr.roles.reward import Reward
 from orchestr.roles.trainer import Trainer
 
-from . import _task
-from ._config import GRPOConfig, StepRecord, generator_engine
+from ._config import CHECKPOINTED, GRPOConfig, StepRecord, generator_engine
 from ._faults import ROLES, FaultInjector, MemberWatch, lost_during, parse_kill
+from ._llama import Checkpoint
 from ._recovery import checkpoint, ready, recover_generator
-from ._reference import LlamaModel, kv_options, request_digits
+from ._source import DigitSource, Source
 
 #: How the trainer builds a checkpoint model: the same modules the generators' engine runs.
 LOAD_MODEL = "orchestr.roles.models:load_model"
@@ -42,8 +42,10 @@ class Job:
         config: GRPOConfig,
         on_step: Callable[[StepRecord], None] | None,
         on_phase: Callable[[str], None] | None,
+        source: Source | None = None,
     ) -> None:
         self.ctx = ctx
+        self.source = source if source is not None else DigitSource(config.train, config.scorer)
         self.cfg = config
         self.tc = config.train
         self.on_step = on_step
@@ -57,7 +59,6 @@ class Job:
         self.weight_bytes = 0
         self.sync_transports: set[str] = set()
         self.trainer_busy = 0.0
-        self.held_out = _task.eval_prompts(self.tc.eval_size, self.tc.lengths)
         #: A checkpoint model's folder, made at spawn and removed at the end.
         self.model_dir: str | None = None
         self.start = 0.0
@@ -125,13 +126,15 @@ class Job:
         policy = oc.RestartPolicy(max_restarts=cfg.max_restarts)
         model: dict[str, Any] = {"model_kwargs": dataclasses.asdict(tc.model)}
         trained = model
-        if isinstance(tc.model, LlamaModel):
-            # made here, once, from the run's seed: every role loads the same folder
-            self.model_dir = tempfile.mkdtemp(prefix="orchestr-grpo-model-")
-            folder = tc.model.make(os.path.join(self.model_dir, "llama"), tc.seed)
+        if isinstance(tc.model, CHECKPOINTED):
+            if isinstance(tc.model, Checkpoint):
+                folder = tc.model.path
+            else:  # made here, once, from the run's seed: every role loads the same folder
+                self.model_dir = tempfile.mkdtemp(prefix="orchestr-grpo-model-")
+                folder = tc.model.make(os.path.join(self.model_dir, "llama"), tc.seed)
             engine = generator_engine(cfg)
             model = {"checkpoint": folder, "engine": engine}
-            model |= {"kv": kv_options(tc)} if engine == "paged" else {"vllm": cfg.vllm}
+            model |= {"kv": self.source.kv(tc)} if engine == "paged" else {"vllm": cfg.vllm}
             trained = {"model_factory": LOAD_MODEL, "model_kwargs": {"folder": folder}}
         self.gens = await self.ctx.spawn(
             Generator,
@@ -154,20 +157,23 @@ class Job:
             min_lr_ratio=tc.min_lr_ratio,
             betas=tc.betas,
             weight_decay=tc.weight_decay,
-            update=dataclasses.asdict(tc.update),
+            update=dataclasses.asdict(tc.update) | dict(cfg.update_options),
             max_staleness=cfg.eta if cfg.mode != "sync" else 0,
-            pad_id=_task.PAD,
-            eos_id=_task.EOS,
+            pad_id=self.source.pad_id,
+            eos_id=self.source.eos_id,
             torch_threads=cfg.torch_threads,
             n=cfg.trainers,
             resources=res,
             restart=policy if self.trainer_restarts else None,
             supervise=self._hook("trainer") if self.trainer_restarts else _trainer_cannot_restart,
             **trained,
+            **cfg.trainer_options,
         )
+        args, kwargs = self.source.reward_args
         self.rewards = await self.ctx.spawn(
             Reward,
-            cfg.scorer or tc.task.scorer,
+            *args,
+            **kwargs,
             n=cfg.rewards,
             resources=res,
             restart=policy,
@@ -310,18 +316,23 @@ class Job:
             return report
 
     async def score(self, completions: Sequence[Completion]) -> list[float]:
-        pairs = [[list(request_digits(c)), c.tokens] for c in completions]
+        payload = self.source.reward_payload(completions)
+        rewards = self.source.rewards(await self.score_payload(payload))
+        return self.source.shape(completions, rewards)
+
+    async def score_payload(self, payload: list[Any]) -> Any:
+        """The reward mesh's answer for ``payload``, asked again of a restarted worker."""
         watches = self.watch["reward"]
+        endpoint = getattr(self.rewards, self.source.reward_endpoint)
         while True:
             epochs = [w.epoch for w in watches]
             try:
-                rewards: list[float] = await self.rewards.score.choose(pairs)
-                return rewards
+                return await endpoint.choose(payload)
             except Exception as exc:
                 if not await lost_during(watches, epochs, exc):
                     raise
-                # scoring is pure: the same pairs again, on the restarted worker
-                self.rescored += len(pairs)
+                # scoring is pure: the same samples again, on the restarted worker
+                self.rescored += len(payload)
 
     async def train(self, groups: list[list[tuple[Completion, float]]]) -> dict[str, Any]:
         self.phase = "train"
@@ -341,14 +352,23 @@ class Job:
         self.trainer_busy += max(s["busy_s"] for s in stats)
         return dict(stats[0])
 
+    async def export(self, version: int) -> str:
+        """The trainer's weights as a Hugging Face folder beside the final one's
+        (``model-00020/`` for version 20)."""
+        assert self.cfg.export_dir is not None
+        folder = f"{self.cfg.export_dir.rstrip(os.sep)}-{version:05d}"
+        exported: str = await self.trainers[0].export_hf.call_one(folder, None, True)
+        return exported
+
     async def evaluate(self, version: int) -> float:
         self.phase = "eval"
-        prompts = [self.tc.task.encode_prompt(p) for p in self.held_out]
-        caps = [_task.max_new_tokens(p) for p in self.held_out]
+        prompts, caps = self.source.held_out()
         completions = await self.trainers[0].greedy.call_one(prompts, caps)
-        task = self.tc.task
-        hits = sum(task.accuracy(p, c) for p, c in zip(self.held_out, completions, strict=True))
-        accuracy = hits / len(self.held_out)
+        payload = self.source.held_out_payload(completions)
+        rewards = None
+        if payload is not None:
+            rewards = self.source.rewards(await self.score_payload(payload), held_out=True)
+        accuracy = self.source.held_out_score(completions, rewards)
         self.evals.append((version, accuracy, clock.perf_counter() - self.start))
         return accuracy
 

@@ -8,7 +8,7 @@ import torch
 
 from orchestr.roles._common._hf._tiny import make_tiny
 
-__all__ = ["LlamaModel"]
+__all__ = ["Checkpoint", "LlamaModel"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,3 +34,15 @@ class LlamaModel:
                 kv_heads=self.kv_heads, intermediate=self.intermediate, seed=seed,
                 tokenizer="digits", init_std=self.init_std, max_positions=self.max_positions,
             )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A user's Hugging Face checkpoint folder (any family orchestr loads), trained as it is:
+    generators serve it on ``paged`` or ``vllm``, the trainer loads the same modules."""
+
+    path: str
+
+    def make(self, folder: str, seed: int) -> str:
+        """The checkpoint's own folder: nothing is made."""
+        return self.path

@@ -10,7 +10,6 @@ from orchestr.roles.generator import Completion, Request
 from ._faults import lost_during
 from ._job import Job, groups_of
 from ._recovery import ready
-from ._reference import step_requests
 from ._steps import finish_step, record, run_steps
 
 __all__ = ["generate_on", "run_sync"]
@@ -21,7 +20,7 @@ async def run_sync(job: Job) -> None:
     n_gen, size = job.cfg.generators, job.tc.group_size
 
     async def one_step(step: int) -> None:
-        groups = groups_of(step_requests(job.tc, step), size)
+        groups = groups_of(job.source.step_requests(step), size)
         per = -(-len(groups) // n_gen)
         shares = [[r for g in groups[i * per : (i + 1) * per] for r in g] for i in range(n_gen)]
         job.phase = "generate"

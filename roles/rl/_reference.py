@@ -239,13 +239,15 @@ def evaluate(
     return hits / len(prompts)
 
 
-def kv_options(config: TrainConfig) -> dict[str, Any]:
+def kv_options(config: TrainConfig, longest: int | None = None) -> dict[str, Any]:
     """The paged engine's sizes for a step of ``config``: every request of the step admitted
     at once, the same in the reference loop and in the job's generators (so that their
-    batches, and so their numbers, are the same)."""
+    batches, and so their numbers, are the same). ``longest`` is a sample's most tokens,
+    prompt and completion (default: the digit task's)."""
     requests = config.prompts_per_step * config.group_size
-    field = config.task.field or config.lengths.max_digits
-    longest = field + 2 + config.lengths.max_digits
+    if longest is None:
+        field = config.task.field or config.lengths.max_digits
+        longest = field + 2 + config.lengths.max_digits
     block = 16
     return {
         "block_size": block,

@@ -55,6 +55,9 @@ async def finish_step(job: Job, record: StepRecord) -> None:
     job.steps.append(record)
     if job.on_step is not None:
         job.on_step(record)
+    every = job.cfg.export_every
+    if every and version % every == 0 and version < job.tc.steps:  # the last: export_dir
+        await job.export(version)
     # after the record: a restore from this checkpoint goes on with the next batch
     if job.trainer_restarts and version % job.cfg.checkpoint_every == 0:
         await checkpoint(job, version, job.step_epoch)

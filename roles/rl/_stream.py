@@ -34,7 +34,6 @@ from orchestr.roles.generator import Completion, Request
 
 from ._faults import lost_during
 from ._job import Job, group_key, groups_of
-from ._reference import step_requests
 from ._steps import finish_step, record, run_steps
 from ._streaming import LengthRanker
 
@@ -142,7 +141,7 @@ class Rollouts:
                     if self.again:
                         self.queued.append(self.again.popleft())
                     else:
-                        batch = groups_of(step_requests(self.job.tc, self.next_step), self.size)
+                        batch = groups_of(self.job.source.step_requests(self.next_step), self.size)
                         self.next_step += 1
                         self._route(batch)
                         self.queued.extend(batch)

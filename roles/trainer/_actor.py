@@ -9,8 +9,17 @@ same ``seed``). The policy version is the number of batches trained on.
 A step takes scored completions as a generator made them (prompt, tokens, the behaviour
 log-probs, the policy version) and runs :func:`~._update.grpo_update`, the code the
 single-process reference runs: GRPO's clipped ratio against the behaviour log-probs
-(:mod:`._grpo`), a few optimizer steps per batch. Weights leave by the data plane: :meth:`Trainer.publish` returns a small
-:class:`~orchestr.roles.WeightsRef` that generators load from directly.
+(:mod:`._grpo`), a few optimizer steps per batch. :meth:`Trainer.sft_step` is supervised
+fine-tuning's step instead (the response tokens' negative log-likelihood, :mod:`._sft`), on
+the same replicas, optimizer and schedule. Weights leave by the data plane:
+:meth:`Trainer.publish` returns a small :class:`~orchestr.roles.WeightsRef` that generators
+load from directly.
+
+The algorithm's options live on :class:`~._update.UpdateConfig` (advantage estimator,
+clip-higher, loss aggregation, KL penalty, overlong filter, micro-batches); the trainer's own
+are the learning-rate warm-up and schedule (:mod:`._schedule`), mixed precision (``dtype``:
+bfloat16 autocast over float32 weights, as in Micikevicius et al. 2018, "Mixed Precision
+Training", arXiv:1710.03740) and activation checkpointing (:mod:`._activations`).
 """
 
 from __future__ import annotations
@@ -25,47 +34,21 @@ import orchestr as oc
 from orchestr.roles._common._backend import BackendSpec, choose_backend
 from orchestr.roles._common._factory import DEFAULT_MODEL, build_model
 from orchestr.roles._common._model import TinyLM
-from orchestr.roles._common._sampling import completion_logprobs, generate, pack, token_logprobs
+from orchestr.roles._common._sampling import completion_logprobs, generate, token_logprobs
 from orchestr.roles._common._weightplan import StaleWeightsError, weights_digest
 from orchestr.roles._common._weights import WeightPublisher, WeightsRef
 
-from ._grpo import group_advantages
-from ._update import UpdateConfig, grpo_update, rank_and_world, scheduled_lr
+from ._activations import checkpoint_layers
+from ._advantages import group_advantages
+from ._samples import build_batch, sample_row
+from ._schedule import scheduled_lr
+from ._sft import sft_batch, sft_evaluate, sft_update
+from ._update import UpdateConfig, grpo_update, rank_and_world
 
 __all__ = ["Trainer", "build_model"]
 
-
-def _sample_row(
-    s: Any, need_reward: bool = True
-) -> tuple[list[int], list[int], list[float], int, float]:
-    """(prompt, tokens, behaviour log-probs, version, reward) of one sample."""
-    reward: Any
-    if isinstance(s, tuple | list) and len(s) == 2:
-        s, reward = s
-    elif isinstance(s, dict):
-        reward = s.get("reward")
-    else:
-        reward = getattr(s, "reward", None)
-
-    def get(key: str) -> Any:
-        return s.get(key) if isinstance(s, dict) else getattr(s, key, None)
-
-    prompt, tokens, logprobs, version = (
-        get("prompt"),
-        get("tokens"),
-        get("sample_logprobs"),
-        get("version"),
-    )
-    if prompt is None or tokens is None or logprobs is None or version is None:
-        raise ValueError(
-            "a sample needs prompt, tokens, sample_logprobs and version (a Completion does); "
-            f"got {type(s).__name__}"
-        )
-    if not need_reward:
-        reward = 0.0
-    elif not isinstance(reward, int | float) or isinstance(reward, bool):
-        raise ValueError(f"a sample needs a numeric reward, got {reward!r}")
-    return list(prompt), list(tokens), [float(x) for x in logprobs], int(version), float(reward)
+#: ``Trainer(dtype=)``: the autocast dtype of the training forward passes (None: none).
+_DTYPES: dict[str, torch.dtype | None] = {"float32": None, "bfloat16": torch.bfloat16}
 
 
 class Trainer(oc.Actor):
@@ -76,9 +59,19 @@ class Trainer(oc.Actor):
     default the best this node has) says where and how the model runs. ``pad_id`` pads
     batches (a TinyLM's own unless given, else 0) and ``eos_id`` ends :meth:`greedy`'s
     completions (None: only their lengths do); both are the model's vocabulary's.
-    ``lr_schedule`` ``cosine`` lowers the rate from ``lr`` to ``min_lr_ratio`` of it over
-    ``lr_steps`` versions (:func:`~._update.scheduled_lr`); each batch's rate follows from the
-    version it is trained at, so a restored trainer goes on where the checkpoint was."""
+    ``lr_schedule`` ``cosine`` or ``linear`` lowers the rate from ``lr`` to ``min_lr_ratio``
+    of it over ``lr_steps`` versions, after ``warmup_steps`` versions of linear warm-up
+    (:func:`~._schedule.scheduled_lr`); each batch's rate follows from the version it is
+    trained at, so a restored trainer goes on where the checkpoint was.
+
+    ``dtype`` ``"bfloat16"`` runs the training forward passes under ``torch.autocast`` in
+    bfloat16 (mixed precision: the weights, gradients and AdamW's state stay float32, and
+    the loss's arithmetic too); ``"float32"`` (default) runs them as the model is. The
+    evaluation endpoints (:meth:`greedy`, :meth:`logprobs`, :meth:`completion_logprobs`)
+    run as the model is either way. ``activation_checkpointing`` recomputes each decoder
+    layer's activations in the backward pass instead of keeping them
+    (:mod:`._activations`; CausalLM and TinyLM models): less memory, one more forward.
+    Bad settings raise :class:`orchestr.ConfigError`."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -101,6 +94,9 @@ class Trainer(oc.Actor):
         lr_schedule: str = "constant",
         lr_steps: int = 1,
         min_lr_ratio: float = 0.0,
+        warmup_steps: int = 0,
+        dtype: str = "float32",
+        activation_checkpointing: bool = False,
     ) -> None:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
@@ -108,16 +104,26 @@ class Trainer(oc.Actor):
             raise oc.ConfigError(f"lr must be positive, got {lr}")
         if max_staleness is not None and max_staleness < 0:
             raise oc.ConfigError(f"max_staleness must be >= 0, got {max_staleness}")
+        if dtype not in _DTYPES:
+            raise oc.ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        if not isinstance(activation_checkpointing, bool):
+            raise oc.ConfigError(
+                f"activation_checkpointing must be True or False, got {activation_checkpointing!r}"
+            )
+        self.autocast_dtype = _DTYPES[dtype]
         try:
             self.base_lr = float(lr)
             self.schedule = (lr_schedule, int(lr_steps), float(min_lr_ratio))
-            scheduled_lr(lr, 0, *self.schedule)  # checks it
+            self.warmup = int(warmup_steps)
+            scheduled_lr(lr, 0, *self.schedule, warmup=self.warmup)  # checks it
             self.update = (
                 update if isinstance(update, UpdateConfig) else UpdateConfig(**(update or {}))
             )
             self.optimizer_args = {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}
             self.backend = choose_backend(backend)
             self.model = build_model(model_factory, model_kwargs, seed)
+            if activation_checkpointing:
+                checkpoint_layers(self.model)
             # the checkpoint a Hugging Face model was loaded from: what export_hf copies
             self.source = (model_kwargs or {}).get("folder")
             # runs the forward passes: the same parameters, on the backend's device, dtype and
@@ -144,35 +150,58 @@ class Trainer(oc.Actor):
         ``samples``: :class:`~orchestr.roles.Completion` objects (or dicts with ``prompt``,
         ``tokens``, ``sample_logprobs`` and ``version``) each carrying a ``reward``
         (a ``(completion, reward)`` pair, or a dict with a ``reward`` key), whole groups of
-        ``group_size`` consecutive samples of one prompt. ``advantage_scale`` 0 or -1 gives
-        the controls. With a process group every member calls this together with its share.
+        ``group_size`` consecutive samples of one prompt. A sample may carry
+        ``ref_logprobs`` (needed with ``kl_coef > 0``) and ``finish_reason`` (``"length"``
+        samples leave the loss with ``overlong_filter``). The advantages are
+        ``update.advantage``'s (:func:`~._advantages.group_advantages`);
+        ``advantage_scale`` 0 or -1 gives the controls. With a process group every member
+        calls this together with its share.
 
-        Returns the update's statistics over the whole batch plus ``reward_mean`` (this
-        shard's), ``version`` (after), ``oldest_version`` and ``staleness`` (the version before
-        the step minus the oldest sample's). Raises ``ValueError`` for a malformed batch and
-        ``StaleWeightsError`` past ``max_staleness``; either leaves the model untouched.
-        ``busy_s`` is the step's time in this actor."""
+        Returns the update's statistics over the whole batch (:func:`~._update.grpo_update`:
+        ``kl`` with a KL penalty, ``overlong_filtered`` with the overlong filter) plus
+        ``reward_mean`` (this shard's), ``version`` (after), ``oldest_version``,
+        ``staleness`` (the version before the step minus the oldest sample's) and ``lr``.
+        Raises ``ValueError`` for a malformed batch (a sample without ``ref_logprobs`` when
+        the KL penalty is on among them) and ``StaleWeightsError`` past ``max_staleness``;
+        either leaves the model untouched. ``busy_s`` is the step's time in this actor."""
         t0 = time.perf_counter()
-        rows = [_sample_row(s) for s in samples]
+        rows = [sample_row(s) for s in samples]
         if not rows:
             raise ValueError("an empty batch; give at least one group")
-        oldest = min(r[3] for r in rows)
+        oldest = min(r.version for r in rows)
         if self.max_staleness is not None and oldest < self.version - self.max_staleness:
             raise StaleWeightsError(
                 f"a sample of version {oldest} is older than the trainer's version "
                 f"{self.version} minus max_staleness {self.max_staleness}"
             )
-        rewards = torch.tensor([r[4] for r in rows], dtype=torch.float32)
-        advantages = group_advantages(rewards, int(group_size), scale=float(advantage_scale))
-        gen = pack(
-            [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], pad_id=self.pad_id
+        config = self.update
+        batch = build_batch(rows, self.pad_id, need_ref=config.kl_coef > 0)
+        weights = None
+        if config.advantage == "reinforce_pp":
+            # whitened over the tokens the loss sees
+            weights = batch.gen.lengths.float()
+            if config.overlong_filter:
+                weights = torch.where(batch.truncated, 0.0, weights)
+        advantages = group_advantages(
+            batch.rewards,
+            int(group_size),
+            scale=float(advantage_scale),
+            estimator=config.advantage,
+            weights=weights,
         )
-        rate = scheduled_lr(self.base_lr, self.version, *self.schedule)
-        for group in self.optimizer.param_groups:
-            group["lr"] = rate
-        stats = grpo_update(self.runner, self.optimizer, gen, advantages, self.update)
+        rate = self._set_rate()
+        stats = grpo_update(
+            self.runner,
+            self.optimizer,
+            batch.gen,
+            advantages,
+            config,
+            ref_logprobs=batch.ref_logprobs,
+            truncated=batch.truncated,
+            autocast_dtype=self.autocast_dtype,
+        )
         stats.update(
-            reward_mean=float(rewards.mean()),
+            reward_mean=float(batch.rewards.mean()),
             oldest_version=oldest,
             staleness=self.version - oldest,
             version=self.version + 1,
@@ -181,6 +210,49 @@ class Trainer(oc.Actor):
         )
         self.version += 1
         return stats
+
+    def _set_rate(self) -> float:
+        """Set (and return) the learning rate of the batch trained at this version."""
+        rate = scheduled_lr(self.base_lr, self.version, *self.schedule, warmup=self.warmup)
+        for group in self.optimizer.param_groups:
+            group["lr"] = rate
+        return rate
+
+    @oc.endpoint
+    def sft_step(self, samples: list[Any]) -> dict[str, float]:
+        """One supervised step: an optimizer step on the mean negative log-likelihood of the
+        response tokens of ``samples`` (dicts with ``prompt`` and ``tokens``: the response's
+        ids, the stop token included when it is to be learnt), prompt tokens masked out, the
+        mean over every response token of the batch (:func:`~._sft.sft_update`: micro-batches
+        of ``update.micro_batch_tokens``, gradients clipped to ``update.max_grad_norm``, the
+        ``dtype``'s autocast, the rate of the schedule at this version); the version goes up
+        by one. With a process group every member calls this together with its share (at
+        least one sample each): the mean is the whole batch's, the gradients summed.
+
+        Returns the whole batch's ``loss`` (before the step), ``tokens`` and ``grad_norm``,
+        and ``lr``, ``version`` (after) and ``busy_s`` (the step's time in this actor).
+        Raises ``ValueError`` for an empty or malformed batch, leaving the model untouched.
+        Not idempotent: each call is a step."""
+        t0 = time.perf_counter()
+        gen = sft_batch(samples, self.pad_id)
+        rate = self._set_rate()
+        stats = sft_update(
+            self.runner, self.optimizer, gen, self.update, autocast_dtype=self.autocast_dtype
+        )
+        self.version += 1
+        stats.update(lr=rate, version=self.version, busy_s=time.perf_counter() - t0)
+        return stats
+
+    @oc.endpoint
+    def sft_loss(self, samples: list[Any]) -> dict[str, float]:
+        """The current weights' mean negative log-likelihood of the response tokens of
+        ``samples`` (as :meth:`sft_step` takes them), no gradient, run as the model is
+        (no autocast) in micro-batches of ``update.micro_batch_tokens``: the held-out loss.
+        Returns ``loss`` and ``tokens``. No collective: one member scores the whole set.
+        Raises ``ValueError`` for an empty or malformed batch. Idempotent."""
+        gen = sft_batch(samples, self.pad_id)
+        self.runner.eval()
+        return sft_evaluate(self.runner, gen, self.update.micro_batch_tokens)
 
     @oc.endpoint
     def logprobs(self, tokens: Any, start: int) -> list[list[float]]:
@@ -204,14 +276,12 @@ class Trainer(oc.Actor):
     def completion_logprobs(self, samples: list[Any]) -> list[list[float]]:
         """The current policy's log-prob of each token of each sample (a ``Completion`` or a
         dict of its fields; no reward needed), to compare with what a generator recorded."""
-        rows = [_sample_row(s, need_reward=False) for s in samples]
-        gen = pack(
-            [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], pad_id=self.pad_id
-        )
+        rows = [sample_row(s, need_reward=False) for s in samples]
+        gen = build_batch(rows, self.pad_id).gen
         self.runner.eval()
         with torch.no_grad():
             logp, _ = completion_logprobs(self.runner, gen.to(self.backend.device))
-        return [logp[i, : len(r[1])].tolist() for i, r in enumerate(rows)]
+        return [logp[i, : len(r.tokens)].tolist() for i, r in enumerate(rows)]
 
     @oc.endpoint
     def publish(self) -> WeightsRef:

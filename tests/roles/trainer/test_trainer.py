@@ -12,30 +12,9 @@ import pytest
 import torch
 
 import orchestr as oc
-from orchestr.roles.generator._engine import Engine
-from orchestr.roles.generator._types import Completion
-from orchestr.roles.rl import _task
-from orchestr.roles.rl._reference import TrainConfig, request_digits, step_requests
-from orchestr.roles.trainer._actor import Trainer, build_model
-
-SMALL = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64}
-CONFIG = TrainConfig(prompts_per_step=4, group_size=2, lengths=_task.LengthDistribution(6))
-
-
-def _samples(step: int, version: int = 0) -> list[tuple[Completion, float]]:
-    """Step ``step``'s scored completions from a fresh model (seed 3), stamped ``version``."""
-    model = build_model("orchestr.roles:TinyLM", SMALL, seed=3)
-    engine = Engine(model, max_batch=64, pad_id=_task.PAD, vocab_size=_task.VOCAB_SIZE)
-    requests = step_requests(CONFIG, step)
-    engine.submit(requests)
-    done: dict[str, Completion] = {}
-    while engine.has_work():
-        done.update((c.id, c) for c in engine.step())
-    out = []
-    for r in requests:
-        c = dataclasses.replace(done[r.id], version=version)
-        out.append((c, _task.reward(request_digits(c), c.tokens)))
-    return out
+from orchestr.roles.trainer._actor import Trainer
+from tests.roles.trainer.batches import SMALL, as_dicts
+from tests.roles.trainer.batches import samples as _samples
 
 
 async def test_data_parallel_replicas_stay_equal_and_match_one_process(
@@ -62,6 +41,38 @@ async def test_data_parallel_replicas_stay_equal_and_match_one_process(
     dp = await pair[0].completion_logprobs.call_one([c for c, _ in probe])
     one = await single.completion_logprobs.call_one([c for c, _ in probe])
     for a, b in zip(dp, one, strict=True):  # summing the shards = the whole batch
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+
+
+async def test_data_parallel_options_divide_by_the_whole_batch(ctx: oc.JobContext) -> None:
+    """Batch whitening (reinforce_pp), sequence means, the KL penalty, the overlong filter and
+    micro-batches on a pair of replicas give the single trainer's numbers."""
+    update = {
+        "advantage": "reinforce_pp",
+        "loss_agg": "seq_mean_token_mean",
+        "kl_coef": 0.1,
+        "overlong_filter": True,
+        "micro_batch_tokens": 40,
+    }
+    kwargs = {"model_kwargs": SMALL, "seed": 3, "torch_threads": 1, "update": update}
+    pair = await ctx.spawn(Trainer, n=2, resources={"cpu": 0.5}, **kwargs)
+    single = await ctx.spawn(Trainer, resources={"cpu": 0.5}, **kwargs)
+    await ctx.init_distributed(pair)
+    batch = as_dicts(_samples(0), ref_shift=0.3)
+    for i, sample in enumerate(batch):
+        sample["finish_reason"] = "length" if i % 3 == 0 else "stop"
+    stats = await asyncio.gather(
+        pair[0].train_step.call_one(batch[:4], 2), pair[1].train_step.call_one(batch[4:], 2)
+    )
+    alone = await single.train_step.call_one(batch, 2)
+    for key in ("loss", "kl", "entropy", "ratio_mean", "logprob_gap", "grad_norm"):
+        assert stats[0][key] == stats[1][key] == pytest.approx(alone[key], abs=1e-6), key
+    assert stats[0]["overlong_filtered"] == alone["overlong_filtered"] == 3
+    assert stats[0]["tokens"] == alone["tokens"]
+    probe = [c for c, _ in _samples(7)]
+    dp = await pair[0].completion_logprobs.call_one(probe)
+    one = await single.completion_logprobs.call_one(probe)
+    for a, b in zip(dp, one, strict=True):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
 
 
@@ -114,8 +125,8 @@ async def test_bad_batches_and_settings_are_refused(ctx: oc.JobContext) -> None:
     assert await trainer.digest.call_one() == before  # none of them touched the model
     with pytest.raises(oc.SpawnError, match="cannot import model factory"):
         await ctx.spawn(Trainer, "no.such:model")
-    with pytest.raises(oc.SpawnError, match="lr_schedule must be one of constant, cosine"):
-        await ctx.spawn(Trainer, model_kwargs=SMALL, lr_schedule="linear")
+    with pytest.raises(oc.SpawnError, match="lr_schedule must be one of constant, cosine, linear"):
+        await ctx.spawn(Trainer, model_kwargs=SMALL, lr_schedule="step")
     with pytest.raises(oc.SpawnError, match="min_ratio in"):
         await ctx.spawn(Trainer, model_kwargs=SMALL, lr_schedule="cosine", min_lr_ratio=2.0)
     with pytest.raises(oc.SpawnError, match="updates must be >= 1"):

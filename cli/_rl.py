@@ -1,0 +1,184 @@
+"""``orchestr rl train CONFIG.toml``: RL post-training of a checkpoint on a user's data and reward,
+on the embedded cluster (or a running one), written to a run folder."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import textwrap
+from typing import Any
+
+import orchestr
+
+__all__ = ["add_parsers", "config_help"]
+
+
+def config_help() -> str:
+    """Every section and key of a config with its default, and each section's docstring."""
+    from orchestr.roles.rl import SECTIONS, DataSpec, DigitsData, RewardSection
+
+    lines = ["config file (TOML): sections and keys, with their defaults", ""]
+    tables: list[tuple[str, type]] = [
+        ("[model]", SECTIONS["model"]),
+        ("[data]", DataSpec),
+        ("[data] digits = {...}", DigitsData),
+        ("[[reward]]", RewardSection),
+        *((f"[{name}]", cls) for name, cls in SECTIONS.items() if name != "model"),
+    ]
+    for title, cls in tables:
+        doc = " ".join((cls.__doc__ or "").split())
+        lines.append(title)
+        lines.extend(textwrap.wrap(doc, 92, initial_indent="  ", subsequent_indent="  "))
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                default = _toml(f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                default = _toml(f.default_factory())
+            else:
+                default = "(required)"
+            lines.append(f"    {f.name} = {default}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml(value: Any) -> str:
+    if value is None:
+        return "(unset)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+class Progress:
+    """A line per held-out evaluation (and the first batch), or one line redrawn in place on a
+    terminal: step, reward (per function too), length, KL, entropy, clip fraction,
+    samples/s and the controller's phase."""
+
+    def __init__(self, steps: int, quiet: bool, source: Any) -> None:
+        self.steps, self.quiet, self.source = steps, quiet, source
+        self.live = sys.stdout.isatty() and not quiet
+        self.last: Any = None
+        self.held_out: float | None = None
+        self.phase = "starting"
+
+    def on_phase(self, phase: str) -> None:
+        self.phase = phase
+        if self.live:
+            self.draw()
+
+    def on_step(self, record: Any) -> None:
+        self.last = record
+        if record.accuracy is not None:
+            self.held_out = record.accuracy
+        if self.live:
+            self.draw()
+        elif not self.quiet and (record.accuracy is not None or record.step == 0):
+            print(self.line(), flush=True)
+
+    def line(self) -> str:
+        r = self.last
+        if r is None:
+            return f"step    0/{self.steps} | {self.phase}"
+        held = "  -  " if self.held_out is None else f"{self.held_out:5.3f}"
+        per = self.source.tally.last
+        parts = f" ({', '.join(f'{k} {v:.2f}' for k, v in per.items())})" if len(per) > 1 else ""
+        return (
+            f"step {r.step + 1:4d}/{self.steps} | reward {r.reward:5.3f}{parts} | held-out {held}"
+            f" | len {r.mean_length:5.1f} | kl {r.approx_kl:+.4f} | entropy {r.entropy:4.2f} | "
+            f"clip {r.clip_frac:4.2f} | {r.samples_per_s:5.0f} samples/s | {self.phase}"
+        )
+
+    def draw(self) -> None:
+        sys.stdout.write("\r\x1b[2K" + self.line())
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        if self.live:
+            sys.stdout.write("\n")
+
+
+def _train(args: argparse.Namespace) -> int:
+    from orchestr.roles.rl import load_rl_config, plan_rl, run_rl
+
+    try:
+        config = load_rl_config(args.config, args.set)
+        plan = plan_rl(config, args.run_dir)  # every check, before any process starts
+    except orchestr.ConfigError as exc:
+        print(f"orchestr rl train: {exc}", file=sys.stderr)
+        return 2
+    job = plan.job
+    if args.check:
+        print(f"{args.config}: ok; the run would write {plan.run_dir}")
+        return 0
+    print(
+        f"RL on {config.model.path or 'the digit task'}: {job.mode}, {job.generators} "
+        f"generator(s), {job.trainers} trainer(s), {job.rewards} reward worker(s); "
+        f"{job.train.steps} batches of {job.train.prompts_per_step} prompts x "
+        f"{job.train.group_size} samples -> {plan.run_dir}",
+        flush=True,
+    )
+    progress = Progress(job.train.steps, args.quiet, plan.source)
+
+    async def main(ctx: orchestr.JobContext) -> None:
+        nonlocal result
+        try:
+            _, result, _ = await run_rl(
+                ctx, config, progress.on_step, on_phase=progress.on_phase, run_dir=plan.run_dir
+            )
+        finally:
+            progress.close()
+
+    from ._main import _cluster_of
+
+    result: Any = None
+    try:
+        address, token = _cluster_of(args)
+        orchestr.run(main, address=address, token=token)
+    except orchestr.OrchestrError as exc:
+        print(f"orchestr rl train: the run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"orchestr rl train: interrupted; what was written is in {plan.run_dir}", file=sys.stderr)
+        return 130
+    first, last = result.evals[0][1], result.evals[-1][1]
+    failures = sum(n for causes in result.rewards.values() for n in causes.values())
+    print(
+        f"done in {result.wall_s:.1f} s: last-10 reward {result.mean_reward(10):.3f}, held-out "
+        f"{first:.3f} -> {last:.3f}" + (f", {failures} reward calls failed" if failures else "")
+    )
+    written = sorted(os.listdir(plan.run_dir))
+    print(f"wrote {plan.run_dir}/ ({', '.join(written)})")
+    return 0
+
+
+def add_parsers(sub: Any, state_dir_help: str) -> None:
+    rl = sub.add_parser("rl", help="RL post-training of your own checkpoint, data and reward")
+    rl_sub = rl.add_subparsers(dest="rl_command", required=True)
+    train = rl_sub.add_parser(
+        "train",
+        help="train a checkpoint with GRPO (or RLOO, REINFORCE++) on a config file",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=config_help(),
+    )
+    train.add_argument("config", help="the run's TOML file (see examples/rl/)")
+    train.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a key of the file (the value read as TOML, else as text); repeatable",
+    )
+    train.add_argument("--run-dir", help="the run's folder (default: run.dir/run.name)")
+    train.add_argument("--check", action="store_true", help="check the config and stop")
+    train.add_argument("--quiet", action="store_true", help="no progress lines")
+    train.add_argument("--address", metavar="HOST:PORT", help="run on this cluster's head")
+    train.add_argument("--state-dir", help=state_dir_help)
+    train.set_defaults(func=_train)

@@ -1,0 +1,271 @@
+"""``run_rl``: an :class:`~._rlconfig.RLConfig` planned (every check before a process starts),
+run on the job's cluster, and written to its run folder.
+
+The run folder (``run.dir``/``run.name``) holds ``config.json`` (the config as run),
+``metrics.jsonl`` (a line per batch, written as it is trained, and one per held-out
+evaluation), ``samples.jsonl`` (some completions with their rewards, every ``eval_every``
+batches), ``summary.json``, ``checkpoints/`` (the trainer's, for restarts) and ``model/``: the
+trained policy as a Hugging Face folder (``model-NNNNN/`` every ``export_every`` batches).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orchestr as oc
+from orchestr.roles._common._hf._tokenizer import Tokenizer
+from orchestr.roles.reward import check_functions
+from orchestr.roles.trainer import UpdateConfig
+
+from . import _task
+from ._config import GRPOConfig, GRPOResult, StepRecord
+from ._data import DataSource, DataSpec, load_rows
+from ._grpo import run_grpo
+from ._llama import Checkpoint, LlamaModel
+from ._reference import TrainConfig
+from ._rlconfig import RLConfig, section_from
+from ._source import DigitSource, Source
+
+__all__ = ["DigitsData", "Plan", "plan_rl", "run_rl"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DigitsData:
+    """The built-in digit task (``[data] digits = {...}``): ``task`` ``copy`` or ``reverse``,
+    prompts of up to ``max_digits`` digits (lengths falling off by ``decay``) in a ``field``
+    of that many (0: none), judged on ``eval_size`` held-out prompts."""
+
+    task: str = "copy"
+    max_digits: int = 8
+    decay: float = 0.9
+    field: int = 8
+    eval_size: int = 128
+
+
+@dataclasses.dataclass
+class Plan:
+    """What :func:`run_rl` runs: the job's settings, its source and its folder."""
+
+    config: RLConfig
+    job: GRPOConfig
+    source: Source
+    run_dir: str
+
+
+def _fail(config: RLConfig, section: str, exc: Exception) -> oc.ConfigError:
+    return oc.ConfigError(f"{config.source}: [{section}] {exc}")
+
+
+def _train_config(config: RLConfig, model: Any, digits: DigitsData | None) -> TrainConfig:
+    a, s = config.algorithm, config.schedule
+    extra: dict[str, Any] = {}
+    if digits is not None:
+        extra = {
+            "task": _task.Task(digits.task, field=digits.field or None),
+            "lengths": _task.LengthDistribution(digits.max_digits, digits.decay),
+            "eval_size": digits.eval_size,
+        }
+    try:
+        return TrainConfig(
+            seed=s.seed, steps=s.steps, prompts_per_step=s.prompts_per_step,
+            group_size=s.group_size, model=model, lr=s.lr, lr_schedule=s.lr_schedule,
+            min_lr_ratio=s.min_lr_ratio, betas=(s.betas[0], s.betas[1]),
+            weight_decay=s.weight_decay, max_grad_norm=a.max_grad_norm,
+            updates_per_step=a.updates_per_step, clip_eps=a.clip_eps, temperature=a.temperature,
+            advantage_scale=a.advantage_scale, entropy_coef=a.entropy_coef,
+            behaviour_weight_cap=a.behaviour_weight_cap, eval_every=s.eval_every, threads=None,
+            **extra,
+        )  # fmt: skip
+    except (TypeError, ValueError) as exc:
+        raise _fail(config, "schedule", exc) from None
+
+
+def _update_options(config: RLConfig) -> dict[str, Any]:
+    """The algorithm's settings beyond :class:`TrainConfig`'s, as :class:`UpdateConfig` takes
+    them (checked here)."""
+    a, t = config.algorithm, config.trainer
+    options = {
+        "advantage": a.name,
+        "clip_eps_high": a.clip_eps_high,
+        "loss_agg": a.loss_agg,
+        "kl_coef": a.kl_coef,
+        "kl_estimator": a.kl_estimator,
+        "overlong_filter": a.overlong_filter,
+        "micro_batch_tokens": t.micro_batch_tokens or None,
+    }
+    try:
+        UpdateConfig(**options)
+    except (TypeError, ValueError) as exc:
+        raise _fail(config, "algorithm", exc) from None
+    return options
+
+
+def plan_rl(config: RLConfig, run_dir: str | None = None) -> Plan:
+    """Check ``config`` as far as can be without a process (files, the checkpoint's tokenizer,
+    the data's fields, the reward functions' imports and signatures, every setting) and lay the
+    run out. Raises :class:`ConfigError` naming the config file, the key and the fix."""
+    name = config.run.name or time.strftime("%Y%m%d-%H%M%S-") + config.layout.mode.replace("+", "-")
+    run_dir = os.path.abspath(run_dir or os.path.join(config.run.dir, name))
+    data = dict(config.data)
+    digits = None
+    if "digits" in data:
+        if len(data) > 1:
+            raise oc.ConfigError(f"{config.source}: [data] digits is the built-in task: no other keys")
+        digits = section_from(DigitsData, data["digits"], f"{config.source}: [data] digits")
+        if config.reward:
+            raise oc.ConfigError(f"{config.source}: the digit task scores itself: drop [[reward]]")
+        if config.model.tiny is None:
+            raise oc.ConfigError(f"{config.source}: the digit task trains [model] tiny = {{}}")
+    model: LlamaModel | Checkpoint
+    if config.model.tiny is not None:
+        if digits is None:
+            raise oc.ConfigError(f"{config.source}: [model] tiny is the digit task's model; give path")
+        try:
+            model = LlamaModel(**config.model.tiny)
+        except TypeError as exc:
+            raise _fail(config, "model", exc) from None
+    else:
+        assert config.model.path is not None
+        folder = os.path.abspath(config.model.path)
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            raise oc.ConfigError(
+                f"{config.source}: [model] path {config.model.path}: no checkpoint there "
+                "(a Hugging Face folder with config.json)"
+            )
+        model = Checkpoint(folder)
+    train = _train_config(config, model, digits)
+    source: Source
+    if digits is not None:
+        source = DigitSource(train)
+    else:
+        source = _data_source(config, data, train, model)
+    lay, run = config.layout, config.run
+    try:
+        job = GRPOConfig(
+            train=train, mode=lay.mode, generators=lay.generators, trainers=lay.trainers,  # type: ignore[arg-type]
+            rewards=lay.rewards, eta=lay.eta, lookahead=lay.lookahead,
+            long_generators=lay.long_generators, max_batch=lay.max_batch,
+            torch_threads=lay.torch_threads, cpu=lay.cpu, engine=lay.engine, vllm=lay.vllm,
+            max_restarts=lay.max_restarts, checkpoint_every=run.checkpoint_every,
+            checkpoint_dir=os.path.join(run_dir, "checkpoints"), kill=tuple(run.kill),
+            kill_seed=run.kill_seed,
+            export_dir=os.path.join(run_dir, "model") if run.export else None,
+            export_every=run.export_every if run.export else 0,
+            update_options=_update_options(config),
+            trainer_options={
+                "dtype": config.trainer.dtype,
+                "warmup_steps": config.schedule.warmup_steps,
+                "activation_checkpointing": config.trainer.activation_checkpointing,
+            },
+        )  # fmt: skip
+    except oc.ConfigError as exc:
+        raise oc.ConfigError(f"{config.source}: {exc}") from None
+    return Plan(config, job, source, run_dir)
+
+
+def _data_source(config: RLConfig, data: dict[str, Any], train: TrainConfig, model: Checkpoint) -> Source:
+    spec = section_from(DataSpec, data, f"{config.source}: [data]")
+    if not os.path.isfile(os.path.join(model.path, "tokenizer.json")):
+        raise oc.ConfigError(f"{config.source}: [model] {model.path} has no tokenizer.json")
+    tokenizer = Tokenizer(model.path)
+    try:
+        rows, held = load_rows(spec, tokenizer)
+    except oc.ConfigError as exc:
+        raise oc.ConfigError(f"{config.source}: [data] {exc}") from None
+    if not config.reward:
+        raise oc.ConfigError(f"{config.source}: a data run needs at least one [[reward]] function")
+    functions = [
+        {"path": r.function, "weight": r.weight, "args": dict(r.args)}
+        | ({"name": r.name} if r.name else {})
+        for r in config.reward
+    ]
+    fields = {key for row in rows.fields[:1] for key in row}
+    try:
+        check_functions(functions, fields)
+    except oc.ConfigError as exc:
+        raise oc.ConfigError(f"{config.source}: [[reward]] {exc}") from None
+    return DataSource(
+        train, rows, held,
+        max_new_tokens=config.algorithm.max_new_tokens, checkpoint=model.path,
+        functions=functions, timeout_s=config.scoring.timeout_s, default=config.scoring.default,
+        eos_id=tokenizer.eos_id, pad_id=tokenizer.token_id(tokenizer.pad_token) or 0,
+        overlong=(config.algorithm.overlong_buffer, config.algorithm.overlong_penalty),
+        tokenizer=tokenizer,
+    )  # fmt: skip
+
+
+class RunWriter:
+    """Writes the run folder as the run goes: ``metrics.jsonl`` line by line, then the rest."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        os.makedirs(plan.run_dir, exist_ok=True)
+        with open(os.path.join(plan.run_dir, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(dataclasses.asdict(plan.config), f, indent=2, default=str)
+        self.metrics = open(os.path.join(plan.run_dir, "metrics.jsonl"), "w", encoding="utf-8")  # noqa: SIM115
+        self.samples = open(os.path.join(plan.run_dir, "samples.jsonl"), "w", encoding="utf-8")  # noqa: SIM115
+
+    def step(self, record: StepRecord) -> None:
+        row = {"kind": "step", **dataclasses.asdict(record)}
+        tally = self.plan.source.tally
+        if tally.last:
+            row["rewards"] = dict(tally.last)
+        self.metrics.write(json.dumps(row) + "\n")
+        self.metrics.flush()
+        if record.accuracy is not None:
+            for sample in self.plan.source.samples():
+                self.samples.write(json.dumps({"step": record.step, **sample}) + "\n")
+            self.samples.flush()
+
+    def close(self, result: GRPOResult | None) -> dict[str, Any]:
+        self.samples.close()
+        summary: dict[str, Any] = {}
+        if result is not None:
+            for version, score, wall in result.evals:
+                row = {"kind": "eval", "version": version, "held_out": score, "wall_s": wall}
+                self.metrics.write(json.dumps(row) + "\n")
+            summary = {
+                "mode": self.plan.job.mode,
+                **result.summary(),
+                "held_out": [e[1] for e in result.evals],
+                "weight_sync": result.weight_sync,
+                "final_digest": result.final_digest,
+                "reward_failures": result.rewards,
+                "exported": result.exported,
+            }
+            with open(os.path.join(self.plan.run_dir, "summary.json"), "w", encoding="utf-8") as f:
+                json.dump(summary, f, indent=2, default=str)
+        self.metrics.close()
+        return summary
+
+
+async def run_rl(
+    ctx: oc.JobContext,
+    config: RLConfig,
+    on_step: Callable[[StepRecord], None] | None = None,
+    *,
+    on_phase: Callable[[str], None] | None = None,
+    run_dir: str | None = None,
+) -> tuple[Plan, GRPOResult, dict[str, Any]]:
+    """Plan ``config`` (:func:`plan_rl`), run it on ``ctx``'s cluster and write its run folder.
+    Returns the plan, the result and the summary written. Raises :class:`ConfigError` before
+    any process starts for a bad config, and what :func:`~._grpo.run_grpo` raises."""
+    plan = plan_rl(config, run_dir)
+    writer = RunWriter(plan)
+
+    def step(record: StepRecord) -> None:
+        writer.step(record)
+        if on_step is not None:
+            on_step(record)
+
+    result = None
+    try:
+        result = await run_grpo(ctx, plan.job, step, on_phase=on_phase, source=plan.source)
+    finally:
+        summary = writer.close(result)
+    return plan, result, summary

@@ -1,0 +1,98 @@
+"""``orchestr rl train`` end to end, in a subprocess: the main job's config and a run on a
+checkpoint, rows and reward functions of one's own, with what each writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from orchestr.roles.models import make_tiny
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ORCHESTR = [sys.executable, "-m", "orchestr.cli"]
+
+
+def _rl(*args: str, cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # the workers import tests.cli.rl_rewards
+    return subprocess.run(
+        [*ORCHESTR, "rl", "train", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_help_documents_every_section() -> None:
+    proc = subprocess.run(
+        [*ORCHESTR, "rl", "train", "--help"], capture_output=True, text=True, check=True
+    )
+    for title in ("[model]", "[data]", "[[reward]]", "[algorithm]", "[schedule]", "[layout]"):
+        assert title in proc.stdout
+    assert "clip_eps_high = (unset)" in proc.stdout and 'loss_agg = "token_mean"' in proc.stdout
+
+
+def test_a_bad_config_fails_before_any_process(tmp_path: pathlib.Path) -> None:
+    proc = _rl(
+        "examples/rl/digits.toml", "--set", "schedule.stesp=3", "--run-dir", str(tmp_path / "r")
+    )
+    assert proc.returncode == 2
+    assert "digits.toml: [schedule]: unknown key 'stesp'; did you mean 'steps'?" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_main_jobs_config_runs_and_writes_its_folder(tmp_path: pathlib.Path) -> None:
+    run = tmp_path / "run"
+    proc = _rl(
+        "examples/rl/digits.toml", "--run-dir", str(run), "--set", "schedule.steps=4",
+        "--set", "schedule.eval_every=2", "--set", "layout.mode=sync",
+        "--set", "run.export_every=2",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1].startswith(f"wrote {run}/ (checkpoints, config.json")
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if r["kind"] == "step"] == [0, 1, 2, 3]
+    assert [r["version"] for r in steps if r["kind"] == "eval"] == [0, 2, 4]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["mode"] == "sync" and len(summary["held_out"]) == 3
+    for folder in ("model", "model-00002"):
+        assert (run / folder / "model.safetensors").is_file()
+        assert (run / folder / "config.json").is_file()
+
+
+def test_a_run_on_your_own_checkpoint_data_and_rewards(tmp_path: pathlib.Path) -> None:
+    """Stream mode on a checkpoint and JSONL rows of one's own, two weighted reward functions
+    (one failing on half the rows: counted, scored as the default, the run goes on); the
+    exported folder loads in ``transformers``."""
+    transformers = pytest.importorskip("transformers")
+    make_tiny("llama", tmp_path / "model", hidden=32, heads=2, seed=1)
+    rows = [{"prompt": f"Say {i % 10}:", "answer": str(i % 10), "id": i} for i in range(60)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "run.toml").write_text(
+        '[model]\npath = "model"\n'
+        '[data]\npath = "rows.jsonl"\nheld_out_size = 6\n'
+        '[[reward]]\nfunction = "tests.cli.rl_rewards:first_digit"\n'
+        '[[reward]]\nfunction = "tests.cli.rl_rewards:flaky"\nweight = 0.5\n'
+        "[scoring]\ndefault = -1.0\n"
+        "[algorithm]\nmax_new_tokens = 6\n"
+        "[schedule]\nsteps = 3\nprompts_per_step = 4\ngroup_size = 4\nlr = 1e-3\neval_every = 3\n"
+        '[layout]\nmode = "stream"\n'
+    )
+    run = tmp_path / "out"
+    proc = _rl(str(tmp_path / "run.toml"), "--run-dir", str(run))
+    assert proc.returncode == 0, proc.stderr
+    assert "reward calls failed" in proc.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    failures = summary["reward_failures"]
+    assert set(failures) == {"flaky"} and failures["flaky"]["error"] > 0
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in steps if r["kind"] == "step"]
+    assert len(trained) == 3 and set(trained[0]["rewards"]) == {"first_digit", "flaky"}
+    # odd rows fail: the default (-1) on those, 0.5 on the others
+    assert min(r["rewards"]["flaky"] for r in trained) < 0.5
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert samples and {"prompt", "completion", "reward", "rewards"} <= set(samples[0])
+    model = transformers.AutoModelForCausalLM.from_pretrained(run / "model")
+    assert model.config.num_hidden_layers == 2

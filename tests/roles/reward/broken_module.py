@@ -1,0 +1,3 @@
+"""A module whose import fails: reward checks name it."""
+
+raise RuntimeError("this module cannot be imported")
