@@ -50,7 +50,7 @@ $(VSTAMP): pyproject.toml
 # The main job: GRPO with 2 generators, a trainer and a reward mesh, streamed with
 # skew-aware dispatch; about 2 minutes on 2 cores. Writes runs/<id>/.
 demo: setup
-	$(VENV)/bin/orchestr run examples/grpo_reverse.py --mode stream+skew
+	$(VENV)/bin/orchestr rl train examples/rl/digits.toml
 
 # The whole suite, then the vLLM engine's tests in their venv, which is set up meanwhile
 # (mostly downloads; its log is build/setup-vllm.log). `make test WITH_LINT=1` (what CI

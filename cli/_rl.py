@@ -92,7 +92,7 @@ class Progress:
         parts = f" ({', '.join(f'{k} {v:.2f}' for k, v in per.items())})" if len(per) > 1 else ""
         return (
             f"step {r.step + 1:4d}/{self.steps} | reward {r.reward:5.3f}{parts} | held-out {held}"
-            f" | len {r.mean_length:5.1f} | kl {r.approx_kl:+.4f} | entropy {r.entropy:4.2f} | "
+            f" | len {r.mean_length:5.1f} | kl {r.kl:.4f} | entropy {r.entropy:4.2f} | "
             f"clip {r.clip_frac:4.2f} | {r.samples_per_s:5.0f} samples/s | {self.phase}"
         )
 
@@ -110,7 +110,10 @@ def _train(args: argparse.Namespace) -> int:
 
     try:
         config = load_rl_config(args.config, args.set)
-        plan = plan_rl(config, args.run_dir)  # every check, before any process starts
+        if args.resume and args.run_dir:
+            raise orchestr.ConfigError("--resume names the run's folder: leave --run-dir out")
+        # every check, before any process starts
+        plan = plan_rl(config, args.resume or args.run_dir, resume=bool(args.resume))
     except orchestr.ConfigError as exc:
         print(f"orchestr rl train: {exc}", file=sys.stderr)
         return 2
@@ -126,19 +129,20 @@ def _train(args: argparse.Namespace) -> int:
         flush=True,
     )
     progress = Progress(job.train.steps, args.quiet, plan.source)
+    result: Any = None
 
     async def main(ctx: orchestr.JobContext) -> None:
         nonlocal result
         try:
             _, result, _ = await run_rl(
-                ctx, config, progress.on_step, on_phase=progress.on_phase, run_dir=plan.run_dir
-            )
+                ctx, config, progress.on_step, on_phase=progress.on_phase,
+                run_dir=plan.run_dir, resume=bool(args.resume),
+            )  # fmt: skip
         finally:
             progress.close()
 
     from ._main import _cluster_of
 
-    result: Any = None
     try:
         address, token = _cluster_of(args)
         orchestr.run(main, address=address, token=token)
@@ -146,7 +150,10 @@ def _train(args: argparse.Namespace) -> int:
         print(f"orchestr rl train: the run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"orchestr rl train: interrupted; what was written is in {plan.run_dir}", file=sys.stderr)
+        print(
+            f"orchestr rl train: interrupted; what was written is in {plan.run_dir}",
+            file=sys.stderr,
+        )
         return 130
     first, last = result.evals[0][1], result.evals[-1][1]
     failures = sum(n for causes in result.rewards.values() for n in causes.values())
@@ -162,6 +169,9 @@ def _train(args: argparse.Namespace) -> int:
 def add_parsers(sub: Any, state_dir_help: str) -> None:
     rl = sub.add_parser("rl", help="RL post-training of your own checkpoint, data and reward")
     rl_sub = rl.add_subparsers(dest="rl_command", required=True)
+    from . import _sft
+
+    _sft.add_parser(rl_sub, state_dir_help)
     train = rl_sub.add_parser(
         "train",
         help="train a checkpoint with GRPO (or RLOO, REINFORCE++) on a config file",
@@ -177,6 +187,11 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
         help="override a key of the file (the value read as TOML, else as text); repeatable",
     )
     train.add_argument("--run-dir", help="the run's folder (default: run.dir/run.name)")
+    train.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="go on with the run in RUN_DIR (stopped or killed) from its last checkpoint",
+    )
     train.add_argument("--check", action="store_true", help="check the config and stop")
     train.add_argument("--quiet", action="store_true", help="no progress lines")
     train.add_argument("--address", metavar="HOST:PORT", help="run on this cluster's head")

@@ -16,7 +16,9 @@
   they live) for other roles, rebatched; shards merge by log-sum-exp (``orchestr.roles.attention``).
 - :class:`Reward` scores ``(prompt, completion)`` pairs with a scorer named by path.
 - :func:`run_grpo` runs the three together in ``sync``, ``stream`` or ``stream+skew``
-  mode; :func:`train` is the single-process reference the ``sync`` mode reproduces.
+  mode; :func:`train` is the single-process reference the ``sync`` mode reproduces;
+  :func:`run_rl` runs an :class:`RLConfig` (``orchestr rl train CONFIG.toml``): a user's
+  checkpoint, data and reward functions (``orchestr.roles.rl``).
 - Torch execution backends (device, dtype, eager or compiled) sit behind
   :func:`choose_backend` and :func:`register_backend`.
 """
@@ -62,10 +64,13 @@ from .rl import (
     GRPOConfig,
     GRPOResult,
     LengthRanker,
+    RLConfig,
     StepRecord,
     TrainConfig,
     reverse_task,
+    load_rl_config,
     run_grpo,
+    run_rl,
     train,
 )
 from .trainer import Trainer, UpdateConfig, group_advantages, grpo_loss, grpo_update
@@ -122,5 +127,8 @@ __all__ = [
     "register_backend",
     "reverse_task",
     "run_grpo",
+    "run_rl",
+    "load_rl_config",
+    "RLConfig",
     "train",
 ]

@@ -34,10 +34,10 @@ ROLES = {
     "ExpertHost", "ExpertUnavailableError", "GRPOConfig", "GRPOResult", "Generator", "HandoffError", "KVNamespace", "KVStore", "KVStoreError",
     "KVWriter", "LeaseExpiredError", "LengthRanker", "ManifestMismatchError",
     "PagedEngine", "Request",
-    "Reward", "StaleWeightsError", "StepRecord", "TinyLM", "TinyLMConfig", "TokenDelta",
+    "Reward", "RLConfig", "StaleWeightsError", "StepRecord", "TinyLM", "TinyLMConfig", "TokenDelta",
     "TrainConfig", "Trainer", "UpdateConfig", "Updates", "WeightLoader", "WeightPublisher", "WeightSyncError",
     "WeightsRef", "backend_report", "build_model", "choose_backend", "group_advantages",
-    "grpo_loss", "grpo_update", "kv_block_bytes", "register_backend", "reverse_task", "run_grpo", "train",
+    "grpo_loss", "grpo_update", "kv_block_bytes", "register_backend", "load_rl_config", "reverse_task", "run_grpo", "run_rl", "train",
 }  # fmt: skip
 
 

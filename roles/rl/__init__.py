@@ -9,13 +9,18 @@
   :func:`load_rl_config`), on a user's checkpoint, data (``_data``: :class:`DataSpec`) and
   reward functions, or on the built-in digit task (:class:`DigitsData`); what a job trains
   on is a source (``_source``);
+- :func:`run_sft` (``_sft``): supervised fine-tuning of a checkpoint on prompt and response
+  rows (``_sft_data``) with the same trainer role, from an :class:`SFTConfig`
+  (``_sftconfig``: a TOML file, :func:`load_sft_config`); its ``model/`` warm-starts RL;
 - ``_task``: the digit tasks (reversal, and copy within a fixed-width field: :class:`Task`):
   tokens, prompts, the rewards, the evaluation.
 """
 
 from . import _task as reverse_task
 from ._config import MODES, GRPOConfig, GRPOResult, StepRecord
+from ._data import DataSource, DataSpec, read_rows
 from ._grpo import LengthRanker, run_grpo
+from ._llama import Checkpoint
 from ._reference import (
     DEMO_CONFIG,
     LLAMA_CONFIG,
@@ -26,43 +31,52 @@ from ._reference import (
     step_requests,
     train,
 )
-from ._data import DataSource, DataSpec, read_rows
-from ._llama import Checkpoint
 from ._rlconfig import SECTIONS, RewardSection, RLConfig, load_rl_config, rl_config_from_dict
 from ._run import DigitsData, Plan, plan_rl, run_rl
+from ._sft import SFTPlan, SFTResult, SFTStep, plan_sft, run_sft
+from ._sftconfig import SFT_SECTIONS, SFTConfig, load_sft_config, sft_config_from_dict
 from ._source import DigitSource, Source
 from ._task import Task
 
 __all__ = [
+    "DEMO_CONFIG",
+    "LLAMA_CONFIG",
+    "LLAMA_DEMO_CONFIG",
+    "MODES",
     "SECTIONS",
+    "SFT_SECTIONS",
+    "SMALL_CONFIG",
     "Checkpoint",
     "DataSource",
     "DataSpec",
     "DigitSource",
     "DigitsData",
-    "Plan",
-    "RLConfig",
-    "RewardSection",
-    "Source",
-    "load_rl_config",
-    "plan_rl",
-    "read_rows",
-    "rl_config_from_dict",
-    "run_rl",
-    "DEMO_CONFIG",
-    "LLAMA_CONFIG",
-    "LLAMA_DEMO_CONFIG",
-    "MODES",
-    "SMALL_CONFIG",
     "GRPOConfig",
     "GRPOResult",
     "LengthRanker",
     "LlamaModel",
+    "Plan",
+    "RLConfig",
+    "RewardSection",
+    "SFTConfig",
+    "SFTPlan",
+    "SFTResult",
+    "SFTStep",
+    "Source",
     "StepRecord",
     "Task",
     "TrainConfig",
+    "load_rl_config",
+    "load_sft_config",
+    "plan_rl",
+    "plan_sft",
+    "read_rows",
     "reverse_task",
+    "rl_config_from_dict",
     "run_grpo",
+    "run_rl",
+    "run_sft",
+    "sft_config_from_dict",
     "step_requests",
     "train",
 ]

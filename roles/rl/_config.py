@@ -51,7 +51,12 @@ class GRPOConfig:
     ``update_options`` are :class:`~orchestr.roles.UpdateConfig` fields beyond ``train``'s
     (the advantage estimator, clip-higher, loss aggregation, KL, micro-batches) and
     ``trainer_options`` the :class:`~orchestr.roles.Trainer`'s own (``dtype``,
-    ``warmup_steps``, ``activation_checkpointing``)."""
+    ``warmup_steps``, ``activation_checkpointing``). ``resume`` goes on from the last
+    checkpoint in ``checkpoint_dir`` of a run that stopped (its controller killed, say): the
+    trainer's weights and optimizer, the batches recorded, the position in the data (a
+    function of the batch) and the reward functions' failure counts. ``dynamic_sampling``
+    (DAPO) trains only on groups whose rewards differ, drawing more groups for the batch, up
+    to ``max_draws`` batches' worth in all."""
 
     train: TrainConfig = DEMO_CONFIG
     mode: Mode = "sync"
@@ -76,6 +81,9 @@ class GRPOConfig:
     ranker: str | None = None
     export_dir: str | None = None
     export_every: int = 0
+    resume: bool = False
+    dynamic_sampling: bool = False
+    max_draws: int = 3
     update_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     trainer_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -108,8 +116,26 @@ class GRPOConfig:
             )
         if self.vllm and self.engine != "vllm":
             raise oc.ConfigError("vllm options apply to engine='vllm'")
+        if self.resume and not (
+            self.checkpoint_dir and self.checkpoint_every and self.trainers == 1
+        ):
+            raise oc.ConfigError(
+                "resume goes on from checkpoint_dir's last checkpoint: it needs checkpoint_dir, "
+                "checkpoint_every > 0 and trainers=1"
+            )
         if self.export_every and self.export_dir is None:
             raise oc.ConfigError("export_every writes beside export_dir: set it too")
+        if (
+            isinstance(self.max_draws, bool)
+            or not isinstance(self.max_draws, int)
+            or self.max_draws < 1
+        ):
+            raise oc.ConfigError(f"max_draws must be an integer >= 1, got {self.max_draws!r}")
+        if self.dynamic_sampling and self.trainers > 1:
+            raise oc.ConfigError(
+                "dynamic_sampling trains batches of any number of groups: it needs trainers=1 "
+                "(a data-parallel mesh splits whole groups evenly)"
+            )
         for name in ("max_restarts", "checkpoint_every", "kill_seed", "export_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -182,6 +208,10 @@ class StepRecord:
     #: Mean |behaviour - trainer| log-prob per token, before the batch's first update.
     logprob_gap: float = 0.0
     accuracy: float | None = None
+    #: Mean KL per token to the reference (starting) policy, when the penalty is on.
+    kl: float = 0.0
+    #: Groups scored for the batch but not trained on (dynamic sampling: all rewards equal).
+    skipped: int = 0
 
 
 @dataclasses.dataclass
@@ -197,6 +227,8 @@ class GRPOResult:
     weight_sync: dict[str, Any]
     dropped_groups: int
     routed_long: int = 0
+    #: Dynamic sampling: groups scored but left out (their rewards all equal).
+    skipped_groups: int = 0
     #: trainer 0's weights digest at the end, and whether every trainer's was the same
     final_digest: str = ""
     trainer_digests_equal: bool = True
@@ -238,6 +270,7 @@ class GRPOResult:
             # numerical mismatch alone; with stale samples, staleness too
             "logprob_gap": sum(r.logprob_gap for r in self.steps) / max(1, len(self.steps)),
             "dropped_groups": self.dropped_groups,
+            "skipped_groups": self.skipped_groups,
             "routed_long": self.routed_long,
             "wall_s": self.wall_s,
             **self.faults,

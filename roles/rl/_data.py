@@ -30,7 +30,7 @@ from orchestr.roles.trainer import overlong_penalty
 from ._reference import TrainConfig, kv_options
 from ._source import RewardTally, Source, group_of
 
-__all__ = ["DataSource", "DataSpec", "Rows", "load_rows", "read_rows"]
+__all__ = ["DataSource", "DataSpec", "Rows", "load_rows", "messages_of", "read_rows"]
 
 #: The file kinds read, by suffix.
 SUFFIXES = (".jsonl", ".parquet")
@@ -62,9 +62,13 @@ class DataSpec:
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.reasoning_gym is None):
-            raise oc.ConfigError("data needs one of path (a JSONL or Parquet file) or reasoning_gym")
+            raise oc.ConfigError(
+                "data needs one of path (a JSONL or Parquet file) or reasoning_gym"
+            )
         if not 0.0 <= self.held_out_fraction < 1.0:
-            raise oc.ConfigError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
+            raise oc.ConfigError(
+                f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}"
+            )
         for name in ("size", "held_out_size", "max_prompt_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -86,7 +90,9 @@ def read_rows(path: str) -> list[dict[str, Any]]:
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise oc.ConfigError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+            raise oc.ConfigError(
+                f"{path}: reading Parquet needs pyarrow (pip install pyarrow)"
+            ) from None
         try:
             rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
         except Exception as exc:  # pyarrow's errors are many kinds
@@ -115,7 +121,9 @@ def _reasoning_gym(spec: DataSpec, seed: int, size: int) -> list[dict[str, Any]]
     except ImportError:
         raise oc.ConfigError("reasoning_gym data needs the reasoning-gym package") from None
     try:
-        dataset = reasoning_gym.create_dataset(spec.reasoning_gym, size=size, seed=seed, **spec.options)
+        dataset = reasoning_gym.create_dataset(
+            spec.reasoning_gym, size=size, seed=seed, **spec.options
+        )
     except Exception as exc:  # an unknown name or option: the library raises several kinds
         raise oc.ConfigError(f"reasoning_gym task {spec.reasoning_gym!r}: {exc}") from None
     # through JSON: the metadata's tuples and the like travel as plain lists and values
@@ -136,7 +144,9 @@ class Rows:
         return len(self.ids)
 
 
-def _render(spec: DataSpec, tok: Tokenizer, rows: list[tuple[int, dict[str, Any]]], where: str) -> Rows:
+def _render(
+    spec: DataSpec, tok: Tokenizer, rows: list[tuple[int, dict[str, Any]]], where: str
+) -> Rows:
     """``rows`` (each with its number in the file, counted from 1) rendered."""
     out = Rows([], [], [])
     field = spec.field
@@ -148,7 +158,9 @@ def _render(spec: DataSpec, tok: Tokenizer, rows: list[tuple[int, dict[str, Any]
             )
         prompt = row[field]
         if isinstance(prompt, list):
-            text = tok.apply_chat_template(_messages(prompt, where, i), add_generation_prompt=True)
+            text = tok.apply_chat_template(
+                messages_of(prompt, where, i), add_generation_prompt=True
+            )
             ids = tok.encode(text)
         elif isinstance(prompt, str):
             if spec.chat:
@@ -172,7 +184,7 @@ def _render(spec: DataSpec, tok: Tokenizer, rows: list[tuple[int, dict[str, Any]
     return out
 
 
-def _messages(value: list[Any], where: str, i: int) -> list[dict[str, Any]]:
+def messages_of(value: list[Any], where: str, i: int) -> list[dict[str, Any]]:
     for m in value:
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m):
             raise oc.ConfigError(
@@ -250,15 +262,22 @@ class DataSource(Source):
         self.train, self.held = train, held_out
         self.max_new_tokens = max_new_tokens
         self.eos_id, self.pad_id = eos_id, pad_id
-        reward_kwargs = {"functions": [dict(f) for f in functions], "tokenizer": checkpoint}
+        reward_kwargs: dict[str, Any] = {"functions": [dict(f) for f in functions]}
+        reward_kwargs["tokenizer"] = checkpoint
         reward_kwargs |= {"timeout_s": timeout_s, "default": default}
         self.reward_args = ((), reward_kwargs)
         self.tally = RewardTally()
         self._orders: dict[int, list[int]] = {}
 
     def row(self, step: int, index: int) -> int:
-        """The train row of prompt ``index`` of ``step``."""
-        position = step * self.config.prompts_per_step + index
+        """The train row of prompt ``index`` of ``step``: the step's own run through the
+        epoch's order; dynamic sampling's extra prompts (``index >= prompts_per_step``) are
+        drawn from the train rows by a stream keyed by the step and the index."""
+        per = self.config.prompts_per_step
+        if index >= per:
+            key = derive_seed("extra-row", self.config.seed, step, index)
+            return random.Random(key).randrange(len(self.train))
+        position = step * per + index
         epoch, offset = divmod(position, len(self.train))
         order = self._orders.get(epoch)
         if order is None:
@@ -272,6 +291,14 @@ class DataSource(Source):
     def step_requests(self, step: int) -> list[Request]:
         out = []
         for index in range(self.config.prompts_per_step):
+            ids = self.train.ids[self.row(step, index)]
+            out.extend(group_of(self.config, step, index, ids, self.max_new_tokens))
+        return out
+
+    def extra_requests(self, step: int, draw: int) -> list[Request]:
+        per = self.config.prompts_per_step
+        out = []
+        for index in range(draw * per, (draw + 1) * per):
             ids = self.train.ids[self.row(step, index)]
             out.extend(group_of(self.config, step, index, ids, self.max_new_tokens))
         return out
@@ -323,7 +350,9 @@ class DataSource(Source):
     def held_out_payload(self, completions: Sequence[Sequence[int]]) -> list[Any] | None:
         return [self._row(self.held, i, c) for i, c in enumerate(completions)]
 
-    def held_out_score(self, completions: Sequence[Sequence[int]], rewards: list[float] | None) -> float:
+    def held_out_score(
+        self, completions: Sequence[Sequence[int]], rewards: list[float] | None
+    ) -> float:
         assert rewards is not None
         return sum(rewards) / max(1, len(rewards))
 

@@ -97,8 +97,9 @@ async def run_grpo(
         await job.spawn()
         await job.sync_weights()  # version 0 everywhere: generators start from the trainer's
         stats0 = await job.generator_stats()
-        job.start = clock.perf_counter()
-        await job.evaluate(0)
+        job.start = clock.perf_counter() - job.resumed_wall
+        if not config.resume:  # a resumed run evaluated its checkpoint's version before
+            await job.evaluate(0)
         if config.mode == "sync":
             await run_sync(job)
         else:
@@ -133,6 +134,7 @@ async def run_grpo(
         },
         dropped_groups=job.dropped,
         routed_long=job.routed_long,
+        skipped_groups=job.skipped_groups,
         final_digest=digests[0],
         trainer_digests_equal=len(set(digests)) == 1,
         faults=job.faults(),

@@ -5,7 +5,6 @@ with the hooks that hear of each role's deaths."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import shutil
 import tempfile
@@ -15,18 +14,13 @@ from typing import Any
 import orchestr as oc
 from orchestr import clock
 from orchestr.roles._common._weights import WeightsRef
-from orchestr.roles.generator import Completion, Generator
-from orchestr.roles.reward import Reward
-from orchestr.roles.trainer import Trainer
+from orchestr.roles.generator import Completion
 
-from ._config import CHECKPOINTED, GRPOConfig, StepRecord, generator_engine
+from ._config import GRPOConfig, StepRecord
 from ._faults import ROLES, FaultInjector, MemberWatch, lost_during, parse_kill
-from ._llama import Checkpoint
-from ._recovery import checkpoint, ready, recover_generator
+from ._recovery import ready, recover_generator
 from ._source import DigitSource, Source
-
-#: How the trainer builds a checkpoint model: the same modules the generators' engine runs.
-LOAD_MODEL = "orchestr.roles.models:load_model"
+from ._spawn import spawn_roles
 
 __all__ = ["Job", "first_of", "group_key", "groups_of"]
 
@@ -47,6 +41,10 @@ class Job:
         self.ctx = ctx
         self.source = source if source is not None else DigitSource(config.train, config.scorer)
         self.cfg = config
+        # the roles' meshes, once spawned (_spawn)
+        self.gens: oc.Mesh
+        self.trainers: oc.Mesh
+        self.rewards: oc.Mesh
         self.tc = config.train
         self.on_step = on_step
         self.on_phase = on_phase
@@ -62,9 +60,13 @@ class Job:
         #: A checkpoint model's folder, made at spawn and removed at the end.
         self.model_dir: str | None = None
         self.start = 0.0
+        #: The first batch to train: 0, or where a resumed run's last checkpoint was.
+        self.first_step = 0
+        self.resumed_wall = 0.0
         self.trained_samples = 0
         self.dropped = 0  # stream modes: groups past the staleness bound
         self.routed_long = 0  # stream+skew: groups sent to the long pool
+        self.skipped_groups = 0  # dynamic sampling: scored, not trained on
         # -- failures
         sizes = {"generator": config.generators, "trainer": config.trainers}
         sizes["reward"] = config.rewards
@@ -96,6 +98,7 @@ class Job:
         self.checkpoint_path: str | None = None
         self.step_epoch = 0  # the trainer's epoch when the batch in progress began
         self.digests: list[str] = []  # every trainer's at the end
+        self.reference: Any = None  # the KL penalty's frozen policy, when it has one
         kills = [parse_kill(k) for k in config.kill]
         self.injector = FaultInjector(ctx, kills, config.kill_seed) if kills else None
 
@@ -121,80 +124,11 @@ class Job:
         return self.cfg.trainers == 1 and self.cfg.checkpoint_every > 0
 
     async def spawn(self) -> None:
-        tc, cfg = self.tc, self.cfg
-        res = {"cpu": cfg.cpu}
-        policy = oc.RestartPolicy(max_restarts=cfg.max_restarts)
-        model: dict[str, Any] = {"model_kwargs": dataclasses.asdict(tc.model)}
-        trained = model
-        if isinstance(tc.model, CHECKPOINTED):
-            if isinstance(tc.model, Checkpoint):
-                folder = tc.model.path
-            else:  # made here, once, from the run's seed: every role loads the same folder
-                self.model_dir = tempfile.mkdtemp(prefix="orchestr-grpo-model-")
-                folder = tc.model.make(os.path.join(self.model_dir, "llama"), tc.seed)
-            engine = generator_engine(cfg)
-            model = {"checkpoint": folder, "engine": engine}
-            model |= {"kv": self.source.kv(tc)} if engine == "paged" else {"vllm": cfg.vllm}
-            trained = {"model_factory": LOAD_MODEL, "model_kwargs": {"folder": folder}}
-        self.gens = await self.ctx.spawn(
-            Generator,
-            seed=tc.seed,
-            max_batch=cfg.max_batch,
-            torch_threads=cfg.torch_threads,
-            nice=cfg.generator_nice,
-            n=cfg.generators,
-            resources=res,
-            restart=policy,
-            supervise=self._hook("generator"),
-            **model,
-        )
-        self.trainers = await self.ctx.spawn(
-            Trainer,
-            seed=tc.seed,
-            lr=tc.lr,
-            lr_schedule=tc.lr_schedule,
-            lr_steps=tc.steps,
-            min_lr_ratio=tc.min_lr_ratio,
-            betas=tc.betas,
-            weight_decay=tc.weight_decay,
-            update=dataclasses.asdict(tc.update) | dict(cfg.update_options),
-            max_staleness=cfg.eta if cfg.mode != "sync" else 0,
-            pad_id=self.source.pad_id,
-            eos_id=self.source.eos_id,
-            torch_threads=cfg.torch_threads,
-            n=cfg.trainers,
-            resources=res,
-            restart=policy if self.trainer_restarts else None,
-            supervise=self._hook("trainer") if self.trainer_restarts else _trainer_cannot_restart,
-            **trained,
-            **cfg.trainer_options,
-        )
-        args, kwargs = self.source.reward_args
-        self.rewards = await self.ctx.spawn(
-            Reward,
-            *args,
-            **kwargs,
-            n=cfg.rewards,
-            resources=res,
-            restart=policy,
-            supervise=self._hook("reward"),
-        )
-        if cfg.trainers > 1:
-            await self.ctx.init_distributed(self.trainers)
-        if self.injector is not None:
-            meshes = {"generator": self.gens, "trainer": self.trainers, "reward": self.rewards}
-            self.injector.meshes = meshes
-        if self.trainer_restarts:
-            self.checkpoint_base = self._checkpoint_base()
-            while self.checkpoint_path is None:  # a restarted trainer starts from version 0 too
-                epoch = self.trainer_watch.epoch
-                try:
-                    await checkpoint(self, 0, epoch)
-                except oc.OrchestrError as exc:
-                    if not await lost_during([self.trainer_watch], [epoch], exc):
-                        raise
+        """Spawn the roles (and start from the checkpoint a resumed run goes on from)."""
+        await spawn_roles(self)
 
-    def _checkpoint_base(self) -> str:
+    def checkpoint_base_path(self) -> str:
+        """Where the trainer's checkpoints go (a temporary folder unless the config names one)."""
         if self.checkpoint_dir is None:
             self.checkpoint_dir = tempfile.mkdtemp(prefix="orchestr-grpo-")
             self.own_checkpoint_dir = True
@@ -207,7 +141,7 @@ class Job:
         await asyncio.gather(*self.background, return_exceptions=True)
         if self.injector is not None:
             await self.injector.aclose()
-        for role in ("gens", "trainers", "rewards"):  # those spawned: a spawn can fail
+        for role in ("gens", "trainers", "rewards", "reference"):  # those spawned
             mesh = getattr(self, role, None)
             if mesh is not None:
                 await self.ctx.stop(mesh)
@@ -227,7 +161,7 @@ class Job:
         }
 
     # -- failures ----------------------------------------------------------------------------
-    def _hook(self, role: str) -> Callable[[oc.Failure], None]:
+    def hook(self, role: str) -> Callable[[oc.Failure], None]:
         """The ``supervise`` hook of ``role``'s mesh: it runs as the death is heard, before the
         restart is asked for, and leaves the decision to the restart policy."""
 
@@ -334,11 +268,29 @@ class Job:
                 # scoring is pure: the same samples again, on the restarted worker
                 self.rescored += len(payload)
 
+    async def with_reference(self, groups: list[list[tuple[Completion, float]]]) -> list[list[Any]]:
+        """``groups``' samples as dicts carrying the reference policy's log-probs of their
+        tokens (the KL penalty's), asked again of a restarted reference."""
+        samples = [c for g in groups for c, _ in g]
+        for attempt in range(self.cfg.max_restarts + 1):
+            try:
+                ref: list[list[float]] = await self.reference.completion_logprobs.call_one(samples)
+                break
+            except oc.ActorDiedError:
+                if attempt == self.cfg.max_restarts:
+                    raise
+                await asyncio.sleep(0.5)  # being restarted: it holds nothing to lose
+        logprobs = iter(ref)
+        return [[_with_ref(c, r, next(logprobs)) for c, r in g] for g in groups]
+
     async def train(self, groups: list[list[tuple[Completion, float]]]) -> dict[str, Any]:
         self.phase = "train"
         n = self.cfg.trainers
         per = len(groups) // n
-        shards = [[s for g in groups[i * per : (i + 1) * per] for s in g] for i in range(n)]
+        batch: list[list[Any]] = list(groups)
+        if self.reference is not None:
+            batch = await self.with_reference(groups)
+        shards = [[s for g in batch[i * per : (i + 1) * per] for s in g] for i in range(n)]
         grads = oc.Collective("all_reduce", self.trainers.name, self.weight_bytes)
         async with self.ctx.phase("training", traffic=grads if n > 1 else None):
             stats = await asyncio.gather(
@@ -373,16 +325,17 @@ class Job:
         return accuracy
 
 
+def _with_ref(c: Completion, reward: float, ref: list[float]) -> dict[str, Any]:
+    return {
+        "prompt": c.prompt, "tokens": c.tokens, "sample_logprobs": c.sample_logprobs,
+        "version": c.version, "finish_reason": c.finish_reason, "reward": reward,
+        "ref_logprobs": ref,
+    }  # fmt: skip
+
+
 def group_key(request_id: str) -> str:
     """A request's group: ``"step/index"`` of ``"step/index/sample"``."""
     return request_id.rsplit("/", 1)[0]
-
-
-def _trainer_cannot_restart(failure: oc.Failure) -> None:
-    raise oc.ConfigError(
-        "a data-parallel trainer mesh is not restarted (its process group cannot be joined "
-        "again yet), nor a trainer without checkpoints (checkpoint_every=0)"
-    )
 
 
 async def first_of(awaitable: Any, tasks: Sequence[asyncio.Task[None]]) -> Any:

@@ -6,19 +6,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 import orchestr as oc
+from orchestr import clock
 
 from ._faults import MemberWatch, lost_during
 
 if TYPE_CHECKING:
     from ._job import Job
 
-__all__ = ["checkpoint", "ready", "recover_generator", "renew_generator", "rollback"]
+__all__ = [
+    "checkpoint",
+    "job_state",
+    "read_state",
+    "ready",
+    "recover_generator",
+    "renew_generator",
+    "resume",
+    "rollback",
+    "state_path",
+    "write_state",
+]
 
 log = structlog.get_logger("orchestr.roles.grpo")
 
@@ -127,10 +141,73 @@ async def checkpoint(job: Job, version: int, epoch: int) -> None:
         return
     previous, job.checkpoint_path = job.checkpoint_path, path
     job.checkpoints += 1
+    # the controller's side, after the trainer's: a resumed run goes on from the pair
+    await asyncio.to_thread(write_state, state_path(job), job_state(job, version, path))
     if previous is not None and previous != path:
         await asyncio.to_thread(_remove, previous)
+
+
+def write_state(path: str, state: dict[str, Any]) -> None:
+    """``state`` as JSON at ``path``, atomically (a temporary file, then a rename)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_state(path: str) -> dict[str, Any]:
+    """What :func:`write_state` wrote; raises :class:`ConfigError` when there is none to
+    resume from."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            state: dict[str, Any] = json.load(f)
+    except FileNotFoundError:
+        raise oc.ConfigError(
+            f"nothing to resume: {path} is missing (the run never reached a checkpoint)"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise oc.ConfigError(f"{path}: not a readable controller state: {exc}") from None
+    if not os.path.isfile(state.get("checkpoint", "")):
+        raise oc.ConfigError(f"{path}: its trainer checkpoint {state.get('checkpoint')} is missing")
+    return state
 
 
 def _remove(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
+
+
+def state_path(job: Job) -> str:
+    """The controller's state beside the trainer's checkpoints (what ``resume`` reads)."""
+    return os.path.join(os.path.dirname(job.checkpoint_base), "controller.json")
+
+
+def job_state(job: Job, version: int, path: str) -> dict[str, Any]:
+    """What a resumed run needs besides the trainer's checkpoint at ``path``: the batches
+    and evaluations recorded up to ``version``, the counts and the source's own."""
+    return {
+        "version": version,
+        "checkpoint": path,
+        "steps": [dataclasses.asdict(r) for r in job.steps if r.step < version],
+        "evals": [list(e) for e in job.evals if e[0] <= version],
+        "trained_samples": job.trained_samples,
+        "wall_s": clock.perf_counter() - job.start,
+        "source": job.source.state(),
+    }
+
+
+async def resume(job: Job) -> None:
+    """Go on from the last checkpoint of a run that stopped (``resume``): the trainer
+    restores it, and the batches and evaluations before it are the run's."""
+    from ._config import StepRecord
+
+    state = read_state(state_path(job))
+    job.checkpoint_path = state["checkpoint"]
+    job.first_step = int(await job.trainers[0].restore.call_one(job.checkpoint_path))
+    job.steps = [StepRecord(**r) for r in state["steps"]]
+    job.evals = [(int(v), float(a), float(w)) for v, a, w in state["evals"]]
+    job.trained_samples = int(state["trained_samples"])
+    job.resumed_wall = float(state["wall_s"])
+    job.source.restore(state["source"])

@@ -29,9 +29,11 @@ __all__ = [
     "ScoringSection",
     "TrainerSection",
     "apply_overrides",
-    "section_from",
+    "did_you_mean",
     "load_rl_config",
+    "read_config_table",
     "rl_config_from_dict",
+    "section_from",
 ]
 
 
@@ -74,13 +76,14 @@ class AlgorithmSection:
     (REINFORCE++: group mean, whitened over the batch). ``updates_per_step`` optimizer steps a
     batch; the ratio clipped to ``[1 - clip_eps, 1 + clip_eps_high]`` (clip-higher when the
     second is larger; default equal); ``loss_agg`` ``token_mean``, ``seq_mean_token_mean`` or
-    ``seq_mean_token_sum``; ``kl_coef`` × KL to the starting policy (``kl_estimator`` k1, k2
-    or k3; 0 turns the reference role off); ``entropy_coef`` × the entropy as a bonus;
+    ``seq_mean_token_sum``; ``kl_coef`` times the KL to the starting policy (``kl_estimator`` k1, k2
+    or k3; 0 turns the reference role off); ``entropy_coef`` times the entropy as a bonus;
     ``temperature`` of sampling; ``max_new_tokens`` a completion's limit;
     ``overlong_filter`` leaves completions cut at that limit out of the loss, and
     ``overlong_buffer`` > 0 takes up to ``overlong_penalty`` off the reward of completions
-    within that many tokens of it (DAPO's soft penalty). ``advantage_scale`` 0 or -1 gives the
-    controls."""
+    within that many tokens of it (DAPO's soft penalty). ``dynamic_sampling`` trains only on
+    groups whose rewards differ, drawing more groups (at most ``max_draws`` batches a step;
+    one trainer). ``advantage_scale`` 0 or -1 gives the controls."""
 
     name: str = "grpo"
     updates_per_step: int = 4
@@ -97,12 +100,14 @@ class AlgorithmSection:
     overlong_filter: bool = False
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
+    dynamic_sampling: bool = False
+    max_draws: int = 3
     advantage_scale: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleSection:
-    """How long and how fast: ``steps`` batches of ``prompts_per_step`` prompts × ``group_size``
+    """How long and how fast: ``steps`` batches of ``prompts_per_step`` prompts x ``group_size``
     samples; the rate ``lr`` after ``warmup_steps``, then ``constant``, ``cosine`` or ``linear``
     down to ``min_lr_ratio`` of it; AdamW's ``betas`` and ``weight_decay``; the held-out set is
     scored every ``eval_every`` batches and at the end; ``seed`` draws everything."""
@@ -203,7 +208,7 @@ SECTIONS: dict[str, type] = {
 TOP = ("model", "data", "reward", "scoring", "algorithm", "schedule", "trainer", "layout", "run")
 
 
-def _did_you_mean(key: str, choices: typing.Iterable[str]) -> str:
+def did_you_mean(key: str, choices: typing.Iterable[str]) -> str:
     close = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(choices))}"
 
@@ -240,7 +245,7 @@ def section_from(cls: type, table: Any, where: str) -> Any:
     values = {}
     for key, value in table.items():
         if key not in names:
-            raise oc.ConfigError(f"{where}: unknown key {key!r}{_did_you_mean(key, names)}")
+            raise oc.ConfigError(f"{where}: unknown key {key!r}{did_you_mean(key, names)}")
         if not _type_ok(value, hints[key]):
             raise oc.ConfigError(
                 f"{where}.{key} must be {_type_name(hints[key])}, got {value!r:.60}"
@@ -263,7 +268,7 @@ def rl_config_from_dict(table: dict[str, Any], source: str = "<config>") -> RLCo
     key and the fix."""
     for key in table:
         if key not in TOP:
-            raise oc.ConfigError(f"{source}: unknown section {key!r}{_did_you_mean(key, TOP)}")
+            raise oc.ConfigError(f"{source}: unknown section {key!r}{did_you_mean(key, TOP)}")
     for key in ("model", "data"):
         if key not in table:
             raise oc.ConfigError(f"{source}: a run needs a [{key}] section")
@@ -279,7 +284,8 @@ def rl_config_from_dict(table: dict[str, Any], source: str = "<config>") -> RLCo
     if not isinstance(rewards, list):
         raise oc.ConfigError(f"{source}: reward is a list of tables: write [[reward]]")
     parts["reward"] = [
-        section_from(RewardSection, r, f"{source}: [[reward]] #{i + 1}") for i, r in enumerate(rewards)
+        section_from(RewardSection, r, f"{source}: [[reward]] #{i + 1}")
+        for i, r in enumerate(rewards)
     ]
     model = parts["model"]
     if (model.path is None) == (model.tiny is None):
@@ -315,11 +321,11 @@ def apply_overrides(table: dict[str, Any], overrides: typing.Sequence[str]) -> d
     return out
 
 
-def load_rl_config(path: str, overrides: typing.Sequence[str] = ()) -> RLConfig:
-    """Read ``path`` (TOML) with ``overrides`` applied. Relative paths the file gives for
+def read_config_table(path: str, overrides: typing.Sequence[str] = ()) -> dict[str, Any]:
+    """The TOML table at ``path`` with ``overrides`` applied. Relative paths the file gives for
     ``model.path`` and the data's files are taken from its folder (an override's, from the
-    working directory). Raises :class:`ConfigError`
-    naming the file for a missing or unreadable file and for any bad key or value."""
+    working directory). Raises :class:`ConfigError` naming the file when it is missing or
+    unreadable."""
     try:
         with open(path, "rb") as f:
             table = tomllib.load(f)
@@ -332,5 +338,11 @@ def load_rl_config(path: str, overrides: typing.Sequence[str] = ()) -> RLConfig:
         value = table.get(section, {}).get(key) if isinstance(table.get(section), dict) else None
         if isinstance(value, str) and not os.path.isabs(value):
             table[section] = {**table[section], key: os.path.join(base, value)}
-    # an override's path is the command line's: taken from the working directory
-    return rl_config_from_dict(apply_overrides(table, overrides), path)
+    return apply_overrides(table, overrides)
+
+
+def load_rl_config(path: str, overrides: typing.Sequence[str] = ()) -> RLConfig:
+    """Read ``path`` (TOML) with ``overrides`` applied (:func:`read_config_table`). Raises
+    :class:`ConfigError` naming the file for a missing or unreadable file and for any bad key
+    or value."""
+    return rl_config_from_dict(read_config_table(path, overrides), path)

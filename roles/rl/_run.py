@@ -4,8 +4,10 @@ run on the job's cluster, and written to its run folder.
 The run folder (``run.dir``/``run.name``) holds ``config.json`` (the config as run),
 ``metrics.jsonl`` (a line per batch, written as it is trained, and one per held-out
 evaluation), ``samples.jsonl`` (some completions with their rewards, every ``eval_every``
-batches), ``summary.json``, ``checkpoints/`` (the trainer's, for restarts) and ``model/``: the
-trained policy as a Hugging Face folder (``model-NNNNN/`` every ``export_every`` batches).
+batches), ``tensorboard/`` (the same figures as event files, with the tensorboard package),
+``summary.json``, ``reward.png`` (with matplotlib), the job's ``events.jsonl`` and
+``trace.json``, ``checkpoints/`` (the trainer's, for restarts) and ``model/``: the trained
+policy as a Hugging Face folder (``model-NNNNN/`` every ``export_every`` batches).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ._grpo import run_grpo
 from ._llama import Checkpoint, LlamaModel
 from ._reference import TrainConfig
 from ._rlconfig import RLConfig, section_from
+from ._rundir import RunWriter, plot
 from ._source import DigitSource, Source
 
 __all__ = ["DigitsData", "Plan", "plan_rl", "run_rl"]
@@ -89,7 +92,7 @@ def _update_options(config: RLConfig) -> dict[str, Any]:
     """The algorithm's settings beyond :class:`TrainConfig`'s, as :class:`UpdateConfig` takes
     them (checked here)."""
     a, t = config.algorithm, config.trainer
-    options = {
+    options: dict[str, Any] = {
         "advantage": a.name,
         "clip_eps_high": a.clip_eps_high,
         "loss_agg": a.loss_agg,
@@ -105,17 +108,25 @@ def _update_options(config: RLConfig) -> dict[str, Any]:
     return options
 
 
-def plan_rl(config: RLConfig, run_dir: str | None = None) -> Plan:
+def plan_rl(config: RLConfig, run_dir: str | None = None, *, resume: bool = False) -> Plan:
     """Check ``config`` as far as can be without a process (files, the checkpoint's tokenizer,
     the data's fields, the reward functions' imports and signatures, every setting) and lay the
-    run out. Raises :class:`ConfigError` naming the config file, the key and the fix."""
+    run out. With ``resume``, ``run_dir`` is a run that stopped, to go on with: its config
+    must be this one (but for ``run`` and ``schedule.steps``). Raises :class:`ConfigError`
+    naming the config file, the key and the fix."""
     name = config.run.name or time.strftime("%Y%m%d-%H%M%S-") + config.layout.mode.replace("+", "-")
+    if resume and run_dir is None:
+        raise oc.ConfigError("resume needs the run's folder")
     run_dir = os.path.abspath(run_dir or os.path.join(config.run.dir, name))
+    if resume:
+        _same_run(config, run_dir)
     data = dict(config.data)
     digits = None
     if "digits" in data:
         if len(data) > 1:
-            raise oc.ConfigError(f"{config.source}: [data] digits is the built-in task: no other keys")
+            raise oc.ConfigError(
+                f"{config.source}: [data] digits is the built-in task: no other keys"
+            )
         digits = section_from(DigitsData, data["digits"], f"{config.source}: [data] digits")
         if config.reward:
             raise oc.ConfigError(f"{config.source}: the digit task scores itself: drop [[reward]]")
@@ -124,7 +135,9 @@ def plan_rl(config: RLConfig, run_dir: str | None = None) -> Plan:
     model: LlamaModel | Checkpoint
     if config.model.tiny is not None:
         if digits is None:
-            raise oc.ConfigError(f"{config.source}: [model] tiny is the digit task's model; give path")
+            raise oc.ConfigError(
+                f"{config.source}: [model] tiny is the digit task's model; give path"
+            )
         try:
             model = LlamaModel(**config.model.tiny)
         except TypeError as exc:
@@ -143,6 +156,7 @@ def plan_rl(config: RLConfig, run_dir: str | None = None) -> Plan:
     if digits is not None:
         source = DigitSource(train)
     else:
+        assert isinstance(model, Checkpoint)
         source = _data_source(config, data, train, model)
     lay, run = config.layout, config.run
     try:
@@ -155,7 +169,9 @@ def plan_rl(config: RLConfig, run_dir: str | None = None) -> Plan:
             checkpoint_dir=os.path.join(run_dir, "checkpoints"), kill=tuple(run.kill),
             kill_seed=run.kill_seed,
             export_dir=os.path.join(run_dir, "model") if run.export else None,
-            export_every=run.export_every if run.export else 0,
+            export_every=run.export_every if run.export else 0, resume=resume,
+            dynamic_sampling=config.algorithm.dynamic_sampling,
+            max_draws=config.algorithm.max_draws,
             update_options=_update_options(config),
             trainer_options={
                 "dtype": config.trainer.dtype,
@@ -168,7 +184,55 @@ def plan_rl(config: RLConfig, run_dir: str | None = None) -> Plan:
     return Plan(config, job, source, run_dir)
 
 
-def _data_source(config: RLConfig, data: dict[str, Any], train: TrainConfig, model: Checkpoint) -> Source:
+def _comparable(table: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in table.items() if k not in ("run", "source")}
+    out["schedule"] = {k: v for k, v in out.get("schedule", {}).items() if k != "steps"}
+    return out
+
+
+def _same_run(config: RLConfig, run_dir: str) -> None:
+    path = os.path.join(run_dir, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            before = json.load(f)
+    except FileNotFoundError:
+        raise oc.ConfigError(f"{run_dir}: not a run folder (no config.json) to resume") from None
+    except (OSError, ValueError) as exc:
+        raise oc.ConfigError(f"{path}: not readable: {exc}") from None
+    now = json.loads(json.dumps(dataclasses.asdict(config), default=str))
+    old, new = _comparable(before), _comparable(now)
+    changed = sorted(
+        f"{section}.{key}"
+        for section in set(old) | set(new)
+        for key in set(_keys(old.get(section))) | set(_keys(new.get(section)))
+        if _get(old.get(section), key) != _get(new.get(section), key)
+    )
+    if changed:
+        raise oc.ConfigError(
+            f"{config.source}: the run in {run_dir} was started with other settings "
+            f"({', '.join(changed)}); resume it with its own config (run.*, schedule.steps "
+            "may change)"
+        )
+
+
+def _keys(table: Any) -> list[Any]:
+    if isinstance(table, dict):
+        return list(table)
+    return list(range(len(table))) if isinstance(table, list) else [None]
+
+
+def _get(table: Any, key: Any) -> Any:
+    if key is None:
+        return table
+    try:
+        return table[key]
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def _data_source(
+    config: RLConfig, data: dict[str, Any], train: TrainConfig, model: Checkpoint
+) -> Source:
     spec = section_from(DataSpec, data, f"{config.source}: [data]")
     if not os.path.isfile(os.path.join(model.path, "tokenizer.json")):
         raise oc.ConfigError(f"{config.source}: [model] {model.path} has no tokenizer.json")
@@ -199,51 +263,6 @@ def _data_source(config: RLConfig, data: dict[str, Any], train: TrainConfig, mod
     )  # fmt: skip
 
 
-class RunWriter:
-    """Writes the run folder as the run goes: ``metrics.jsonl`` line by line, then the rest."""
-
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
-        os.makedirs(plan.run_dir, exist_ok=True)
-        with open(os.path.join(plan.run_dir, "config.json"), "w", encoding="utf-8") as f:
-            json.dump(dataclasses.asdict(plan.config), f, indent=2, default=str)
-        self.metrics = open(os.path.join(plan.run_dir, "metrics.jsonl"), "w", encoding="utf-8")  # noqa: SIM115
-        self.samples = open(os.path.join(plan.run_dir, "samples.jsonl"), "w", encoding="utf-8")  # noqa: SIM115
-
-    def step(self, record: StepRecord) -> None:
-        row = {"kind": "step", **dataclasses.asdict(record)}
-        tally = self.plan.source.tally
-        if tally.last:
-            row["rewards"] = dict(tally.last)
-        self.metrics.write(json.dumps(row) + "\n")
-        self.metrics.flush()
-        if record.accuracy is not None:
-            for sample in self.plan.source.samples():
-                self.samples.write(json.dumps({"step": record.step, **sample}) + "\n")
-            self.samples.flush()
-
-    def close(self, result: GRPOResult | None) -> dict[str, Any]:
-        self.samples.close()
-        summary: dict[str, Any] = {}
-        if result is not None:
-            for version, score, wall in result.evals:
-                row = {"kind": "eval", "version": version, "held_out": score, "wall_s": wall}
-                self.metrics.write(json.dumps(row) + "\n")
-            summary = {
-                "mode": self.plan.job.mode,
-                **result.summary(),
-                "held_out": [e[1] for e in result.evals],
-                "weight_sync": result.weight_sync,
-                "final_digest": result.final_digest,
-                "reward_failures": result.rewards,
-                "exported": result.exported,
-            }
-            with open(os.path.join(self.plan.run_dir, "summary.json"), "w", encoding="utf-8") as f:
-                json.dump(summary, f, indent=2, default=str)
-        self.metrics.close()
-        return summary
-
-
 async def run_rl(
     ctx: oc.JobContext,
     config: RLConfig,
@@ -251,11 +270,15 @@ async def run_rl(
     *,
     on_phase: Callable[[str], None] | None = None,
     run_dir: str | None = None,
+    resume: bool = False,
 ) -> tuple[Plan, GRPOResult, dict[str, Any]]:
-    """Plan ``config`` (:func:`plan_rl`), run it on ``ctx``'s cluster and write its run folder.
-    Returns the plan, the result and the summary written. Raises :class:`ConfigError` before
-    any process starts for a bad config, and what :func:`~._grpo.run_grpo` raises."""
-    plan = plan_rl(config, run_dir)
+    """Plan ``config`` (:func:`plan_rl`), run it on ``ctx``'s cluster and write its run folder;
+    with ``resume``, go on with the run in ``run_dir`` from its last checkpoint. Returns the
+    plan, the result and the summary written. Raises :class:`ConfigError` before any process
+    starts for a bad config, and what :func:`~._grpo.run_grpo` raises. Blocks until the last
+    batch is trained and evaluated; not cancel-safe: a cancelled run stops its roles and leaves
+    its folder as far as it got (``--resume`` goes on from its last checkpoint)."""
+    plan = plan_rl(config, run_dir, resume=resume)
     writer = RunWriter(plan)
 
     def step(record: StepRecord) -> None:
@@ -268,4 +291,6 @@ async def run_rl(
         result = await run_grpo(ctx, plan.job, step, on_phase=on_phase, source=plan.source)
     finally:
         summary = writer.close(result)
+    plot(os.path.join(plan.run_dir, "reward.png"), result, config.source)
+    ctx.write_trace(plan.run_dir)  # events.jsonl and trace.json (Perfetto)
     return plan, result, summary

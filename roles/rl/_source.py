@@ -23,7 +23,7 @@ from orchestr.roles._common._sampling import sample_key
 from orchestr.roles.generator import Completion, Request
 
 from . import _task
-from ._reference import TrainConfig, kv_options, request_digits, step_requests
+from ._reference import TrainConfig, group_requests, kv_options, request_digits, step_requests
 
 __all__ = ["DigitSource", "RewardTally", "Source"]
 
@@ -64,6 +64,11 @@ class Source:
     def step_requests(self, step: int) -> list[Request]:
         raise NotImplementedError
 
+    def extra_requests(self, step: int, draw: int) -> list[Request]:
+        """More groups for ``step`` (dynamic sampling's ``draw``-th extra batch): prompt
+        indices from ``draw * prompts_per_step`` on, keyed like the step's own."""
+        raise NotImplementedError
+
     def reward_payload(self, completions: Sequence[Completion]) -> list[Any]:
         raise NotImplementedError
 
@@ -90,7 +95,9 @@ class Source:
         source judges them itself (:meth:`held_out_score`)."""
         return None
 
-    def held_out_score(self, completions: Sequence[Sequence[int]], rewards: list[float] | None) -> float:
+    def held_out_score(
+        self, completions: Sequence[Sequence[int]], rewards: list[float] | None
+    ) -> float:
         raise NotImplementedError
 
     def kv(self, config: TrainConfig) -> dict[str, Any]:
@@ -98,8 +105,14 @@ class Source:
         return kv_options(config)
 
     def state(self) -> dict[str, Any]:
-        """What a resumed run needs to go on from where this one was (beyond the step)."""
-        return {}
+        """What a resumed run needs to go on from where this one was (beyond the step, from
+        which the position in the data and every sample's seed follow)."""
+        return {"reward_failures": self.tally.failed()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back what :meth:`state` gave."""
+        for name, causes in state.get("reward_failures", {}).items():
+            self.tally.failures[name] = collections.Counter(causes)
 
 
 class DigitSource(Source):
@@ -115,6 +128,11 @@ class DigitSource(Source):
     def step_requests(self, step: int) -> list[Request]:
         return step_requests(self.config, step)
 
+    def extra_requests(self, step: int, draw: int) -> list[Request]:
+        per = self.config.prompts_per_step
+        indices = range(draw * per, (draw + 1) * per)
+        return [r for i in indices for r in group_requests(self.config, step, i)]
+
     def reward_payload(self, completions: Sequence[Completion]) -> list[Any]:
         return [[list(request_digits(c)), c.tokens] for c in completions]
 
@@ -124,13 +142,17 @@ class DigitSource(Source):
             _task.max_new_tokens(p) for p in self.prompts
         ]
 
-    def held_out_score(self, completions: Sequence[Sequence[int]], rewards: list[float] | None) -> float:
+    def held_out_score(
+        self, completions: Sequence[Sequence[int]], rewards: list[float] | None
+    ) -> float:
         task = self.config.task
         hits = sum(task.accuracy(p, c) for p, c in zip(self.prompts, completions, strict=True))
         return hits / len(self.prompts)
 
 
-def group_of(config: TrainConfig, step: int, index: int, prompt: list[int], max_new: int) -> list[Request]:
+def group_of(
+    config: TrainConfig, step: int, index: int, prompt: list[int], max_new: int
+) -> list[Request]:
     """The ``group_size`` requests of prompt ``index`` of ``step``, ids ``"step/index/j"``."""
     return [
         Request(

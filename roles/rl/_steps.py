@@ -45,6 +45,7 @@ def record(
         approx_kl=float(stats["approx_kl"]),
         entropy=float(stats["entropy"]),
         logprob_gap=float(stats["logprob_gap"]),
+        kl=float(stats.get("kl", 0.0)),
     )
 
 
@@ -66,7 +67,7 @@ async def finish_step(job: Job, record: StepRecord) -> None:
 async def run_steps(job: Job, body: Callable[[int], Awaitable[None]]) -> None:
     """Run ``body`` for each batch; when the trainer dies during one, roll back to its
     checkpoint and go on from there."""
-    step = 0
+    step = job.first_step
     trainer = job.trainer_watch
     while True:
         while step < job.tc.steps:

@@ -34,6 +34,7 @@ from orchestr.roles.generator import Completion, Request
 
 from ._faults import lost_during
 from ._job import Job, group_key, groups_of
+from ._modes import varied, with_seen
 from ._steps import finish_step, record, run_steps
 from ._streaming import LengthRanker
 
@@ -84,7 +85,7 @@ class Rollouts:
         self.short_ids = [i for i in range(cfg.generators) if i not in self.long_ids]
         self.route: dict[str, int] = {}  # stream+skew: group key -> generator
         self.turn = 0
-        self.next_step = 0
+        self.next_step = job.first_step
         self.again: collections.deque[list[Request]] = collections.deque()  # drawn first
         self.queued: collections.deque[list[Request]] = collections.deque()  # counted, not fed
         self.fed: dict[str, list[Request]] = {}  # in this run's graph, not taken
@@ -97,6 +98,8 @@ class Rollouts:
         self._holder: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._epochs: list[int] = []
+        #: Every group scored for the last batch taken (more than it with dynamic sampling).
+        self.seen: list[Scored] = []
 
     # -- the graph ---------------------------------------------------------------------------
     def graph(self) -> oc.Graph:
@@ -223,10 +226,33 @@ class Rollouts:
     # -- the trainer's side ------------------------------------------------------------------
     async def take(self, step: int) -> list[Scored]:
         """The next batch for the trainer at version ``step``, scored; nothing older than
-        ``step - eta``. Blocks until ``prompts_per_step`` groups are through."""
-        job = self.job
+        ``step - eta``. Blocks until ``prompts_per_step`` groups are through. With dynamic
+        sampling, only groups whose rewards differ, taking more (up to ``max_draws`` rounds)
+        while too few did; the groups left out leave the budget at once."""
+        scored = await self._scored(await self._groups(step, self.per_step))
+        self.seen = scored
+        if not self.job.cfg.dynamic_sampling:
+            return scored
+        kept = [g for g in scored if varied(g)]
+        seen, last = list(scored), scored
+        for _ in range(1, self.job.cfg.max_draws):
+            if len(kept) >= self.per_step:
+                break
+            await self.release(len(last) - sum(map(varied, last)))
+            last = await self._scored(await self._groups(step, self.per_step - len(kept)))
+            seen += last
+            kept += [g for g in last if varied(g)]
+        self.seen = seen
+        self.job.skipped_groups += len(seen) - len(kept or last)
+        if not kept:  # nothing to learn from: the last round's groups, as plain GRPO would
+            return last
+        await self.release(len(last) - sum(map(varied, last)))  # the last round's uniform ones
+        return kept
+
+    async def _groups(self, step: int, n: int) -> list[list[Completion]]:
+        """The next ``n`` groups through the graph."""
         groups: list[list[Completion]] = []
-        while len(groups) < self.per_step:
+        while len(groups) < n:
             if self.run is None:
                 await self.start()
             assert self.run is not None
@@ -243,8 +269,12 @@ class Rollouts:
             self.taken += 1
             groups.append(done)
         self.restarts = 0
-        job.dropped = self.stale()
+        self.job.dropped = self.stale()
+        return groups
+
+    async def _scored(self, groups: list[list[Completion]]) -> list[Scored]:
         # one call for the batch: the groups that came first waited for the last anyway
+        job = self.job
         job.phase = "score"
         samples = [c for g in groups for c in g]
         rewards = iter(await job.score(samples))
@@ -313,7 +343,7 @@ async def run_stream(job: Job, skew: bool) -> None:
             await rollouts.release(len(groups))  # not trained: they leave the budget, undrawn
             raise
         loading = asyncio.create_task(load_then_release(ref, len(groups)))
-        done = record(job, step, stats, groups)
+        done = with_seen(record(job, step, stats, groups), groups, rollouts.seen)
         await finish_step(job, dataclasses.replace(done, dropped=rollouts.stale()))
 
     try:

@@ -161,9 +161,7 @@ def test_reward_functions_are_checked_against_the_data(
     tmp_path: pathlib.Path, checkpoint: str, reward: str, says: str
 ) -> None:
     config = _write(tmp_path, checkpoint)
-    text = config.read_text().replace(
-        'function = "orchestr.roles.reward:exact_match"', reward
-    )
+    text = config.read_text().replace('function = "orchestr.roles.reward:exact_match"', reward)
     config.write_text(text)
     if not says:
         plan_rl(load_rl_config(str(config)), run_dir=str(tmp_path / "r"))
@@ -192,7 +190,9 @@ def test_parquet_rows_and_a_held_out_file(tmp_path: pathlib.Path, checkpoint: st
     assert read_rows(str(tmp_path / "train.parquet")) == rows
     config = _write(tmp_path, checkpoint)
     (tmp_path / "held.jsonl").write_text(json.dumps(rows[0]) + "\n")
-    text = config.read_text().replace('path = "train.jsonl"', 'path = "train.parquet"\nheld_out = "held.jsonl"')
+    text = config.read_text().replace(
+        'path = "train.jsonl"', 'path = "train.parquet"\nheld_out = "held.jsonl"'
+    )
     config.write_text(text)
     plan = plan_rl(load_rl_config(str(config)), run_dir=str(tmp_path / "r"))
     assert isinstance(plan.source, DataSource)
@@ -212,3 +212,17 @@ def test_a_reasoning_gym_task_is_a_source(tmp_path: pathlib.Path, checkpoint: st
     assert len(source.train) + len(source.held) == 50
     assert {"answer", "metadata"} <= set(source.train.fields[0])
     assert source.train.fields[0]["metadata"]["source_dataset"] == "chain_sum"
+
+
+def test_dynamic_sampling_keeps_groups_whose_rewards_differ() -> None:
+    from orchestr.roles.rl._modes import varied
+
+    assert varied([(None, 0.0), (None, 1.0)])  # type: ignore[list-item]
+    assert not varied([(None, 0.5), (None, 0.5), (None, 0.5)])  # type: ignore[list-item]
+    with pytest.raises(oc.ConfigError, match="trainers=1"):
+        plan_rl(
+            load_rl_config(
+                str(DIGITS), ["algorithm.dynamic_sampling=true", "layout.trainers=2"]
+            ),
+            run_dir="/tmp/unused-run",
+        )

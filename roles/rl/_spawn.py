@@ -1,0 +1,126 @@
+"""Spawning a GRPO job's roles: generators, trainers, the reward mesh and (for the KL penalty)
+a reference policy, each with its restart policy and the hook that hears of its deaths; a
+resumed run's trainer starts from the run's last checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import orchestr as oc
+from orchestr.roles.generator import Generator
+from orchestr.roles.reward import Reward
+from orchestr.roles.trainer import Trainer
+
+from ._config import CHECKPOINTED, generator_engine
+from ._faults import lost_during
+from ._llama import Checkpoint
+from ._recovery import checkpoint, resume
+
+if TYPE_CHECKING:
+    from ._job import Job
+
+__all__ = ["LOAD_MODEL", "spawn_roles"]
+
+#: How the trainer builds a checkpoint model: the same modules the generators' engine runs.
+LOAD_MODEL = "orchestr.roles.models:load_model"
+
+
+async def spawn_roles(job: Job) -> None:
+    """Spawn ``job``'s roles on its cluster. Blocks until every member is up (and a resumed
+    run's trainer has restored its checkpoint)."""
+    tc, cfg = job.tc, job.cfg
+    res = {"cpu": cfg.cpu}
+    policy = oc.RestartPolicy(max_restarts=cfg.max_restarts)
+    model: dict[str, Any] = {"model_kwargs": dataclasses.asdict(tc.model)}
+    trained = model
+    if isinstance(tc.model, CHECKPOINTED):
+        if isinstance(tc.model, Checkpoint):
+            folder = tc.model.path
+        else:  # made here, once, from the run's seed: every role loads the same folder
+            job.model_dir = tempfile.mkdtemp(prefix="orchestr-grpo-model-")
+            folder = tc.model.make(os.path.join(job.model_dir, "llama"), tc.seed)
+        engine = generator_engine(cfg)
+        model = {"checkpoint": folder, "engine": engine}
+        model |= {"kv": job.source.kv(tc)} if engine == "paged" else {"vllm": cfg.vllm}
+        trained = {"model_factory": LOAD_MODEL, "model_kwargs": {"folder": folder}}
+    job.gens = await job.ctx.spawn(
+        Generator,
+        seed=tc.seed,
+        max_batch=cfg.max_batch,
+        torch_threads=cfg.torch_threads,
+        nice=cfg.generator_nice,
+        n=cfg.generators,
+        resources=res,
+        restart=policy,
+        supervise=job.hook("generator"),
+        **model,
+    )
+    job.trainers = await job.ctx.spawn(
+        Trainer,
+        seed=tc.seed,
+        lr=tc.lr,
+        lr_schedule=tc.lr_schedule,
+        lr_steps=tc.steps,
+        min_lr_ratio=tc.min_lr_ratio,
+        betas=tc.betas,
+        weight_decay=tc.weight_decay,
+        update=dataclasses.asdict(tc.update) | dict(cfg.update_options),
+        max_staleness=cfg.eta if cfg.mode != "sync" else 0,
+        pad_id=job.source.pad_id,
+        eos_id=job.source.eos_id,
+        torch_threads=cfg.torch_threads,
+        n=cfg.trainers,
+        resources=res,
+        restart=policy if job.trainer_restarts else None,
+        supervise=job.hook("trainer") if job.trainer_restarts else _trainer_cannot_restart,
+        **trained,
+        **cfg.trainer_options,
+    )
+    args, kwargs = job.source.reward_args
+    if cfg.update_options.get("kl_coef"):
+        # the frozen starting policy: a trainer that never trains, for the KL penalty
+        job.reference = await job.ctx.spawn(
+            Trainer,
+            seed=tc.seed,
+            pad_id=job.source.pad_id,
+            torch_threads=cfg.torch_threads,
+            n=1,
+            resources=res,
+            restart=policy,
+            **trained,
+        )
+    job.rewards = await job.ctx.spawn(
+        Reward,
+        *args,
+        **kwargs,
+        n=cfg.rewards,
+        resources=res,
+        restart=policy,
+        supervise=job.hook("reward"),
+    )
+    if cfg.trainers > 1:
+        await job.ctx.init_distributed(job.trainers)
+    if job.injector is not None:
+        meshes = {"generator": job.gens, "trainer": job.trainers, "reward": job.rewards}
+        job.injector.meshes = meshes
+    if job.trainer_restarts:
+        job.checkpoint_base = job.checkpoint_base_path()
+        if cfg.resume:
+            await resume(job)
+        while job.checkpoint_path is None:  # a restarted trainer starts from version 0 too
+            epoch = job.trainer_watch.epoch
+            try:
+                await checkpoint(job, 0, epoch)
+            except oc.OrchestrError as exc:
+                if not await lost_during([job.trainer_watch], [epoch], exc):
+                    raise
+
+
+def _trainer_cannot_restart(failure: oc.Failure) -> None:
+    raise oc.ConfigError(
+        "a data-parallel trainer mesh is not restarted (its process group cannot be joined "
+        "again yet), nor a trainer without checkpoints (checkpoint_every=0)"
+    )
