@@ -44,34 +44,14 @@ def test_a_bad_config_fails_before_any_process(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_the_main_jobs_config_runs_and_writes_its_folder(tmp_path: pathlib.Path) -> None:
-    run = tmp_path / "run"
-    proc = _rl(
-        "examples/rl/digits.toml", "--run-dir", str(run), "--set", "schedule.steps=4",
-        "--set", "schedule.eval_every=2", "--set", "layout.mode=sync",
-        "--set", "run.export_every=2",
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1].startswith(f"wrote {run}/ (checkpoints, config.json")
-    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in steps if r["kind"] == "step"] == [0, 1, 2, 3]
-    assert all(r["kl"] == 0.0 for r in steps if r["kind"] == "step")  # no penalty, no reference
-    assert [r["version"] for r in steps if r["kind"] == "eval"] == [0, 2, 4]
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["mode"] == "sync" and len(summary["held_out"]) == 3
-    events = list((run / "tensorboard").glob("events.out.tfevents.*"))
-    assert len(events) == 1 and events[0].stat().st_size > 0
-    for folder in ("model", "model-00002"):
-        assert (run / folder / "model.safetensors").is_file()
-        assert (run / folder / "config.json").is_file()
-
-
-@pytest.mark.timeout(300)
 def test_a_run_on_your_own_checkpoint_data_and_rewards(tmp_path: pathlib.Path) -> None:
     """Stream mode on a checkpoint and JSONL rows of one's own, two weighted reward functions
-    (one failing on half the rows: counted, scored as the default, the run goes on) and a KL
-    penalty to the starting policy; the exported folder loads in ``transformers``."""
-    transformers = pytest.importorskip("transformers")
+    (one failing on half the rows: counted, scored as the default, the run goes on), a KL
+    penalty to the starting policy and dynamic sampling (groups whose rewards are all equal,
+    most of them for a random policy, are left out and counted); the exported folder loads in
+    ``transformers``."""
+    import transformers
+
     make_tiny("llama", tmp_path / "model", hidden=32, heads=2, seed=1)
     rows = [{"prompt": f"Say {i % 10}:", "answer": str(i % 10), "id": i} for i in range(60)]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -81,7 +61,7 @@ def test_a_run_on_your_own_checkpoint_data_and_rewards(tmp_path: pathlib.Path) -
         '[[reward]]\nfunction = "tests.cli.rl_rewards:first_digit"\n'
         '[[reward]]\nfunction = "tests.cli.rl_rewards:flaky"\nweight = 0.5\n'
         "[scoring]\ndefault = -1.0\n"
-        "[algorithm]\nmax_new_tokens = 6\nkl_coef = 0.1\n"
+        "[algorithm]\nmax_new_tokens = 6\nkl_coef = 0.1\ndynamic_sampling = true\n"
         "[schedule]\nsteps = 3\nprompts_per_step = 4\ngroup_size = 4\nlr = 1e-3\neval_every = 3\n"
         '[layout]\nmode = "stream"\n'
     )
@@ -97,6 +77,8 @@ def test_a_run_on_your_own_checkpoint_data_and_rewards(tmp_path: pathlib.Path) -
     assert len(trained) == 3 and set(trained[0]["rewards"]) == {"first_digit", "flaky"}
     # the KL to the reference role's policy, measured at each batch's last update
     assert all(r["kl"] > 0 for r in trained)
+    skipped = [r["skipped"] for r in trained]
+    assert summary["skipped_groups"] == sum(skipped) > 0
     # odd rows fail: the default (-1) on those, 0.5 on the others
     assert min(r["rewards"]["flaky"] for r in trained) < 0.5
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
@@ -105,17 +87,35 @@ def test_a_run_on_your_own_checkpoint_data_and_rewards(tmp_path: pathlib.Path) -
     assert model.config.num_hidden_layers == 2
 
 
+def _check_folder(run: pathlib.Path, stdout: str) -> None:
+    assert stdout.splitlines()[-1].startswith(f"wrote {run}/ (checkpoints, config.json")
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if r["kind"] == "step"] == list(range(6))
+    assert all(r["kl"] == 0.0 for r in steps if r["kind"] == "step")  # no penalty, no reference
+    assert [r["version"] for r in steps if r["kind"] == "eval"] == [0, 3, 6]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["mode"] == "sync" and len(summary["held_out"]) == 3
+    events = list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 0
+    for folder in ("model", "model-00002", "model-00004"):
+        assert (run / folder / "model.safetensors").is_file()
+        assert (run / folder / "config.json").is_file()
+
+
 @pytest.mark.timeout(600)
 def test_a_killed_run_resumes_to_the_same_weights(tmp_path: pathlib.Path) -> None:
-    """Sync mode, one generator and one trainer: a run whose controller is SIGKILLed after its
-    fourth batch, resumed from its last checkpoint, ends with the weights of a run never
-    stopped, bit for bit (the position in the data and every sample follow from the batch)."""
+    """The main job's config in sync mode, one generator and one trainer: a run whose
+    controller is SIGKILLed after its fourth batch, resumed from its last checkpoint, ends with
+    the weights of a run never stopped, bit for bit (the position in the data and every sample
+    follow from the batch). The run never stopped writes its folder as it should."""
     sets = [
         "--set", "schedule.steps=6", "--set", "schedule.eval_every=3", "--set", "layout.mode=sync",
         "--set", "layout.generators=1", "--set", "run.checkpoint_every=2",
+        "--set", "run.export_every=2",
     ]  # fmt: skip
     whole = _rl("examples/rl/digits.toml", "--run-dir", str(tmp_path / "whole"), *sets)
     assert whole.returncode == 0, whole.stderr
+    _check_folder(tmp_path / "whole", whole.stdout)
     run = tmp_path / "killed"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
@@ -145,20 +145,3 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path: pathlib.Path) -> Non
     assert [r["step"] for r in steps if r["kind"] == "step"] == list(range(6))
     other = _rl("examples/rl/digits.toml", "--resume", str(run), *sets, "--set", "schedule.lr=1")
     assert other.returncode == 2 and "schedule.lr" in other.stderr
-
-
-@pytest.mark.timeout(300)
-def test_dynamic_sampling_skips_groups_that_teach_nothing(tmp_path: pathlib.Path) -> None:
-    """Sync mode (deterministic): groups whose rewards are all equal are drawn again and left
-    out of the batch, and counted; the batch's reward is over every group scored."""
-    run = tmp_path / "run"
-    proc = _rl(
-        "examples/rl/digits.toml", "--run-dir", str(run), "--set", "schedule.steps=2",
-        "--set", "layout.mode=sync", "--set", "algorithm.dynamic_sampling=true",
-        "--set", "run.export=false",
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    summary = json.loads((run / "summary.json").read_text())
-    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    skipped = [r["skipped"] for r in steps if r["kind"] == "step"]
-    assert summary["skipped_groups"] == sum(skipped) > 0
