@@ -58,9 +58,10 @@ def _toml(value: Any) -> str:
 
 
 class Progress:
-    """A line per held-out evaluation (and the first batch), or one line redrawn in place on a
-    terminal: step, reward (per function too), length, KL, entropy, clip fraction,
-    samples/s and the controller's phase."""
+    """A line per held-out evaluation (and the first batch), or on a terminal a progress bar
+    (tqdm's, when installed; else one line redrawn in place): step, reward (per function
+    too), held-out score, length, KL, entropy, clip fraction, samples/s and the controller's
+    phase."""
 
     def __init__(self, steps: int, quiet: bool, source: Any) -> None:
         self.steps, self.quiet, self.source = steps, quiet, source
@@ -68,40 +69,62 @@ class Progress:
         self.last: Any = None
         self.held_out: float | None = None
         self.phase = "starting"
+        self.bar: Any = None
+
+    def _start_bar(self) -> None:
+        """The bar, from the first phase after the roles are up (so its rate is the run's)."""
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            self.bar = False
+        else:
+            self.bar = tqdm(total=self.steps, unit="batch", dynamic_ncols=True, file=sys.stdout)
 
     def on_phase(self, phase: str) -> None:
         self.phase = phase
-        if self.live:
+        if self.live and self.bar is None:
+            self._start_bar()
+        if self.bar:
+            self.bar.set_description_str(phase, refresh=False)
+        elif self.live:
             self.draw()
 
     def on_step(self, record: Any) -> None:
         self.last = record
         if record.accuracy is not None:
             self.held_out = record.accuracy
-        if self.live:
+        if self.bar:
+            self.bar.set_postfix_str(self.fields(record), refresh=False)
+            self.bar.update(record.step + 1 - self.bar.n)
+        elif self.live:
             self.draw()
         elif not self.quiet and (record.accuracy is not None or record.step == 0):
             print(self.line(), flush=True)
+
+    def fields(self, r: Any) -> str:
+        held = "  -  " if self.held_out is None else f"{self.held_out:5.3f}"
+        per = self.source.tally.last
+        parts = f" ({', '.join(f'{k} {v:.2f}' for k, v in per.items())})" if len(per) > 1 else ""
+        return (
+            f"reward {r.reward:5.3f}{parts} | held-out {held} | len {r.mean_length:5.1f} | "
+            f"kl {r.kl:.4f} | entropy {r.entropy:4.2f} | clip {r.clip_frac:4.2f} | "
+            f"{r.samples_per_s:5.0f} samples/s"
+        )
 
     def line(self) -> str:
         r = self.last
         if r is None:
             return f"step    0/{self.steps} | {self.phase}"
-        held = "  -  " if self.held_out is None else f"{self.held_out:5.3f}"
-        per = self.source.tally.last
-        parts = f" ({', '.join(f'{k} {v:.2f}' for k, v in per.items())})" if len(per) > 1 else ""
-        return (
-            f"step {r.step + 1:4d}/{self.steps} | reward {r.reward:5.3f}{parts} | held-out {held}"
-            f" | len {r.mean_length:5.1f} | kl {r.kl:.4f} | entropy {r.entropy:4.2f} | "
-            f"clip {r.clip_frac:4.2f} | {r.samples_per_s:5.0f} samples/s | {self.phase}"
-        )
+        return f"step {r.step + 1:4d}/{self.steps} | {self.fields(r)} | {self.phase}"
 
     def draw(self) -> None:
         sys.stdout.write("\r\x1b[2K" + self.line())
         sys.stdout.flush()
 
     def close(self) -> None:
-        if self.live:
+        if self.bar:
+            self.bar.close()
+        elif self.live:
             sys.stdout.write("\n")
 
 
