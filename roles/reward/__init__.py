@@ -1,8 +1,12 @@
 """The reward role: a stateless mesh that scores samples, with a scorer named by path or with
-weighted reward functions on a dataset's rows, and the rule rewards that ship with it.
+weighted reward functions and/or a neural reward model on a dataset's rows, and the rule
+rewards that ship with it.
 
 - :class:`Reward`: ``Reward(scorer)`` scores ``[prompt, completion]`` pairs;
-  ``Reward(functions=[...])`` scores rows in a process of its own under time limits.
+  ``Reward(functions=[...])`` scores rows in a process of its own under time limits;
+  ``Reward(model=folder)`` (alone or beside functions) adds a reward model's score (a one-label
+  ``...ForSequenceClassification`` checkpoint, :func:`orchestr.roles.models.load_reward_model`)
+  of each row's text, weighted.
 - :func:`check_functions`: a config's reward functions checked against a dataset's fields
   before any process starts.
 - Rule rewards, named ``"orchestr.roles.reward:<name>"``: :func:`exact_match`,

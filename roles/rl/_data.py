@@ -232,7 +232,8 @@ def load_rows(spec: DataSpec, tokenizer: Tokenizer) -> tuple[Rows, Rows]:
 
 class DataSource(Source):
     """Prompts from :class:`Rows`, ``group_size`` samples each, scored by a
-    :class:`~orchestr.roles.Reward` mesh's weighted ``functions``; the held-out score is the
+    :class:`~orchestr.roles.Reward` mesh's weighted ``functions`` and (``scorer``: its
+    ``model``, ``model_weight`` and ``model_name``) a reward model; the held-out score is the
     mean reward of greedy completions of the held-out rows."""
 
     reward_endpoint = "score_rows"
@@ -253,6 +254,7 @@ class DataSource(Source):
         overlong: tuple[int, float] = (0, 0.0),
         tokenizer: Tokenizer | None = None,
         keep_samples: int = 4,
+        scorer: dict[str, Any] | None = None,
     ) -> None:
         self.config = config
         self.overlong_buffer, self.overlong_penalty = overlong
@@ -262,8 +264,9 @@ class DataSource(Source):
         self.train, self.held = train, held_out
         self.max_new_tokens = max_new_tokens
         self.eos_id, self.pad_id = eos_id, pad_id
-        reward_kwargs: dict[str, Any] = {"functions": [dict(f) for f in functions]}
-        reward_kwargs["tokenizer"] = checkpoint
+        reward_kwargs: dict[str, Any] = {"tokenizer": checkpoint, **(scorer or {})}
+        if functions:
+            reward_kwargs["functions"] = [dict(f) for f in functions]
         reward_kwargs |= {"timeout_s": timeout_s, "default": default}
         self.reward_args = ((), reward_kwargs)
         self.tally = RewardTally()

@@ -49,12 +49,16 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True)
 class RewardSection:
-    """One reward function: ``function`` (``"module:function"``, called as ``fn(prompt,
-    completion, **fields)`` with the row's fields its signature names), its ``weight`` in the
-    sum, a ``name`` for the metrics (default: the function's), and ``args`` (keyword arguments
-    given to every call, e.g. a regex's ``pattern``)."""
+    """One reward: ``function`` (``"module:function"``, called as ``fn(prompt, completion,
+    **fields)`` with the row's fields its signature names) or ``model`` (a reward model's
+    checkpoint folder, ``LlamaForSequenceClassification`` or ``Qwen2ForSequenceClassification``
+    with one label, scoring the prompt and completion as text on the reward workers); its
+    ``weight`` in the sum, a ``name`` for the metrics (default: the function's,
+    ``reward_model`` for a model), and ``args`` (keyword arguments given to every call of a
+    function, e.g. a regex's ``pattern``)."""
 
-    function: str
+    function: str | None = None
+    model: str | None = None
     weight: float = 1.0
     name: str | None = None
     args: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -287,6 +291,13 @@ def rl_config_from_dict(table: dict[str, Any], source: str = "<config>") -> RLCo
         section_from(RewardSection, r, f"{source}: [[reward]] #{i + 1}")
         for i, r in enumerate(rewards)
     ]
+    for i, r in enumerate(parts["reward"]):
+        if (r.function is None) == (r.model is None):
+            raise oc.ConfigError(f"{source}: [[reward]] #{i + 1} needs one of function or model")
+        if r.model is not None and r.args:
+            raise oc.ConfigError(f"{source}: [[reward]] #{i + 1}: args are a function's")
+    if sum(r.model is not None for r in parts["reward"]) > 1:
+        raise oc.ConfigError(f"{source}: one [[reward]] model at most")
     model = parts["model"]
     if (model.path is None) == (model.tiny is None):
         raise oc.ConfigError(f"{source}: [model] needs one of path (a checkpoint folder) or tiny")
@@ -338,6 +349,10 @@ def read_config_table(path: str, overrides: typing.Sequence[str] = ()) -> dict[s
         value = table.get(section, {}).get(key) if isinstance(table.get(section), dict) else None
         if isinstance(value, str) and not os.path.isabs(value):
             table[section] = {**table[section], key: os.path.join(base, value)}
+    for reward in table.get("reward", []) if isinstance(table.get("reward"), list) else []:
+        model = reward.get("model") if isinstance(reward, dict) else None
+        if isinstance(model, str) and not os.path.isabs(model):
+            reward["model"] = os.path.join(base, model)
     return apply_overrides(table, overrides)
 
 

@@ -242,21 +242,33 @@ def _data_source(
     except oc.ConfigError as exc:
         raise oc.ConfigError(f"{config.source}: [data] {exc}") from None
     if not config.reward:
-        raise oc.ConfigError(f"{config.source}: a data run needs at least one [[reward]] function")
+        raise oc.ConfigError(f"{config.source}: a data run needs at least one [[reward]]")
     functions = [
         {"path": r.function, "weight": r.weight, "args": dict(r.args)}
         | ({"name": r.name} if r.name else {})
         for r in config.reward
+        if r.function is not None
     ]
     fields = {key for row in rows.fields[:1] for key in row}
-    try:
-        check_functions(functions, fields)
-    except oc.ConfigError as exc:
-        raise oc.ConfigError(f"{config.source}: [[reward]] {exc}") from None
+    if functions:
+        try:
+            check_functions(functions, fields)
+        except oc.ConfigError as exc:
+            raise oc.ConfigError(f"{config.source}: [[reward]] {exc}") from None
+    scorer: dict[str, Any] = {}
+    for r in config.reward:
+        if r.model is not None:
+            if not os.path.isfile(os.path.join(r.model, "config.json")):
+                raise oc.ConfigError(
+                    f"{config.source}: [[reward]] model {r.model}: no checkpoint there"
+                )
+            scorer = {"model": r.model, "model_weight": r.weight}
+            scorer |= {"model_name": r.name} if r.name else {}
     return DataSource(
         train, rows, held,
         max_new_tokens=config.algorithm.max_new_tokens, checkpoint=model.path,
         functions=functions, timeout_s=config.scoring.timeout_s, default=config.scoring.default,
+        scorer=scorer,
         eos_id=tokenizer.eos_id, pad_id=tokenizer.token_id(tokenizer.pad_token) or 0,
         overlong=(config.algorithm.overlong_buffer, config.algorithm.overlong_penalty),
         tokenizer=tokenizer,

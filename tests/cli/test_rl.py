@@ -46,13 +46,17 @@ def test_a_bad_config_fails_before_any_process(tmp_path: pathlib.Path) -> None:
 @pytest.mark.timeout(300)
 def test_a_run_on_your_own_checkpoint_data_and_rewards(tmp_path: pathlib.Path) -> None:
     """Stream mode on a checkpoint and JSONL rows of one's own, two weighted reward functions
-    (one failing on half the rows: counted, scored as the default, the run goes on), a KL
+    (one failing on half the rows: counted, scored as the default, the run goes on) and a
+    reward model (a sequence classifier scoring the prompt and completion as text), a KL
     penalty to the starting policy and dynamic sampling (groups whose rewards are all equal,
     most of them for a random policy, are left out and counted); the exported folder loads in
     ``transformers``."""
     import transformers
 
+    from tests.reward_models import classifier
+
     make_tiny("llama", tmp_path / "model", hidden=32, heads=2, seed=1)
+    classifier(tmp_path / "model", tmp_path / "rm", "llama")
     rows = [{"prompt": f"Say {i % 10}:", "answer": str(i % 10), "id": i} for i in range(60)]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "run.toml").write_text(
@@ -60,6 +64,9 @@ def test_a_run_on_your_own_checkpoint_data_and_rewards(tmp_path: pathlib.Path) -
         '[data]\npath = "rows.jsonl"\nheld_out_size = 6\n'
         '[[reward]]\nfunction = "tests.cli.rl_rewards:first_digit"\n'
         '[[reward]]\nfunction = "tests.cli.rl_rewards:flaky"\nweight = 0.5\n'
+        # weight 0: scored and logged, not summed (its scores differ in every group, and the
+        # dynamic sampling below needs groups whose rewards are all equal)
+        '[[reward]]\nmodel = "rm"\nweight = 0.0\n'
         "[scoring]\ndefault = -1.0\n"
         "[algorithm]\nmax_new_tokens = 6\nkl_coef = 0.1\ndynamic_sampling = true\n"
         "[schedule]\nsteps = 3\nprompts_per_step = 4\ngroup_size = 4\nlr = 1e-3\neval_every = 3\n"
@@ -74,7 +81,9 @@ def test_a_run_on_your_own_checkpoint_data_and_rewards(tmp_path: pathlib.Path) -
     assert set(failures) == {"flaky"} and failures["flaky"]["error"] > 0
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in steps if r["kind"] == "step"]
-    assert len(trained) == 3 and set(trained[0]["rewards"]) == {"first_digit", "flaky"}
+    assert set(trained[0]["rewards"]) == {"first_digit", "flaky", "reward_model"}
+    assert all(r["rewards"]["reward_model"] != 0.0 for r in trained)
+    assert len(trained) == 3
     # the KL to the reference role's policy, measured at each batch's last update
     assert all(r["kl"] > 0 for r in trained)
     skipped = [r["skipped"] for r in trained]

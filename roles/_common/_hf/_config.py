@@ -14,7 +14,15 @@ from typing import Any
 
 import orchestr as oc
 
-__all__ = ["FAMILIES", "MAX_SIZES", "MoEConfig", "ModelConfig", "RopeScaling", "read_config"]
+__all__ = [
+    "FAMILIES",
+    "MAX_SIZES",
+    "MoEConfig",
+    "ModelConfig",
+    "RopeScaling",
+    "read_config",
+    "read_raw_config",
+]
 
 #: ``model_type`` -> what the family fixes: bias on q/k/v, and the tied-embeddings default.
 FAMILIES: dict[str, dict[str, bool]] = {
@@ -171,6 +179,14 @@ class ModelConfig:
 
 def read_config(folder: str | os.PathLike[str]) -> ModelConfig:
     """The checked config of the checkpoint in ``folder``."""
+    raw, path = read_raw_config(folder)
+    return ModelConfig.from_dict(raw, path)
+
+
+def read_raw_config(folder: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
+    """``config.json`` of ``folder`` parsed but unchecked (for what :class:`ModelConfig` does
+    not hold, such as ``architectures``), and its path. Raises :class:`ConfigError` when it
+    is missing or not a JSON object."""
     path = os.path.join(folder, "config.json")
     try:
         with open(path, encoding="utf-8") as f:
@@ -181,7 +197,7 @@ def read_config(folder: str | os.PathLike[str]) -> ModelConfig:
         raise oc.ConfigError(f"{path}: not readable JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise oc.ConfigError(f"{path}: expected a JSON object, got {type(raw).__name__}")
-    return ModelConfig.from_dict(raw, path)
+    return raw, path
 
 
 def _moe(raw: dict[str, Any], where: str, layers: int) -> MoEConfig:

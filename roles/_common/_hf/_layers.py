@@ -25,6 +25,7 @@ __all__ = [
     "MLP",
     "Attention",
     "CausalLM",
+    "Decoder",
     "DecoderLayer",
     "RMSNorm",
     "Rotary",
@@ -271,12 +272,35 @@ class DecoderLayer(nn.Module):
 
 
 class Decoder(nn.Module):
+    """The body without a head: ``forward(tokens, lengths=None, positions=None)`` gives the
+    final hidden states ``[batch, seq, hidden]`` (after the last norm), as
+    :class:`CausalLM` does before its head."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        b, t = tokens.shape
+        if lengths is None:
+            lengths = torch.full((b,), t, device=tokens.device)
+        if positions is None:
+            positions = torch.arange(t, device=tokens.device).expand(b, t)
+        cos, sin = self.rotary(positions)
+        mask = causal_mask(lengths, t)
+        hidden = self.embed_tokens(tokens)
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin, mask)
+        out: torch.Tensor = self.norm(hidden)
+        return out
 
 
 class CausalLM(nn.Module):
@@ -298,15 +322,5 @@ class CausalLM(nn.Module):
         lengths: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        b, t = tokens.shape
-        if lengths is None:
-            lengths = torch.full((b,), t, device=tokens.device)
-        if positions is None:
-            positions = torch.arange(t, device=tokens.device).expand(b, t)
-        cos, sin = self.model.rotary(positions)
-        mask = causal_mask(lengths, t)
-        hidden = self.model.embed_tokens(tokens)
-        for layer in self.model.layers:
-            hidden = layer(hidden, cos, sin, mask)
-        logits: torch.Tensor = self.lm_head(self.model.norm(hidden))
+        logits: torch.Tensor = self.lm_head(self.model(tokens, lengths, positions))
         return logits

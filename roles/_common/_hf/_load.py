@@ -23,7 +23,15 @@ import orchestr as oc
 from ._config import ModelConfig, read_config
 from ._layers import MLP, CausalLM
 
-__all__ = ["expert_names", "ffn_units", "load_experts", "load_model", "shards", "weight_names"]
+__all__ = [
+    "expert_names",
+    "ffn_units",
+    "load_experts",
+    "load_model",
+    "read_weights",
+    "shards",
+    "weight_names",
+]
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -76,7 +84,27 @@ def load_model(
     that does not match it."""
     folder = os.fspath(folder)
     cfg = read_config(folder)
-    want = weight_names(cfg)
+    state = read_weights(folder, weight_names(cfg), cfg.model_type, dtype=dtype, device=device)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval()
+
+
+def read_weights(
+    folder: str | os.PathLike[str],
+    want: Mapping[str, tuple[int, ...]],
+    kind: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> dict[str, torch.Tensor]:
+    """Every tensor of ``want`` (name -> shape) from the checkpoint in ``folder``, in ``dtype``
+    on ``device``; no other may be there. Raises :class:`ConfigError` for a missing, extra
+    (not part of a ``kind`` model of this config) or misshapen tensor."""
+    folder = os.fspath(folder)
     located = shards(folder)
     missing = [n for n in want if n not in located]
     if missing:
@@ -88,16 +116,9 @@ def load_model(
     extra = [n for n in located if n not in want and not n.endswith(IGNORED_SUFFIXES)]
     if extra:
         raise oc.ConfigError(
-            f"{located[extra[0]]}: tensor {extra[0]!r} is not part of a {cfg.model_type} "
-            f"model of this config"
+            f"{located[extra[0]]}: tensor {extra[0]!r} is not part of a {kind} model of this config"
         )
-    state = dict(_read({n: (n, shape, None) for n, shape in want.items()}, located, dtype, device))
-    with torch.device("meta"):
-        model = CausalLM(cfg)
-    model.load_state_dict(state, strict=False, assign=True)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    return model.eval()
+    return dict(_read({n: (n, shape, None) for n, shape in want.items()}, located, dtype, device))
 
 
 def expert_names(layer: int, expert: int, *, dense: bool = False) -> list[str]:

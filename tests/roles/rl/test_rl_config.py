@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -221,8 +222,35 @@ def test_dynamic_sampling_keeps_groups_whose_rewards_differ() -> None:
     assert not varied([(None, 0.5), (None, 0.5), (None, 0.5)])  # type: ignore[list-item]
     with pytest.raises(oc.ConfigError, match="trainers=1"):
         plan_rl(
-            load_rl_config(
-                str(DIGITS), ["algorithm.dynamic_sampling=true", "layout.trainers=2"]
-            ),
+            load_rl_config(str(DIGITS), ["algorithm.dynamic_sampling=true", "layout.trainers=2"]),
             run_dir="/tmp/unused-run",
         )
+
+
+@pytest.mark.parametrize(
+    ("rewards", "says"),
+    [
+        ('[[reward]]\nfunction = "a:b"\nmodel = "m"\n', "needs one of function or model"),
+        ("[[reward]]\nweight = 1.0\n", "needs one of function or model"),
+        ('[[reward]]\nmodel = "m"\nargs = { x = 1 }\n', "args are a function's"),
+        ('[[reward]]\nmodel = "m"\n[[reward]]\nmodel = "n"\n', "one [[reward]] model at most"),
+    ],
+)
+def test_a_reward_is_a_function_or_a_model(tmp_path: pathlib.Path, rewards: str, says: str) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text('[model]\npath = "m"\n[data]\npath = "d.jsonl"\n' + rewards)
+    with pytest.raises(oc.ConfigError, match=re.escape(says)):
+        load_rl_config(str(config))
+
+
+def test_a_reward_model_goes_to_the_reward_mesh(tmp_path: pathlib.Path, checkpoint: str) -> None:
+    config = _write(tmp_path, checkpoint)
+    config.write_text(config.read_text() + '[[reward]]\nmodel = "rm"\nweight = 0.25\n')
+    with pytest.raises(oc.ConfigError, match="rm: no checkpoint there"):
+        plan_rl(load_rl_config(str(config)), run_dir=str(tmp_path / "r"))
+    (tmp_path / "rm").mkdir()
+    (tmp_path / "rm" / "config.json").write_text("{}")  # the workers load it; here, found
+    plan = plan_rl(load_rl_config(str(config)), run_dir=str(tmp_path / "r"))
+    _, kwargs = plan.source.reward_args
+    assert kwargs["model"] == str(tmp_path / "rm") and kwargs["model_weight"] == 0.25
+    assert [f["path"] for f in kwargs["functions"]] == ["orchestr.roles.reward:exact_match"]
