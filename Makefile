@@ -90,6 +90,7 @@ bench: setup
 	$(PY) bench/transfer.py
 	$(PY) bench/dataflow.py
 	$(PY) bench/rl_throughput.py
+	$(PY) bench/rl_recipe.py
 	$(PY) bench/cluster.py
 	$(PY) bench/fabric.py
 	$(PY) bench/generation.py
