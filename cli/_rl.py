@@ -8,6 +8,7 @@ import dataclasses
 import os
 import sys
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 import orchestr
@@ -189,9 +190,21 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+class LazyHelpParser(argparse.ArgumentParser):
+    """A parser whose epilog is made when help is printed (``epilog_of``): the configs' help
+    imports the RL package, and with it torch, which every other command does without."""
+
+    epilog_of: Callable[[], str] | None = None
+
+    def format_help(self) -> str:
+        if self.epilog is None and self.epilog_of is not None:
+            self.epilog = self.epilog_of()
+        return super().format_help()
+
+
 def add_parsers(sub: Any, state_dir_help: str) -> None:
     rl = sub.add_parser("rl", help="RL post-training of your own checkpoint, data and reward")
-    rl_sub = rl.add_subparsers(dest="rl_command", required=True)
+    rl_sub = rl.add_subparsers(dest="rl_command", required=True, parser_class=LazyHelpParser)
     from . import _sft
 
     _sft.add_parser(rl_sub, state_dir_help)
@@ -199,8 +212,8 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
         "train",
         help="train a checkpoint with GRPO (or RLOO, REINFORCE++) on a config file",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=config_help(),
     )
+    train.epilog_of = config_help
     train.add_argument("config", help="the run's TOML file (see examples/rl/)")
     train.add_argument(
         "--set",

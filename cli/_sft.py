@@ -143,8 +143,8 @@ def add_parser(rl_sub: Any, state_dir_help: str) -> None:
         "sft",
         help="fine-tune a checkpoint on prompt and response rows (supervised), to start RL from",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=sft_config_help(),
     )
+    sft.epilog_of = sft_config_help  # made when help is printed (it imports torch)
     sft.add_argument("config", help="the run's TOML file (see examples/rl/sft.toml)")
     sft.add_argument(
         "--set",

@@ -154,3 +154,14 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path: pathlib.Path) -> Non
     assert [r["step"] for r in steps if r["kind"] == "step"] == list(range(6))
     other = _rl("examples/rl/digits.toml", "--resume", str(run), *sets, "--set", "schedule.lr=1")
     assert other.returncode == 2 and "schedule.lr" in other.stderr
+
+
+def test_the_command_line_imports_no_torch_until_a_command_needs_it() -> None:
+    """The configs' help (which imports the RL package, and torch) is made only when printed:
+    every ``orchestr`` command would otherwise pay seconds for torch's import."""
+    code = (
+        "import sys\nfrom orchestr.cli._main import build_parser\nbuild_parser()\n"
+        "print('torch' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "False"
