@@ -271,6 +271,16 @@ class DecoderLayer(nn.Module):
         return out
 
 
+class _Embedding(nn.Embedding):
+    """``nn.Embedding`` that draws no initial weights on the meta device: the checkpoint's are
+    loaded in their place, and drawing them there (``normal_`` on a meta tensor) imports
+    ``torch._dynamo``, about a second and a half of CPU in every process that loads a model."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
 class Decoder(nn.Module):
     """The body without a head: ``forward(tokens, lengths=None, positions=None)`` gives the
     final hidden states ``[batch, seq, hidden]`` (after the last norm), as
@@ -278,7 +288,7 @@ class Decoder(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = _Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg)
