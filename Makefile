@@ -53,13 +53,15 @@ demo: setup
 	$(VENV)/bin/orchestr rl train examples/rl/digits.toml
 
 # The whole suite, then the vLLM engine's tests in their venv, which is set up meanwhile
-# (mostly downloads; its log is build/setup-vllm.log). `make test WITH_LINT=1` (what CI
-# runs) also runs `make lint` beside the vLLM tests, which leave a core mostly idle (its log
-# is build/lint.log).
+# (mostly downloads; its log is build/setup-vllm.log) at the lowest priority: the suite uses
+# about one core of two on average, and the set-up (pip unpacking and byte-compiling some
+# 20,000 files: about a minute of CPU) takes only what the suite leaves idle rather than
+# slowing the tests beside it. `make test WITH_LINT=1` (what CI runs) also runs `make lint`
+# beside the vLLM tests, which leave a core mostly idle (its log is build/lint.log).
 WITH_LINT ?=
 test: setup
 	@mkdir -p build
-	@$(MAKE) --no-print-directory setup-vllm > build/setup-vllm.log 2>&1 & vllm=$$!; \
+	@nice -n 19 $(MAKE) --no-print-directory setup-vllm > build/setup-vllm.log 2>&1 & vllm=$$!; \
 	$(PY) -m pytest -q; rc=$$?; \
 	wait $$vllm || { echo "setting up $(VVENV) failed:"; tail -30 build/setup-vllm.log; exit 1; }; \
 	[ $$rc = 0 ] || exit $$rc; \

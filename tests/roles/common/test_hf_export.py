@@ -4,6 +4,7 @@ a folder that is not the model's, or not empty, is refused."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pathlib
 
@@ -76,14 +77,19 @@ async def test_a_trainers_export_is_served_by_a_generator(
     ctx: oc.JobContext, tmp_path: pathlib.Path
 ) -> None:
     source = models.make_tiny("llama", tmp_path / "src", layers=1, hidden=32)
-    trainer = await ctx.spawn(
-        Trainer, model_factory="orchestr.roles.models:load_model", model_kwargs={"folder": source}
+    # (the generator of the source checkpoint, the reference below, starts beside the trainer)
+    trainer, ref = await asyncio.gather(
+        ctx.spawn(
+            Trainer,
+            model_factory="orchestr.roles.models:load_model",
+            model_kwargs={"folder": source},
+        ),
+        ctx.spawn(Generator, checkpoint=source, torch_threads=1),
     )
     out = await trainer.export_hf.call_one(str(tmp_path / "out"))
     gen = await ctx.spawn(Generator, checkpoint=out, torch_threads=1)
     (done,) = await gen.generate.call_one([Request("r", [1, 5, 9], 4, temperature=0.0)])
     assert len(done.tokens) == 4
     # the same tokens as the checkpoint it came from: the trainer has not stepped yet
-    ref = await ctx.spawn(Generator, checkpoint=source, torch_threads=1)
     (same,) = await ref.generate.call_one([Request("r", [1, 5, 9], 4, temperature=0.0)])
     assert done.tokens == same.tokens

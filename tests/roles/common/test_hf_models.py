@@ -8,6 +8,7 @@ import json
 import pathlib
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -220,7 +221,7 @@ def test_bad_checkpoints_get_clear_errors(tmp_path: pathlib.Path) -> None:
         models.Tokenizer(sharded)
 
 
-@pytest.mark.timeout(180)  # five CLI processes, each importing torch: 23 s on a quiet machine
+@pytest.mark.timeout(180)  # seven CLI processes, each importing torch
 def test_make_tiny_command(tmp_path: pathlib.Path) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "orchestr.cli", "model", "make-tiny", *args]
@@ -230,19 +231,25 @@ def test_make_tiny_command(tmp_path: pathlib.Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "qwen2, 3 layers, hidden 32" in done.stdout
     assert models.read_config(tmp_path / "q").num_hidden_layers == 3
-    moe = cli("--arch", "qwen2_moe", str(tmp_path / "e"), "--experts", "3", "--intermediate", "16")
+    # the rest write folders of their own (or none): they run at once
+    runs = [
+        ("--arch", "qwen2_moe", str(tmp_path / "e"), "--experts", "3", "--intermediate", "16"),
+        ("--arch", "qwen2", str(tmp_path / "q")),
+        ("--arch", "gpt2", str(tmp_path / "g")),
+        ("--arch", "llama", str(tmp_path / "z"), "--layers", "0"),
+        ("--arch", "llama", str(tmp_path / "t"), "--tokenizer", "words"),
+        ("--arch", "llama", str(tmp_path / "s"), "--init-std", "0"),
+    ]
+    with ThreadPoolExecutor(len(runs)) as pool:
+        moe, again, arch, layers, tokenizer, init_std = pool.map(lambda a: cli(*a), runs)
     assert moe.returncode == 0, moe.stderr
     assert "3 experts" in moe.stdout
     assert models.read_config(tmp_path / "e").moe == models.MoEConfig(3, 2, 16, 128)
-    again = cli("--arch", "qwen2", str(tmp_path / "q"))
     assert again.returncode == 2 and "already holds a checkpoint" in again.stderr
-    bad = cli("--arch", "gpt2", str(tmp_path / "g"))
-    assert bad.returncode == 2 and "unknown arch 'gpt2'" in bad.stderr
-    assert cli("--arch", "llama", str(tmp_path / "z"), "--layers", "0").returncode == 2
-    bad = cli("--arch", "llama", str(tmp_path / "t"), "--tokenizer", "words")
-    assert bad.returncode == 2 and "unknown tokenizer 'words'" in bad.stderr
-    bad = cli("--arch", "llama", str(tmp_path / "s"), "--init-std", "0")
-    assert bad.returncode == 2 and "init_std must be in (0, 1)" in bad.stderr
+    assert arch.returncode == 2 and "unknown arch 'gpt2'" in arch.stderr
+    assert layers.returncode == 2
+    assert tokenizer.returncode == 2 and "unknown tokenizer 'words'" in tokenizer.stderr
+    assert init_std.returncode == 2 and "init_std must be in (0, 1)" in init_std.stderr
 
 
 def test_digits_tokenizer_has_the_digit_tasks_ids(tmp_path: pathlib.Path) -> None:

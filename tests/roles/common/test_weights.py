@@ -3,6 +3,7 @@ actors) and the torch backend seam."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import pathlib
 
@@ -373,8 +374,9 @@ async def test_a_model_of_another_shape_is_refused_before_any_read() -> None:
 
 async def test_generators_match_the_trainer_bitwise_after_every_sync(ctx: oc.JobContext) -> None:
     width = 256  # about 0.3 MB of weights in 6 buckets of 4 dtypes
-    trainer = await ctx.spawn(Trainer, 0, width, 64 << 10)
-    gens = await ctx.spawn(Generator, 100, width, n=2)
+    trainer, gens = await asyncio.gather(
+        ctx.spawn(Trainer, 0, width, 64 << 10), ctx.spawn(Generator, 100, width, n=2)
+    )
     assert len(set(await gens.digest.call())) == 2
     received = await gens.received.call()
     for version in range(1, 6):

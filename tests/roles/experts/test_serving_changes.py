@@ -145,9 +145,11 @@ async def test_an_expert_without_replicas_fails_or_waits_for_a_host(
     hosts = await ctx.spawn(
         ExpertHost, str(folder), n=2, placement=HALVES, torch_threads=1, supervise="handle"
     )
-    strict = await generator(ctx, folder, hosts, name="strict")
-    patient = await generator(
-        ctx, folder, hosts, name="patient", expert_options={"on_lost": "wait", "poll_s": 0.1}
+    strict, patient = await asyncio.gather(
+        generator(ctx, folder, hosts, name="strict"),
+        generator(
+            ctx, folder, hosts, name="patient", expert_options={"on_lost": "wait", "poll_s": 0.1}
+        ),
     )
     reqs = requests(2, 8, salt=3)
     await asyncio.gather(strict.generate.call_one(reqs), patient.generate.call_one(reqs))

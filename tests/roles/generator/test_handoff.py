@@ -122,9 +122,9 @@ async def usage(gen: oc.Mesh) -> float:
 async def test_a_decode_generator_continues_what_a_prefill_generator_computed(
     ctx: oc.JobContext, folder: pathlib.Path
 ) -> None:
-    pre = await spawn(ctx, folder, "prefill")
-    dec = await spawn(ctx, folder, "decode")
-    alone = await spawn(ctx, folder, "alone")
+    pre, dec, alone = await asyncio.gather(
+        *(spawn(ctx, folder, name) for name in ("prefill", "decode", "alone"))
+    )
     shared = prompt(160)
     first = Request("a", shared + prompt(41, salt=3), 10, temperature=1.0, seed=3)
     second = Request("b", shared + prompt(57, salt=4), 10, temperature=0.0)
@@ -148,8 +148,11 @@ async def test_a_decode_generator_continues_what_a_prefill_generator_computed(
 async def test_a_lease_nobody_reads_expires_and_a_late_reader_recomputes(
     ctx: oc.JobContext, folder: pathlib.Path
 ) -> None:
-    pre = await spawn(ctx, folder, "prefill")
-    dec = await spawn(ctx, folder, "decode")
+    pre, dec, strict = await asyncio.gather(
+        spawn(ctx, folder, "prefill"),
+        spawn(ctx, folder, "decode"),
+        spawn(ctx, folder, "strict", on_handoff_failure="fail"),
+    )
     r = Request("late", prompt(120), 6, temperature=0.0)
     h = await handoff(pre, r, hold_s=0.05)
     deadline = time.monotonic() + 30
@@ -166,7 +169,6 @@ async def test_a_lease_nobody_reads_expires_and_a_late_reader_recomputes(
     assert stats["tokens"] == 120 + 5  # the whole prompt computed here
     assert await usage(pre) == 0.0
     # copied in place, then the lease's end refused: under "fail" the request is refused
-    strict = await spawn(ctx, folder, "strict", on_handoff_failure="fail")
     with pytest.raises(oc.ActorError, match="could not be read") as e:
         await strict.generate.call_one([r], kv_from={r.id: h})
     assert e.value.remote_type == "HandoffError"
@@ -181,9 +183,11 @@ async def pid_of(ctx: oc.JobContext, mesh: oc.Mesh) -> int:
 async def test_a_prefill_generator_killed_before_the_read(
     ctx: oc.JobContext, folder: pathlib.Path
 ) -> None:
-    pre = await spawn(ctx, folder, "prefill")
-    dec = await spawn(ctx, folder, "decode")
-    strict = await spawn(ctx, folder, "strict", on_handoff_failure="fail")
+    pre, dec, strict = await asyncio.gather(
+        spawn(ctx, folder, "prefill"),
+        spawn(ctx, folder, "decode"),
+        spawn(ctx, folder, "strict", on_handoff_failure="fail"),
+    )
     r = Request("k", prompt(90), 5, temperature=0.0)
     h = await handoff(pre, r)
     os.kill(await pid_of(ctx, pre), signal.SIGKILL)

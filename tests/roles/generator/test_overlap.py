@@ -173,9 +173,11 @@ async def test_a_streamed_handoff_continues_the_request_as_one_engine(
     ctx: oc.JobContext, folder: pathlib.Path, kv_read: str
 ) -> None:
     kv = {"num_blocks": 64, "block_size": BLOCK, "token_budget": BUDGET}
-    pre = await spawn(ctx, folder, "prefill", kv={**kv, "num_blocks": 256})
-    dec = await spawn(ctx, folder, "decode", kv=kv, kv_read=kv_read)
-    alone = await spawn(ctx, folder, "alone", kv=kv)
+    pre, dec, alone = await asyncio.gather(
+        spawn(ctx, folder, "prefill", kv={**kv, "num_blocks": 256}),
+        spawn(ctx, folder, "decode", kv=kv, kv_read=kv_read),
+        spawn(ctx, folder, "alone", kv=kv),
+    )
     # the prefill generator keeps stepping another request meanwhile: a stream is granted
     # between its steps, in the lock that queues its request
     busy = asyncio.ensure_future(
@@ -215,9 +217,11 @@ async def test_a_stream_let_go_stops_its_prefill_and_a_dead_one_is_recomputed(
     ctx: oc.JobContext, folder: pathlib.Path
 ) -> None:
     kv = {"num_blocks": 128, "block_size": BLOCK, "token_budget": 16}
-    pre = await spawn(ctx, folder, "prefill", kv=kv)
-    dec = await spawn(ctx, folder, "decode", kv=kv, kv_read="staged")  # reading mid-stream
-    strict = await spawn(ctx, folder, "strict", kv=kv, on_handoff_failure="fail")  # waiting
+    pre, dec, strict = await asyncio.gather(
+        spawn(ctx, folder, "prefill", kv=kv),
+        spawn(ctx, folder, "decode", kv=kv, kv_read="staged"),  # reading mid-stream
+        spawn(ctx, folder, "strict", kv=kv, on_handoff_failure="fail"),  # waiting
+    )
     # let go before it is computed: the prefill request is cancelled, its blocks freed
     await pre.pause.call_one()
     h = await streamed(pre, Request("gone", prompt(600), 4, temperature=0.0))

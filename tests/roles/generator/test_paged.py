@@ -5,7 +5,9 @@ torch's attention over the decode mirror."""
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -19,6 +21,46 @@ from orchestr.roles.generator._scheduler import Scheduler, Seq
 
 SHARED = "please answer the user: the first long token of the layer block cache "
 TEXTS = [SHARED + "reverse 1 2", SHARED + "the model", "a", SHARED + "what is train and serve"]
+
+
+@dataclasses.dataclass
+class Reference:
+    """What ``transformers`` makes of an arch's tiny checkpoint: per text, its prompt, the
+    prompt with its 64 greedy tokens, and the logits that predicted each of those tokens."""
+
+    folder: pathlib.Path
+    prompts: list[list[int]]
+    tokens: list[list[int]]
+    logits: list[torch.Tensor]
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Reference]:
+    """The reference of each arch, computed once for the module: the cases of an arch differ
+    in the paged side only (blocks, budget, products, attention), never in the checkpoint or
+    the prompts, so its greedy tokens and logits are the same for each of them."""
+    made: dict[str, Reference] = {}
+
+    def reference(arch: str) -> Reference:
+        if arch not in made:
+            folder = pathlib.Path(models.make_tiny(arch, tmp_path_factory.mktemp(arch) / arch))
+            tok = models.Tokenizer(folder)
+            ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+            ref.train(False)
+            prompts = [tok.encode(t, special=True) for t in TEXTS]
+            tokens, logits = [], []
+            with torch.no_grad():
+                for prompt in prompts:
+                    generated = ref.generate(
+                        torch.tensor([prompt]), max_new_tokens=64, min_new_tokens=64,
+                        do_sample=False,
+                    )  # fmt: skip
+                    tokens.append(generated[0].tolist())
+                    logits.append(ref(input_ids=generated).logits[0, len(prompt) - 1 : -1])
+            made[arch] = Reference(folder, prompts, tokens, logits)
+        return made[arch]
+
+    return reference
 
 
 @pytest.mark.parametrize(
@@ -39,23 +81,21 @@ TEXTS = [SHARED + "reverse 1 2", SHARED + "the model", "a", SHARED + "what is tr
     ],
 )
 def test_greedy_decoding_over_the_paged_cache_matches_transformers(
-    tmp_path: pathlib.Path,
+    references: Callable[[str], Reference],
     arch: str,
     blocks: int,
     budget: int,
     packed: bool | None,
     attention: AttentionMode,
 ) -> None:
-    folder = models.make_tiny(arch, tmp_path / arch)
-    model, tok = models.load_model(folder), models.Tokenizer(folder)
-    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    ref.train(False)
+    ref = references(arch)
+    model = models.load_model(ref.folder)
     pool = BlockPool(blocks, 4)
     runner = PagedRunner(model, PagedKV(model, blocks, 4), packed=packed, attention=attention)
     assert runner.linears.packed is (packed is not False)  # this CPU packs
     assert (runner.ops is None) is (attention == "torch")  # and builds the kernel
     sched = Scheduler(pool, max_batch=4, token_budget=budget, extra_keys=(arch, 0))
-    seqs = [Seq(str(i), tok.encode(t, special=True), 64) for i, t in enumerate(TEXTS)]
+    seqs = [Seq(str(i), list(prompt), 64) for i, prompt in enumerate(ref.prompts)]
     for seq in seqs:
         sched.add(seq)
     seen: dict[str, list[torch.Tensor]] = {s.id: [] for s in seqs}
@@ -68,18 +108,13 @@ def test_greedy_decoding_over_the_paged_cache_matches_transformers(
     assert sched.hits > 0 and pool.num_free == blocks
     if arch == "qwen2":
         assert sched.preemptions > 0
-    with torch.no_grad():
-        for seq in seqs:
-            full = torch.tensor([seq.tokens])
-            want = ref(input_ids=full).logits[0, len(seq.prompt) - 1 : -1]
-            # one row per token it sampled (a preempted one's recompute samples only its next)
-            assert len(seen[seq.id]) == len(seq.output)
-            got = torch.stack(seen[seq.id])
-            assert (got - want).abs().max().item() < 1e-4
-            generated = ref.generate(
-                torch.tensor([seq.prompt]), max_new_tokens=64, min_new_tokens=64, do_sample=False
-            )
-            assert seq.output == generated[0, len(seq.prompt) :].tolist()
+    for i, seq in enumerate(seqs):
+        # the reference's 64 greedy tokens, and so its logits are over the same sequence
+        assert seq.tokens == ref.tokens[i]
+        # one row per token it sampled (a preempted one's recompute samples only its next)
+        assert len(seen[seq.id]) == len(seq.output)
+        got = torch.stack(seen[seq.id])
+        assert (got - ref.logits[i]).abs().max().item() < 1e-4
 
 
 def test_the_decode_mirror_holds_what_the_pool_holds_whatever_joins_and_leaves() -> None:

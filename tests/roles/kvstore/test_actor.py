@@ -37,11 +37,14 @@ async def wait_for(check: Callable[[], Awaitable[bool]], what: str, tries: int =
 async def test_blocks_go_writer_to_store_to_reader_through_the_disk_under_leases(
     ctx: oc.JobContext,
 ) -> None:
-    store = await ctx.spawn(
-        KVStore, SIZE, 8, disk_blocks=8, high_watermark=0.7, low_watermark=0.4, maintain_s=0.05
-    )
-    writer = await ctx.spawn(Writer, SIZE)
-    reader = await ctx.spawn(Reader, SIZE)
+    store, writer, reader = await asyncio.gather(
+        ctx.spawn(
+            KVStore, SIZE, 8, disk_blocks=8, high_watermark=0.7, low_watermark=0.4,
+            maintain_s=0.05,
+        ),
+        ctx.spawn(Writer, SIZE),
+        ctx.spawn(Reader, SIZE),
+    )  # fmt: skip
     assert await writer.put.call_one(store, NS, chain(4), [10, 11, 12, 13]) == 4
     assert await writer.put.call_one(store, NS, chain(4), [0, 0, 0, 0]) == 0  # stored already
     assert await reader.get.call_one(store, NS, [*chain(4), b"missing"]) == [10, 11, 12, 13]
@@ -99,9 +102,11 @@ async def test_blocks_go_writer_to_store_to_reader_through_the_disk_under_leases
 async def test_a_writer_that_never_finishes_leaves_nothing_and_its_space_returns(
     ctx: oc.JobContext,
 ) -> None:
-    store = await ctx.spawn(KVStore, SIZE, 4, put_timeout_s=5.0, maintain_s=0.05)
-    writer = await ctx.spawn(Writer, SIZE)
-    late = await ctx.spawn(Writer, SIZE)
+    store, writer, late = await asyncio.gather(
+        ctx.spawn(KVStore, SIZE, 4, put_timeout_s=5.0, maintain_s=0.05),
+        ctx.spawn(Writer, SIZE),
+        ctx.spawn(Writer, SIZE),
+    )
     assert await writer.begin_only.call_one(store, NS, chain(4)) == 4
     # every slot is reserved by a put that will never end (within its 5 s): no room, none
     # of it visible

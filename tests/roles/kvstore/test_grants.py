@@ -26,8 +26,10 @@ def chain(n: int, start: int = 0) -> list[bytes]:
 
 async def roles(ctx: oc.JobContext) -> tuple[oc.Mesh, oc.Mesh, oc.Mesh, oc.Mesh]:
     """A store of 8 blocks, and a writer, a prober and a reader of it, each in a process."""
-    store = await ctx.spawn(KVStore, SIZE, 8)
-    return (store, *[await ctx.spawn(cls, SIZE) for cls in (Writer, Prober, Reader)])  # type: ignore[return-value]
+    store, writer, prober, reader = await asyncio.gather(
+        ctx.spawn(KVStore, SIZE, 8), *(ctx.spawn(cls, SIZE) for cls in (Writer, Prober, Reader))
+    )
+    return store, writer, prober, reader
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])

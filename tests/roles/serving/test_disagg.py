@@ -61,8 +61,7 @@ async def served(
 ) -> AsyncIterator[tuple[oc.Mesh, oc.Mesh, FrontDoor, str, openai.AsyncOpenAI]]:
     """A prefill and a decode generator behind a front door served over HTTP: yields them,
     the front door, its URL and an OpenAI client of it."""
-    pre = await spawn(ctx, folder, "prefill")
-    dec = await spawn(ctx, folder, "decode")
+    pre, dec = await asyncio.gather(spawn(ctx, folder, "prefill"), spawn(ctx, folder, "decode"))
     async with (
         FrontDoor(dec, prefill=pre, **options) as front,
         http(front, ServedModel(folder, ["m"])) as url,

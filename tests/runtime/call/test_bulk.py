@@ -110,8 +110,7 @@ async def test_registered_memory_moves_with_no_copy(ctx: oc.JobContext) -> None:
 
 
 async def test_buffer_handle_read_and_write_across_actors(ctx: oc.JobContext) -> None:
-    owner = await ctx.spawn(Owner)
-    reader = await ctx.spawn(Reader)
+    owner, reader = await asyncio.gather(ctx.spawn(Owner), ctx.spawn(Reader))
     buf = await owner.share.call_one(MiB, 2.0)
     assert isinstance(buf, oc.Buffer) and buf.nbytes == 4 * MiB
     used, total = await reader.pull.call_one(buf)
@@ -129,8 +128,7 @@ async def test_a_buffer_in_shared_memory_is_read_from_a_mapping_in_verified_piec
     """A region in one of the owner's segments is read by memmove from a read-only mapping
     (``read_pieces`` calls ``fn`` on each piece as it lands); writes still go through the
     kernel copy; a released region is stale on either path."""
-    owner = await ctx.spawn(Owner)
-    reader = await ctx.spawn(Reader)
+    owner, reader = await asyncio.gather(ctx.spawn(Owner), ctx.spawn(Reader))
     n, piece = 3 * MiB + 5, 1 << 20  # 12 MiB and 20 bytes: the last piece is short
     buf = await owner.share_shared.call_one(n)
     plain = await owner.share.call_one(MiB, 1.0)
@@ -156,8 +154,7 @@ async def test_spans_of_a_buffer_are_read_at_once_on_every_path(ctx: oc.JobConte
     """``read_spans``: from the owner's shared memory (one hop, two threads), by kernel copies
     (a region not in a segment), and over tcp; a span out of bounds is refused before any is
     copied."""
-    owner = await ctx.spawn(Owner)
-    reader = await ctx.spawn(Reader)
+    owner, reader = await asyncio.gather(ctx.spawn(Owner), ctx.spawn(Reader))
     n = 3 * MiB  # floats 0 .. n-1
     shared = await owner.share_shared.call_one(n)
     plain = await owner.share.call_one(1024, 1.0)
@@ -185,9 +182,9 @@ async def test_spans_of_a_buffer_are_read_at_once_on_every_path(ctx: oc.JobConte
 
 
 async def test_a_router_forwards_handles_without_the_bytes(ctx: oc.JobContext) -> None:
-    owner = await ctx.spawn(Owner)
-    reader = await ctx.spawn(Reader)
-    router = await ctx.spawn(Router)
+    owner, reader, router = await asyncio.gather(
+        ctx.spawn(Owner), ctx.spawn(Reader), ctx.spawn(Router)
+    )
     buf = await owner.share.call_one(8 * MiB, 1.0)  # 32 MiB
     before = await router.received.call_one()
     used, total = await router.forward.call_one(reader, buf)

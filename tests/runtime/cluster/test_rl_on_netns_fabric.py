@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -91,11 +92,17 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             "--fabric", str(PLAN), "--ocs-driver", f"netns:{fab.tag}",
         )  # fmt: skip
         assert head.returncode == 0, head.stdout + head.stderr
-        for i, tor in enumerate(TORS):
-            node = c.cli(
-                tor, "start", "--address", c.address, "--labels", f"fabric_host=h{i}",
-                ORCHESTR_BIND_HOST=fab.address(tor),
+
+        def start_node(i: int) -> subprocess.CompletedProcess[str]:
+            return c.cli(
+                TORS[i], "start", "--address", c.address, "--labels", f"fabric_host=h{i}",
+                ORCHESTR_BIND_HOST=fab.address(TORS[i]),
             )  # fmt: skip
+
+        # the three hosts' nodes join at once, as on three machines
+        with ThreadPoolExecutor(len(TORS)) as pool:
+            nodes = list(pool.map(start_node, range(len(TORS))))
+        for node in nodes:
             assert node.returncode == 0, node.stdout + node.stderr
         yield c
     finally:
@@ -128,8 +135,13 @@ def test_circuits_follow_the_rl_jobs_weight_syncs(cluster: Cluster, tmp_path: Pa
     assert wrote is not None, tail
     run = Path(wrote.group(1))
 
+    # what the cluster says after the run, asked at once: where the roles ran, the manager's
+    # plans and the circuits it holds
+    queries = (["status"], ["fabric", "history"], ["fabric", "show"])
+    with ThreadPoolExecutor(len(queries)) as pool:
+        status, history, shown = pool.map(lambda query: cluster.json(*query), queries)
+
     # where the roles ran: SPREAD over three equal nodes puts the trainer apart
-    status = cluster.json("status")
     host = {n["node_id"]: n["labels"]["fabric_host"] for n in status["nodes"]}
 
     def tors(mesh: str) -> set[str]:
@@ -140,14 +152,12 @@ def test_circuits_follow_the_rl_jobs_weight_syncs(cluster: Cluster, tmp_path: Pa
     wanted = sorted(_pair(trainer, g) for g in generators)
 
     # the manager: one plan per weight sync; the first applied, the rest kept the circuits
-    history = cluster.json("fabric", "history")
     assert [r["phase"] for r in history] == ["weight_sync"] * (STEPS + 1), history
     first, *rest = history
     assert first["status"] == "applied" and first["commit"], first
     assert sorted((a, b) for a, b, n in first["add"]) == wanted and not first["remove"]
     assert set(first["timings"]) >= {"reserve", "program", "verify", "undrain"}
     assert all(r["status"] == "skipped" and not r["add"] and not r["remove"] for r in rest)
-    shown = cluster.json("fabric", "show")
     assert sorted(_pair(a, b) for _, _, a, b in shown["ocs"][0]["circuits"]) == wanted
     # ... and the kernel: veth links between the namespaces, the routes on them
     assert sorted(fab.circuits()) == wanted

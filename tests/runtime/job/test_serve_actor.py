@@ -89,8 +89,11 @@ async def test_a_program_hosts_a_kv_store_that_a_jobs_generators_use(
         assert (info.state, info.node_id, info.pid) == ("alive", "", proc.pid)
         assert info.class_path == "orchestr.roles:KVStore" and "begin_put" in info.endpoints
         # the job's generators share it: the second computes only what the first did not
-        gens = await ctx.spawn(
-            Generator, n=2, checkpoint=str(folder), torch_threads=1, kv_store=store
+        # (the other actors of the job, used below, start beside them)
+        gens, writer, reader = await asyncio.gather(
+            ctx.spawn(Generator, n=2, checkpoint=str(folder), torch_threads=1, kv_store=store),
+            ctx.spawn(Writer, size),
+            ctx.spawn(Reader, size),
         )
         ask = {"prompt": [5 + i % 300 for i in range(100)], "max_new_tokens": 4,
                "temperature": 0.0}  # fmt: skip
@@ -104,7 +107,6 @@ async def test_a_program_hosts_a_kv_store_that_a_jobs_generators_use(
         assert (await gens[1].stats.call_one())["tokens"] == (100 - 6 * 16) + 3
         # and other actors of the job: one writes blocks into the store's memory in the
         # other program, one reads them back, byte for byte
-        writer, reader = await ctx.spawn(Writer, size), await ctx.spawn(Reader, size)
         chain = [f"block-{i}".encode() for i in range(3)]
         assert await writer.put.call_one(store, NS, chain, [7, 8, 9]) == 3
         assert await reader.get.call_one(store, NS, [*chain, b"missing"]) == [7, 8, 9]
