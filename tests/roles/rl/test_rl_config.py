@@ -74,7 +74,10 @@ def test_the_main_jobs_config_plans_the_digit_task() -> None:
         ({"model": {"path": "m"}, "data": {}, "schedule": {"steps": "ten"}}, "steps must be int"),
         ({"model": {"path": "m"}, "data": {}, "schedule": {"lr": True}}, "lr must be float"),
         ({"model": {"path": "m"}, "data": {}, "reward": {"function": "a:b"}}, "write [[reward]]"),
-        ({"model": {"path": "m"}, "data": {}, "reward": [{"weight": 1}]}, "function must be given"),
+        (
+            {"model": {"path": "m"}, "data": {}, "reward": [{"weight": 1}]},
+            "one of function or model",
+        ),
     ],
 )
 def test_a_bad_config_is_refused_naming_the_key(table: dict[str, object], says: str) -> None:
