@@ -13,7 +13,7 @@ from typing import Any
 
 import orchestr
 
-from ._rl import _toml
+from ._rl import _toml, run_on_cluster
 
 __all__ = ["add_parser", "sft_config_help"]
 
@@ -114,20 +114,9 @@ def _sft(args: argparse.Namespace) -> int:
         finally:
             progress.close()
 
-    from ._main import _cluster_of
-
-    try:
-        address, token = _cluster_of(args)
-        orchestr.run(main, address=address, token=token)
-    except orchestr.OrchestrError as exc:
-        print(f"orchestr rl sft: the run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(
-            f"orchestr rl sft: interrupted; what was written is in {plan.run_dir}",
-            file=sys.stderr,
-        )
-        return 130
+    code = run_on_cluster(main, args, "rl sft", plan.run_dir)
+    if code:
+        return code
     print(
         f"done in {summary['wall_s']:.1f} s: held-out loss {summary['first_held_out']:.3f} -> "
         f"{summary['last_held_out']:.3f}, {summary['tokens_per_s']:.0f} tokens/s"
