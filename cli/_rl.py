@@ -8,7 +8,7 @@ import dataclasses
 import os
 import sys
 import textwrap
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import orchestr
@@ -29,19 +29,28 @@ def config_help() -> str:
         *((f"[{name}]", cls) for name, cls in SECTIONS.items() if name != "model"),
     ]
     for title, cls in tables:
-        doc = " ".join((cls.__doc__ or "").split())
-        lines.append(title)
-        lines.extend(textwrap.wrap(doc, 92, initial_indent="  ", subsequent_indent="  "))
-        for f in dataclasses.fields(cls):
-            if f.default is not dataclasses.MISSING:
-                default = _toml(f.default)
-            elif f.default_factory is not dataclasses.MISSING:
-                default = _toml(f.default_factory())
-            else:
-                default = "(required)"
-            lines.append(f"    {f.name} = {default}")
-        lines.append("")
+        lines.extend(section_help(title, cls))
     return "\n".join(lines)
+
+
+def section_help(
+    title: str, cls: type, keys: Collection[str] | None = None, doc: str | None = None
+) -> list[str]:
+    """A config section's help: its title, ``doc`` (default: its docstring), and each key (of
+    ``keys``, default all) with its default, a blank line after."""
+    doc = doc if doc is not None else " ".join((cls.__doc__ or "").split())
+    lines = [title, *textwrap.wrap(doc, 92, initial_indent="  ", subsequent_indent="  ")]
+    for f in dataclasses.fields(cls):
+        if keys is not None and f.name not in keys:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = _toml(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = _toml(f.default_factory())
+        else:
+            default = "(required)"
+        lines.append(f"    {f.name} = {default}")
+    return [*lines, ""]
 
 
 def _toml(value: Any) -> str:

@@ -5,15 +5,13 @@ run folder whose ``model/`` an RL config's ``[model] path`` can name."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
-import textwrap
 from typing import Any
 
 import orchestr
 
-from ._rl import _toml, run_on_cluster
+from ._rl import run_on_cluster, section_help
 
 __all__ = ["add_parser", "sft_config_help"]
 
@@ -32,20 +30,10 @@ def sft_config_help() -> str:
 
     lines = ["config file (TOML): sections and keys, with their defaults", ""]
     for name, cls in SFT_SECTIONS.items():
-        doc = RUN_HELP if name == "run" else " ".join((cls.__doc__ or "").split())
-        lines.append(f"[{name}]")
-        lines.extend(textwrap.wrap(doc, 92, initial_indent="  ", subsequent_indent="  "))
-        for f in dataclasses.fields(cls):
-            if name == "run" and f.name not in SFTConfig.RUN_KEYS:
-                continue
-            if f.default is not dataclasses.MISSING:
-                default = _toml(f.default)
-            elif f.default_factory is not dataclasses.MISSING:
-                default = _toml(f.default_factory())
-            else:
-                default = "(required)"
-            lines.append(f"    {f.name} = {default}")
-        lines.append("")
+        if name == "run":
+            lines.extend(section_help("[run]", cls, SFTConfig.RUN_KEYS, RUN_HELP))
+        else:
+            lines.extend(section_help(f"[{name}]", cls))
     return "\n".join(lines)
 
 

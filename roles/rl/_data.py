@@ -27,10 +27,19 @@ from orchestr.roles._common._seeding import derive_seed
 from orchestr.roles.generator import Completion, Request
 from orchestr.roles.trainer import overlong_penalty
 
+from ._order import EpochOrder
 from ._reference import TrainConfig, kv_options
 from ._source import RewardTally, Source, group_of
 
-__all__ = ["DataSource", "DataSpec", "Rows", "load_rows", "messages_of", "read_rows"]
+__all__ = [
+    "DataSource",
+    "DataSpec",
+    "Rows",
+    "load_rows",
+    "messages_of",
+    "read_rows",
+    "split_rows",
+]
 
 #: The file kinds read, by suffix.
 SUFFIXES = (".jsonl", ".parquet")
@@ -193,6 +202,24 @@ def messages_of(value: list[Any], where: str, i: int) -> list[dict[str, Any]]:
     return value
 
 
+Numbered = list[tuple[int, dict[str, Any]]]
+
+
+def split_rows(
+    rows: list[dict[str, Any]], held_out: str | None, fraction: float, size: int, seed: int
+) -> tuple[Numbered, Numbered]:
+    """``(train, held_out)`` rows, each with its number in its file (from 1): the held-out
+    file's rows and all of ``rows``, or ``fraction`` of ``rows`` (at most ``size``) drawn
+    with ``seed`` and the rest."""
+    numbered = list(enumerate(rows, start=1))
+    if held_out is not None:
+        return numbered, list(enumerate(read_rows(held_out), start=1))
+    order = list(range(len(rows)))
+    random.Random(derive_seed("held-out", seed)).shuffle(order)
+    n = min(size, int(len(rows) * fraction))
+    return [numbered[i] for i in sorted(order[n:])], [numbered[i] for i in sorted(order[:n])]
+
+
 def load_rows(spec: DataSpec, tokenizer: Tokenizer) -> tuple[Rows, Rows]:
     """``(train, held_out)`` rows for ``spec``, rendered with ``tokenizer``. Raises
     :class:`ConfigError` naming the file, the row and the fix."""
@@ -204,16 +231,9 @@ def load_rows(spec: DataSpec, tokenizer: Tokenizer) -> tuple[Rows, Rows]:
         rows, source = read_rows(spec.path), spec.path
     if not rows:
         raise oc.ConfigError(f"{source} has no rows")
-    numbered = list(enumerate(rows, start=1))
-    if spec.held_out is not None:
-        held = list(enumerate(read_rows(spec.held_out), start=1))
-        train_rows = numbered
-    else:
-        order = list(range(len(rows)))
-        random.Random(derive_seed("held-out", spec.seed)).shuffle(order)
-        n = min(spec.held_out_size, int(len(rows) * spec.held_out_fraction))
-        held = [numbered[i] for i in sorted(order[:n])]
-        train_rows = [numbered[i] for i in sorted(order[n:])]
+    train_rows, held = split_rows(
+        rows, spec.held_out, spec.held_out_fraction, spec.held_out_size, spec.seed
+    )
     train = _render(spec, tokenizer, train_rows, source)
     held_out = _render(spec, tokenizer, held[: spec.held_out_size], spec.held_out or source)
     for rendered, what in ((train, "training"), (held_out, "held-out")):
@@ -270,7 +290,7 @@ class DataSource(Source):
         reward_kwargs |= {"timeout_s": timeout_s, "default": default}
         self.reward_args = ((), reward_kwargs)
         self.tally = RewardTally()
-        self._orders: dict[int, list[int]] = {}
+        self.order = EpochOrder(len(train), config.prompts_per_step, config.seed)
 
     def row(self, step: int, index: int) -> int:
         """The train row of prompt ``index`` of ``step``: the step's own run through the
@@ -280,16 +300,7 @@ class DataSource(Source):
         if index >= per:
             key = derive_seed("extra-row", self.config.seed, step, index)
             return random.Random(key).randrange(len(self.train))
-        position = step * per + index
-        epoch, offset = divmod(position, len(self.train))
-        order = self._orders.get(epoch)
-        if order is None:
-            order = list(range(len(self.train)))
-            random.Random(derive_seed("data", self.config.seed, epoch)).shuffle(order)
-            if len(self._orders) > 4:  # the stream modes look a batch or two ahead
-                self._orders.pop(min(self._orders))
-            self._orders[epoch] = order
-        return order[offset]
+        return self.order.row(step, index)
 
     def step_requests(self, step: int) -> list[Request]:
         out = []

@@ -19,14 +19,13 @@ but reading the files.
 from __future__ import annotations
 
 import dataclasses
-import random
 from typing import Any
 
 import orchestr as oc
 from orchestr.roles._common._hf._tokenizer import Tokenizer
-from orchestr.roles._common._seeding import derive_seed
 
-from ._data import messages_of, read_rows
+from ._data import messages_of, read_rows, split_rows
+from ._order import EpochOrder
 
 __all__ = ["SFTDataSpec", "SFTOrder", "SFTRows", "load_sft_rows"]
 
@@ -163,16 +162,9 @@ def load_sft_rows(spec: SFTDataSpec, tokenizer: Tokenizer, seed: int) -> tuple[S
     rows = read_rows(spec.path)
     if not rows:
         raise oc.ConfigError(f"{spec.path} has no rows")
-    numbered = list(enumerate(rows, start=1))
-    if spec.held_out is not None:
-        held = list(enumerate(read_rows(spec.held_out), start=1))
-        train_rows = numbered
-    else:
-        order = list(range(len(rows)))
-        random.Random(derive_seed("held-out", seed)).shuffle(order)
-        n = min(spec.held_out_size, int(len(rows) * spec.held_out_fraction))
-        held = [numbered[i] for i in sorted(order[:n])]
-        train_rows = [numbered[i] for i in sorted(order[n:])]
+    train_rows, held = split_rows(
+        rows, spec.held_out, spec.held_out_fraction, spec.held_out_size, seed
+    )
     train = render_rows(spec, tokenizer, train_rows, spec.path)
     held_out = render_rows(spec, tokenizer, held[: spec.held_out_size], spec.held_out or spec.path)
     for rendered, what, where in (
@@ -194,27 +186,13 @@ def load_sft_rows(spec: SFTDataSpec, tokenizer: Tokenizer, seed: int) -> tuple[S
     return train, held_out
 
 
-class SFTOrder:
+class SFTOrder(EpochOrder):
     """Which train rows each step takes: ``batch_size`` consecutive positions of the epochs'
-    seeded permutations of ``rows`` rows. Pure."""
+    seeded permutations of ``rows`` rows (:class:`~._data.EpochOrder`). Pure."""
 
     def __init__(self, rows: int, batch_size: int, seed: int) -> None:
-        if rows < 1 or batch_size < 1:
-            raise ValueError(f"rows and batch_size must be >= 1, got {rows} and {batch_size}")
-        self.rows, self.batch_size, self.seed = rows, batch_size, seed
-        self._orders: dict[int, list[int]] = {}
-
-    def row(self, step: int, index: int) -> int:
-        """The train row at position ``index`` of ``step``."""
-        epoch, offset = divmod(step * self.batch_size + index, self.rows)
-        order = self._orders.get(epoch)
-        if order is None:
-            order = list(range(self.rows))
-            random.Random(derive_seed("data", self.seed, epoch)).shuffle(order)
-            if len(self._orders) > 2:  # steps go forward: older epochs are done
-                self._orders.pop(min(self._orders))
-            self._orders[epoch] = order
-        return order[offset]
+        super().__init__(rows, batch_size, seed)
+        self.batch_size = batch_size
 
     def step(self, step: int) -> list[int]:
         """The train rows of ``step``, in order."""

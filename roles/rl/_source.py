@@ -15,6 +15,7 @@ same completions, so the position in the data and every sample follow from the s
 
 from __future__ import annotations
 
+import abc
 import collections
 from collections.abc import Sequence
 from typing import Any
@@ -48,8 +49,9 @@ class RewardTally:
         return {name: dict(c) for name, c in self.failures.items() if c}
 
 
-class Source:
-    """The base of the job's sources; each method is what the schedules call."""
+class Source(abc.ABC):
+    """The base of the job's sources; each method is what the schedules call (the abstract
+    ones, every source has its own)."""
 
     #: Pads the trainer's batches; ends its greedy (held-out) completions.
     pad_id: int = 0
@@ -61,16 +63,20 @@ class Source:
     #: What the reward functions scored (per function, failures); empty for a single scorer.
     tally: RewardTally
 
+    @abc.abstractmethod
     def step_requests(self, step: int) -> list[Request]:
-        raise NotImplementedError
+        """Step ``step``'s requests: ``group_size`` of each of its prompts, ids
+        ``"step/index/sample"``, grouped by prompt."""
 
+    @abc.abstractmethod
     def extra_requests(self, step: int, draw: int) -> list[Request]:
         """More groups for ``step`` (dynamic sampling's ``draw``-th extra batch): prompt
         indices from ``draw * prompts_per_step`` on, keyed like the step's own."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def reward_payload(self, completions: Sequence[Completion]) -> list[Any]:
-        raise NotImplementedError
+        """What the reward mesh's :attr:`reward_endpoint` scores of ``completions``."""
 
     def rewards(self, result: Any, held_out: bool = False) -> list[float]:
         """The rewards in the reward endpoint's ``result``, in order (``held_out``: of the
@@ -86,19 +92,22 @@ class Source:
         """A few completions of the last scored batch with their rewards, for people to read."""
         return []
 
+    @abc.abstractmethod
     def held_out(self) -> tuple[list[list[int]], list[int]]:
         """The held-out prompts (encoded) and each one's generation limit."""
-        raise NotImplementedError
+        ...
 
     def held_out_payload(self, completions: Sequence[Sequence[int]]) -> list[Any] | None:
         """What the reward mesh scores of the greedy held-out completions; None when the
         source judges them itself (:meth:`held_out_score`)."""
         return None
 
+    @abc.abstractmethod
     def held_out_score(
         self, completions: Sequence[Sequence[int]], rewards: list[float] | None
     ) -> float:
-        raise NotImplementedError
+        """The held-out score of the greedy ``completions`` (and their ``rewards``, when
+        :meth:`held_out_payload` had them scored)."""
 
     def kv(self, config: TrainConfig) -> dict[str, Any]:
         """The paged engine's sizes for a step of ``config``."""
