@@ -38,6 +38,7 @@ __all__ = [
     "load_rows",
     "messages_of",
     "read_rows",
+    "reasoning_gym_rows",
     "split_rows",
 ]
 
@@ -124,17 +125,20 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _reasoning_gym(spec: DataSpec, seed: int, size: int) -> list[dict[str, Any]]:
+def reasoning_gym_rows(
+    task: str, size: int, seed: int, options: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """``size`` rows of reasoning-gym's procedural ``task`` drawn with ``seed`` (``options``
+    passed to the task), as plain JSON values. Raises :class:`ConfigError` without the package,
+    or for an unknown task or option."""
     try:
         import reasoning_gym
     except ImportError:
         raise oc.ConfigError("reasoning_gym data needs the reasoning-gym package") from None
     try:
-        dataset = reasoning_gym.create_dataset(
-            spec.reasoning_gym, size=size, seed=seed, **spec.options
-        )
+        dataset = reasoning_gym.create_dataset(task, size=size, seed=seed, **options)
     except Exception as exc:  # an unknown name or option: the library raises several kinds
-        raise oc.ConfigError(f"reasoning_gym task {spec.reasoning_gym!r}: {exc}") from None
+        raise oc.ConfigError(f"reasoning_gym task {task!r}: {exc}") from None
     # through JSON: the metadata's tuples and the like travel as plain lists and values
     return [json.loads(json.dumps(dict(entry), default=str)) for entry in dataset]
 
@@ -224,7 +228,7 @@ def load_rows(spec: DataSpec, tokenizer: Tokenizer) -> tuple[Rows, Rows]:
     """``(train, held_out)`` rows for ``spec``, rendered with ``tokenizer``. Raises
     :class:`ConfigError` naming the file, the row and the fix."""
     if spec.reasoning_gym is not None:
-        rows = _reasoning_gym(spec, spec.seed, spec.size)
+        rows = reasoning_gym_rows(spec.reasoning_gym, spec.size, spec.seed, spec.options)
         source = f"reasoning_gym {spec.reasoning_gym}"
     else:
         assert spec.path is not None

@@ -24,7 +24,7 @@ from typing import Any
 import orchestr as oc
 from orchestr.roles._common._hf._tokenizer import Tokenizer
 
-from ._data import messages_of, read_rows, split_rows
+from ._data import messages_of, read_rows, reasoning_gym_rows, split_rows
 from ._order import EpochOrder
 
 __all__ = ["SFTDataSpec", "SFTOrder", "SFTRows", "load_sft_rows"]
@@ -32,37 +32,69 @@ __all__ = ["SFTDataSpec", "SFTOrder", "SFTRows", "load_sft_rows"]
 
 @dataclasses.dataclass(frozen=True)
 class SFTDataSpec:
-    """The rows: ``path`` (a ``.jsonl`` or ``.parquet`` file); ``held_out`` a file of held-out
-    rows, else ``held_out_fraction`` of the rows (at most ``held_out_size``) are kept out of
-    training, drawn with the schedule's seed. ``prompt_field`` names the prompt (text, or chat
-    messages rendered with the checkpoint's chat template), ``response_field`` the response
-    (text; the end token is added). ``chat`` renders text prompts with the template too (as a
-    user turn, after a ``system`` turn if given). Rows whose prompt and response (with the end
-    token) pass ``max_tokens`` are left out (counted)."""
+    """The rows: ``path`` (a ``.jsonl`` or ``.parquet`` file) or ``reasoning_gym`` (a task
+    name, ``size`` rows drawn with ``seed``, ``options`` passed to the task: its questions and
+    answers); ``held_out`` a file of held-out rows, else ``held_out_fraction`` of the rows (at
+    most ``held_out_size``) are kept out of training, drawn with the schedule's seed.
+    ``prompt_field`` names the prompt (text, or chat messages rendered with the checkpoint's
+    chat template; a reasoning-gym row's is ``question``), ``response_field`` the response
+    (text, the end token added; a reasoning-gym row's is ``answer``). ``chat`` renders text
+    prompts with the template too (as a user turn, after a ``system`` turn if given). Rows
+    whose prompt and response (with the end token) pass ``max_tokens`` are left out
+    (counted)."""
 
-    path: str
+    path: str | None = None
+    reasoning_gym: str | None = None
+    size: int = 1000
+    seed: int = 0
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
     held_out: str | None = None
     held_out_fraction: float = 0.1
     held_out_size: int = 64
-    prompt_field: str = "prompt"
-    response_field: str = "response"
+    prompt_field: str | None = None
+    response_field: str | None = None
     chat: bool = False
     system: str | None = None
     max_tokens: int = 512
 
     def __post_init__(self) -> None:
+        if (self.path is None) == (self.reasoning_gym is None):
+            raise oc.ConfigError(
+                "data needs one of path (a JSONL or Parquet file) or reasoning_gym"
+            )
         if not 0.0 <= self.held_out_fraction < 1.0:
             raise oc.ConfigError(
                 f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}"
             )
-        for name in ("held_out_size", "max_tokens"):
+        for name in ("size", "held_out_size", "max_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise oc.ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.prompt_field == self.response_field:
+        if self.prompt == self.response:
             raise oc.ConfigError(
-                f"prompt_field and response_field are both {self.prompt_field!r}; name two fields"
+                f"prompt_field and response_field are both {self.prompt!r}; name two fields"
             )
+
+    @property
+    def prompt(self) -> str:
+        """The prompt's field: ``prompt_field``, else the source's (``question`` for
+        reasoning-gym rows, ``prompt`` for a file's)."""
+        if self.prompt_field is not None:
+            return self.prompt_field
+        return "question" if self.reasoning_gym is not None else "prompt"
+
+    @property
+    def response(self) -> str:
+        """The response's field: ``response_field``, else the source's (``answer`` for
+        reasoning-gym rows, ``response`` for a file's)."""
+        if self.response_field is not None:
+            return self.response_field
+        return "answer" if self.reasoning_gym is not None else "response"
+
+    @property
+    def source(self) -> str:
+        """What the rows come from, as messages name it."""
+        return self.path if self.path is not None else f"reasoning_gym {self.reasoning_gym}"
 
 
 @dataclasses.dataclass
@@ -89,7 +121,7 @@ class SFTRows:
 
 
 def _prompt_ids(spec: SFTDataSpec, tok: Tokenizer, prompt: Any, where: str, i: int) -> list[int]:
-    field = spec.prompt_field
+    field = spec.prompt
     if isinstance(prompt, list):
         turns = messages_of(prompt, where, i)
     elif isinstance(prompt, str):
@@ -125,27 +157,26 @@ def render_rows(
         )
     out = SFTRows([], [])
     for i, row in rows:
-        for field in (spec.prompt_field, spec.response_field):
+        for field in (spec.prompt, spec.response):
             if field not in row:
-                key = "prompt_field" if field == spec.prompt_field else "response_field"
+                key = "prompt_field" if field == spec.prompt else "response_field"
                 raise oc.ConfigError(
                     f"{where}: row {i} has no field {field!r} (it has "
                     f"{', '.join(sorted(row)) or 'none'}); set data.{key}"
                 )
-        response = row[spec.response_field]
+        response = row[spec.response]
         if not isinstance(response, str):
             raise oc.ConfigError(
-                f"{where}: row {i}'s {spec.response_field!r} must be text, got "
-                f"{type(response).__name__}"
+                f"{where}: row {i}'s {spec.response!r} must be text, got {type(response).__name__}"
             )
         try:
-            prompt = _prompt_ids(spec, tok, row[spec.prompt_field], where, i)
+            prompt = _prompt_ids(spec, tok, row[spec.prompt], where, i)
             answer = [*tok.encode(response), eos]
         except ValueError as exc:  # text the vocabulary cannot spell, a template's limit
             raise oc.ConfigError(f"{where}: row {i}: {exc}") from None
         if not prompt:
             raise oc.ConfigError(
-                f"{where}: row {i}'s {spec.prompt_field!r} encodes to no token; give it text"
+                f"{where}: row {i}'s {spec.prompt!r} encodes to no token; give it text"
             )
         if len(prompt) + len(answer) > spec.max_tokens:
             out.too_long += 1
@@ -159,17 +190,22 @@ def load_sft_rows(spec: SFTDataSpec, tokenizer: Tokenizer, seed: int) -> tuple[S
     """``(train, held_out)`` rows for ``spec``, rendered with ``tokenizer``; the held-out rows
     drawn with ``seed`` unless a file gives them. Raises :class:`ConfigError` naming the file,
     the row and the fix (a missing file or field, a value of the wrong type, no rows left)."""
-    rows = read_rows(spec.path)
+    if spec.reasoning_gym is not None:
+        rows = reasoning_gym_rows(spec.reasoning_gym, spec.size, spec.seed, spec.options)
+    else:
+        assert spec.path is not None
+        rows = read_rows(spec.path)
     if not rows:
-        raise oc.ConfigError(f"{spec.path} has no rows")
+        raise oc.ConfigError(f"{spec.source} has no rows")
     train_rows, held = split_rows(
         rows, spec.held_out, spec.held_out_fraction, spec.held_out_size, seed
     )
-    train = render_rows(spec, tokenizer, train_rows, spec.path)
-    held_out = render_rows(spec, tokenizer, held[: spec.held_out_size], spec.held_out or spec.path)
+    train = render_rows(spec, tokenizer, train_rows, spec.source)
+    held_where = spec.held_out or spec.source
+    held_out = render_rows(spec, tokenizer, held[: spec.held_out_size], held_where)
     for rendered, what, where in (
-        (train, "training", spec.path),
-        (held_out, "held-out", spec.held_out or spec.path),
+        (train, "training", spec.source),
+        (held_out, "held-out", held_where),
     ):
         if rendered.too_long and not len(rendered):
             raise oc.ConfigError(
@@ -177,7 +213,9 @@ def load_sft_rows(spec: SFTDataSpec, tokenizer: Tokenizer, seed: int) -> tuple[S
                 "with its response; raise it"
             )
     if not len(train):
-        raise oc.ConfigError(f"{spec.path}: no rows are left to train on; lower held_out_fraction")
+        raise oc.ConfigError(
+            f"{spec.source}: no rows are left to train on; lower held_out_fraction"
+        )
     if not len(held_out):
         raise oc.ConfigError(
             f"no held-out rows; give data.held_out (a file) or a held_out_fraction that "

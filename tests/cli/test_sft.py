@@ -46,7 +46,7 @@ def test_help_documents_every_section() -> None:
     assert proc.returncode == 0, proc.stderr
     for title in ("[model]", "[data]", "[schedule]", "[trainer]", "[layout]", "[run]"):
         assert title in proc.stdout
-    assert 'response_field = "response"' in proc.stdout and "batch_size = 16" in proc.stdout
+    assert "reasoning_gym = (unset)" in proc.stdout and "batch_size = 16" in proc.stdout
     assert "checkpoint_every" not in proc.stdout  # an RL run's, refused here
 
 

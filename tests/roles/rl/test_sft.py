@@ -127,6 +127,28 @@ def test_files_paths_and_overrides(tmp_path: pathlib.Path, checkpoint: str) -> N
     assert not (tmp_path / "run").exists()
 
 
+def test_a_reasoning_gym_task_gives_questions_and_answers(checkpoint: str) -> None:
+    gym = {"reasoning_gym": "leg_counting", "size": 30, "seed": 3, "held_out_size": 5}
+    gym["options"] = {"min_animals": 1, "max_animals": 1, "max_instances": 1}
+    config = sft_config_from_dict({"model": {"path": checkpoint}, "data": gym}, "sft.toml")
+    plan = plan_sft(config, "/nonexistent/run")
+    assert (len(plan.train), len(plan.held_out)) == (27, 3)  # a tenth held out, at most 5
+    tok = Tokenizer(checkpoint)
+    question = tok.decode(plan.train.prompts[0])
+    assert "how many legs are there in total if you have 1 " in question
+    assert tok.decode(plan.train.responses[0][:-1]).isdigit()  # the answer, then the end token
+    assert plan.train.responses[0][-1] == tok.eos_id
+    _refused(
+        {"model": {"path": checkpoint}, "data": {**gym, "path": "d.jsonl"}},
+        r"\[data\] data needs one of path \(a JSONL or Parquet file\) or reasoning_gym",
+    )
+    bad = sft_config_from_dict(
+        {"model": {"path": checkpoint}, "data": {"reasoning_gym": "leg_countin"}}, "sft.toml"
+    )
+    with pytest.raises(oc.ConfigError, match="reasoning_gym task 'leg_countin'"):
+        plan_sft(bad, "/nonexistent/run")
+
+
 @pytest.mark.parametrize(
     ("row", "match"),
     [
