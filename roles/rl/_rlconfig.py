@@ -170,7 +170,11 @@ class RunSection:
     mode), the trainer's checkpoint every ``checkpoint_every`` batches (for restarts and
     ``--resume``), the policy as a Hugging Face folder every ``export_every`` batches (0: at the
     end only) when ``export`` is on; ``kill`` (``ROLE@STEP`` strings) kills role workers
-    mid-run to show the run surviving it."""
+    mid-run to show the run surviving it. ``mlflow`` (off when unset) logs the run to a local
+    MLflow store too, in the experiment ``mlflow_experiment``: a folder (a SQLite store,
+    ``mlflow.db`` and ``mlartifacts/``; relative to the working directory, like ``dir``),
+    ``sqlite:///FILE.db``, or ``file:FOLDER`` (MLflow's folder store, which MLflow 3 opens only
+    with ``MLFLOW_ALLOW_FILE_STORE=true``); ``--resume`` goes on with the same MLflow run."""
 
     dir: str = "runs"
     name: str | None = None
@@ -179,6 +183,8 @@ class RunSection:
     export_every: int = 0
     kill: list[str] = dataclasses.field(default_factory=list)
     kill_seed: int = 0
+    mlflow: str | None = None
+    mlflow_experiment: str = "orchestr-rl"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,11 +7,13 @@ evaluation), ``samples.jsonl`` (some completions with their rewards, every ``eva
 batches), ``tensorboard/`` (the same figures as event files, with the tensorboard package),
 ``summary.json``, ``reward.png`` (with matplotlib), the job's ``events.jsonl`` and
 ``trace.json``, ``checkpoints/`` (the trainer's, for restarts) and ``model/``: the trained
-policy as a Hugging Face folder (``model-NNNNN/`` every ``export_every`` batches).
+policy as a Hugging Face folder (``model-NNNNN/`` every ``export_every`` batches). With
+``run.mlflow`` the run is logged to that MLflow store too, its run's id noted in ``mlflow.json``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -29,9 +31,10 @@ from ._config import GRPOConfig, GRPOResult, StepRecord
 from ._data import DataSource, DataSpec, load_rows
 from ._grpo import run_grpo
 from ._llama import Checkpoint, LlamaModel
+from ._mlflow import MlflowStore, mlflow_store
 from ._reference import TrainConfig
 from ._rlconfig import RLConfig, section_from
-from ._rundir import RunWriter, plot
+from ._rundir import RunWriter
 from ._source import DigitSource, Source
 
 __all__ = ["DigitsData", "Plan", "plan_rl", "run_rl"]
@@ -52,12 +55,14 @@ class DigitsData:
 
 @dataclasses.dataclass
 class Plan:
-    """What :func:`run_rl` runs: the job's settings, its source and its folder."""
+    """What :func:`run_rl` runs: the job's settings, its source, its folder and the MLflow
+    store it logs to too (``run.mlflow``; None: none)."""
 
     config: RLConfig
     job: GRPOConfig
     source: Source
     run_dir: str
+    mlflow: MlflowStore | None = None
 
 
 def _fail(config: RLConfig, section: str, exc: Exception) -> oc.ConfigError:
@@ -120,6 +125,7 @@ def plan_rl(config: RLConfig, run_dir: str | None = None, *, resume: bool = Fals
     run_dir = os.path.abspath(run_dir or os.path.join(config.run.dir, name))
     if resume:
         _same_run(config, run_dir)
+    store = mlflow_store(config.run, config.source)
     data = dict(config.data)
     digits = None
     if "digits" in data:
@@ -181,7 +187,7 @@ def plan_rl(config: RLConfig, run_dir: str | None = None, *, resume: bool = Fals
         )  # fmt: skip
     except oc.ConfigError as exc:
         raise oc.ConfigError(f"{config.source}: {exc}") from None
-    return Plan(config, job, source, run_dir)
+    return Plan(config, job, source, run_dir, store)
 
 
 def _comparable(table: dict[str, Any]) -> dict[str, Any]:
@@ -291,7 +297,9 @@ async def run_rl(
     batch is trained and evaluated; not cancel-safe: a cancelled run stops its roles and leaves
     its folder as far as it got (``--resume`` goes on from its last checkpoint)."""
     plan = plan_rl(config, run_dir, resume=resume)
-    writer = RunWriter(plan)
+    # off the loop: MLflow's import and a new store's tables take seconds, past the cluster's
+    # heartbeat timeout on a busy machine
+    writer = await asyncio.to_thread(RunWriter, plan)
 
     def step(record: StepRecord) -> None:
         writer.step(record)
@@ -302,7 +310,6 @@ async def run_rl(
     try:
         result = await run_grpo(ctx, plan.job, step, on_phase=on_phase, source=plan.source)
     finally:
-        summary = writer.close(result)
-    plot(os.path.join(plan.run_dir, "reward.png"), result, config.source)
+        summary = writer.close(result)  # plots reward.png; ends the MLflow run
     ctx.write_trace(plan.run_dir)  # events.jsonl and trace.json (Perfetto)
     return plan, result, summary

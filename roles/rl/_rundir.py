@@ -1,7 +1,9 @@
 """A run's folder, written as the run goes (:class:`RunWriter`): ``config.json``,
 ``metrics.jsonl`` a line per batch, ``samples.jsonl``, ``tensorboard/``, ``summary.json``, and
-``reward.png`` (:func:`plot`). A resumed run keeps the lines of the batches its checkpoint
-holds and writes the others again."""
+``reward.png`` (:func:`plot`), and with ``run.mlflow`` the same to an MLflow run
+(:class:`~._mlflow.MlflowLog`: the config's keys as params, each ``metrics.jsonl`` number as a
+metric, the files above as artifacts). A resumed run keeps the lines of the batches its
+checkpoint holds and writes the others again (to the same MLflow run)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ._config import GRPOResult, StepRecord
+from ._mlflow import MlflowLog, flat
 from ._recovery import read_state
 
 if TYPE_CHECKING:
@@ -49,6 +52,14 @@ class RunWriter:
         os.makedirs(plan.run_dir, exist_ok=True)
         with open(os.path.join(plan.run_dir, "config.json"), "w", encoding="utf-8") as f:
             json.dump(dataclasses.asdict(plan.config), f, indent=2, default=str)
+        self.mlflow: MlflowLog | None = None
+        if plan.mlflow is not None:  # before the files: a store that fails leaves none open
+            self.mlflow = MlflowLog.open(
+                plan.mlflow, plan.run_dir, resume=plan.job.resume,
+                tags={"mode": plan.job.mode, "orchestr.config": plan.config.source,
+                      "orchestr.run_dir": plan.run_dir},
+                params=flat(json.loads(json.dumps(dataclasses.asdict(plan.config), default=str))),
+            )  # fmt: skip
         metrics = os.path.join(plan.run_dir, "metrics.jsonl")
         samples = os.path.join(plan.run_dir, "samples.jsonl")
         purge = None
@@ -69,6 +80,8 @@ class RunWriter:
             row["rewards"] = dict(tally.last)
         self.metrics.write(json.dumps(row) + "\n")
         self.metrics.flush()
+        if self.mlflow is not None:
+            self.mlflow.log(row, record.step + 1)  # the policy version, as TensorBoard's step
         if self.board is not None:
             version = record.step + 1
             for key in ("reward", "mean_length", "kl", "entropy", "clip_frac", "samples_per_s",
@@ -85,6 +98,27 @@ class RunWriter:
             self.samples.flush()
 
     def close(self, result: GRPOResult | None) -> dict[str, Any]:
+        """Write the rest (``summary.json`` and ``reward.png`` with a result) and close the
+        files; end the MLflow run, ``FAILED`` without a result (the run raised)."""
+        try:
+            summary = self._close(result)
+            if self.mlflow is not None and result is not None:
+                for version, score, _ in result.evals:
+                    self.mlflow.log({"held_out": score}, version)
+                self.mlflow.log(summary, self.plan.job.train.steps, prefix="summary/")
+        except BaseException:
+            if self.mlflow is not None:
+                self.mlflow.end(failed=True)
+            raise
+        if self.mlflow is not None:
+            files = ("config.json", "summary.json", "reward.png")
+            paths = [os.path.join(self.plan.run_dir, name) for name in files]
+            self.mlflow.end(
+                failed=result is None, artifacts=[p for p in paths if os.path.isfile(p)]
+            )
+        return summary
+
+    def _close(self, result: GRPOResult | None) -> dict[str, Any]:
         self.samples.close()
         if self.board is not None:
             self.board.close()
@@ -104,6 +138,7 @@ class RunWriter:
             }
             with open(os.path.join(self.plan.run_dir, "summary.json"), "w", encoding="utf-8") as f:
                 json.dump(summary, f, indent=2, default=str)
+            plot(os.path.join(self.plan.run_dir, "reward.png"), result, self.plan.config.source)
         self.metrics.close()
         return summary
 

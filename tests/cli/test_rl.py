@@ -8,6 +8,7 @@ import os
 import pathlib
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -32,6 +33,7 @@ def test_help_documents_every_section() -> None:
     for title in ("[model]", "[data]", "[[reward]]", "[algorithm]", "[schedule]", "[layout]"):
         assert title in proc.stdout
     assert "clip_eps_high = (unset)" in proc.stdout and 'loss_agg = "token_mean"' in proc.stdout
+    assert "mlflow = (unset)" in proc.stdout and "sqlite:///FILE.db" in proc.stdout
 
 
 def test_a_bad_config_fails_before_any_process(tmp_path: pathlib.Path) -> None:
@@ -50,8 +52,9 @@ def test_a_run_on_your_own_checkpoint_data_and_rewards(tmp_path: pathlib.Path) -
     reward model (a sequence classifier scoring the prompt and completion as text), a KL
     penalty to the starting policy and dynamic sampling (groups whose rewards are all equal,
     most of them for a random policy, are left out and counted); the exported folder loads in
-    ``transformers``."""
+    ``transformers``. The run is logged to MLflow too, in a store the working directory holds."""
     import transformers
+    from mlflow.tracking import MlflowClient
 
     from tests.reward_models import classifier
 
@@ -71,9 +74,10 @@ def test_a_run_on_your_own_checkpoint_data_and_rewards(tmp_path: pathlib.Path) -
         "[algorithm]\nmax_new_tokens = 6\nkl_coef = 0.1\ndynamic_sampling = true\n"
         "[schedule]\nsteps = 3\nprompts_per_step = 4\ngroup_size = 4\nlr = 1e-3\neval_every = 3\n"
         '[layout]\nmode = "stream"\n'
+        '[run]\nmlflow = "mlruns"\n'
     )
     run = tmp_path / "out"
-    proc = _rl(str(tmp_path / "run.toml"), "--run-dir", str(run))
+    proc = _rl(str(tmp_path / "run.toml"), "--run-dir", str(run), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "reward calls failed" in proc.stdout
     summary = json.loads((run / "summary.json").read_text())
@@ -94,6 +98,27 @@ def test_a_run_on_your_own_checkpoint_data_and_rewards(tmp_path: pathlib.Path) -
     assert samples and {"prompt", "completion", "reward", "rewards"} <= set(samples[0])
     model = transformers.AutoModelForCausalLM.from_pretrained(run / "model")
     assert model.config.num_hidden_layers == 2
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    (logged,) = client.search_runs([_experiment_id(client)])
+    assert logged.info.run_id == json.loads((run / "mlflow.json").read_text())["run_id"]
+    assert logged.info.status == "FINISHED" and logged.data.tags["mode"] == "stream"
+    assert logged.data.params["schedule.steps"] == "3"
+    assert logged.data.params["reward.1.function"] == "tests.cli.rl_rewards:flaky"
+    history = client.get_metric_history(logged.info.run_id, "reward")
+    assert sorted((m.step, m.value) for m in history) == [
+        (r["step"] + 1, r["reward"]) for r in trained
+    ]
+    assert len(client.get_metric_history(logged.info.run_id, "rewards/flaky")) == 3
+    assert logged.data.metrics["summary/skipped_groups"] == summary["skipped_groups"]
+    artifacts = {a.path for a in client.list_artifacts(logged.info.run_id)}
+    assert {"config.json", "summary.json"} <= artifacts
+    assert ("reward.png" in artifacts) == (run / "reward.png").is_file()
+
+
+def _experiment_id(client: Any, name: str = "orchestr-rl") -> str:
+    experiment = client.get_experiment_by_name(name)
+    assert experiment is not None, f"no MLflow experiment {name!r}"
+    return str(experiment.experiment_id)
 
 
 def _check_folder(run: pathlib.Path, stdout: str) -> None:
@@ -118,7 +143,9 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path: pathlib.Path) -> Non
     the weights of a run never stopped, bit for bit (the position in the data and every sample
     follow from the batch). Six batches are left when it is killed, far more than one poll's
     worth, so the kill always lands mid-run. The run never stopped writes its folder as it
-    should."""
+    should; the killed one logs to MLflow, and its resumption to the same MLflow run."""
+    from mlflow.tracking import MlflowClient
+
     sets = [
         "--set", "schedule.steps=10", "--set", "schedule.eval_every=5", "--set", "layout.mode=sync",
         "--set", "layout.generators=1", "--set", "run.checkpoint_every=2",
@@ -128,9 +155,12 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path: pathlib.Path) -> Non
     assert whole.returncode == 0, whole.stderr
     _check_folder(tmp_path / "whole", whole.stdout)
     run = tmp_path / "killed"
+    store = json.dumps(str(tmp_path / "mlruns"))  # an absolute folder: the cwd is the repo's
+    logged = ["--set", f"run.mlflow={store}", "--set", "run.mlflow_experiment='resumed'"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [*ORCHESTR, "rl", "train", "examples/rl/digits.toml", "--run-dir", str(run), *sets],
+        [*ORCHESTR, "rl", "train", "examples/rl/digits.toml", "--run-dir", str(run), *sets,
+         *logged],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )  # fmt: skip
@@ -145,7 +175,7 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path: pathlib.Path) -> Non
         os.killpg(proc.pid, 9)  # the controller and its embedded cluster, at once
         proc.wait()
     assert json.loads((run / "checkpoints" / "controller.json").read_text())["version"] >= 2
-    resumed = _rl("examples/rl/digits.toml", "--resume", str(run), *sets)
+    resumed = _rl("examples/rl/digits.toml", "--resume", str(run), *sets, *logged)
     assert resumed.returncode == 0, resumed.stderr
     final = json.loads((run / "summary.json").read_text())
     assert (
@@ -154,6 +184,14 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path: pathlib.Path) -> Non
     )
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if r["kind"] == "step"] == list(range(10))
+    # one MLflow run, the killed one's, reopened by the resumed one: its batches' rewards are
+    # those in metrics.jsonl (the batches redone after the checkpoint logged twice)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    (mlflow_run,) = client.search_runs([_experiment_id(client, "resumed")])
+    assert mlflow_run.info.status == "FINISHED"
+    history = client.get_metric_history(mlflow_run.info.run_id, "reward")
+    last = {m.step: m.value for m in sorted(history, key=lambda m: m.timestamp)}
+    assert last == {r["step"] + 1: r["reward"] for r in steps if r["kind"] == "step"}
     other = _rl("examples/rl/digits.toml", "--resume", str(run), *sets, "--set", "schedule.lr=1")
     assert other.returncode == 2 and "schedule.lr" in other.stderr
 

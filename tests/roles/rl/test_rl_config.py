@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import sys
 
 import pytest
 
@@ -257,3 +258,66 @@ def test_a_reward_model_goes_to_the_reward_mesh(tmp_path: pathlib.Path, checkpoi
     _, kwargs = plan.source.reward_args
     assert kwargs["model"] == str(tmp_path / "rm") and kwargs["model_weight"] == 0.25
     assert [f["path"] for f in kwargs["functions"]] == ["orchestr.roles.reward:exact_match"]
+
+
+def _mlflow(value: str) -> str:
+    return f"run.mlflow={json.dumps(value)}"
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("http://127.0.0.1:5000", "a local MLflow store only"),
+        ("https://mlflow.example.com", "a local MLflow store only"),
+        ("databricks", "a local MLflow store only"),
+        ("databricks://profile", "a local MLflow store only"),
+        ("postgresql://user@db/mlflow", "a local MLflow store only"),
+        ("sqlite://", "write sqlite:///FILE.db"),
+        ("file://host/mlruns", "write file:FOLDER"),
+        ("file:mlruns", "only with MLFLOW_ALLOW_FILE_STORE=true"),
+        ("", "give a folder"),
+    ],
+)
+def test_mlflow_logs_to_a_local_store_only(
+    value: str, says: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    config = load_rl_config(str(DIGITS), [_mlflow(value)])
+    with pytest.raises(oc.ConfigError, match=re.escape(says)) as info:
+        plan_rl(config, run_dir=str(tmp_path / "r"))
+    assert str(info.value).startswith(f"{DIGITS}: [run] mlflow ")
+    assert not (tmp_path / "r").exists()
+
+
+def test_mlflow_stores_are_taken_from_the_working_directory(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Relative stores are the working directory's, as ``run.dir`` is; nothing is made when
+    the run is planned, and nothing is logged without ``run.mlflow``."""
+    monkeypatch.chdir(tmp_path)
+    run = str(tmp_path / "r")
+    assert plan_rl(load_rl_config(str(DIGITS)), run_dir=run).mlflow is None
+    store = plan_rl(load_rl_config(str(DIGITS), [_mlflow("mlruns")]), run_dir=run).mlflow
+    assert store is not None and store.experiment == "orchestr-rl"
+    assert store.tracking_uri == f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    assert store.artifact_root == str(tmp_path / "mlruns" / "mlartifacts")
+    config = load_rl_config(
+        str(DIGITS), [_mlflow("sqlite:///db/x.db"), "run.mlflow_experiment='e'"]
+    )
+    store = plan_rl(config, run_dir=run).mlflow
+    assert store is not None and store.experiment == "e"
+    assert store.tracking_uri == f"sqlite:///{tmp_path}/db/x.db"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    store = plan_rl(load_rl_config(str(DIGITS), [_mlflow("file:old")]), run_dir=run).mlflow
+    assert store is not None and store.tracking_uri == (tmp_path / "old").as_uri()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_mlflow_without_its_package_is_refused_when_planned(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # not importable: find_spec says None
+    config = load_rl_config(str(DIGITS), [_mlflow(str(tmp_path / "mlruns"))])
+    with pytest.raises(oc.ConfigError, match=re.escape("pip install 'orchestr[rl]'")) as info:
+        plan_rl(config, run_dir=str(tmp_path / "r"))
+    assert "needs mlflow, not installed" in str(info.value)
