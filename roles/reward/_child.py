@@ -10,7 +10,8 @@ Protocol, over its stdin and stdout (the process's own fd 1 is pointed at stderr
 function's prints reach the worker's log and never the protocol). Frames are a 4-byte
 big-endian length and a msgpack body.
 
-1. parent: ``{"sys_path": [...], "timeout_s": t, "functions": [{"path", "args", "fields"}]}``;
+1. parent: ``{"sys_path": [...], "timeout_s": t, "functions": [{"path", "args", "fields",
+   "by_name"}]}``;
    child: ``{"ready": [None or the error of loading function i, ...]}``, after importing each
    function and running its ``reward_setup`` hook (no time limit: the parent's start deadline).
 2. parent: ``[[row, [function, ...], [prompt, completion, fields]], ...]``; child: one frame
@@ -140,6 +141,15 @@ class _Function:
         self.args = dict(spec["args"])
         self.call = functools.partial(fn, **self.args)
         self.fields: list[str] | None = spec["fields"]
+        #: Which of prompt and completion go by keyword (none: both, positionally).
+        self.by_name: list[str] = spec["by_name"]
+
+    def __call__(self, prompt: str, completion: str, fields: dict[str, Any]) -> Any:
+        kwargs = self.kwargs(fields)
+        if not self.by_name:
+            return self.call(prompt, completion, **kwargs)
+        given = {"prompt": prompt, "completion": completion}
+        return self.call(**kwargs, **{name: given[name] for name in self.by_name})
 
     def kwargs(self, fields: dict[str, Any]) -> dict[str, Any]:
         if self.fields is None:
@@ -172,7 +182,7 @@ def _call(
     try:
         try:
             signal.setitimer(signal.ITIMER_REAL, limit)
-            value = fn.call(prompt, completion, **fn.kwargs(fields))
+            value = fn(prompt, completion, fields)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except CallTimeout:

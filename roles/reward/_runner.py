@@ -184,6 +184,7 @@ class FunctionRunner:
                     "path": f.path,
                     "args": f.args,
                     "fields": None if f.fields is None else list(f.fields),
+                    "by_name": list(f.by_name),
                 }
                 for f in self.functions
             ],

@@ -3,10 +3,11 @@ process starts (:func:`check_functions`), and which of a row's fields each call 
 
 A spec is a dict ``{"path": "package.module:function", "weight": 1.0, "name": ..., "args":
 {...}}`` (``weight`` 1.0, ``name`` the function's own and ``args`` empty when left out). The
-function is called as ``fn(prompt, completion, **kwargs)``: its first two parameters take the
-row's prompt and completion (any names, positional), ``args`` are bound as keywords
-(``functools.partial``), and every other parameter it names is filled from the row's field of
-that name; a ``**kwargs`` parameter takes all the fields. ``args`` win over a field of the same
+function is called as ``fn(prompt, completion, **kwargs)``: a function that names a
+``completion`` parameter (and ``prompt``, if it wants it) gets them by those names, and one
+that names neither takes them as its first two parameters (any names, positional). ``args``
+are bound as keywords (``functools.partial``), and every other parameter it names is filled
+from the row's field of that name; a ``**kwargs`` parameter takes all the fields. ``args`` win over a field of the same
 name. No I/O here but importing the functions.
 """
 
@@ -37,13 +38,16 @@ class FunctionSpec:
     """One reward function of a config, defaults filled in.
 
     ``fields``: the parameters a row's fields fill (in signature order), or None for a function
-    with ``**kwargs``, which takes them all; set by :func:`resolve`."""
+    with ``**kwargs``, which takes them all; ``by_name``: which of ``prompt`` and
+    ``completion`` the function names as parameters, passed by keyword (empty: it takes them
+    as its first two positional parameters, whatever their names); set by :func:`resolve`."""
 
     path: str
     weight: float
     name: str
     args: dict[str, Any]
     fields: tuple[str, ...] | None = None
+    by_name: tuple[str, ...] = ()
 
 
 def _fault(where: str, text: str) -> oc.ConfigError:
@@ -99,30 +103,53 @@ def _import(path: str) -> Any:
     return obj
 
 
-def _bind(fn: Any, spec: FunctionSpec, fields: Set[str] | None) -> tuple[list[str], Any]:
-    """``(problems, routed fields or None for all)`` of calling ``fn`` on rows with ``fields``
-    (None: not known, every parameter that is not an arg is taken to be a field)."""
+def _bind(
+    fn: Any, spec: FunctionSpec, fields: Set[str] | None
+) -> tuple[list[str], Any, tuple[str, ...]]:
+    """``(problems, routed fields or None for all, by_name)`` of calling ``fn`` on rows with
+    ``fields`` (None: not known, every parameter that is not an arg is taken to be a field).
+    A function that names a ``prompt`` or ``completion`` parameter gets them by keyword
+    (``def f(completion, answer)`` is not handed the prompt as its completion); one that names
+    neither, as its first two positional parameters."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError) as exc:
-        return [f"cannot read its signature ({exc}): define it with def"], None
+        return [f"cannot read its signature ({exc}): define it with def"], None, ()
     problems = []
     positional = [p for p in params if p.kind in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD)]
-    if len(positional) < 2 and not any(p.kind is _P.VAR_POSITIONAL for p in params):
-        problems.append(
-            "takes fewer than two positional parameters: a reward function is "
-            "fn(prompt, completion, **fields)"
-        )
-    first_two = {p.name for p in positional[:2]}
+    by_name = tuple(
+        name
+        for name in ("prompt", "completion")
+        if any(p.name == name and p.kind is not _P.POSITIONAL_ONLY for p in params)
+    )
+    if by_name:
+        first_two = set(by_name)
+        if "completion" not in by_name:
+            problems.append(
+                "names a 'prompt' parameter but no 'completion': a reward function is "
+                "fn(prompt, completion, **fields), or names the ones it takes"
+            )
+        problems += [
+            f"parameter {p.name!r} is positional-only: rows fill parameters by name"
+            for p in positional
+            if p.kind is _P.POSITIONAL_ONLY and p.default is _P.empty
+        ]
+    else:
+        if len(positional) < 2 and not any(p.kind is _P.VAR_POSITIONAL for p in params):
+            problems.append(
+                "takes fewer than two positional parameters: a reward function is "
+                "fn(prompt, completion, **fields)"
+            )
+        first_two = {p.name for p in positional[:2]}
+        problems += [
+            f"parameter {p.name!r} is positional-only: rows fill parameters by name"
+            for p in positional[2:]
+            if p.kind is _P.POSITIONAL_ONLY and p.default is _P.empty
+        ]
     named = [
         p
         for p in params
         if p.name not in first_two and p.kind in (_P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY)
-    ]
-    problems += [
-        f"parameter {p.name!r} is positional-only: rows fill parameters by name"
-        for p in positional[2:]
-        if p.kind is _P.POSITIONAL_ONLY and p.default is _P.empty
     ]
     takes_all = any(p.kind is _P.VAR_KEYWORD for p in params)
     names = {p.name for p in named}
@@ -144,7 +171,7 @@ def _bind(fn: Any, spec: FunctionSpec, fields: Set[str] | None) -> tuple[list[st
             for p in named
             if p.name not in spec.args and p.name not in fields and p.default is _P.empty
         ]
-    return problems, None if takes_all else tuple(routed)
+    return problems, None if takes_all else tuple(routed), by_name
 
 
 def _check_args(fn: Any, spec: FunctionSpec) -> list[str]:
@@ -173,10 +200,10 @@ def _problems(
         if not callable(fn):
             problems.append(f"{where}: {spec.path!r} is not callable")
             continue
-        found, routed = _bind(fn, spec, known)
+        found, routed, by_name = _bind(fn, spec, known)
         found += _check_args(fn, spec) if not found else []
         problems += [f"{where}: {p}" for p in found]
-        resolved.append(dataclasses.replace(spec, fields=routed))
+        resolved.append(dataclasses.replace(spec, fields=routed, by_name=by_name))
     return resolved, problems
 
 

@@ -50,7 +50,8 @@ class ModelSection:
 @dataclasses.dataclass(frozen=True)
 class RewardSection:
     """One reward: ``function`` (``"module:function"``, called as ``fn(prompt, completion,
-    **fields)`` with the row's fields its signature names) or ``model`` (a reward model's
+    **fields)`` with the row's fields its signature names; ``prompt`` and ``completion`` go by
+    name to a function whose parameters have those names) or ``model`` (a reward model's
     checkpoint folder, ``LlamaForSequenceClassification`` or ``Qwen2ForSequenceClassification``
     with one label, scoring the prompt and completion as text on the reward workers); its
     ``weight`` in the sum, a ``name`` for the metrics (default: the function's,

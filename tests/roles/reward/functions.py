@@ -91,6 +91,15 @@ def one_arg(prompt: str) -> float:
     return 0.0
 
 
+def unnamed_one(text: str) -> float:
+    return 0.0
+
+
+def completion_first(completion: str, answer: str) -> float:
+    """Names what it takes: the completion and a field, no prompt."""
+    return len(completion) + (0.5 if answer in completion else 0.0)
+
+
 def needs_label(prompt: str, completion: str, label: str) -> float:
     return 0.0
 

@@ -272,7 +272,8 @@ def test_check_functions_names_the_function_and_the_fix() -> None:
             "'needs_label' .*parameter 'label' is neither a field of the dataset nor in its "
             "'args'; the dataset's fields are: answer, metadata \\(rename it",
         ),
-        (fn("one_arg"), "fewer than two positional parameters"),
+        (fn("one_arg"), "names a .prompt. parameter but no .completion."),
+        (fn("unnamed_one"), "fewer than two positional parameters"),
         (fn("positional"), "parameter 'extra' is positional-only"),
         (fn("scaled"), "parameter 'scale' is neither"),
         (fn("length", args={"size": 1}), "'args' sets 'size', which is not one of its parameters"),
@@ -305,6 +306,7 @@ async def test_the_reward_mesh_scores_rows_on_a_cluster(ctx: oc.JobContext) -> N
     functions = [
         {"path": "orchestr.roles.reward:exact_match", "weight": 1.0},
         {"path": "orchestr.roles.reward:math_answer", "weight": 0.5, "name": "math"},
+        fn("completion_first", 0.0),  # named parameters: the completion, not the prompt
         fn("exits", 0.0),
     ]
     mesh = await ctx.spawn(Reward, functions=functions, timeout_s=5.0, resources={"cpu": 0.25})
@@ -317,9 +319,13 @@ async def test_the_reward_mesh_scores_rows_on_a_cluster(ctx: oc.JobContext) -> N
     result = await mesh[0].score_rows.call_one(rows)
     assert result["per_function"]["exact_match"] == [0.0, 1.0, 0.0, 0.0]
     assert result["per_function"]["math"] == [1.0, 1.0, 1.0, 0.0]
+    assert result["per_function"]["completion_first"] == [
+        len(r["completion"]) + (0.5 if r["fields"]["answer"] in r["completion"] else 0.0)
+        for r in rows
+    ]
     assert result["rewards"] == [0.5, 1.5, 0.5, 0.0]
     assert result["failures"]["exits"] == {"error": 1, "timeout": 0}
     stats = await mesh[0].stats.call_one()
     assert stats["scored"] == 4 and stats["losses"] == 1 and stats["starts"] == 1
-    with pytest.raises(oc.SpawnError, match="'one_arg'.*fewer than two positional"):
+    with pytest.raises(oc.SpawnError, match="'one_arg'.*names a 'prompt' parameter but no"):
         await ctx.spawn(Reward, functions=[fn("one_arg"), fn("needs_label")])
