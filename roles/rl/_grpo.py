@@ -109,7 +109,10 @@ async def run_grpo(
         digests = job.digests
         exported = ""
         if config.export_dir is not None:  # the trained policy, out as a Hugging Face folder
-            exported = await job.trainers[0].export_hf.call_one(config.export_dir)
+            # a resumed run may replace the folder of the run it extends (more steps)
+            exported = await job.trainers[0].export_hf.call_one(
+                config.export_dir, None, config.resume
+            )
         if job.injector is not None:
             job.injector.check()
     finally:

@@ -32,6 +32,7 @@ from ._data import DataSource, DataSpec, load_rows
 from ._grpo import run_grpo
 from ._llama import Checkpoint, LlamaModel
 from ._mlflow import MlflowStore, mlflow_store
+from ._recovery import read_state
 from ._reference import TrainConfig
 from ._rlconfig import RLConfig, section_from
 from ._rundir import RunWriter
@@ -218,6 +219,12 @@ def _same_run(config: RLConfig, run_dir: str) -> None:
             f"{config.source}: the run in {run_dir} was started with other settings "
             f"({', '.join(changed)}); resume it with its own config (run.*, schedule.steps "
             "may change)"
+        )
+    state = os.path.join(run_dir, "checkpoints", "controller.json")
+    if os.path.exists(state) and int(read_state(state)["version"]) >= config.schedule.steps:
+        raise oc.ConfigError(
+            f"{config.source}: the run in {run_dir} has trained all {config.schedule.steps} "
+            "batches already; raise schedule.steps (--set schedule.steps=N) to train on"
         )
 
 

@@ -194,6 +194,15 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path: pathlib.Path) -> Non
     assert last == {r["step"] + 1: r["reward"] for r in steps if r["kind"] == "step"}
     other = _rl("examples/rl/digits.toml", "--resume", str(run), *sets, "--set", "schedule.lr=1")
     assert other.returncode == 2 and "schedule.lr" in other.stderr
+    done = _rl("examples/rl/digits.toml", "--resume", str(run), *sets)
+    assert done.returncode == 2 and "has trained all 10 batches already; raise" in done.stderr
+    # more batches: the run goes on from its last checkpoint and replaces its model/
+    before = (run / "model" / "model.safetensors").stat().st_mtime_ns
+    more = _rl("examples/rl/digits.toml", "--resume", str(run), *sets, "--set", "schedule.steps=11")
+    assert more.returncode == 0, more.stderr
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if r["kind"] == "step"] == list(range(11))
+    assert (run / "model" / "model.safetensors").stat().st_mtime_ns > before
 
 
 def test_the_command_line_imports_no_torch_until_a_command_needs_it() -> None:
