@@ -16,3 +16,11 @@ def flaky(prompt: str, completion: str, id: int) -> float:
     if id % 2:
         raise RuntimeError("a reward that fails on odd rows")
     return 0.5
+
+
+def digit_match(completion: str, answer: str) -> float:
+    """The share of the answer's digits the completion has in place (its extra characters
+    count against it): partial credit, so a sample that is half right is told so."""
+    text = completion.strip()
+    hits = sum(a == b for a, b in zip(text, answer, strict=False))
+    return hits / max(len(answer), len(text), 1)

@@ -37,9 +37,8 @@ async def test_controls_through_the_roles(ctx: oc.JobContext) -> None:
         tc = dataclasses.replace(SMALL_CONFIG, steps=steps, advantage_scale=scale, eval_every=20)
         return GRPOConfig(train=tc, mode="sync")
 
-    zero = await run_grpo(ctx, config(0.0, 10))  # zeroed advantages: nothing to learn from
-    start = sum(r.reward for r in zero.steps) / 10
-    assert all(abs(r.reward - start) <= 0.05 for r in zero.steps)
+    # zeroed advantages (nothing to learn from) are the control of the learning tests through
+    # run_rl and run_sft: test_rl_learning.py
     negated = await run_grpo(ctx, config(-1.0, 20))  # negated: it unlearns
     first = sum(r.reward for r in negated.steps[:10]) / 10
     assert negated.mean_reward(last=10) < first - 0.02
