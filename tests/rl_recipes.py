@@ -14,7 +14,9 @@ warm-started by SFT (:func:`~orchestr.roles.rl.run_sft`), then trained by GRPO
 
 :func:`sft_then_grpo` runs one (task, seed) on a cluster and returns the held-out figures;
 ``tests/roles/rl/test_rl_learning.py`` checks them for one seed, ``bench/learning_recipes.py``
-counts the seeds and kernel paths that clear :data:`THRESHOLDS`."""
+counts the seeds and kernel paths that clear :data:`THRESHOLDS`: ``say`` on 10 of 10 on avx2
+and on the default kernels, ``spell`` on 5 of 12 (``docs/bench/learning_recipes.md``); its
+seed 0 clears on both, by 0.17-0.20."""
 
 from __future__ import annotations
 
