@@ -1,4 +1,4 @@
 """What every role shares: torch execution backends (``_backend``), models by name
 (``_factory``) and the small :class:`~._model.TinyLM`, sampling and log-probs over any causal LM
-(``_sampling``), named seeds (``_seeding``) and versioned weight sync (``_weights`` over the
+(``_rollout``), named seeds (``_seeding``) and versioned weight sync (``_weights`` over the
 sans-IO ``_weightplan``)."""

@@ -3,7 +3,7 @@
 Pre-norm blocks of causal self-attention and a GELU MLP, learned position embeddings, a final
 LayerNorm and an untied output head. The contract the rest of the system relies on is only
 ``forward(tokens: LongTensor[B, T]) -> logits[B, T, V]``: any ``nn.Module`` with that
-signature can be generated from (:mod:`._sampling`) and trained (:func:`orchestr.roles.grpo_update`).
+signature can be generated from (:mod:`._rollout`) and trained (:func:`orchestr.roles.grpo_update`).
 
 Padding tokens (``pad_id``) are invisible: never attended to (a token still sees itself, so an all-padding
 prefix gives no NaNs) and not counted in positions, so a sequence's logits do not depend on the

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from ._requests import Detokenize, Intake, Latencies, Live, Pausable, check_state, engine_stats
-from ._sampling import Chosen, choose_tokens
+from ._token_choice import Chosen, choose_tokens
 from ._types import Completion, EngineStats, Request
 
 __all__ = ["Engine"]

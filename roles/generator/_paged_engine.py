@@ -5,7 +5,7 @@ format models (:class:`orchestr.roles.models.CausalLM`).
 Each :meth:`PagedEngine.step` asks the sans-IO :class:`~._scheduler.Scheduler` what to compute
 (decodes and prefill chunks within ``token_budget`` tokens, prefix hits, preemptions), runs it
 with :class:`~._paged.PagedRunner` and samples one token for each sequence whose chunk reached
-its end, exactly as the recompute engine samples (:func:`~._sampling.choose_tokens`: a request's
+its end, exactly as the recompute engine samples (:func:`~._token_choice.choose_tokens`: a request's
 tokens do not depend on its batch).
 
 **New weights while requests are in flight** (``on_new_weights``):
@@ -36,9 +36,9 @@ from ._blocks import BlockPool
 from ._microbatch import MicroBatches
 from ._paged import AttentionMode, PagedKV, PagedRunner
 from ._requests import Detokenize, Intake, Latencies, Live, Pausable, check_state, engine_stats
-from ._sampling import choose_tokens
 from ._scheduler import Scheduler, Seq, Step
 from ._spans import copy_blocks
+from ._token_choice import choose_tokens
 from ._types import Completion, EngineStats, Request
 
 __all__ = ["PagedEngine"]

@@ -26,7 +26,7 @@ import torch
 
 from orchestr.roles._common._text import IncrementalText, StopFinder
 
-from ._sampling import check_sampling
+from ._token_choice import check_sampling
 from ._types import (
     MAX_ID_CHARS,
     MAX_STOP_CHARS,

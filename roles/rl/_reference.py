@@ -28,7 +28,7 @@ import torch
 from orchestr.roles._common._hf._layers import CausalLM
 from orchestr.roles._common._hf._load import load_model
 from orchestr.roles._common._model import TinyLM, TinyLMConfig
-from orchestr.roles._common._sampling import Generation, generate, pack, sample_key
+from orchestr.roles._common._rollout import Generation, generate, pack, sample_key
 from orchestr.roles.generator import Completion, Engine, PagedEngine, Request
 from orchestr.roles.trainer import UpdateConfig, group_advantages, grpo_update, scheduled_lr
 

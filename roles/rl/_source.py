@@ -20,7 +20,7 @@ import collections
 from collections.abc import Sequence
 from typing import Any
 
-from orchestr.roles._common._sampling import sample_key
+from orchestr.roles._common._rollout import sample_key
 from orchestr.roles.generator import Completion, Request
 
 from . import _task

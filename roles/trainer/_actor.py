@@ -34,7 +34,7 @@ import orchestr as oc
 from orchestr.roles._common._backend import BackendSpec, choose_backend
 from orchestr.roles._common._factory import DEFAULT_MODEL, build_model
 from orchestr.roles._common._model import TinyLM
-from orchestr.roles._common._sampling import completion_logprobs, generate, token_logprobs
+from orchestr.roles._common._rollout import completion_logprobs, generate, token_logprobs
 from orchestr.roles._common._weightplan import StaleWeightsError, weights_digest
 from orchestr.roles._common._weights import WeightPublisher, WeightsRef
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from orchestr.roles._common._sampling import Generation
+from orchestr.roles._common._rollout import Generation
 
 __all__ = ["Part", "plan_micro_batches", "split"]
 

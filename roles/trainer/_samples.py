@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from orchestr.roles._common._sampling import Generation, pack
+from orchestr.roles._common._rollout import Generation, pack
 
 __all__ = ["Batch", "Row", "build_batch", "sample_row"]
 
@@ -85,7 +85,7 @@ def sample_row(s: Any, need_reward: bool = True) -> Row:
 
 @dataclasses.dataclass(frozen=True)
 class Batch:
-    """Rows as tensors: ``gen`` (:func:`~orchestr.roles._common._sampling.pack`'s layout),
+    """Rows as tensors: ``gen`` (:func:`~orchestr.roles._common._rollout.pack`'s layout),
     ``rewards[N]``, ``truncated[N]`` (finish reason ``"length"``) and ``ref_logprobs``
     (``[N, L]``, 0 past each row's end; None unless asked for)."""
 
@@ -98,7 +98,7 @@ class Batch:
 def build_batch(rows: Sequence[Row], pad_id: int, *, need_ref: bool = False) -> Batch:
     """Lay ``rows`` out as a :class:`Batch`. With ``need_ref`` every row must carry
     ``ref_logprobs``. Raises ``ValueError`` for a row without them then (naming the field
-    and the sample), and what :func:`~orchestr.roles._common._sampling.pack` raises."""
+    and the sample), and what :func:`~orchestr.roles._common._rollout.pack` raises."""
     gen = pack(
         [r.prompt for r in rows],
         [r.tokens for r in rows],

@@ -5,8 +5,8 @@ A sample is a prompt and a response (token ids). The loss is the mean negative l
 of the response's tokens alone: the prompt conditions them and is not learnt (its tokens are no
 targets). The mean is over every response token of the batch (token-mean), so a long response
 weighs as many short ones together. Samples are laid out as a generator's completions are
-(:func:`~orchestr.roles._common._sampling.pack`: prompts left-padded, responses from one
-column) and scored by the same :func:`~orchestr.roles._common._sampling.completion_logprobs`
+(:func:`~orchestr.roles._common._rollout.pack`: prompts left-padded, responses from one
+column) and scored by the same :func:`~orchestr.roles._common._rollout.completion_logprobs`
 GRPO's update runs, micro-batched alike (:mod:`._micro`).
 
 In data parallel each member holds a share of the batch; the loss divides by the token count
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from orchestr.roles._common._sampling import Generation, completion_logprobs, pack
+from orchestr.roles._common._rollout import Generation, completion_logprobs, pack
 
 from ._micro import split
 from ._update import UpdateConfig, autocast, rank_and_world, sum_gradients

@@ -1,7 +1,7 @@
 """One GRPO update on a batch of completions: what the reference loop and the trainer both run.
 
 The single-process reference (:mod:`orchestr.roles.rl._reference`) and the :class:`~._actor.Trainer` call the
-same :func:`grpo_update` on the same :class:`~orchestr.roles._common._sampling.Generation` layout, so a trainer fed
+same :func:`grpo_update` on the same :class:`~orchestr.roles._common._rollout.Generation` layout, so a trainer fed
 the samples the reference drew takes bitwise the same steps. In data parallel each member
 holds whole groups; every mean is divided by the token (or sequence) count of the *whole*
 batch and the gradients are summed over the group, so the shards' sum is the whole batch's
@@ -22,7 +22,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from orchestr.roles._common._sampling import Generation, completion_logprobs
+from orchestr.roles._common._rollout import Generation, completion_logprobs
 
 from ._advantages import ADVANTAGE_ESTIMATORS
 from ._grpo import KL_ESTIMATORS, LOSS_AGGREGATIONS, aggregate, grpo_loss, kl_penalty

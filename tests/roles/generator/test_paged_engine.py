@@ -16,7 +16,7 @@ import orchestr as oc
 from orchestr.roles import Completion, Engine, Generator, Request, models
 from orchestr.roles.generator._paged import AttentionMode
 from orchestr.roles.generator._paged_engine import PagedEngine
-from orchestr.roles.generator._sampling import check_sampling, choose_tokens
+from orchestr.roles.generator._token_choice import check_sampling, choose_tokens
 
 
 @pytest.fixture(scope="module")

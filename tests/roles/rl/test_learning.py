@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from orchestr.roles._common._model import TinyLM, TinyLMConfig
-from orchestr.roles._common._sampling import (
+from orchestr.roles._common._rollout import (
     completion_logprobs,
     generate,
     sample_key,

@@ -14,7 +14,7 @@ import torch
 
 import orchestr as oc
 from orchestr.roles import models
-from orchestr.roles._common._sampling import Generation, completion_logprobs, pack
+from orchestr.roles._common._rollout import Generation, completion_logprobs, pack
 from orchestr.roles.rl import _task
 from orchestr.roles.trainer import UpdateConfig, group_advantages, grpo_update
 from orchestr.roles.trainer._activations import checkpoint_layers
