@@ -8,7 +8,7 @@ import inspect
 import json
 import pathlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import ModuleType
 
 import orchestr
@@ -63,14 +63,30 @@ def _run(args: argparse.Namespace) -> int:
     if not inspect.iscoroutinefunction(main):
         print(f"orchestr run: {args.job} must define `async def main(ctx)`", file=sys.stderr)
         return 2
+    return run_on_cluster(main, args, "run", what="job")
+
+
+def run_on_cluster(
+    main: Callable[[orchestr.JobContext], Awaitable[None]],
+    args: argparse.Namespace,
+    command: str,
+    run_dir: str | None = None,
+    what: str = "run",
+) -> int:
+    """Run ``main`` on the cluster ``args`` name (or an embedded one): 0, or the exit status of
+    a ``what`` that failed (1) or was interrupted (130, naming ``run_dir`` when there is one),
+    said on standard error."""
     try:
         address, token = _cluster_of(args)
         orchestr.run(main, address=address, token=token)
     except orchestr.OrchestrError as exc:
-        print(f"orchestr run: the job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(
+            f"orchestr {command}: the {what} failed: {type(exc).__name__}: {exc}", file=sys.stderr
+        )
         return 1
     except KeyboardInterrupt:
-        print("orchestr run: interrupted", file=sys.stderr)
+        where = f"; what was written is in {run_dir}" if run_dir else ""
+        print(f"orchestr {command}: interrupted{where}", file=sys.stderr)
         return 130
     return 0
 

@@ -8,7 +8,7 @@ import dataclasses
 import os
 import sys
 import textwrap
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import orchestr
@@ -138,28 +138,6 @@ class Progress:
             sys.stdout.write("\n")
 
 
-def run_on_cluster(
-    main: Callable[[orchestr.JobContext], Awaitable[None]],
-    args: argparse.Namespace,
-    command: str,
-    run_dir: str,
-) -> int:
-    """Run ``main`` on the cluster ``args`` name (or an embedded one): 0, or the exit status of
-    a run that failed (1) or was interrupted (130), said on standard error."""
-    from ._main import _cluster_of
-
-    try:
-        address, token = _cluster_of(args)
-        orchestr.run(main, address=address, token=token)
-    except orchestr.OrchestrError as exc:
-        print(f"orchestr {command}: the run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"orchestr {command}: interrupted; what was written is in {run_dir}", file=sys.stderr)
-        return 130
-    return 0
-
-
 def _train(args: argparse.Namespace) -> int:
     from orchestr.roles.rl import load_rl_config, plan_rl, run_rl
 
@@ -195,6 +173,8 @@ def _train(args: argparse.Namespace) -> int:
             )  # fmt: skip
         finally:
             progress.close()
+
+    from ._main import run_on_cluster
 
     code = run_on_cluster(main, args, "rl train", plan.run_dir)
     if code:

@@ -11,7 +11,7 @@ from typing import Any
 
 import orchestr
 
-from ._rl import run_on_cluster, section_help
+from ._rl import section_help
 
 __all__ = ["add_parser", "sft_config_help"]
 
@@ -101,6 +101,8 @@ def _sft(args: argparse.Namespace) -> int:
             _, _, summary = await run_sft(ctx, config, progress.on_step, run_dir=plan.run_dir)
         finally:
             progress.close()
+
+    from ._main import run_on_cluster
 
     code = run_on_cluster(main, args, "rl sft", plan.run_dir)
     if code:

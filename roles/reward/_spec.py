@@ -129,11 +129,6 @@ def _bind(
                 "names a 'prompt' parameter but no 'completion': a reward function is "
                 "fn(prompt, completion, **fields), or names the ones it takes"
             )
-        problems += [
-            f"parameter {p.name!r} is positional-only: rows fill parameters by name"
-            for p in positional
-            if p.kind is _P.POSITIONAL_ONLY and p.default is _P.empty
-        ]
     else:
         if len(positional) < 2 and not any(p.kind is _P.VAR_POSITIONAL for p in params):
             problems.append(
@@ -141,11 +136,12 @@ def _bind(
                 "fn(prompt, completion, **fields)"
             )
         first_two = {p.name for p in positional[:2]}
-        problems += [
-            f"parameter {p.name!r} is positional-only: rows fill parameters by name"
-            for p in positional[2:]
-            if p.kind is _P.POSITIONAL_ONLY and p.default is _P.empty
-        ]
+    # by name, every positional-only parameter is one a row cannot fill; else past the two
+    problems += [
+        f"parameter {p.name!r} is positional-only: rows fill parameters by name"
+        for p in positional[0 if by_name else 2 :]
+        if p.kind is _P.POSITIONAL_ONLY and p.default is _P.empty
+    ]
     named = [
         p
         for p in params

@@ -75,21 +75,22 @@ class SFTDataSpec:
                 f"prompt_field and response_field are both {self.prompt!r}; name two fields"
             )
 
+    def _field(self, given: str | None, gym: str, file: str) -> str:
+        if given is not None:
+            return given
+        return gym if self.reasoning_gym is not None else file
+
     @property
     def prompt(self) -> str:
         """The prompt's field: ``prompt_field``, else the source's (``question`` for
         reasoning-gym rows, ``prompt`` for a file's)."""
-        if self.prompt_field is not None:
-            return self.prompt_field
-        return "question" if self.reasoning_gym is not None else "prompt"
+        return self._field(self.prompt_field, "question", "prompt")
 
     @property
     def response(self) -> str:
         """The response's field: ``response_field``, else the source's (``answer`` for
         reasoning-gym rows, ``response`` for a file's)."""
-        if self.response_field is not None:
-            return self.response_field
-        return "answer" if self.reasoning_gym is not None else "response"
+        return self._field(self.response_field, "answer", "response")
 
     @property
     def source(self) -> str:
