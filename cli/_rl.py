@@ -168,9 +168,13 @@ def _train(args: argparse.Namespace) -> int:
         nonlocal result
         try:
             _, result, _ = await run_rl(
-                ctx, config, progress.on_step, on_phase=progress.on_phase,
-                run_dir=plan.run_dir, resume=bool(args.resume),
-            )  # fmt: skip
+                ctx,
+                config,
+                progress.on_step,
+                on_phase=progress.on_phase,
+                run_dir=plan.run_dir,
+                resume=bool(args.resume),
+            )
         finally:
             progress.close()
 

@@ -23,6 +23,7 @@ import sys
 from typing import Any
 
 import orchestr
+from orchestr.tasks import TaskOwner
 
 from ._listen import private_socket, read_key, server_class
 from ._models import _positive
@@ -45,7 +46,7 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
     if args.torch_threads:
         options["torch_threads"] = args.torch_threads
     if args.kv_read:
-        options["kv_read"] = args.kv_read
+        options["handoff"] = {"read": args.kv_read}
     async with openai_server(
         ctx,
         args.model_dir,
@@ -84,32 +85,35 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, server.exit)
         sockets = None if args.uds is None else [private_socket(args.uds)]
-        task = asyncio.create_task(server.serve(sockets=sockets))
-        while not server.started and not task.done():  # noqa: ASYNC110 (uvicorn has no event)
-            await asyncio.sleep(0.05)
-        if server.started:
-            if args.uds is not None:
-                where = f"unix:{args.uds} (mode 0600)"
-            else:
-                port = server.servers[0].sockets[0].getsockname()[1]
-                where = f"http://{args.host}:{port}/v1"
-            name = (args.served_model_name or [args.model_dir])[0]
-            pools = f"{args.generators} {args.engine} generator(s)"
-            if args.prefill:
-                pools = f"{args.prefill} prefill + {args.generators} decode generator(s)"
-            if args.expert_hosts:
-                pools += f" over {args.expert_hosts} expert host(s)"
-                pools += f" in {args.micro_batches} micro-batches" if args.micro_batches > 1 else ""
-            router = args.router
-            if args.router_prefill_weight is not None:
-                router += f" (prefill weight {args.router_prefill_weight:g})"
-            print(f"serving {name} on {where} with {pools}, router {router}", flush=True)
-        try:
-            await task  # until SIGINT or SIGTERM, or it fails to bind
-        finally:
-            if args.uds is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(args.uds)
+        async with TaskOwner() as tasks:  # the server stops before the app it serves
+            task = tasks.start(server.serve(sockets=sockets))
+            while not server.started and not task.done():  # noqa: ASYNC110 (uvicorn has no event)
+                await asyncio.sleep(0.05)
+            if server.started:
+                if args.uds is not None:
+                    where = f"unix:{args.uds} (mode 0600)"
+                else:
+                    port = server.servers[0].sockets[0].getsockname()[1]
+                    where = f"http://{args.host}:{port}/v1"
+                name = (args.served_model_name or [args.model_dir])[0]
+                pools = f"{args.generators} {args.engine} generator(s)"
+                if args.prefill:
+                    pools = f"{args.prefill} prefill + {args.generators} decode generator(s)"
+                if args.expert_hosts:
+                    pools += f" over {args.expert_hosts} expert host(s)"
+                    pools += (
+                        f" in {args.micro_batches} micro-batches" if args.micro_batches > 1 else ""
+                    )
+                router = args.router
+                if args.router_prefill_weight is not None:
+                    router += f" (prefill weight {args.router_prefill_weight:g})"
+                print(f"serving {name} on {where} with {pools}, router {router}", flush=True)
+            try:
+                await task  # until SIGINT or SIGTERM, or it fails to bind
+            finally:
+                if args.uds is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(args.uds)
         if not server.started:
             raise orchestr.ConfigError(f"could not serve on {args.host}:{args.port} (see above)")
 

@@ -73,10 +73,14 @@ def calibrate(args: argparse.Namespace) -> int:
         return 2
     try:
         model, report = run(
-            args.model_dir, prefills=args.prefills, decodes=args.decodes, mixes=args.mixes,
-            decode_steps=args.decode_steps, repeats=args.repeats,
+            args.model_dir,
+            prefills=args.prefills,
+            decodes=args.decodes,
+            mixes=args.mixes,
+            decode_steps=args.decode_steps,
+            repeats=args.repeats,
             torch_threads=args.torch_threads,
-        )  # fmt: skip
+        )
     except (oc.ConfigError, ValueError) as exc:
         print(f"{where}: {exc}", file=sys.stderr)
         return 2
@@ -128,8 +132,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(metrics, default=str))
         return 0
-    print(f"{scenario.kind} scenario {args.scenario}: metrics in {out}/metrics.json, "
-          f"the timeline in {out}/trace.json (open it in ui.perfetto.dev)")  # fmt: skip
+    print(
+        f"{scenario.kind} scenario {args.scenario}: metrics in {out}/metrics.json, "
+        f"the timeline in {out}/trace.json (open it in ui.perfetto.dev)"
+    )
     for key, value in metrics.items():
         if isinstance(value, float):
             print(f"  {key:24} {value:.6g}")
@@ -148,15 +154,31 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("model_dir", help="a model folder (orchestr model make-tiny writes one)")
     c.add_argument("--out", required=True, help="the profile to write (JSON)")
     c.add_argument("--force", action="store_true", help="replace --out if it exists")
-    c.add_argument("--prefills", type=_lengths, default=[32, 128, 512],
-                   help="prompt lengths of the timed prefill steps (default 32,128,512)")  # fmt: skip
-    c.add_argument("--decodes", type=_pairs, default=[(1, 64), (8, 64), (8, 256), (16, 128), (32, 32), (32, 64)],
-                   help="BATCHxCONTEXT decode runs (default 1x64,8x64,8x256,16x128,32x32,32x64)")  # fmt: skip
-    c.add_argument("--mixes", type=_triples, default=[(2, 256, 384), (4, 128, 256), (8, 64, 512)],
-                   help="BATCHxCONTEXTxPROMPT decode runs a prompt joins after 3 decode steps, "
-                        "or none (default 2x256x384,4x128x256,8x64x512)")  # fmt: skip
-    c.add_argument("--decode-steps", type=_positive, default=16,
-                   help="decode steps per run (at least 5 with --mixes)")  # fmt: skip
+    c.add_argument(
+        "--prefills",
+        type=_lengths,
+        default=[32, 128, 512],
+        help="prompt lengths of the timed prefill steps (default 32,128,512)",
+    )
+    c.add_argument(
+        "--decodes",
+        type=_pairs,
+        default=[(1, 64), (8, 64), (8, 256), (16, 128), (32, 32), (32, 64)],
+        help="BATCHxCONTEXT decode runs (default 1x64,8x64,8x256,16x128,32x32,32x64)",
+    )
+    c.add_argument(
+        "--mixes",
+        type=_triples,
+        default=[(2, 256, 384), (4, 128, 256), (8, 64, 512)],
+        help="BATCHxCONTEXTxPROMPT decode runs a prompt joins after 3 decode steps, "
+        "or none (default 2x256x384,4x128x256,8x64x512)",
+    )
+    c.add_argument(
+        "--decode-steps",
+        type=_positive,
+        default=16,
+        help="decode steps per run (at least 5 with --mixes)",
+    )
     c.add_argument("--repeats", type=_positive, default=3, help="timed runs per step (median)")
     c.add_argument("--torch-threads", type=_positive, default=None)
     c.set_defaults(func=calibrate)
@@ -167,11 +189,19 @@ def add_parsers(sub: Any) -> None:
     )
     q.add_argument("--out", required=True, help="the profile to write (JSON)")
     q.add_argument("--force", action="store_true", help="replace --out if it exists")
-    q.add_argument("--config", choices=("small", "demo"), default="small",
-                   help="the run to calibrate: SMALL_CONFIG or DEMO_CONFIG (default small)")  # fmt: skip
+    q.add_argument(
+        "--config",
+        choices=("small", "demo"),
+        default="small",
+        help="the run to calibrate: SMALL_CONFIG or DEMO_CONFIG (default small)",
+    )
     q.add_argument("--steps", type=_positive, default=2, help="batches timed (default 2)")
-    q.add_argument("--torch-threads", type=_positive, default=1,
-                   help="torch threads, as each role runs (default 1)")  # fmt: skip
+    q.add_argument(
+        "--torch-threads",
+        type=_positive,
+        default=1,
+        help="torch threads, as each role runs (default 1)",
+    )
     q.set_defaults(func=calibrate_rl)
     r = cmds.add_parser(
         "run", help="run a scenario (TOML): metrics, a Perfetto trace of the simulated timeline"

@@ -53,7 +53,7 @@ from ._optical._ocs_netns import NetnsOcs, NetnsRouter
 from ._optical._ocs_sim import SimOcs
 from ._optical._plan import CommitPolicy, Plan, PlanRequest
 from ._optical._planner import GreedyPlanner
-from ._optical._reconfig import Changes, Reconfigurator
+from ._optical._reconfig import Changes, InvariantError, Reconfigurator
 from ._optical._routing import RecordingRouter, Router
 from ._optical._topology import Topology
 from ._optical._topology_file import dump_topology, load_topology, topology_from_dict
@@ -67,6 +67,7 @@ __all__ = [
     "Hint",
     "Installed",
     "InvalidProgramError",
+    "InvariantError",
     "NetnsError",
     "NetnsFabric",
     "NetnsOcs",

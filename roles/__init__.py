@@ -1,7 +1,8 @@
 """orchestr.roles: role actors over sans-IO cores, and the GRPO job built from them.
 
 - :class:`Generator` hosts a causal LM (:class:`TinyLM` or any ``nn.Module`` with
-  ``forward(tokens) -> logits``) behind a continuous-batching :class:`Engine`; it streams
+  ``forward(tokens) -> logits``) behind a continuous-batching engine (:class:`RecomputeEngine`, :class:`PagedEngine` or
+  vLLM's, all keeping the :class:`Engine` contract); it streams
   completions with per-token behaviour log-probs and policy versions, and loads new weights
   from a trainer over the data plane (:meth:`Generator.sync_weights`).
 - :class:`Trainer` holds the policy and its optimizer and takes GRPO steps
@@ -11,7 +12,7 @@
 - :class:`KVStore` holds content-addressed KV blocks (host memory, then disk) that generators
   put and read one-sided over the data plane (``orchestr.roles.kvstore``).
 - :class:`ExpertHost` holds routed experts of a MoE checkpoint apart from its generators
-  (``Generator(expert_hosts=...)``); placement and rebalancing in ``orchestr.roles.experts``.
+  (``Generator(experts=...)``); placement and rebalancing in ``orchestr.roles.experts``.
 - :class:`AttentionServer` runs core-attention tasks (query shards over KV blocks read where
   they live) for other roles, rebatched; shards merge by log-sum-exp (``orchestr.roles.attention``).
 - :class:`Reward` scores ``(prompt, completion)`` pairs with a scorer named by path.
@@ -44,12 +45,19 @@ from ._common._weights import WeightLoader, WeightPublisher, WeightsRef
 from .attention import AttentionServer
 from .experts import ExpertHost, ExpertUnavailableError
 from .generator import (
+    AttentionOptions,
     Completion,
     Engine,
     EngineStats,
+    ExpertOptions,
     Generator,
+    Handoff,
     HandoffError,
+    HandoffOptions,
+    KVOptions,
     PagedEngine,
+    PagedKV,
+    RecomputeEngine,
     Request,
     TokenDelta,
     Updates,
@@ -79,6 +87,7 @@ __all__ = [
     "DEMO_CONFIG",
     "MODES",
     "SMALL_CONFIG",
+    "AttentionOptions",
     "AttentionServer",
     "Backend",
     "BackendError",
@@ -89,12 +98,16 @@ __all__ = [
     "Engine",
     "EngineStats",
     "ExpertHost",
+    "ExpertOptions",
     "ExpertUnavailableError",
     "GRPOConfig",
     "GRPOResult",
     "Generator",
+    "Handoff",
     "HandoffError",
+    "HandoffOptions",
     "KVNamespace",
+    "KVOptions",
     "KVStore",
     "KVStoreError",
     "KVWriter",
@@ -102,7 +115,9 @@ __all__ = [
     "LengthRanker",
     "ManifestMismatchError",
     "PagedEngine",
+    "PagedKV",
     "RLConfig",
+    "RecomputeEngine",
     "Request",
     "Reward",
     "StaleWeightsError",

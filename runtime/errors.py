@@ -1,7 +1,10 @@
 """The orchestr exception tree, drawn once. Every error orchestr raises derives from
 :class:`OrchestrError`. The classes here are ``orchestr``'s; the rest are defined beside what
-raises them and exported by their package (``orchestr.fabric.optical``, ``orchestr.roles``),
-marked with it below. ``tests/test_errors.py`` keeps this drawing and the classes in step.
+raises them and exported by their package (``orchestr.fabric.optical``, ``orchestr.roles``,
+``orchestr.sim``), marked with it below. Not exported: those marked internal, and those that
+reach a user only as a message (``orchestr graph``'s, the head store's, and the front door's
+``APIError``, sent as an HTTP error body). ``tests/test_errors.py`` keeps this drawing and the
+classes in step.
 
 ::
 
@@ -40,7 +43,7 @@ marked with it below. ``tests/test_errors.py`` keeps this drawing and the classe
     │   ├── VerifyError                  the live circuits differ from the expected ones
     │   └── NetnsError                   the emulated fabric's kernel side failed
     ├── InvariantError               a reconfiguration broke a safety invariant: a bug (also an
-    │                                ``AssertionError``; fabric.optical, internal)
+    │                                ``AssertionError``; fabric.optical)
     ├── WeightSyncError              weights could not be synced (roles)
     │   ├── ManifestMismatchError        the model's tensors differ from the published ones
     │   │                                (also a ``ValueError``)
@@ -64,9 +67,13 @@ marked with it below. ``tests/test_errors.py`` keeps this drawing and the classe
         │                            ``ValueError``)
         └── BackendUnavailableError      ... or cannot run on this node
 
-Two signals are not errors and stay outside the tree: ``GraphCaptured`` (a ``BaseException``
-that carries a dry run's graph past a job's ``except Exception``) and the OCS conformance
-suite's failed check (caught inside the suite, which reports every failure at once).
+One signal is not an error and stays outside the tree: ``GraphCaptured`` (internal; a
+``BaseException`` that carries a dry run's graph past a job's ``except Exception``). The other
+exceptions outside it are private, named with a leading ``_``, and caught in the module that
+raises them: the OCS conformance suite's failed check (the suite reports every failure at
+once), a reward call's alarm in the reward process, and a reward process that is gone.
+``tests/test_errors.py`` also reads the source and fails on any other exception class outside
+the tree.
 
 Errors translated from a lower layer (grpc, sockets) keep it as ``__cause__``.
 """

@@ -82,7 +82,10 @@ def snapshot() -> list[MetricSnapshot]:
 
 
 class _Metric:
-    _kind: Kind
+    @property
+    def _kind(self) -> Kind:
+        """Which kind of metric; each kind's class names its own."""
+        raise NotImplementedError
 
     def __init__(
         self,

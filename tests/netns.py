@@ -93,8 +93,8 @@ class Topology:
             address = str(self.subnet.network_address + i + 1)
             _ip("netns", "add", ns)
             self._made.append(ns)
-            _ip("link", "add", "name", _DEVICE, "netns", ns, "type", "veth",
-                "peer", "name", port, "netns", self.switch)  # fmt: skip
+            other_end = ("peer", "name", port, "netns", self.switch)
+            _ip("link", "add", "name", _DEVICE, "netns", ns, "type", "veth", *other_end)
             _ip("-n", self.switch, "link", "set", port, "master", "br0")
             _ip("-n", self.switch, "link", "set", port, "up")
             _ip("-n", ns, "addr", "add", f"{address}/24", "dev", _DEVICE)

@@ -84,13 +84,16 @@ def _tables(task: str, folder: pathlib.Path, seed: int) -> tuple[dict[str, Any],
         "reward": [reward],
         "algorithm": {"max_new_tokens": 4, "entropy_coef": 0.0},
         "schedule": {
-            "steps": 40 if task == "say" else 30, "prompts_per_step": 16, "group_size": 8,
-            "eval_every": 10, "seed": seed,
+            "steps": 40 if task == "say" else 30,
+            "prompts_per_step": 16,
+            "group_size": 8,
+            "eval_every": 10,
+            "seed": seed,
             "lr": 2e-3 if task == "say" else 1e-3,  # faster, the spelling's falls back
         },
         "layout": {"mode": "sync"},
         "run": {"export": False, "checkpoint_every": 0},
-    }  # fmt: skip
+    }
     return sft, grpo
 
 

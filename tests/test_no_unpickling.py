@@ -7,7 +7,7 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("runtime", "fabric", "roles", "cli")
+PACKAGES = ("runtime", "fabric", "roles", "sim", "cli")
 UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve"}
 
 

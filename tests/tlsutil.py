@@ -51,12 +51,21 @@ class CertAuthority:
         self.cert = folder / "ca.pem"
         self.key = folder / "ca.key"
         _openssl(
-            "req", "-x509", *_new_key(self.key.name), "-out", self.cert.name, "-days", DAYS,
-            "-subj", f"/CN={name}",
-            "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+            "req",
+            "-x509",
+            *_new_key(self.key.name),
+            "-out",
+            self.cert.name,
+            "-days",
+            DAYS,
+            "-subj",
+            f"/CN={name}",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
             cwd=folder,
-        )  # fmt: skip
+        )
 
     def issue(self, name: str, ips: tuple[str, ...] = ("127.0.0.1",)) -> TlsFiles:
         """A certificate for both ends of a connection (serverAuth and clientAuth), naming
@@ -70,14 +79,33 @@ class CertAuthority:
             "extendedKeyUsage=serverAuth,clientAuth\n"
         )
         _openssl(
-            "req", "-new", *_new_key(f"{name}.key"), "-out", f"{name}.csr", "-subj", f"/CN={name}",
+            "req",
+            "-new",
+            *_new_key(f"{name}.key"),
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN={name}",
             cwd=self.folder,
-        )  # fmt: skip
+        )
         _openssl(
-            "x509", "-req", "-in", f"{name}.csr", "-CA", self.cert.name, "-CAkey", self.key.name,
-            "-CAcreateserial", "-out", f"{name}.pem", "-days", DAYS, "-extfile", ext.name,
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            self.cert.name,
+            "-CAkey",
+            self.key.name,
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            DAYS,
+            "-extfile",
+            ext.name,
             cwd=self.folder,
-        )  # fmt: skip
+        )
         key = self.folder / f"{name}.key"
         key.chmod(0o600)
         return TlsFiles(self.folder / f"{name}.pem", key, self.cert)

@@ -26,6 +26,7 @@ import numpy as np
 
 from orchestr.errors import DescriptorError, StaleDescriptorError, TransportError
 from orchestr.fabric import _registry
+from orchestr.tasks import TaskOwner
 
 from . import _transport
 from ._handle import Buffer
@@ -57,8 +58,9 @@ class _Owner:
                 data = data.tobytes()
             spans = cmd.get("spans")
             writable = cmd.get("writable", True)
-            buf = Buffer(data, spans=None if spans is None else [tuple(s) for s in spans],
-                         writable=writable)  # fmt: skip
+            buf = Buffer(
+                data, spans=None if spans is None else [tuple(s) for s in spans], writable=writable
+            )
             self.buffers[len(self.buffers)] = (buf, data)
             return {"id": len(self.buffers) - 1, "handle": buf.to_wire()}
         if op == "widen":
@@ -259,11 +261,12 @@ async def check_buffer_transport(scheme: str) -> list[str]:
 
             _, victim = await register(256 << 20, 11)
             dst = np.zeros(256 << 20, np.uint8)
-            task = asyncio.ensure_future(_read_until_error(victim, dst, scheme))
-            await asyncio.sleep(0.05)
-            await owner.kill()
-            async with asyncio.timeout(20):
-                err = await task
+            async with TaskOwner() as reads:
+                task = reads.start(_read_until_error(victim, dst, scheme))
+                await asyncio.sleep(0.05)
+                await owner.kill()
+                async with asyncio.timeout(20):
+                    err = await task
             assert isinstance(err, TransportError), f"after SIGKILL a read raised {err!r}"
             passed.append("owner killed mid-transfer")
         else:
@@ -338,9 +341,10 @@ async def _check_scoped(
     for what, offset in (("a write across the span's end", 4096 + 8192 - 8), ("one past", 0)):
         await _refused(
             what,
-            wgrant.write_from(np.zeros(16, np.uint8), offset=offset, transport=scheme,
-                              fallback="error"),
-        )  # fmt: skip
+            wgrant.write_from(
+                np.zeros(16, np.uint8), offset=offset, transport=scheme, fallback="error"
+            ),
+        )
     wider = Buffer.from_wire(
         (await owner.handle({"op": "widen", "id": wid, "spans": [(0, 64)]}))["handle"]
     )

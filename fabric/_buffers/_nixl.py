@@ -282,9 +282,15 @@ class NixlBuffers(OneSided):
             return peer
 
     def _prepare(
-        self, agent: Any, peer: _Peer, write: bool, desc: Descriptor, owner_agent: str,
-        offset: int, nbytes: int,
-    ) -> None:  # fmt: skip
+        self,
+        agent: Any,
+        peer: _Peer,
+        write: bool,
+        desc: Descriptor,
+        owner_agent: str,
+        offset: int,
+        nbytes: int,
+    ) -> None:
         """Check the region is live, reaches the bytes to move, and the owner's current
         metadata is loaded."""
         op = _CHECK_WRITE if write else _CHECK_READ

@@ -28,9 +28,19 @@ from ._sidechannel import recv_exactly
 from ._transport import Descriptor
 
 __all__ = [
-    "ASK", "GID_INDEX_ENV", "HELLO", "MAX_SPANS", "SCOPED", "SPAN", "VOUCH", "WRITABLE", "Conn",
-    "Known", "Verbs", "pieces",
-]  # fmt: skip
+    "ASK",
+    "GID_INDEX_ENV",
+    "HELLO",
+    "MAX_SPANS",
+    "SCOPED",
+    "SPAN",
+    "VOUCH",
+    "WRITABLE",
+    "Conn",
+    "Known",
+    "Verbs",
+    "pieces",
+]
 
 #: Which GID of the port to use (default: the first RoCE v2 GID with an address, or 0).
 GID_INDEX_ENV = "ORCHESTR_RDMA_GID_INDEX"

@@ -116,9 +116,14 @@ class Region:
 
     def descriptor(self, scheme: str) -> Descriptor:
         return Descriptor(
-            scheme, _local.process_key(), self.id, self.key, self.mem.nbytes,
-            self.exports[scheme], self.scope,
-        )  # fmt: skip
+            scheme,
+            _local.process_key(),
+            self.id,
+            self.key,
+            self.mem.nbytes,
+            self.exports[scheme],
+            self.scope,
+        )
 
     def reaches(self, offset: int, nbytes: int) -> bool:
         """Whether a peer may move ``[offset, offset + nbytes)`` of this region."""
@@ -164,7 +169,10 @@ class OneSided:
     """A base for backends built on one ``move``: checks the destination of a read and counts
     the bytes each transfer moved."""
 
-    scheme: str
+    @property
+    def scheme(self) -> str:
+        """The backend's URL scheme; each backend's class names its own."""
+        raise NotImplementedError
 
     async def move(self, write: bool, desc: Descriptor, offset: int, local: memoryview) -> None:
         """Copy between ``local`` and ``[offset, offset+len(local))`` of the remote region."""

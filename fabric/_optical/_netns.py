@@ -152,8 +152,8 @@ class NetnsFabric:
             )
             for i, ns in enumerate(self._ns):
                 self._add_namespace(ns)
-                run("ip", "link", "add", "name", HOST_DEV, "netns", ns, "type", "veth",
-                    "peer", "name", f"p{i}", "netns", self.switch)  # fmt: skip
+                other_end = ("peer", "name", f"p{i}", "netns", self.switch)
+                run("ip", "link", "add", "name", HOST_DEV, "netns", ns, "type", "veth", *other_end)
                 add_bridge_port(self.switch, i, self.hosts[i])
                 batch(
                     ns,
@@ -271,8 +271,9 @@ class NetnsFabric:
                 raise NetnsError(f"all {SLOTS} circuit subnets are in use; disconnect some")
             self._slots[key] = free[0]
             try:
-                run("ip", "link", "add", "name", f"{CIRCUIT}{j}", "netns", self._ns[i],
-                    "type", "veth", "peer", "name", f"{CIRCUIT}{i}", "netns", self._ns[j])  # fmt: skip
+                one_end = ("name", f"{CIRCUIT}{j}", "netns", self._ns[i])
+                other_end = ("peer", "name", f"{CIRCUIT}{i}", "netns", self._ns[j])
+                run("ip", "link", "add", *one_end, "type", "veth", *other_end)
                 for me, peer in ((i, j), (j, i)):
                     dev = f"{CIRCUIT}{peer}"
                     batch(

@@ -127,8 +127,8 @@ def shape(ns: str, dev: str, mbit: float) -> None:
     """Make ``dev`` in ``ns`` send through a ``tbf`` qdisc at ``mbit``."""
     kbit = int(mbit * 1000)
     burst = max(64 * 1024, kbit * 1000 // 8 // 250)  # at least 4 ms at the rate
-    run("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf",
-        "rate", f"{kbit}kbit", "burst", str(burst), "latency", "50ms")  # fmt: skip
+    tbf = ("rate", f"{kbit}kbit", "burst", str(burst), "latency", "50ms")
+    run("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", *tbf)
 
 
 def namespaces() -> list[str]:
@@ -255,8 +255,7 @@ def read_switch(switch: str) -> tuple[dict[str, str], dict[int, str]]:
 
 def write_generation(switch: str, generation: int) -> None:
     """Store the switch's generation as the bridge's alias."""
-    run("ip", "-n", switch, "link", "set", BRIDGE,
-        "alias", f"orchestr-ocs generation={generation}")  # fmt: skip
+    run("ip", "-n", switch, "link", "set", BRIDGE, "alias", f"orchestr-ocs generation={generation}")
 
 
 def read_generation(switch: str) -> int:

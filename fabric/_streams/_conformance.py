@@ -22,6 +22,8 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 
+from orchestr.tasks import TaskOwner
+
 from ._harness import (
     HEAD,
     PROMPT,
@@ -218,15 +220,16 @@ async def _check_peer_killed(scheme: str, url: str) -> str:
                     await client.can_write.wait()
                     await asyncio.sleep(0)
 
-            streaming = asyncio.ensure_future(stream())
-            try:
-                await bounded(server.wait_bytes(4 * MiB), STEP, "data from the peer")
-                client.tx.abort()
-                await until_lost(server, "after the peer died")
-            finally:
-                streaming.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await streaming
+            async with TaskOwner() as tasks:
+                streaming = tasks.start(stream())
+                try:
+                    await bounded(server.wait_bytes(4 * MiB), STEP, "data from the peer")
+                    client.tx.abort()
+                    await until_lost(server, "after the peer died")
+                finally:
+                    streaming.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await streaming
             label = "peer-killed (emulated: in-process)"
         else:
             proc = await spawn_streamer(bound)

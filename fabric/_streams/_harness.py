@@ -21,6 +21,8 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar, cast
 
+from orchestr.tasks import TaskOwner
+
 from ._transport import Listener, connect_stream, listen_stream
 
 __all__ = [
@@ -356,16 +358,18 @@ asyncio.run(main())
 
 async def or_child_exit(aw: Awaitable[T], proc: asyncio.subprocess.Process, what: str) -> T:
     """``await aw``, failing with the child's stderr if it exits first."""
-    task = asyncio.ensure_future(aw)
-    exited = asyncio.ensure_future(proc.wait())
-    try:
-        async with within(STEP, what):
-            await asyncio.wait([task, exited], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        exited.cancel()
-        if not task.done():
-            task.cancel()
-    if not task.done():
+    async with TaskOwner() as tasks:
+        task = tasks.start(aw)
+        exited = tasks.start(proc.wait())
+        try:
+            async with within(STEP, what):
+                await asyncio.wait([task, exited], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exited.cancel()
+            finished = task.done()
+            if not finished:
+                task.cancel()
+    if not finished:
         assert proc.stderr is not None
         err = (await proc.stderr.read()).decode(errors="replace")
         raise AssertionError(f"{what}: the peer process exited ({proc.returncode}):\n{err}")

@@ -17,6 +17,8 @@ import os
 import socket
 import struct
 
+from orchestr.tasks import TaskOwner
+
 from ._flow import ProtocolFactory
 from ._shmring import RING_BYTES, Ring, RingEnd
 
@@ -78,8 +80,8 @@ class ShmListener:
         self._factory = factory
         self._end_type = end_type
         self._loop = asyncio.get_running_loop()
-        self._handshakes: set[asyncio.Task[None]] = set()
-        self._serving = self._loop.create_task(self._serve())
+        self._tasks = TaskOwner()  # the accept loop and the handshakes in progress
+        self._tasks.start(self._serve())
 
     @property
     def url(self) -> str:
@@ -89,10 +91,7 @@ class ShmListener:
         """Stop accepting; connections already made stay up."""
         if self._sock.fileno() < 0:
             return
-        tasks = [self._serving, *self._handshakes]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.aclose()
         self._sock.close()
 
     async def _serve(self) -> None:
@@ -105,9 +104,7 @@ class ShmListener:
                 )
                 await asyncio.sleep(0.1)
                 continue
-            task = self._loop.create_task(self._handshake(conn))
-            self._handshakes.add(task)
-            task.add_done_callback(self._handshakes.discard)
+            self._tasks.start(self._handshake(conn))
 
     async def _handshake(self, conn: socket.socket) -> None:
         conn.setblocking(False)

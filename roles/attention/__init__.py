@@ -6,7 +6,7 @@
 - :class:`AttentionServer` runs core-attention tasks for other roles: queries with their
   keys inline or by reference to KV blocks in a generator's pool (read one-sided over the
   data plane), rebatched across tasks and concurrent calls into one product.
-- A generator given ``attention_servers=`` sends the core attention of its long decodes
+- A generator given ``attention=`` sends the core attention of its long decodes
   there, one shard per server, and merges (:class:`AttentionOffload`).
 """
 

@@ -1,6 +1,6 @@
 """A generator's side of attention servers: the core attention of long decodes runs there.
 
-With ``Generator(attention_servers=...)``, a decoding sequence whose context has
+With ``Generator(attention=...)``, a decoding sequence whose context has
 ``min_tokens`` or more has, in every layer, its core attention cut into one shard per server
 (key ranges on block boundaries, about equal) and sent as tasks referencing its blocks in the
 generator's pool (registered once as a :class:`~orchestr.Buffer`): each server reads its

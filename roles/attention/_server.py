@@ -154,10 +154,18 @@ def _tasks(tasks: Any) -> list[Mapping[str, Any]]:
         if "source" in t:
             missing = [
                 x
-                for x in ("layer", "blocks", "tokens", "layout", "block_size", "kv_heads",
-                          "head_dim", "dtype")
+                for x in (
+                    "layer",
+                    "blocks",
+                    "tokens",
+                    "layout",
+                    "block_size",
+                    "kv_heads",
+                    "head_dim",
+                    "dtype",
+                )
                 if x not in t
-            ]  # fmt: skip
+            ]
             if missing or t.get("dtype") not in DTYPES:
                 raise ValueError(f"a task over a pool needs {missing or ['a known dtype']}")
     return list(tasks)

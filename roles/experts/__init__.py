@@ -6,7 +6,7 @@
   and :func:`experts_moved` measure a placement. Sans-IO.
 - :class:`ExpertHost` actors hold some experts of some layers of a MoE checkpoint (read
   straight from its safetensors, only those tensors) and run them for generators.
-- A generator given ``expert_hosts=`` routes each sparse layer's tokens there:
+- A generator given ``experts=`` routes each sparse layer's tokens there:
   :class:`ExpertMap` plans one call per host per layer (replicas take turns), the hosts'
   partial sums are combined back in token order (:func:`attach_experts`); a host runs its
   experts with their products packed for the CPU (:func:`packed_experts`); :class:`LoadWindow`

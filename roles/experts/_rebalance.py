@@ -67,12 +67,16 @@ async def spawn_expert_hosts(
     slots += -slots % n  # whole hosts
     placement = rebalance([[1.0] * experts for _ in layers], slots, 1, 1, n)
     return await ctx.spawn(
-        ExpertHost, checkpoint, n=n, name=spawn.pop("name", "experts"),
-        placement=host_experts(placement, layers), ffn_shards=ffn_shards,
+        ExpertHost,
+        checkpoint,
+        n=n,
+        name=spawn.pop("name", "experts"),
+        placement=host_experts(placement, layers),
+        ffn_shards=ffn_shards,
         restart=oc.RestartPolicy(max_restarts=restarts),
         supervise=lambda failure: "restart" if failure.can_restart else "handle",
         **spawn,
-    )  # fmt: skip
+    )
 
 
 def host_experts(placement: Placement, layers: Sequence[int]) -> list[dict[int, list[int]]]:
@@ -158,9 +162,14 @@ async def rebalance_serving(
     slots = num_replicas or sum(len(h.get(layers[0], [])) for h in hosted)
     slots += -slots % len(hosted)  # whole hosts
     new = rebalance(
-        rows, slots, num_groups, num_nodes, len(hosted), mode=mode,
+        rows,
+        slots,
+        num_groups,
+        num_nodes,
+        len(hosted),
+        mode=mode,
         current=current if current and len(current.phy_to_log[0]) == slots else None,
-    )  # fmt: skip
+    )
     target = host_experts(new, layers)
     gain = [_minus(t, h) for t, h in zip(target, hosted, strict=True)]
     lose = [_minus(h, t) for t, h in zip(target, hosted, strict=True)]

@@ -1,25 +1,37 @@
-"""The generator role: a continuous-batching engine (``_engine``, sans-IO) and the actor around
-it (``_actor``), which streams completions and loads new weights from a trainer.
+"""The generator role: continuous-batching engines and the actor around them
+(:class:`Generator`), which streams completions and loads new weights from a trainer.
+:class:`Engine` and :class:`PagedKV` name the contract every engine keeps
+(:class:`RecomputeEngine`, :class:`PagedEngine`, vLLM's) and what a paged one lends to the code
+that moves KV blocks between engines.
 :class:`Scheduler` (over a :class:`BlockPool`) is the paged engine's sans-IO scheduler, public
 so the simulator (``orchestr.sim``) runs it on virtual time."""
 
 from ._actor import Generator
-from ._blocks import BlockPool
-from ._engine import Engine
-from ._handoff import HandoffError
-from ._kvlink import kv_block_bytes
-from ._paged_engine import PagedEngine
-from ._scheduler import Scheduler, Seq, Step
-from ._types import Completion, EngineStats, Request, TokenDelta, Updates
+from ._core._blocks import BlockPool
+from ._core._contract import Engine, PagedKV
+from ._core._options import AttentionOptions, ExpertOptions, HandoffOptions, KVOptions
+from ._core._scheduler import Scheduler, Seq, Step
+from ._core._types import Completion, EngineStats, Handoff, Request, TokenDelta, Updates
+from ._engines._paged import PagedEngine
+from ._engines._recompute import RecomputeEngine
+from ._kv._receive import HandoffError
+from ._kv._store_link import kv_block_bytes
 
 __all__ = [
+    "AttentionOptions",
     "BlockPool",
     "Completion",
     "Engine",
     "EngineStats",
+    "ExpertOptions",
     "Generator",
+    "Handoff",
     "HandoffError",
+    "HandoffOptions",
+    "KVOptions",
     "PagedEngine",
+    "PagedKV",
+    "RecomputeEngine",
     "Request",
     "Scheduler",
     "Seq",

@@ -1,4 +1,9 @@
-"""The generator role: an actor around :class:`~orchestr.roles.Engine`.
+"""The generator role: an actor around an engine (:class:`~._core._contract.Engine`).
+
+The actor owns its engine (:mod:`._engines`) and three parts the endpoints delegate to: the
+weights (:class:`~._weight_side.WeightSide`), both sides of KV handoffs
+(:class:`~._handoff_side.HandoffSide`) and experts and attention on other actors
+(:class:`~._remote_parts.RemoteParts`); its options come in groups (:mod:`._options`).
 
 The engine loop is one background task owned by the actor: started on the first endpoint
 call, it steps while there is work (each step runs in a thread, so the actor keeps answering
@@ -28,47 +33,56 @@ import torch
 import orchestr as oc
 from orchestr.roles._common._backend import BackendSpec, choose_backend
 from orchestr.roles._common._factory import DEFAULT_MODEL
-from orchestr.roles._common._weights import WeightLoader
+from orchestr.roles._common._weights import WeightsRef
+from orchestr.tasks import TaskOwner
 
-from ._build import build_engine, in_thread
-from ._handoff_endpoints import HandoffEndpoints
-from ._kvlink import close_store, with_store
+from ._core._options import (
+    AttentionOptions,
+    ExpertOptions,
+    HandoffOptions,
+    KVOptions,
+    as_options,
+    legacy_options,
+)
+from ._core._types import Completion, Handoff, Request, Updates, as_request
+from ._engines._build import build_engine, in_thread
+from ._handoff_side import HandoffSide
+from ._kv._leases import prefill_request
+from ._kv._store_link import close_store, with_store
 from ._metrics import EngineMetrics
-from ._remote_endpoints import RemoteEndpoints
+from ._remote_parts import RemoteParts
 from ._streams import Streams
-from ._types import Completion, Request, Updates, as_request
-from ._weight_endpoints import WeightEndpoints
+from ._weight_side import WeightSide
 
 __all__ = ["Completion", "Generator", "Request"]
 
 log = structlog.get_logger("orchestr.roles.generator")
 
 
-class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
+class Generator(oc.Actor):
     """Hosts a causal LM built by ``model_factory`` (``"module:callable"``, called with
-    ``model_kwargs`` after ``torch.manual_seed(seed)``; default :class:`~orchestr.roles.TinyLM`) and
-    serves requests with continuous batching of up to ``max_batch``. ``version`` is the
-    initial weights' policy version; the other keywords go to :class:`Engine` (a TinyLM's
-    ``pad_id`` and ``vocab_size`` are its own unless given). ``nice`` raises the worker
-    process's niceness by that much (``os.nice``), to yield shared cores to other roles.
+    ``model_kwargs`` after ``torch.manual_seed(seed)``; default :class:`~orchestr.roles.TinyLM`)
+    and serves requests with continuous batching of up to ``max_batch``. ``version`` is the
+    initial weights' policy version; the other keywords go to :class:`RecomputeEngine` (a
+    TinyLM's ``pad_id`` and ``vocab_size`` are its own unless given). ``nice`` raises the
+    worker process's niceness by that much (``os.nice``), to yield shared cores to other roles.
     ``backend`` (a :class:`~orchestr.roles.BackendSpec` or a name, default the best this node
-    has) says where and how the model runs. With ``checkpoint`` (a Hugging Face format
-    folder; ``model`` is vLLM's name for it) the model is loaded from it and runs on
-    ``engine`` ``"paged"`` (the default: orchestr's paged engine, its options in ``kv``:
-    ``num_blocks``, ``block_size``, ``token_budget``, ``on_new_weights``, ``packed``,
-    ``attention``, ``micro_batches``) or ``"vllm"`` (vLLM's engine in this process, with the ``vllm`` extra;
-    ``vllm`` gives ``EngineArgs`` options). ``kv_store`` (a :class:`~orchestr.roles.KVStore` mesh; paged
-    engine) backs the prefix cache: cached blocks are offloaded, stored prefixes onboarded.
-    A paged generator also hands prompts' KV to others (:mod:`._handoff`: :meth:`prefill`
-    there, ``kv_from`` here); ``on_handoff_failure`` is what a failed read does here, and
-    ``kv_read`` how it reads (``"direct"``: in place from a pool on this host; ``"staged"``).
-    ``expert_hosts`` (an :class:`~orchestr.roles.ExpertHost` mesh; paged engine, MoE
-    checkpoint) runs the routed experts of every sparse layer on those hosts;
-    ``expert_options`` go to :class:`~orchestr.roles.experts.ExpertClient` (``on_lost``
-    ``"fail"`` or ``"wait"``, ``wait_s``, ``poll_s``, ``window``; ``router_bias`` steers the
-    routing, one value per expert). ``attention_servers`` (an
-    :class:`~orchestr.roles.AttentionServer` mesh; paged kernel) take the core attention of
-    decodes of ``attention_options["min_tokens"]`` (default 1024) or more."""
+    has) says where and how the model runs.
+
+    With ``checkpoint`` (a Hugging Face format folder; ``model`` is vLLM's name for it) the
+    model is loaded from it and runs on ``engine`` ``"paged"`` (the default: orchestr's paged
+    engine, its cache as ``kv`` says, a :class:`~orchestr.roles.KVOptions`) or ``"vllm"``
+    (vLLM's engine in this process, with the ``vllm`` extra; ``vllm`` gives ``EngineArgs``
+    options). On the paged engine: ``kv_store`` (a :class:`~orchestr.roles.KVStore` mesh) backs
+    the prefix cache; prompts' KV is handed to others (:meth:`prefill` there, ``kv_from``
+    here) as ``handoff`` says (a :class:`~orchestr.roles.HandoffOptions`: what a failed read
+    does, how it reads); ``experts`` (an :class:`~orchestr.roles.ExpertOptions`) runs the routed
+    experts of every sparse layer on expert hosts; ``attention`` (an
+    :class:`~orchestr.roles.AttentionOptions`; paged kernel) sends the core attention of long
+    decodes to attention servers. Each option group may be given as a dict of its fields.
+    ``on_handoff_failure``, ``kv_read``, ``expert_hosts``, ``expert_options``,
+    ``attention_servers`` and ``attention_options``, the keywords those groups replace, are
+    still read for this release, with a ``DeprecationWarning``."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -88,56 +102,73 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
         nice: int = 0,
         backend: BackendSpec | dict[str, Any] | str | None = None,
         checkpoint: str | None = None,
-        kv: dict[str, Any] | None = None,
         engine: str | None = None,
-        vllm: dict[str, Any] | None = None,
         model: str | None = None,
+        kv: KVOptions | dict[str, Any] | None = None,
+        vllm: dict[str, Any] | None = None,
         kv_store: Any = None,
-        on_handoff_failure: str = "recompute",
-        kv_read: str = "direct",
-        expert_hosts: Any = None,
-        expert_options: dict[str, Any] | None = None,
-        attention_servers: Any = None,
-        attention_options: dict[str, Any] | None = None,
+        handoff: HandoffOptions | dict[str, Any] | None = None,
+        experts: ExpertOptions | dict[str, Any] | None = None,
+        attention: AttentionOptions | dict[str, Any] | None = None,
+        **deprecated: Any,
     ) -> None:
         if model is not None and checkpoint not in (None, model):
             raise oc.ConfigError("give the checkpoint once: model= or checkpoint=")
+        handoff, experts, attention = legacy_options(deprecated, handoff, experts, attention)
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
         self._threads = torch.get_num_threads()  # also where steps run (in_thread's threads)
         if nice:
             os.nice(nice)
-        self._backend = choose_backend(backend)
+        backend_ = choose_backend(backend)
         checkpoint = checkpoint or model
         # the engine, and the weights that syncs write into
-        self._weights, self._engine = build_engine(
-            self._backend, model_factory, seed, max_batch, engine=engine, checkpoint=checkpoint,
-            kv=kv, vllm=vllm, model_kwargs=model_kwargs, version=version, eos_id=eos_id,
-            pad_id=pad_id, max_seq_len=max_seq_len, vocab_size=vocab_size,
-        )  # fmt: skip
+        weights, engine_ = build_engine(
+            backend_,
+            model_factory,
+            seed,
+            max_batch,
+            engine=engine,
+            checkpoint=checkpoint,
+            kv=as_options(KVOptions, kv, "kv"),
+            vllm=vllm,
+            model_kwargs=model_kwargs,
+            version=version,
+            eos_id=eos_id,
+            pad_id=pad_id,
+            max_seq_len=max_seq_len,
+            vocab_size=vocab_size,
+        )
         name = f"{self.mesh_name}[{self.rank}]"
-        self._init_remote(
-            name, expert_hosts, expert_options, attention_servers, attention_options
-        )  # fmt: skip
-        self._engine = with_store(self._engine, kv_store, checkpoint or model_factory)
-        self._init_handoff(on_handoff_failure, kv_read)
+        self._remote = RemoteParts(
+            engine_,
+            name,
+            as_options(ExpertOptions, experts, "expert"),
+            as_options(AttentionOptions, attention, "attention"),
+        )
+        self._engine = with_store(engine_, kv_store, checkpoint or model_factory)
+        self._lock = asyncio.Lock()
+        self._handoff = HandoffSide(
+            self._engine,
+            self._lock,
+            as_options(HandoffOptions, handoff, "handoff") or HandoffOptions(),
+        )
+        self._weights = WeightSide(self._engine, weights, self._lock, self._threads, backend_)
         self._metrics = EngineMetrics(
             self._engine,
-            extra=(self._holds.counts, self._handoff_counts),
+            extra=(self._handoff.holds.counts, self._handoff.counts),
             model_name=checkpoint or model_factory,
             engine_name=name,
         )
-        self._loader = WeightLoader(double_buffer=not self._backend.compiled)
-        self._lock = asyncio.Lock()
         self._wake = asyncio.Event()  # work may have appeared
         self._ready: deque[Completion] = deque()  # finished, for next_completed
         self._has_ready = asyncio.Event()
         self._claimed: dict[str, asyncio.Future[Completion]] = {}  # id -> generate() waiting
         self._abandoned: set[str] = set()  # ids of a cancelled generate() call
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None  # the engine loop, held by _tasks
+        self._tasks = TaskOwner()
         self._failure: BaseException | None = None
         self._closed = False
-        self._rewind = False  # reset: the next weights may be older than the current ones
         self._token = secrets.token_hex(8)  # this incarnation, until the next reset
         self._streams = Streams()  # streamed requests, by reader
 
@@ -152,14 +183,15 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
         their prompts' KV from prefill generators (:meth:`prefill`), read before they are
         queued. Blocks on those reads and at most the step in progress. Raises
         ``ValueError`` for a bad request, and then queues none of them, and
-        :class:`~orchestr.roles.HandoffError` for a handoff not read under ``on_handoff_failure="fail"``.
+        :class:`~orchestr.roles.HandoffError` for a handoff not read under ``handoff``'s
+        ``on_failure="fail"``.
 
         Cancel-safe: the requests are queued, all of them, or none."""
         reqs = [as_request(r) for r in requests]
         if stream is not None:
             self._streams.reader(stream)
         self._ensure_running()
-        async with self._entering(reqs, kv_from):
+        async with self._handoff.entering(reqs, kv_from):
             if stream is not None:
                 self._streams.add(stream, [r.id for r in reqs])
         self._wake.set()
@@ -175,7 +207,7 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
         self._ensure_running()
         await self._streams.wait(stream, timeout_s, self._check_alive)
         u = self._streams.take(stream, self._engine)
-        u.metrics.update({**self._holds.counts, **self._handoff_counts})
+        u.metrics.update(self._handoff.metrics())
         return u
 
     @oc.endpoint(concurrent=True)
@@ -245,7 +277,7 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
         """Queue ``reqs`` with a future each for its completion (not for next_completed)."""
         self._ensure_running()
         loop = asyncio.get_running_loop()
-        async with self._entering(reqs, kv_from):
+        async with self._handoff.entering(reqs, kv_from):
             futures = {r.id: loop.create_future() for r in reqs}
             self._claimed.update(futures)
         self._wake.set()
@@ -283,9 +315,8 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
             dropped = self._engine.drop_all() + len(self._ready)
             self._ready.clear()
             self._abandoned.clear()
-            await self._loader.forget()
+            await self._weights.forget()
             claimed, self._claimed = self._claimed, {}
-            self._rewind = True
         for future in claimed.values():
             if not future.done():
                 future.set_exception(RuntimeError("the generator was reset: request dropped"))
@@ -317,13 +348,13 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
         the KV handoffs' counters and ``held`` (their leases held here now). Blocks on
         nothing; raises nothing; cancel-safe."""
         async with self._lock:
-            handoffs = {**self._holds.counts, **self._handoff_counts, "held": self._holds.leases}
+            handoffs = {**self._handoff.metrics(), "held": self._handoff.holds.leases}
             out = {
                 **dataclasses.asdict(self._engine.stats()),
                 "ready": len(self._ready),
                 **handoffs,
             }
-            out |= self._remote_stats()
+            out |= self._remote.stats()
             return out
 
     @oc.endpoint(concurrent=True)
@@ -331,19 +362,131 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
         """Cancel the engine loop (after its step in progress) and fail waiting calls with
         ``ClosedResourceError``. Idempotent. Blocks on the step in progress; raises nothing."""
         self._closed = True
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        self._task = None
+        await self._tasks.aclose()
         await close_store(self._engine)
-        await self._stop_expiring()
+        await self._handoff.aclose()
         self._fail_waiters(oc.ClosedResourceError("the generator was closed"))
+
+    # -- weights (WeightSide) -----------------------------------------------------------------
+    @oc.endpoint(concurrent=True)
+    async def load_weights(self, state: dict[str, Any], version: int) -> None:
+        """Load a state dict whose values are tensors or :class:`orchestr.Buffer` handles
+        (read into staging tensors shaped like the model's, before anything is copied) and
+        make ``version`` current. Tokens of the next step carry it; pause first for a clean
+        cut. Raises ``ValueError`` if the state does not fit (weights unchanged).
+
+        Blocks on the reads and the step in progress. A cancellation during the reads applies
+        nothing; once the copy runs (in a worker thread) it finishes, and ``version`` becomes
+        current although the call was cancelled."""
+        self._ensure_running()
+        await self._weights.load(state, version)
+
+    @oc.endpoint(concurrent=True)
+    async def sync_weights(self, ref: WeightsRef) -> dict[str, Any]:
+        """Load the version ``ref`` names straight from its publisher's buffers (bucketed
+        reads over the data plane, each bucket's checksum verified before anything is copied)
+        and make it current. Blocks on the step in progress (waits for it to end); requests
+        in flight keep going under the new weights, their next tokens carrying the new version.
+
+        Returns ``version``, ``loaded`` (False when that version was already current),
+        ``seconds`` (the load itself), ``wait_s`` (for the step in progress before it),
+        ``bytes`` and the ``transports`` the reads used. Raises the loader's errors
+        (:class:`StaleWeightsError`, :class:`ChecksumMismatchError`...), weights unchanged.
+
+        Cancel-safe: the reads are checked before the copy, and the copy runs without a pause,
+        so a cancelled call loaded all of the version or none of it."""
+        self._ensure_running()
+        return await self._weights.sync(ref)
+
+    @oc.endpoint(concurrent=True)
+    async def digest(self) -> dict[str, Any]:
+        """The weights' digest (equal to the trainer's when bitwise equal) and version.
+        Blocks on hashing the weights (between steps); raises nothing; cancel-safe."""
+        return await self._weights.digest()
+
+    # -- KV handoffs (HandoffSide) -------------------------------------------------------------
+    @oc.endpoint(concurrent=True)
+    async def prefill(self, request: Any, hold_s: float = 10.0, stream: bool = False) -> Handoff:
+        """Compute ``request``'s prompt here and hold its KV blocks for ``hold_s`` seconds,
+        for a decode generator to read: returns the :class:`~orchestr.roles.Handoff` (name
+        this generator's one-actor mesh with ``handoff.sent_from(mesh)`` and pass it to the
+        decode generator's :meth:`submit` as ``kv_from={request.id: handoff}``). The prompt
+        runs as one greedy token (the decode side samples the request's own). The lease ends
+        when the reader ends it, or expires. With ``stream``, the handoff is returned as soon
+        as the request is queued and the reader takes the blocks layer by layer as they are
+        computed (:mod:`._kv._streamed`); the lease's ``hold_s`` counts from the prompt's end.
+
+        Blocks until the prompt is computed (with ``stream``, until it is queued); raises
+        ``ValueError`` for a bad request and :class:`ConfigError` on an engine without a
+        paged KV cache. Cancel-safe: cancelled, the request is cancelled, and a lease granted
+        meanwhile expires."""
+        engine = self._handoff.paged("prefill hands off KV blocks of the paged engine")
+        r = prefill_request(as_request(request))
+        if not stream:
+            return await self._handoff.prefill(r, float(hold_s), self.generate)
+        if not hold_s > 0:
+            raise ValueError(f"hold_s must be positive, got {hold_s!r}")
+        self._ensure_running()
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        async with self._handoff.entering([r], None):  # queued and streamed before any step
+            handoff = self._handoff.holds.stream(engine, r, float(hold_s))
+            self._claimed[r.id] = future
+        self._wake.set()
+        self._handoff.follow(engine, r.id, future)
+        return handoff
+
+    @oc.endpoint(concurrent=True)
+    async def handoff_progress(
+        self, lease: int, after: int = -1, until_done: bool = False
+    ) -> dict[str, Any]:
+        """How far the streamed handoff ``lease`` has come, once past cursor ``after`` (with
+        ``until_done``, once it is done or failed): ``cursor``, ``state`` (``"running"``,
+        ``"done"`` or ``"failed"``), ``blocks`` (its full prompt blocks so far), ``ready``
+        (of those, the ones done in every layer), ``written`` (layers done of the rest),
+        ``layers``, ``keys`` (when done), ``error`` and ``buffer`` (the handoff's buffer as it
+        is now, reaching every block named; read through it, ``None`` once revoked). Blocks
+        until there is news; raises :class:`LeaseExpiredError` for a stream not here;
+        cancel-safe."""
+        return await self._handoff.holds.streamed.wait(lease, after, until_done)
+
+    @oc.endpoint(concurrent=True)
+    async def end_handoff(self, lease: int) -> None:
+        """Release a handoff's blocks after reading them; raises
+        :class:`LeaseExpiredError` if it had expired first (what was read must not be
+        used). Answers at once, a step running or not: the blocks return to the pool between
+        steps. Cancel-safe."""
+        self._handoff.end(lease)
+
+    @oc.endpoint(concurrent=True)
+    async def release_handoff(self, lease: int) -> bool:
+        """Release a handoff's blocks unread (idempotent); whether it was still held.
+        Blocks on the step in progress; raises nothing; cancel-safe."""
+        async with self._lock:
+            held, running = self._handoff.release(lease)
+            future = None if running is None else self._claimed.pop(running, None)
+            if future is not None:
+                future.cancel()
+            return held
+
+    # -- experts on other actors (RemoteParts) ---------------------------------------------------
+    @oc.endpoint(concurrent=True)
+    async def route_experts(self, holders: dict[int, list[list[int]]] | None = None) -> None:
+        """Route the sparse layers' experts by ``holders`` (``[layer][expert]``: host ranks;
+        ``None``: ask the hosts) from the next engine step on: a rebalance's switch. Blocks on
+        the step in progress. Raises :class:`~orchestr.ConfigError` without expert hosts and
+        :class:`~orchestr.roles.ExpertUnavailableError` for a map that leaves an expert
+        without a host (the old one stays). Cancel-safe: the switch is made or not."""
+        if self._remote.experts is None:
+            raise oc.ConfigError("this generator has no expert hosts (experts=)")
+        async with self._lock:
+            await self._remote.route(holders)
 
     # -- the engine loop ---------------------------------------------------------------------
     def _ensure_running(self) -> None:
         self._check_alive()
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._serve())
+            self._task = self._tasks.start(self._serve(), name="generator engine loop")
 
     def _check_alive(self) -> None:
         if self._closed:
@@ -371,7 +514,7 @@ class Generator(WeightEndpoints, HandoffEndpoints, RemoteEndpoints, oc.Actor):
                     self._abandoned.clear()
                     finished = await in_thread(self._engine.step, threads=self._threads)
                     self._metrics.publish()
-                    self._holds.after_step(self._engine, finished)
+                    self._handoff.after_step(finished)
                     finished = self._streams.after_step(self._engine, finished)
                 for c in finished:
                     future = self._claimed.pop(c.id, None)

@@ -30,15 +30,15 @@ name                                      kind       meaning
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
 
 from orchestr import metrics
 
-from ._types import EngineStats
+from ._core._contract import Engine
 
 __all__ = ["EngineMetrics"]
 
-#: Seconds; fine at the low end, where a CPU engine's token times are.
+#: Seconds; fine at the low end, where a CPU engine's token times are. (Both bucket lists are
+#: tables of boundaries, kept in rows by ``fmt: skip`` rather than one number a line.)
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
@@ -66,21 +66,13 @@ _COUNTERS = {
 }
 
 
-class _Engine(Protocol):
-    def stats(self) -> EngineStats: ...
-
-    def metrics(self) -> dict[str, Any]: ...
-
-    def take_latencies(self) -> tuple[list[float], list[float]]: ...
-
-
 class EngineMetrics:
     """Publishes one engine's metrics; :meth:`publish` after each step (a few dict updates
     and one histogram bucket per token)."""
 
     def __init__(
         self,
-        engine: _Engine,
+        engine: Engine,
         *,
         model_name: str,
         engine_name: str,

@@ -1,4 +1,4 @@
-"""The generator actor's streamed requests: the :class:`~._outbox.Outbox` (sans-IO) and the
+"""The generator actor's streamed requests: the :class:`~._core._outbox.Outbox` (sans-IO) and the
 events its readers wait on (:class:`Streams`), so that the actor's endpoints stay thin."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._outbox import Outbox
-from ._types import Completion, Updates
+from ._core._contract import Engine, PagedKV
+from ._core._outbox import Outbox
+from ._core._types import Completion, Updates
 
 __all__ = ["Streams"]
 
@@ -45,15 +46,14 @@ class Streams:
                     check()
         news.clear()
 
-    def take(self, reader: str, engine: Any) -> Updates:
+    def take(self, reader: str, engine: Engine) -> Updates:
         """What ``reader`` is owed, with ``engine``'s load and hashing keys now."""
         deltas, events = self.outbox.take(reader)
         stats = engine.stats()
-        load = getattr(engine, "load", None)
-        prefill, decode = load() if load is not None else (stats.waiting, stats.running)
-        keys = getattr(engine, "cache_keys", None)
-        block_size, extra = keys() if keys is not None else (0, [])
-        metrics = getattr(engine, "metrics", None)
+        extra: list[Any] = []
+        prefill, decode, block_size = stats.waiting, stats.running, 0
+        if isinstance(engine, PagedKV):  # blocks queued, and how a router hashes prompts
+            (prefill, decode), (block_size, extra) = engine.load(), engine.cache_keys()
         return Updates(
             deltas=deltas,
             events=events,
@@ -63,10 +63,10 @@ class Streams:
             decode_blocks=decode,
             block_size=block_size,
             extra_keys=extra,
-            metrics={k: float(v) for k, v in (metrics() if metrics else {}).items()},
+            metrics={k: float(v) for k, v in engine.metrics().items()},
         )
 
-    def remove(self, reader: str, engine: Any) -> int:
+    def remove(self, reader: str, engine: Engine) -> int:
         """Forget ``reader``, cancelling its requests on ``engine``; returns how many were."""
         cancelled = 0
         for rid in self.outbox.remove_reader(reader):
@@ -91,14 +91,13 @@ class Streams:
             if rid in self.outbox:
                 self.drop(rid, "dropped")
 
-    def after_step(self, engine: Any, finished: list[Completion]) -> list[Completion]:
+    def after_step(self, engine: Engine, finished: list[Completion]) -> list[Completion]:
         """Hand the step's tokens, completions and block events to their readers (the events
         are taken every step, so they never pile up in the engine); returns the completions
         that were not streamed."""
         others, readers = self.outbox.collect(engine, finished)
-        take = getattr(engine, "take_kv_events", None)
-        if take is not None:  # an engine with a prefix cache of its own
-            readers |= self.outbox.events(take(), getattr(engine, "cached_hashes", list))
+        if isinstance(engine, PagedKV):  # an engine with a prefix cache of its own
+            readers |= self.outbox.events(engine.take_kv_events(), engine.cached_hashes)
         for reader in readers:
             self._tell(reader)
         return others

@@ -28,6 +28,7 @@ import torch
 
 import orchestr as oc
 from orchestr import Buffer, fabric
+from orchestr.tasks import TaskOwner
 
 from ._index import BlockIndex
 from ._types import KVNamespace, KVStoreError, Move, Tier
@@ -97,6 +98,7 @@ class KVStore(oc.Actor):
             os.unlink(path)  # the blocks live as long as the descriptor: nothing left behind
             os.ftruncate(fd, disk_blocks * block_bytes)
             self._disk = fd
+        self._tasks = TaskOwner()  # the housekeeping, once started
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._failures = 0  # housekeeping rounds whose disk copies failed
@@ -179,8 +181,14 @@ class KVStore(oc.Actor):
         lease = self._index.lease(namespace, hashes, now, ttl, _identity(writer))
         if not lease.blocks:  # nothing to read: no lease to end
             self._index.release(lease.id)
-            return {"lease": 0, "buffer": None, "block_bytes": self.block_bytes,
-                    "offsets": [], "tokens": 0, "ttl": 0.0}  # fmt: skip
+            return {
+                "lease": 0,
+                "buffer": None,
+                "block_bytes": self.block_bytes,
+                "offsets": [],
+                "tokens": 0,
+                "ttl": 0.0,
+            }
         try:
             await self._copy(lease.moves)
         except BaseException:
@@ -188,8 +196,14 @@ class KVStore(oc.Actor):
             raise
         if not self._index.lease_open(lease.id, time.monotonic()):  # ran out while promoting
             self._index.release(lease.id)  # its blocks may be another's now: no grant
-            return {"lease": 0, "buffer": None, "block_bytes": self.block_bytes,
-                    "offsets": [], "tokens": 0, "ttl": 0.0}  # fmt: skip
+            return {
+                "lease": 0,
+                "buffer": None,
+                "block_bytes": self.block_bytes,
+                "offsets": [],
+                "tokens": 0,
+                "ttl": 0.0,
+            }
         slots = [b.slot for b in lease.blocks]
         try:
             grant = self._grant(("lease", lease.id), slots, writable=False)
@@ -264,10 +278,15 @@ class KVStore(oc.Actor):
         (kinds ``stored``, ``removed``, ``cleared``); see :class:`EventPage`."""
         page = self._index.events(after)
         rows = [
-            [seq, type(e).__name__.lower(), getattr(e, "namespace", None),
-             list(getattr(e, "block_hashes", ())), e.tier]
+            [
+                seq,
+                type(e).__name__.lower(),
+                getattr(e, "namespace", None),
+                list(getattr(e, "block_hashes", ())),
+                e.tier,
+            ]
             for seq, e in page.events
-        ]  # fmt: skip
+        ]
         return {"events": rows, "last": page.last, "lost": page.lost}
 
     @oc.endpoint
@@ -287,10 +306,8 @@ class KVStore(oc.Actor):
         Blocks on the disk copy in progress (a closed file is never written); raises
         nothing; cancel-safe."""
         self._closed = True
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        self._task = None
+        await self._tasks.aclose()
         for grant in list(self._grants):
             self._revoke(grant)
         await asyncio.to_thread(self._close_disk)
@@ -307,7 +324,7 @@ class KVStore(oc.Actor):
         if self._closed:
             raise oc.ClosedResourceError("the KV store was closed; spawn a new one")
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._maintain())
+            self._task = self._tasks.start(self._maintain())
 
     def _grant(self, grant: tuple[str, int], slots: list[int], *, writable: bool) -> Buffer:
         """A buffer over ``slots`` of host memory only, kept under ``grant`` until revoked."""

@@ -20,7 +20,7 @@ big-endian length and a msgpack body.
 3. stdin at its end: the child exits. It also dies with its parent (``PR_SET_PDEATHSIG``).
 
 A call runs under ``setitimer(ITIMER_REAL, timeout_s)``: the SIGALRM handler raises
-:class:`CallTimeout`, a ``BaseException`` so ``except Exception`` in a function does not
+``_CallTimeout``, a ``BaseException`` so ``except Exception`` in a function does not
 swallow it. That stops pure Python code (loops, ``time.sleep``); code that blocks in C or
 ignores the signal runs on until the parent's deadline kills the process.
 """
@@ -44,7 +44,7 @@ from typing import Any
 
 import msgpack
 
-__all__ = ["HEADER", "MAX_FRAME", "CallTimeout", "frame", "main", "unpack"]
+__all__ = ["HEADER", "MAX_FRAME", "frame", "main", "unpack"]
 
 HEADER = struct.Struct(">I")
 #: The longest frame either side reads (a batch of long completions fits many times over).
@@ -62,12 +62,12 @@ def unpack(body: bytes) -> Any:
     return msgpack.unpackb(body, raw=False, strict_map_key=False)
 
 
-class CallTimeout(BaseException):
+class _CallTimeout(BaseException):
     """A call ran past its time limit."""
 
 
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
-    raise CallTimeout
+    raise _CallTimeout
 
 
 def _read(fd: int, n: int) -> bytes | None:
@@ -185,7 +185,7 @@ def _call(
             value = fn(prompt, completion, fields)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-    except CallTimeout:
+    except _CallTimeout:
         return "timeout", f"ran past its limit of {limit} s"
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: one call's fault
         return "error", _describe(exc)

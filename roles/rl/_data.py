@@ -29,7 +29,7 @@ from orchestr.roles.trainer import overlong_penalty
 
 from ._order import EpochOrder
 from ._reference import TrainConfig, kv_options
-from ._source import RewardTally, Source, group_of
+from ._source import Source, group_of
 
 __all__ = [
     "DataSource",
@@ -293,7 +293,7 @@ class DataSource(Source):
             reward_kwargs["functions"] = [dict(f) for f in functions]
         reward_kwargs |= {"timeout_s": timeout_s, "default": default}
         self.reward_args = ((), reward_kwargs)
-        self.tally = RewardTally()
+        super().__init__()
         self.order = EpochOrder(len(train), config.prompts_per_step, config.seed)
 
     def row(self, step: int, index: int) -> int:
@@ -354,10 +354,12 @@ class DataSource(Source):
         if not self.overlong_buffer:
             return rewards
         return [
-            r + overlong_penalty(len(c.tokens), self.max_new_tokens, self.overlong_buffer,
-                                 self.overlong_penalty)
+            r
+            + overlong_penalty(
+                len(c.tokens), self.max_new_tokens, self.overlong_buffer, self.overlong_penalty
+            )
             for c, r in zip(completions, rewards, strict=True)
-        ]  # fmt: skip
+        ]
 
     def samples(self) -> list[dict[str, Any]]:
         return [dict(s) for s in self._last]

@@ -27,6 +27,7 @@ from typing import Any
 import structlog
 
 import orchestr as oc
+from orchestr.tasks import TaskOwner
 
 __all__ = ["ROLES", "FaultInjector", "Kill", "MemberWatch", "lost_during", "parse_kill"]
 
@@ -77,12 +78,9 @@ async def lost_during(
     if error is None or isinstance(error, asyncio.CancelledError):
         return False
     pairs = zip(watches, epochs, strict=True)
-    waits = [asyncio.ensure_future(w.changed(e)) for w, e in pairs]
-    try:
+    async with TaskOwner() as tasks:  # the waits left are cancelled on the way out
+        waits = [tasks.start(w.changed(e)) for w, e in pairs]
         await asyncio.wait(waits, timeout=SETTLE_S, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in waits:
-            t.cancel()
     return any(w.epoch != e for w, e in zip(watches, epochs, strict=True))
 
 
@@ -149,6 +147,7 @@ class FaultInjector:
         self._step_started = 0.0
         self._phases: dict[str, asyncio.Event] = {}
         self._pending: dict[asyncio.Task[None], str] = {}  # kills started and not yet done
+        self._kills = TaskOwner()
 
     def on_step(self, step: int) -> None:
         loop = asyncio.get_running_loop()
@@ -159,7 +158,7 @@ class FaultInjector:
         self._phases = {p: asyncio.Event() for p in PHASES}
         for k in [k for k in self.kills if k.step == step]:
             self.kills.remove(k)
-            task = asyncio.ensure_future(self._kill(k, self._phases))
+            task = self._kills.start(self._kill(k, self._phases))
             self._pending[task] = str(k)
             task.add_done_callback(self._pending.pop)
 
@@ -202,10 +201,7 @@ class FaultInjector:
             raise oc.ConfigError(f"kills that never happened (their moment never came): {left}")
 
     async def aclose(self) -> None:
-        tasks = list(self._pending)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._kills.aclose()
 
 
 def _local_worker_pid(info: Any) -> int:

@@ -15,6 +15,7 @@ import orchestr as oc
 from orchestr import clock
 from orchestr.roles._common._weights import WeightsRef
 from orchestr.roles.generator import Completion
+from orchestr.tasks import TaskOwner
 
 from ._config import GRPOConfig, StepRecord
 from ._faults import ROLES, FaultInjector, MemberWatch, lost_during, parse_kill
@@ -88,7 +89,7 @@ class Job:
         #: Stream modes: ends the graph's run, whose groups a rollback voids (the next run
         #: draws them again).
         self.void_scored: Callable[[], Awaitable[None]] | None = None
-        self.background: set[asyncio.Task[None]] = set()
+        self.background = TaskOwner()  # recoveries, ended by stop()
         self.failure: BaseException | None = None
         self.failed = asyncio.Event()
         self.checkpoint_dir = config.checkpoint_dir
@@ -136,9 +137,7 @@ class Job:
         return os.path.join(os.path.abspath(self.checkpoint_dir), "trainer")
 
     async def stop(self) -> None:
-        for task in self.background:
-            task.cancel()
-        await asyncio.gather(*self.background, return_exceptions=True)
+        await self.background.aclose()
         if self.injector is not None:
             await self.injector.aclose()
         for role in ("gens", "trainers", "rewards", "reference"):  # those spawned
@@ -176,12 +175,13 @@ class Job:
         return on_failure
 
     def _background(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self.background.add(task)
+        if self.background.closed:  # a death heard as the job stops: nothing to recover for
+            coro.close()
+            return
+        task = self.background.start(coro)
         task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
-        self.background.discard(task)
         if not task.cancelled() and task.exception() is not None and self.failure is None:
             self.failure = task.exception()
             self.failed.set()
@@ -327,10 +327,14 @@ class Job:
 
 def _with_ref(c: Completion, reward: float, ref: list[float]) -> dict[str, Any]:
     return {
-        "prompt": c.prompt, "tokens": c.tokens, "sample_logprobs": c.sample_logprobs,
-        "version": c.version, "finish_reason": c.finish_reason, "reward": reward,
+        "prompt": c.prompt,
+        "tokens": c.tokens,
+        "sample_logprobs": c.sample_logprobs,
+        "version": c.version,
+        "finish_reason": c.finish_reason,
+        "reward": reward,
         "ref_logprobs": ref,
-    }  # fmt: skip
+    }
 
 
 def group_key(request_id: str) -> str:
@@ -340,13 +344,13 @@ def group_key(request_id: str) -> str:
 
 async def first_of(awaitable: Any, tasks: Sequence[asyncio.Task[None]]) -> Any:
     """Await ``awaitable``, raising at once if a background task failed meanwhile."""
-    main = asyncio.ensure_future(awaitable)
-    while True:
-        await asyncio.wait([main, *tasks], return_when=asyncio.FIRST_COMPLETED)
-        if main.done():
-            return main.result()
-        for t in tasks:
-            if t.done():
-                main.cancel()
-                t.result()  # raises the task's error
-                raise RuntimeError("a stream task ended early")
+    async with TaskOwner() as owner:  # a failure cancels ``awaitable`` on the way out
+        main = owner.start(awaitable)
+        while True:
+            await asyncio.wait([main, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            if main.done():
+                return main.result()
+            for t in tasks:
+                if t.done():
+                    t.result()  # raises the task's error
+                    raise RuntimeError("a stream task ended early")

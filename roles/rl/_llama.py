@@ -30,10 +30,18 @@ class LlamaModel:
         random state is left as it was."""
         with torch.random.fork_rng():
             return make_tiny(
-                "llama", folder, layers=self.layers, hidden=self.hidden, heads=self.heads,
-                kv_heads=self.kv_heads, intermediate=self.intermediate, seed=seed,
-                tokenizer="digits", init_std=self.init_std, max_positions=self.max_positions,
-            )  # fmt: skip
+                "llama",
+                folder,
+                layers=self.layers,
+                hidden=self.hidden,
+                heads=self.heads,
+                kv_heads=self.kv_heads,
+                intermediate=self.intermediate,
+                seed=seed,
+                tokenizer="digits",
+                init_std=self.init_std,
+                max_positions=self.max_positions,
+            )
 
 
 @dataclasses.dataclass(frozen=True)

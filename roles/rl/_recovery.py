@@ -15,6 +15,7 @@ import structlog
 
 import orchestr as oc
 from orchestr import clock
+from orchestr.tasks import TaskOwner
 
 from ._faults import MemberWatch, lost_during
 
@@ -43,15 +44,9 @@ async def ready(job: Job, watch: MemberWatch) -> None:
     while not watch.up.is_set():
         if job.failure is not None:
             raise job.failure
-        waits = [
-            asyncio.ensure_future(watch.up.wait()),
-            asyncio.ensure_future(job.failed.wait()),
-        ]
-        try:
+        async with TaskOwner() as tasks:  # the other wait is cancelled on the way out
+            waits = [tasks.start(watch.up.wait()), tasks.start(job.failed.wait())]
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
     if job.failure is not None:
         raise job.failure
 

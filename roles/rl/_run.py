@@ -81,15 +81,27 @@ def _train_config(config: RLConfig, model: Any, digits: DigitsData | None) -> Tr
         }
     try:
         return TrainConfig(
-            seed=s.seed, steps=s.steps, prompts_per_step=s.prompts_per_step,
-            group_size=s.group_size, model=model, lr=s.lr, lr_schedule=s.lr_schedule,
-            min_lr_ratio=s.min_lr_ratio, betas=(s.betas[0], s.betas[1]),
-            weight_decay=s.weight_decay, max_grad_norm=a.max_grad_norm,
-            updates_per_step=a.updates_per_step, clip_eps=a.clip_eps, temperature=a.temperature,
-            advantage_scale=a.advantage_scale, entropy_coef=a.entropy_coef,
-            behaviour_weight_cap=a.behaviour_weight_cap, eval_every=s.eval_every, threads=None,
+            seed=s.seed,
+            steps=s.steps,
+            prompts_per_step=s.prompts_per_step,
+            group_size=s.group_size,
+            model=model,
+            lr=s.lr,
+            lr_schedule=s.lr_schedule,
+            min_lr_ratio=s.min_lr_ratio,
+            betas=(s.betas[0], s.betas[1]),
+            weight_decay=s.weight_decay,
+            max_grad_norm=a.max_grad_norm,
+            updates_per_step=a.updates_per_step,
+            clip_eps=a.clip_eps,
+            temperature=a.temperature,
+            advantage_scale=a.advantage_scale,
+            entropy_coef=a.entropy_coef,
+            behaviour_weight_cap=a.behaviour_weight_cap,
+            eval_every=s.eval_every,
+            threads=None,
             **extra,
-        )  # fmt: skip
+        )
     except (TypeError, ValueError) as exc:
         raise _fail(config, "schedule", exc) from None
 
@@ -168,15 +180,27 @@ def plan_rl(config: RLConfig, run_dir: str | None = None, *, resume: bool = Fals
     lay, run = config.layout, config.run
     try:
         job = GRPOConfig(
-            train=train, mode=lay.mode, generators=lay.generators, trainers=lay.trainers,  # type: ignore[arg-type]
-            rewards=lay.rewards, eta=lay.eta, lookahead=lay.lookahead,
-            long_generators=lay.long_generators, max_batch=lay.max_batch,
-            torch_threads=lay.torch_threads, cpu=lay.cpu, engine=lay.engine, vllm=lay.vllm,
-            max_restarts=lay.max_restarts, checkpoint_every=run.checkpoint_every,
-            checkpoint_dir=os.path.join(run_dir, "checkpoints"), kill=tuple(run.kill),
+            train=train,
+            mode=lay.mode,  # type: ignore[arg-type]
+            generators=lay.generators,
+            trainers=lay.trainers,
+            rewards=lay.rewards,
+            eta=lay.eta,
+            lookahead=lay.lookahead,
+            long_generators=lay.long_generators,
+            max_batch=lay.max_batch,
+            torch_threads=lay.torch_threads,
+            cpu=lay.cpu,
+            engine=lay.engine,
+            vllm=lay.vllm,
+            max_restarts=lay.max_restarts,
+            checkpoint_every=run.checkpoint_every,
+            checkpoint_dir=os.path.join(run_dir, "checkpoints"),
+            kill=tuple(run.kill),
             kill_seed=run.kill_seed,
             export_dir=os.path.join(run_dir, "model") if run.export else None,
-            export_every=run.export_every if run.export else 0, resume=resume,
+            export_every=run.export_every if run.export else 0,
+            resume=resume,
             dynamic_sampling=config.algorithm.dynamic_sampling,
             max_draws=config.algorithm.max_draws,
             update_options=_update_options(config),
@@ -185,7 +209,7 @@ def plan_rl(config: RLConfig, run_dir: str | None = None, *, resume: bool = Fals
                 "warmup_steps": config.schedule.warmup_steps,
                 "activation_checkpointing": config.trainer.activation_checkpointing,
             },
-        )  # fmt: skip
+        )
     except oc.ConfigError as exc:
         raise oc.ConfigError(f"{config.source}: {exc}") from None
     return Plan(config, job, source, run_dir, store)
@@ -278,14 +302,20 @@ def _data_source(
             scorer = {"model": r.model, "model_weight": r.weight}
             scorer |= {"model_name": r.name} if r.name else {}
     return DataSource(
-        train, rows, held,
-        max_new_tokens=config.algorithm.max_new_tokens, checkpoint=model.path,
-        functions=functions, timeout_s=config.scoring.timeout_s, default=config.scoring.default,
+        train,
+        rows,
+        held,
+        max_new_tokens=config.algorithm.max_new_tokens,
+        checkpoint=model.path,
+        functions=functions,
+        timeout_s=config.scoring.timeout_s,
+        default=config.scoring.default,
         scorer=scorer,
-        eos_id=tokenizer.eos_id, pad_id=tokenizer.token_id(tokenizer.pad_token) or 0,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.token_id(tokenizer.pad_token) or 0,
         overlong=(config.algorithm.overlong_buffer, config.algorithm.overlong_penalty),
         tokenizer=tokenizer,
-    )  # fmt: skip
+    )
 
 
 async def run_rl(

@@ -55,11 +55,16 @@ class RunWriter:
         self.mlflow: MlflowLog | None = None
         if plan.mlflow is not None:  # before the files: a store that fails leaves none open
             self.mlflow = MlflowLog.open(
-                plan.mlflow, plan.run_dir, resume=plan.job.resume,
-                tags={"mode": plan.job.mode, "orchestr.config": plan.config.source,
-                      "orchestr.run_dir": plan.run_dir},
+                plan.mlflow,
+                plan.run_dir,
+                resume=plan.job.resume,
+                tags={
+                    "mode": plan.job.mode,
+                    "orchestr.config": plan.config.source,
+                    "orchestr.run_dir": plan.run_dir,
+                },
                 params=flat(json.loads(json.dumps(dataclasses.asdict(plan.config), default=str))),
-            )  # fmt: skip
+            )
         metrics = os.path.join(plan.run_dir, "metrics.jsonl")
         samples = os.path.join(plan.run_dir, "samples.jsonl")
         purge = None
@@ -84,8 +89,16 @@ class RunWriter:
             self.mlflow.log(row, record.step + 1)  # the policy version, as TensorBoard's step
         if self.board is not None:
             version = record.step + 1
-            for key in ("reward", "mean_length", "kl", "entropy", "clip_frac", "samples_per_s",
-                        "version_lag", "loss"):  # fmt: skip
+            for key in (
+                "reward",
+                "mean_length",
+                "kl",
+                "entropy",
+                "clip_frac",
+                "samples_per_s",
+                "version_lag",
+                "loss",
+            ):
                 self.board.add_scalar(f"train/{key}", getattr(record, key), version)
             for name, value in tally.last.items():
                 self.board.add_scalar(f"reward/{name}", value, version)

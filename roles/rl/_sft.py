@@ -139,9 +139,11 @@ def plan_sft(config: SFTConfig, run_dir: str | None = None) -> SFTPlan:
     for needed in ("config.json", "tokenizer.json"):
         if not os.path.isfile(os.path.join(folder, needed)):
             raise _fail(
-                config, "model", f"path {config.model.path}: no {needed} there (give a Hugging "
-                "Face checkpoint folder)"
-            )  # fmt: skip
+                config,
+                "model",
+                f"path {config.model.path}: no {needed} there (give a Hugging "
+                "Face checkpoint folder)",
+            )
     try:
         read_config(folder)
         tokenizer = Tokenizer(folder)
@@ -266,10 +268,15 @@ async def _train(
         first = stats[0]
         version = int(first["version"])
         row = {
-            "step": step, "loss": float(first["loss"]), "tokens": float(first["tokens"]),
-            "grad_norm": float(first["grad_norm"]), "lr": float(first["lr"]), "version": version,
-            "wall_s": clock.perf_counter() - start, "tokens_per_s": first["tokens"] / took,
-        }  # fmt: skip
+            "step": step,
+            "loss": float(first["loss"]),
+            "tokens": float(first["tokens"]),
+            "grad_norm": float(first["grad_norm"]),
+            "lr": float(first["lr"]),
+            "version": version,
+            "wall_s": clock.perf_counter() - start,
+            "tokens_per_s": first["tokens"] / took,
+        }
         writer.line({"kind": "step", **row})
         held = None
         if version % s.eval_every == 0 or version == s.steps:

@@ -60,8 +60,11 @@ class Source(abc.ABC):
     reward_args: tuple[tuple[Any, ...], dict[str, Any]] = ((), {})
     #: The reward mesh's endpoint the job calls with :meth:`reward_payload`.
     reward_endpoint: str = "score"
-    #: What the reward functions scored (per function, failures); empty for a single scorer.
-    tally: RewardTally
+
+    def __init__(self) -> None:
+        #: What the reward functions scored (per function, failures); empty for a single
+        #: scorer.
+        self.tally = RewardTally()
 
     @abc.abstractmethod
     def step_requests(self, step: int) -> list[Request]:
@@ -132,7 +135,7 @@ class DigitSource(Source):
         self.pad_id, self.eos_id = _task.PAD, _task.EOS
         self.reward_args = ((scorer or config.task.scorer,), {})
         self.prompts = _task.eval_prompts(config.eval_size, config.lengths)
-        self.tally = RewardTally()
+        super().__init__()
 
     def step_requests(self, step: int) -> list[Request]:
         return step_requests(self.config, step)

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import orchestr as oc
 from orchestr.roles.generator import Completion, Request
+from orchestr.tasks import TaskOwner
 
 from ._faults import lost_during
 from ._job import Job, group_key, groups_of
@@ -96,6 +97,8 @@ class Rollouts:
         self.run: oc.GraphRun | None = None
         self._results: Any = None
         self._holder: asyncio.Task[None] | None = None
+        #: The run's holder, and the weight loads of :func:`run_stream`; closed at its end.
+        self.tasks = TaskOwner()
         self._stop = asyncio.Event()
         self._epochs: list[int] = []
         #: Every group scored for the last batch taken (more than it with dynamic sampling).
@@ -183,10 +186,10 @@ class Rollouts:
                     raise
                 # else the reader was told, or the run was being stopped anyway
 
-        self._holder = holder = asyncio.create_task(hold())
-        waiting = asyncio.ensure_future(started.wait())
-        await asyncio.wait([waiting, holder], return_when=asyncio.FIRST_COMPLETED)
-        waiting.cancel()
+        self._holder = holder = self.tasks.start(hold())
+        async with TaskOwner() as waits:
+            waiting = waits.start(started.wait())
+            await asyncio.wait([waiting, holder], return_when=asyncio.FIRST_COMPLETED)
         if not started.is_set():
             holder.result()  # raises why it did not start
 
@@ -291,16 +294,13 @@ class Rollouts:
     async def _or_failure(self, awaitable: Awaitable[T]) -> T:
         """``awaitable``'s result, or the failure of a background recovery if it comes first."""
         job = self.job
-        main = asyncio.ensure_future(awaitable)
-        failed = asyncio.ensure_future(job.failed.wait())
-        try:
+        async with TaskOwner() as tasks:  # the loser is cancelled on the way out
+            main = tasks.start(awaitable)
+            failed = tasks.start(job.failed.wait())
             await asyncio.wait([main, failed], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            failed.cancel()
-        if not main.done():
-            main.cancel()
-            assert job.failure is not None
-            raise job.failure
+            if not main.done():
+                assert job.failure is not None
+                raise job.failure
         return main.result()
 
     async def release(self, groups: int) -> None:
@@ -342,7 +342,7 @@ async def run_stream(job: Job, skew: bool) -> None:
         except BaseException:
             await rollouts.release(len(groups))  # not trained: they leave the budget, undrawn
             raise
-        loading = asyncio.create_task(load_then_release(ref, len(groups)))
+        loading = rollouts.tasks.start(load_then_release(ref, len(groups)))
         done = with_seen(record(job, step, stats, groups), groups, rollouts.seen)
         await finish_step(job, dataclasses.replace(done, dropped=rollouts.stale()))
 
@@ -356,3 +356,4 @@ async def run_stream(job: Job, skew: bool) -> None:
             loading.cancel()
             await asyncio.gather(loading, return_exceptions=True)
         await rollouts.stop(redraw=False)
+        await rollouts.tasks.aclose()

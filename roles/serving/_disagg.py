@@ -6,10 +6,10 @@ chosen by the KV-aware router over the prefill pool (its own :class:`~._frontdoo
 follows their block events and loads); that generator computes the prompt and holds its
 blocks under a lease (:meth:`~orchestr.roles.Generator.prefill`), and the front door submits
 the request to the decode generator with the handoff, which reads the blocks one-sided from
-the prefill generator's memory (see :mod:`orchestr.roles.generator._handoff`). With
+the prefill generator's memory (see :mod:`orchestr.roles.generator._kv._receive`). With
 ``overlap`` (the default) the handoff is granted as soon as the prompt is queued there and
 the decode generator reads each layer's blocks as they are computed, so only the last of
-them is left to read when the prefill ends (:mod:`orchestr.roles.generator._overlap`); a
+them is left to read when the prefill ends (:mod:`orchestr.roles.generator._kv._streamed`); a
 prefill generator that fails mid-prompt is then the decode side's to recompute. A shorter
 prompt costs its decode generator less to compute than a handoff costs (a call, a read, a
 lease), so it is prefilled there: the "conditional disaggregation" rule, with its threshold
@@ -41,7 +41,7 @@ import structlog
 
 import orchestr as oc
 
-from ..generator._types import Request
+from ..generator._core._types import Handoff, Request
 from ._router import NoWorkerError
 
 __all__ = ["Prefill", "should_spill"]
@@ -70,9 +70,14 @@ class Prefill:
     ``hold_s``."""
 
     def __init__(
-        self, door: Any, *, min_tokens: int = MIN_TOKENS, hold_s: float = 10.0,
-        overlap: bool = True, spill_at: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        door: Any,
+        *,
+        min_tokens: int = MIN_TOKENS,
+        hold_s: float = 10.0,
+        overlap: bool = True,
+        spill_at: int | None = None,
+    ) -> None:
         checked = {"min_tokens": min_tokens, **({} if spill_at is None else {"spill_at": spill_at})}
         for name, value in checked.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -98,7 +103,7 @@ class Prefill:
         self.counts["prefill_spilled"] += 1
         return True
 
-    async def handoff(self, request: Request) -> dict[str, Any] | None:
+    async def handoff(self, request: Request) -> dict[str, Handoff] | None:
         """Prefill ``request`` on a prefill generator and return the decode side's
         ``kv_from``; ``None`` when it is to be prefilled on its decode generator (a short
         prompt, or no prefill generator could do it).
@@ -130,12 +135,12 @@ class Prefill:
             log.warning("prefill failed: prefilled on the decode side", generator=worker)
             return None
         self.counts["prefill_remote"] += 1
-        return {request.id: {**handoff, "source": member}}
+        return {request.id: handoff.sent_from(member)}
 
     @staticmethod
-    def release(kv_from: dict[str, Any] | None) -> None:
+    def release(kv_from: dict[str, Handoff] | None) -> None:
         """Let a handoff's lease go unread (the request never reached its decode side)."""
         for h in (kv_from or {}).values():
-            if h["lease"]:
+            if h.lease:
                 with contextlib.suppress(Exception):
-                    h["source"].release_handoff.broadcast(h["lease"])
+                    h.source.release_handoff.broadcast(h.lease)

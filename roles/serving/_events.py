@@ -9,7 +9,7 @@ from typing import Any
 
 import structlog
 
-from ..generator._blocks import AllBlocksCleared, BlockRemoved, BlockStored
+from ..generator._core._blocks import AllBlocksCleared, BlockRemoved, BlockStored
 from ..kvstore._types import Cleared, Removed, Stored, StoreEvent
 from ._router import Router
 

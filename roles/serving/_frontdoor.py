@@ -29,8 +29,9 @@ import structlog
 
 import orchestr as oc
 from orchestr import clock
+from orchestr.tasks import TaskOwner
 
-from ..generator._types import Request, TokenDelta, Updates
+from ..generator._core._types import Request, TokenDelta, Updates
 from ._disagg import MIN_TOKENS, Prefill
 from ._events import follow_store, worker_event
 from ._router import GeneratorLostError, Load, OverloadedError, Router, prompt_hashes
@@ -107,8 +108,8 @@ class FrontDoor:
         self._sent: dict[str, int] = dict.fromkeys(self._members, 0)  # requests since
         self._metrics: dict[str, dict[str, float]] = {}
         self._hash: tuple[int, list[Any]] = (0, [])
-        self._tasks: list[asyncio.Task[None]] = []
-        self._cancels: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskOwner()  # the readers (and the store's follower)
+        self._cancels = TaskOwner()  # cancels of abandoned requests, awaited by aclose()
         self._ids = itertools.count()
         self._started = False
         self.counts = {"requests": 0, "finished": 0, "rejected": 0, "lost": 0, "resent": 0}
@@ -116,9 +117,12 @@ class FrontDoor:
         if prefill is not None:
             door = FrontDoor(prefill, name=f"{self.name}-prefill", store=store)
             self.prefill = Prefill(
-                door, min_tokens=prefill_min_tokens, hold_s=hold_s, overlap=prefill_overlap,
+                door,
+                min_tokens=prefill_min_tokens,
+                hold_s=hold_s,
+                overlap=prefill_overlap,
                 spill_at=spill_at,
-            )  # fmt: skip
+            )
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def __aenter__(self) -> FrontDoor:
@@ -135,13 +139,11 @@ class FrontDoor:
         if self._started:
             return
         self._started = True
-        loop = asyncio.get_running_loop()
         for worker in self._members:
             self.router.add(worker)
-            self._tasks.append(loop.create_task(self._read(worker), name=f"{self.name}:{worker}"))
+            self._tasks.start(self._read(worker), name=f"{self.name}:{worker}")
         if self._store is not None:
-            follow = follow_store(self._store, self.router)
-            self._tasks.append(loop.create_task(follow, name=f"{self.name}:store"))
+            self._tasks.start(follow_store(self._store, self.router), name=f"{self.name}:store")
         if self.prefill is not None:
             await self.prefill.door.start()
 
@@ -150,10 +152,8 @@ class FrontDoor:
         and tell each generator to forget this reader (cancelling its requests there).
 
         Blocks on those calls (a dead generator's fails at once); raises nothing."""
-        tasks, self._tasks = self._tasks, []
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        readers, self._tasks = self._tasks, TaskOwner()  # a new one for start() again
+        await readers.aclose()
         for p in list(self._pending.values()):
             p.queue.put_nowait(oc.ClosedResourceError("the front door was closed"))
         if self._started:
@@ -300,9 +300,7 @@ class FrontDoor:
             with contextlib.suppress(oc.CallError):  # finished meanwhile, or the generator died
                 await self._members[pending.worker].cancel.call_one(pending.id)
 
-        task = asyncio.get_running_loop().create_task(cancel())
-        self._cancels.add(task)
-        task.add_done_callback(self._cancels.discard)
+        self._cancels.start(cancel())
 
     # -- readers -----------------------------------------------------------------------------
     async def _read(self, worker: str) -> None:

@@ -22,8 +22,9 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 import orchestr as oc
+from orchestr.tasks import TaskOwner
 
-from ..generator._types import TokenDelta
+from ..generator._core._types import TokenDelta
 from . import _answers
 from ._answers import ChoiceText
 from ._frontdoor import FrontDoor, GeneratorLostError, OverloadedError, RequestStream
@@ -93,17 +94,18 @@ class Generation:
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        work = asyncio.ensure_future(self._whole(job, streams))
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not work.done():
-                work.cancel()  # the client went away (or this handler was cancelled)
-                for s in streams:
-                    s.close()
-                await asyncio.gather(work, return_exceptions=True)
+        async with TaskOwner() as tasks:
+            work = tasks.start(self._whole(job, streams))
+            gone = tasks.start(_disconnected(request))
+            try:
+                await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+                if not work.done():
+                    work.cancel()  # the client went away (or this handler was cancelled)
+                    for s in streams:
+                        s.close()
+                    await asyncio.gather(work, return_exceptions=True)
         if work.cancelled():
             return Response(status_code=499)  # nobody is there to read it
         return JSONResponse(work.result())
@@ -190,8 +192,12 @@ class Generation:
         try:
             if chat:
                 for index in range(len(streams)):
-                    first = {"index": index, "delta": {"role": "assistant", "content": ""},
-                             "logprobs": None, "finish_reason": None}  # fmt: skip
+                    first = {
+                        "index": index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
                     yield _event({**head, "choices": [first]})
             async for index, delta in _merged(streams):
                 n = len(delta.tokens)
@@ -254,13 +260,21 @@ def api_error(exc: BaseException) -> APIError:
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, OverloadedError):
-        return APIError(str(exc), status=429, type="rate_limit_error", code="rate_limit_exceeded",
-                        headers={"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
+        return APIError(
+            str(exc),
+            status=429,
+            type="rate_limit_error",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
     if isinstance(exc, NoWorkerError | GeneratorLostError | oc.ClosedResourceError):
         log.warning("front door: no generator served a request", error=str(exc)[:2000])
-        return APIError("no generator could serve this request now; retry", status=503,
-                        type="service_unavailable",
-                        headers={"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
+        return APIError(
+            "no generator could serve this request now; retry",
+            status=503,
+            type="service_unavailable",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
     if isinstance(exc, ValueError):  # a generator refused the request: our checks' words
         return APIError(str(exc)[:1000])
     if isinstance(exc, asyncio.CancelledError):
@@ -301,7 +315,9 @@ async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Toke
             queue.put_nowait((index, exc))
         queue.put_nowait((index, None))
 
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    pumps = TaskOwner()
+    for i, s in enumerate(streams):
+        pumps.start(pump(i, s))
     try:
         left = len(streams)
         while left:
@@ -313,7 +329,5 @@ async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Toke
             else:
                 yield index, item
     finally:
-        for t in tasks:
-            t.cancel()
         with contextlib.suppress(BaseException):
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await pumps.aclose()  # cancels the pumps first

@@ -297,6 +297,7 @@ class _App:
             )
 
         counts = front.counts
+        # a table, one metric a row (name, kind, help, value): fmt: skip keeps the rows
         for name, kind, help, value in (
             ("vllm:num_requests_running", "gauge", "Requests in flight at the front door.",
              front.pending),

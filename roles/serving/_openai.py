@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
-from ..generator._types import MAX_ID_CHARS, MAX_STOP_CHARS, MAX_STOPS, MAX_TOP_LOGPROBS
+from ..generator._core._types import MAX_ID_CHARS, MAX_STOP_CHARS, MAX_STOPS, MAX_TOP_LOGPROBS
 from ._fields import (
     NEUTRAL,
     APIError,

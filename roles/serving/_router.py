@@ -42,12 +42,20 @@ from typing import Any
 
 from orchestr.errors import OrchestrError
 
-from ..generator._blocks import AllBlocksCleared, BlockRemoved, BlockStored, chain_hashes
+from ..generator._core._blocks import AllBlocksCleared, BlockRemoved, BlockStored, chain_hashes
 from ..kvstore._types import Cleared, Removed, Stored
 
 __all__ = [
-    "POLICIES", "Choice", "GeneratorLostError", "Load", "NoWorkerError", "OverloadedError", "Router", "ServingError", "prompt_hashes",
-]  # fmt: skip
+    "POLICIES",
+    "Choice",
+    "GeneratorLostError",
+    "Load",
+    "NoWorkerError",
+    "OverloadedError",
+    "Router",
+    "ServingError",
+    "prompt_hashes",
+]
 
 POLICIES = ("kv", "round_robin", "least_loaded")
 

@@ -54,6 +54,7 @@ def openapi_document(names: Sequence[str], max_len: int, vocab_size: int) -> dic
     body = _bodies(names, max_len, vocab_size)
     plain = {"text/plain": {"schema": {"type": "string"}}}
     generation = ["400", "401", "413", "429", "503"]
+    # a table, one operation a row (path, method, id, summary, reply, errors): fmt: off keeps it
     # fmt: off
     operations = [
         ("/v1/completions", "post", "createCompletion", "Complete prompts: whole, or streamed "

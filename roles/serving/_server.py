@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -14,7 +15,8 @@ import orchestr as oc
 
 from ..experts import spawn_expert_hosts
 from ..generator._actor import Generator
-from ..generator._kvlink import kv_block_bytes
+from ..generator._core._options import ExpertOptions, KVOptions, as_options
+from ..generator._kv._store_link import kv_block_bytes
 from ..kvstore import KVStore, KVWriter
 from ._disagg import MIN_TOKENS
 from ._frontdoor import FrontDoor
@@ -80,8 +82,9 @@ async def openai_server(
         raise oc.ConfigError("prefill generators hand off the paged engine's KV blocks")
     if (expert_hosts or micro_batches != 1) and engine != "paged":
         raise oc.ConfigError("expert hosts and micro-batches serve the paged engine's model")
+    kv = as_options(KVOptions, options.get("kv"), "kv") or KVOptions()
     if micro_batches != 1:
-        options["kv"] = {**dict(options.get("kv") or {}), "micro_batches": micro_batches}
+        options["kv"] = kv = dataclasses.replace(kv, micro_batches=micro_batches)
     placement = dict(placement or {})
     if set(placement) - {"decode", "prefill"}:
         raise oc.ConfigError(f"placement names pools 'decode' and 'prefill', got {placement}")
@@ -90,14 +93,18 @@ async def openai_server(
     store = hosts = None
     try:
         if kv_store_blocks:
-            block = kv_block_bytes(folder, dict(options.get("kv") or {}).get("block_size", 16))
+            block = kv_block_bytes(folder, kv.block_size)
             store = await ctx.spawn(KVStore, block, kv_store_blocks, name="kvstore")
             # the deployment's generators write and read the store's namespaces as one writer
             options["kv_store"] = KVWriter(store, secrets.token_urlsafe(24))
         if expert_hosts:
             threads = {k: v for k, v in options.items() if k == "torch_threads"}
             hosts = await spawn_expert_hosts(ctx, folder, expert_hosts, **threads)
-            options["expert_hosts"] = hosts
+            experts = options.get("experts")  # the options given, with the hosts made here
+            if isinstance(experts, ExpertOptions):
+                options["experts"] = dataclasses.replace(experts, hosts=hosts)
+            else:
+                options["experts"] = {**dict(experts or {}), "hosts": hosts}
         for pool, (name, n) in pools.items():
             if n:
                 meshes[pool] = await ctx.spawn(
@@ -120,10 +127,16 @@ async def openai_server(
     mesh = meshes["decode"]
     try:
         async with FrontDoor(
-            mesh, router=router, max_pending=max_pending, resend=resend, store=store,
-            prefill=meshes.get("prefill"), prefill_min_tokens=prefill_min_tokens,
-            prefill_overlap=prefill_overlap, spill_at=spill_at,
-        ) as front:  # fmt: skip
+            mesh,
+            router=router,
+            max_pending=max_pending,
+            resend=resend,
+            store=store,
+            prefill=meshes.get("prefill"),
+            prefill_min_tokens=prefill_min_tokens,
+            prefill_overlap=prefill_overlap,
+            spill_at=spill_at,
+        ) as front:
             yield openai_app(front, model, api_key=api_key)
     finally:
         for m in [*meshes.values(), store, hosts]:

@@ -32,8 +32,14 @@ __all__ = ["UpdateConfig", "autocast", "grpo_update", "rank_and_world", "sum_gra
 
 
 _STAT_KEYS = (
-    "loss", "ratio_mean", "clip_frac", "approx_kl", "entropy", "behaviour_weight", "logprob_gap"
-)  # fmt: skip
+    "loss",
+    "ratio_mean",
+    "clip_frac",
+    "approx_kl",
+    "entropy",
+    "behaviour_weight",
+    "logprob_gap",
+)
 _OPTIONAL_STAT_KEYS = ("kl", "overlong_filtered")
 
 

@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
+from orchestr.tasks import TaskOwner
+
 from ._actor import Actor, EndpointSpec, saves_state
 from ._distributed import JOIN_ENDPOINT, STORE_ENDPOINT, join, open_store
 
 if TYPE_CHECKING:
-    from orchestr._cluster._stats import ActorStats
+    from orchestr._stats import ActorStats
 
 __all__ = ["ActorHost", "Counts", "Item", "Replies"]
 
@@ -91,15 +93,14 @@ class ActorHost:
         self.mailbox: collections.deque[Item] = collections.deque()
         self.busy = False
         self.waiter: asyncio.Future[None] | None = None
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.runner = asyncio.ensure_future(self._run())
+        self.tasks = TaskOwner()  # the calls of concurrent endpoints in flight
+        self._runs = TaskOwner()  # the mailbox's runner
+        self.runner = self._runs.start(self._run())
 
     def submit(self, item: Item) -> None:
         spec = item[2]
         if spec.concurrent:
-            task = asyncio.ensure_future(self._invoke(item))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self.tasks.start(self._invoke(item))
         elif not self.busy and not self.mailbox and not spec.is_async:
             self.busy = True
             try:
@@ -219,7 +220,7 @@ class ActorHost:
     def stats(self) -> ActorStats:
         """Its counters now, by endpoint (the actor's own, never-called ones included). Calls
         in flight: the one the mailbox runs, and concurrent ones."""
-        from orchestr._cluster._stats import (  # for the metrics scrape, not every start
+        from orchestr._stats import (  # for the metrics scrape, not every start
             ActorStats,
             EndpointStats,
         )
@@ -239,6 +240,5 @@ class ActorHost:
 
     async def aclose(self) -> None:
         self.runner.cancel()
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(self.runner, *self.tasks, return_exceptions=True)
+        await self.tasks.aclose()  # cancels them all before it waits
+        await self._runs.aclose()

@@ -33,6 +33,7 @@ from orchestr.errors import (
 )
 from orchestr.fabric import connect_stream, stream_transports
 from orchestr.fabric.lowlevel import connection_sources
+from orchestr.tasks import TaskOwner
 
 from ._connection import Connection, Pending
 from ._locality import local_url_of_address
@@ -74,7 +75,7 @@ class CallClient:
         self._span_timer: asyncio.TimerHandle | None = None
         self._ids = itertools.count(1)
         self._inflight: dict[str, int] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskOwner()  # connections opening, broken calls settling
         self._closed = False
         connection_sources.append(self.connections)
 
@@ -322,9 +323,7 @@ class CallClient:
             return None
 
     def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.start(coro)
 
     async def aclose(self) -> None:
         """Close every connection and fail calls still pending. Idempotent."""
@@ -339,10 +338,7 @@ class CallClient:
         for conn in list(self._connections.values()):
             conn.abort(ClosedResourceError("the orchestr client was closed"))
         self._connections.clear()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.aclose()
 
 
 _current: CallClient | None = None

@@ -7,6 +7,6 @@
   process);
 - the daemons: ``_daemon`` (a head on a state directory), ``_statedir`` (trusting only what
   we made);
-- metrics: ``_stats`` (a worker's counters), ``_exposition`` (the Prometheus text),
-  ``_metrics`` (the head's HTTP endpoint).
+- metrics: a worker's counters (read by ``_worker`` into ``orchestr._stats``),
+  ``_exposition`` (the Prometheus text), ``_metrics`` (the head's HTTP endpoint).
 """

@@ -1,5 +1,6 @@
 """Cluster mode on one host's state directory: the head daemon, where daemons leave their
-address and pid, the cluster token, and jobs attaching to a running cluster.
+address and pid, and the cluster token. A job attaches to a running cluster through
+:func:`orchestr._job._session.job_session` (``orchestr.connect``, ``orchestr.run(address=)``).
 
 A state directory (``--state-dir``, else ``ORCHESTR_STATE_DIR``, else ``~/.orchestr``) holds:
 
@@ -29,12 +30,9 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from orchestr._job._context import JobContext
-from orchestr._job._session import job_session
 from orchestr._log import RotatingFile, configure_logging
 from orchestr._loop import run_loop
 from orchestr.config import Config, load_config
@@ -57,7 +55,6 @@ from ._submitted import JobManager
 __all__ = [
     "HEAD_FILE",
     "TOKEN_FILE",
-    "attach_cluster",
     "ensure_token",
     "read_head",
     "read_token",
@@ -250,16 +247,6 @@ async def serve_head(
                 head_file.unlink()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-
-
-@contextlib.asynccontextmanager
-async def attach_cluster(
-    address: str, token: str, config: Config | None = None
-) -> AsyncIterator[JobContext]:
-    """A :class:`JobContext` on the running cluster whose head is at ``address``: the job's
-    controller runs here, its actors on the cluster's nodes. Stops the job's meshes on exit."""
-    async with job_session(address, token, config or load_config()) as ctx:
-        yield ctx
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,8 +16,9 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
+from orchestr._stats import WorkerStats
+
 from ._headstate import HeadState
-from ._stats import WorkerStats
 
 __all__ = [
     "CONTENT_TYPE",

@@ -1,4 +1,7 @@
-"""The head service: cluster membership, placement and actor lifecycle over gRPC."""
+"""The head service: cluster membership, placement and actor lifecycle over gRPC. It owns the
+head's state and serves every RPC of the ``Head`` service: the nodes' here, the meshes' through
+its part :class:`~._head_meshes.MeshRpcs`, the jobs', logs' and fabric's through the functions
+of :mod:`._head_jobs`."""
 
 from __future__ import annotations
 
@@ -6,8 +9,9 @@ import asyncio
 import contextlib
 import secrets
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
@@ -21,13 +25,15 @@ from orchestr.errors import (
 )
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
+from orchestr.tasks import TaskOwner
 
-from ._head_jobs import FabricRpcs, JobRpcs
+from . import _head_jobs as jobs_rpc
+from ._head_changes import ActorChanges
 from ._head_meshes import MeshRpcs
 from ._headstate import HeadState
 from ._headstore import HeadStore, MeshRecord, StoreWriteError
 from ._metrics import MetricsServer
-from ._records import ActorRecord, validate_resources
+from ._records import validate_resources
 from ._submitted import JobManager
 
 if TYPE_CHECKING:
@@ -38,7 +44,7 @@ __all__ = ["HeadService"]
 log = structlog.get_logger("orchestr.head")
 
 
-class HeadService(MeshRpcs, JobRpcs, FabricRpcs, pb_grpc.HeadServicer):
+class HeadService(pb_grpc.HeadServicer):
     """Serves the ``Head`` gRPC service. ``async with`` starts and stops it."""
 
     def __init__(
@@ -78,8 +84,22 @@ class HeadService(MeshRpcs, JobRpcs, FabricRpcs, pb_grpc.HeadServicer):
         self.port = add_port(self.server, f"{config.bind_host}:{port}", config)
         self.address = f"{config.bind_host}:{self.port}"
         self._channels: dict[str, ControlChannel] = {}
-        self._changed: dict[str, asyncio.Event] = {}
-        self._watchers: set[asyncio.Queue[pb.ActorEvent | None]] = set()
+        self._changes = ActorChanges()
+        # it shares the mesh records and the hosted actors' streams: changed in place, never
+        # replaced
+        self._mesh_rpcs = MeshRpcs(
+            self.state,
+            self.meshes,
+            self._dirty_meshes,
+            self._host_streams,
+            self._changes,
+            token=token,
+            config=config,
+            channel=self._channel,
+            save=self.save,
+        )
+        # the heartbeat monitor and the saver: aclose() cancels and awaits each
+        self._tasks = TaskOwner()
         self._monitor: asyncio.Task[None] | None = None
         self._saver: asyncio.Task[None] | None = None
         self.metrics = MetricsServer(self.state, token, config)
@@ -98,9 +118,9 @@ class HeadService(MeshRpcs, JobRpcs, FabricRpcs, pb_grpc.HeadServicer):
     async def __aenter__(self) -> HeadService:
         await self.metrics.start()
         await self.server.start()
-        self._monitor = asyncio.ensure_future(self._watch_heartbeats())
+        self._monitor = self._tasks.start(self._watch_heartbeats())
         if self.store is not None:
-            self._saver = asyncio.ensure_future(self._save_every(0.1))
+            self._saver = self._tasks.start(self._save_every(0.1))
         log.info("head started", address=self.address, epoch=self.epoch)
         return self
 
@@ -206,8 +226,8 @@ class HeadService(MeshRpcs, JobRpcs, FabricRpcs, pb_grpc.HeadServicer):
                     node=node_id,
                     restarting=record.state == "restarting",
                 )
-                self._notify(record.actor_id)
-                self._publish("died", record)
+                self._changes.notify(record.actor_id)
+                self._changes.publish("died", record)
         if not self._rehosted and self.state.now() - self._born > timeout:
             # once: only records restored from the store can lack a program's stream
             self._rehosted = True
@@ -222,30 +242,8 @@ class HeadService(MeshRpcs, JobRpcs, FabricRpcs, pb_grpc.HeadServicer):
             for actor_id in orphans:
                 if self.state.host_lost(actor_id, reason):
                     log.warning("hosted actor lost", actor_id=actor_id, reason=reason)
-                    self._notify(actor_id)
+                    self._changes.notify(actor_id)
         self.save()
-
-    def _notify(self, actor_id: str) -> None:
-        """Wake whoever waits for a change of ``actor_id``'s state."""
-        event = self._changed.pop(actor_id, None)
-        if event is not None:
-            event.set()
-
-    async def _wait_while(self, record: ActorRecord, still: Any, limit_s: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(limit_s):
-                while still(record):
-                    await self._changed.setdefault(record.actor_id, asyncio.Event()).wait()
-
-    def _publish(self, kind: str, record: ActorRecord) -> None:
-        event = pb.ActorEvent(kind=kind, actor=actor_to_pb(record))
-        for queue in list(self._watchers):
-            try:
-                queue.put_nowait(event)
-            except asyncio.QueueFull:  # a watcher that does not read is cut off, not waited on
-                self._watchers.discard(queue)
-                queue.get_nowait()
-                queue.put_nowait(None)
 
     # -- node-facing RPCs ----------------------------------------------------------------
     async def RegisterNode(
@@ -266,8 +264,8 @@ class HeadService(MeshRpcs, JobRpcs, FabricRpcs, pb_grpc.HeadServicer):
             live = [w.worker_id for w in request.workers]
             ended, stray = self.state.rejoin(request.node_id, live, reason)
             for record in ended:
-                self._notify(record.actor_id)
-                self._publish("died", record)
+                self._changes.notify(record.actor_id)
+                self._changes.publish("died", record)
             adopted = sum(
                 a.node_id == request.node_id and a.state == "alive"
                 for a in self.state.actors.values()
@@ -316,8 +314,8 @@ class HeadService(MeshRpcs, JobRpcs, FabricRpcs, pb_grpc.HeadServicer):
                 reason=describe_exit(request.pid, request.exit_code, request.signal),
                 restarting=record.state == "restarting",
             )
-            self._notify(record.actor_id)
-            self._publish("died", record)
+            self._changes.notify(record.actor_id)
+            self._changes.publish("died", record)
         self.save()
         return pb.Ack()
 
@@ -329,3 +327,93 @@ class HeadService(MeshRpcs, JobRpcs, FabricRpcs, pb_grpc.HeadServicer):
     ) -> pb.ActorList:
         actors = self.state.actors.values()
         return pb.ActorList(actors=[actor_to_pb(a, self.state.is_suspended(a)) for a in actors])
+
+    # -- the mesh RPCs, served by the part that holds them --------------------------------
+    async def SpawnMesh(
+        self, request: pb.SpawnMeshRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MeshInfo:
+        return await self._mesh_rpcs.SpawnMesh(request, context)
+
+    async def StopMesh(
+        self, request: pb.StopMeshRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Ack:
+        return await self._mesh_rpcs.StopMesh(request, context)
+
+    async def HostActor(
+        self, request: pb.HostActorRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.MeshInfo]:
+        # an async generator itself, as grpc serves a streaming RPC only from one
+        async with contextlib.aclosing(self._mesh_rpcs.HostActor(request, context)) as replies:
+            async for reply in replies:
+                yield reply
+
+    async def Reserve(
+        self, request: pb.ReserveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReservationInfo:
+        return await self._mesh_rpcs.Reserve(request, context)
+
+    async def Release(
+        self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Ack:
+        return await self._mesh_rpcs.Release(request, context)
+
+    async def GetActor(
+        self, request: pb.GetActorRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ActorInfo:
+        return await self._mesh_rpcs.GetActor(request, context)
+
+    async def WatchActors(
+        self, request: pb.WatchActorsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ActorEvent]:
+        async with contextlib.aclosing(self._mesh_rpcs.WatchActors(request, context)) as events:
+            async for event in events:
+                yield event
+
+    async def RestartActor(
+        self, request: pb.RestartActorRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ActorInfo:
+        return await self._mesh_rpcs.RestartActor(request, context)
+
+    async def AbandonActor(
+        self, request: pb.AbandonActorRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Ack:
+        return await self._mesh_rpcs.AbandonActor(request, context)
+
+    # -- jobs, the daemons' logs and the fabric manager ----------------------------------
+    async def SubmitJob(
+        self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JobInfo:
+        return await jobs_rpc.submit_job(self.jobs, request, context)
+
+    async def ListJobs(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.JobList:
+        return await jobs_rpc.list_jobs(self.jobs, context)
+
+    async def GetJobLogs(
+        self, request: pb.JobLogsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JobLogs:
+        return await jobs_rpc.job_logs(self.jobs, request, context)
+
+    async def StopJob(
+        self, request: pb.JobRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JobInfo:
+        return await jobs_rpc.stop_job(self.jobs, request, context)
+
+    async def GetDaemonLog(
+        self, request: pb.DaemonLogRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DaemonLog:
+        return await jobs_rpc.daemon_log(self.state, self._channel, self.log_dir, request, context)
+
+    async def FabricHint(
+        self, request: pb.FabricHintRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FabricPlan:
+        return await jobs_rpc.hint_fabric(self.fabric, self.state, request, context)
+
+    async def FabricShow(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext
+    ) -> pb.FabricState:
+        return await jobs_rpc.fabric_show(self.fabric, context)
+
+    async def FabricHistory(
+        self, request: pb.FabricHistoryRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FabricPlans:
+        return await jobs_rpc.fabric_history(self.fabric, request, context)

@@ -1,12 +1,13 @@
 """The head's RPCs for meshes and their members: spawning (placement, then one worker per group of
-members), stopping, reservations, actor lookups and the owner's supervision calls."""
+members), stopping, reservations, actor lookups and the owner's supervision calls. A part the
+head service owns and serves them through."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Callable
 
 import grpc
 import structlog
@@ -14,6 +15,7 @@ import structlog
 from orchestr._control._convert import actor_to_pb
 from orchestr._control._grpc import ControlChannel, abort_with
 from orchestr._control._head_client import describe_exit
+from orchestr.config import Config
 from orchestr.errors import (
     ConfigError,
     ControlPlaneError,
@@ -23,7 +25,8 @@ from orchestr.errors import (
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
-from ._head_base import HeadBase
+from ._head_changes import ActorChanges
+from ._headstate import HeadState
 from ._headstore import MeshRecord
 from ._records import ActorRecord, check_hosted, check_mesh_size, validate_python_path
 
@@ -32,8 +35,34 @@ __all__ = ["MeshRpcs"]
 log = structlog.get_logger("orchestr.head")
 
 
-class MeshRpcs(HeadBase):
-    """Part of :class:`~._head.HeadService`."""
+class MeshRpcs:
+    """The mesh RPCs of :class:`~._head.HeadService`, which owns the records they change and
+    gives them these: its state, its mesh records and the ones changed since it last saved,
+    the open registration stream of each actor a program of its own hosts, who waits on the
+    actors, its settings, its control channel to a node and its ``save``."""
+
+    def __init__(
+        self,
+        state: HeadState,
+        meshes: dict[str, MeshRecord],
+        dirty_meshes: set[str],
+        host_streams: dict[str, object],
+        changes: ActorChanges,
+        *,
+        token: str,
+        config: Config,
+        channel: Callable[[str], ControlChannel],
+        save: Callable[[], None],
+    ) -> None:
+        self.state = state
+        self.meshes = meshes
+        self._dirty_meshes = dirty_meshes
+        self._host_streams = host_streams
+        self._changes = changes
+        self.token = token
+        self.config = config
+        self._channel = channel
+        self._save = save
 
     # -- driver-facing RPCs --------------------------------------------------------------
     async def SpawnMesh(
@@ -67,7 +96,7 @@ class MeshRpcs(HeadBase):
             mesh_id, name, request.class_path, request.size, request.strategy or "SPREAD"
         )
         self._dirty_meshes.add(mesh_id)
-        self.save()
+        self._save()
         results = await asyncio.gather(
             *(
                 self._start_group(g, request.init_args)
@@ -79,12 +108,12 @@ class MeshRpcs(HeadBase):
         if failures:
             await self._stop_members(records)
             self.meshes[mesh_id].stopped = True
-            self.save()
+            self._save()
             first = failures[0]
             if not isinstance(first, OrchestrError):
                 first = SpawnError(f"spawning {name} failed: {first!r}")
             await abort_with(context, first)
-        self.save()
+        self._save()
         log.info("mesh spawned", mesh=mesh_id, name=name, size=len(records))
         return pb.MeshInfo(
             mesh_id=mesh_id,
@@ -163,7 +192,7 @@ class MeshRpcs(HeadBase):
                     winfo.pid,
                     list(reply.endpoints),
                 )
-                self._notify(record.actor_id)
+                self._changes.notify(record.actor_id)
         finally:
             await worker_ch.aclose()
 
@@ -172,7 +201,7 @@ class MeshRpcs(HeadBase):
 
         async def stop(record: ActorRecord) -> None:
             self.state.actor_ended(record.actor_id, stopped=True)
-            self._notify(record.actor_id)
+            self._changes.notify(record.actor_id)
             node = self.state.nodes.get(record.node_id)
             if node is None or not node.alive or not record.worker_id:
                 return
@@ -198,12 +227,12 @@ class MeshRpcs(HeadBase):
         if mesh is not None:
             mesh.stopped = True
             self._dirty_meshes.add(mesh.mesh_id)
-        self.save()
+        self._save()
         return pb.Ack()
 
     async def HostActor(
         self, request: pb.HostActorRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.MeshInfo]:
+    ) -> AsyncGenerator[pb.MeshInfo, None]:
         """Record an actor a program of its own hosts, answer with its mesh, and hold the
         stream: when it ends (the program exited or was killed, or lost its connection) with
         the actor not stopped, the actor is dead."""
@@ -231,8 +260,8 @@ class MeshRpcs(HeadBase):
             )
             self._dirty_meshes.add(mesh_id)
         stream = self._host_streams[actor_id] = object()  # this registration's, not a later one's
-        self._notify(actor_id)
-        self.save()
+        self._changes.notify(actor_id)
+        self._save()
         log.info("actor hosted", actor=record.label, actor_id=actor_id, pid=request.pid)
         try:
             yield pb.MeshInfo(
@@ -248,8 +277,8 @@ class MeshRpcs(HeadBase):
                 del self._host_streams[actor_id]
             if self._host_streams.get(actor_id) is None and self.state.host_lost(actor_id, reason):
                 log.warning("hosted actor lost", actor=record.label, actor_id=actor_id)
-                self._notify(actor_id)
-                self.save()
+                self._changes.notify(actor_id)
+                self._save()
 
     async def Reserve(
         self, request: pb.ReserveRequest, context: grpc.aio.ServicerContext
@@ -266,7 +295,7 @@ class MeshRpcs(HeadBase):
             )
         except OrchestrError as exc:
             await abort_with(context, exc)
-        self.save()
+        self._save()
         log.info("reserved", reservation=r.reservation_id, name=name, bundles=len(r.node_ids))
         return pb.ReservationInfo(
             reservation_id=r.reservation_id,
@@ -280,7 +309,7 @@ class MeshRpcs(HeadBase):
     ) -> pb.Ack:
         live = self.state.release(request.reservation_id)
         await self._stop_members(live)
-        self.save()
+        self._save()
         return pb.Ack()
 
     async def GetActor(
@@ -292,7 +321,7 @@ class MeshRpcs(HeadBase):
             raise AssertionError("unreachable")  # abort raises
         if request.wait_for_exit_s > 0:
             # Alive where the caller knew it: the node's report of its exit is on its way.
-            await self._wait_while(
+            await self._changes.wait_while(
                 record,
                 lambda r: (
                     r.state in ("starting", "alive")
@@ -301,22 +330,22 @@ class MeshRpcs(HeadBase):
                 request.wait_for_exit_s,
             )
         if request.wait_for_restart_s > 0:
-            await self._wait_while(
+            await self._changes.wait_while(
                 record, lambda r: r.state in ("restarting", "starting"), request.wait_for_restart_s
             )
         return actor_to_pb(record)
 
     async def WatchActors(
         self, request: pb.WatchActorsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ActorEvent]:
+    ) -> AsyncGenerator[pb.ActorEvent, None]:
         queue: asyncio.Queue[pb.ActorEvent | None] = asyncio.Queue(maxsize=10_000)
-        self._watchers.add(queue)
+        self._changes.watchers.add(queue)
         await context.send_initial_metadata(())  # the watcher knows it is heard from now on
         try:
             while (event := await queue.get()) is not None:
                 yield event
         finally:
-            self._watchers.discard(queue)
+            self._changes.watchers.discard(queue)
         await context.abort(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             "this watcher fell 10000 events behind and was cut off; watch again and reconcile "
@@ -332,20 +361,20 @@ class MeshRpcs(HeadBase):
             record = self.state.restart(request.actor_id)
         except OrchestrError as exc:
             await abort_with(context, exc)
-        self._notify(record.actor_id)
+        self._changes.notify(record.actor_id)
         try:
             state = request.state if request.has_state else None
             await self._start_member(record, record.init_args, state)
         except BaseException as exc:
             self.state.restart_failed(record.actor_id)
-            self._notify(record.actor_id)
+            self._changes.notify(record.actor_id)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             error = exc if isinstance(exc, OrchestrError) else SpawnError(repr(exc))
             log.warning("restart failed", actor=record.label, error=str(error))
-            self.save()
+            self._save()
             await abort_with(context, error)
-        self.save()
+        self._save()
         log.info("actor restarted", actor=record.label, restarts=record.restarts)
         return actor_to_pb(record)
 
@@ -354,8 +383,8 @@ class MeshRpcs(HeadBase):
     ) -> pb.Ack:
         record = self.state.abandon(request.actor_id)
         if record is not None:
-            self._notify(record.actor_id)
-            self.save()
+            self._changes.notify(record.actor_id)
+            self._save()
         return pb.Ack()
 
 

@@ -24,8 +24,8 @@ __all__ = ["HeadState"]
 ENDED_KEPT = 10_000
 
 
-class HeadState(Placement):
-    """Nodes, actors and reservations, and every transition of them (placement is
+class HeadState:
+    """Nodes, actors and reservations, and every transition of them (placement is its part
     :class:`~._placement.Placement`'s)."""
 
     def __init__(self) -> None:
@@ -43,6 +43,55 @@ class HeadState(Placement):
         self.dirty_reservations: set[str] = set()
         #: Ended actors, oldest end first (for :meth:`prune`).
         self._ended: dict[str, None] = {}
+        self.placement = Placement(
+            self.nodes,
+            self.actors,
+            self.reservations,
+            self.joined,
+            self.dirty_reservations,
+            self._touch,
+        )
+
+    def _touch(self, record: ActorRecord) -> ActorRecord:
+        """Mark ``record`` changed (to save), and ended last when it ended."""
+        self.dirty_actors.add(record.actor_id)
+        self._ended.pop(record.actor_id, None)
+        if record.state in ("stopped", "dead"):
+            self._ended[record.actor_id] = None  # the newest end
+        return record
+
+    def place(
+        self,
+        mesh_id: str,
+        name: str,
+        class_path: str,
+        size: int,
+        resources: Mapping[str, float],
+        labels: Mapping[str, str],
+        new_id: Mapping[int, str],
+        strategy: str = "SPREAD",
+        reservation_id: str = "",
+    ) -> list[ActorRecord]:
+        """Place a mesh's members: :meth:`Placement.place <._placement.Placement.place>`."""
+        return self.placement.place(
+            mesh_id, name, class_path, size, resources, labels, new_id, strategy, reservation_id
+        )
+
+    def reserve(
+        self,
+        reservation_id: str,
+        name: str,
+        bundles: int,
+        resources: Mapping[str, float],
+        labels: Mapping[str, str],
+        strategy: str = "SPREAD",
+    ) -> Reservation:
+        """Take bundles: :meth:`Placement.reserve <._placement.Placement.reserve>`."""
+        return self.placement.reserve(reservation_id, name, bundles, resources, labels, strategy)
+
+    def release(self, reservation_id: str) -> list[ActorRecord]:
+        """Give bundles back: :meth:`Placement.release <._placement.Placement.release>`."""
+        return self.placement.release(reservation_id)
 
     def take_dirty(self) -> tuple[list[NodeRecord], list[ActorRecord], list[Reservation]]:
         """The records changed since the last call, to save; clears the marks."""
@@ -95,7 +144,7 @@ class HeadState(Placement):
                 self.by_worker.setdefault(a.worker_id, set()).add(a.actor_id)
         for n in nodes:
             n.last_heartbeat = now
-            n.free = self._free_on(n.node_id, n.total)
+            n.free = self.placement.free_on(n.node_id, n.total)
             self.nodes[n.node_id] = n
 
     # -- nodes ---------------------------------------------------------------------------
@@ -115,7 +164,7 @@ class HeadState(Placement):
             node_id,
             address,
             total,
-            self._free_on(node_id, total),
+            self.placement.free_on(node_id, total),
             dict(labels),
             now,
             transports=list(transports),
@@ -258,12 +307,12 @@ class HeadState(Placement):
         old = self.nodes.get(a.node_id)
         if a.reservation_id:  # back into its bundle, which kept its resources
             r = self.reservations.get(a.reservation_id)
-            if r is None or r.released or old is None or not self.usable(old):
+            if r is None or r.released or old is None or not self.placement.usable(old):
                 where = (
                     "released"
                     if r is None or r.released
                     else f"on node {a.node_id}, "
-                    + ("unknown" if old is None else self._condition(old))
+                    + ("unknown" if old is None else self.placement.condition(old))
                 )
                 raise PlacementError(
                     f"{a.label} cannot restart in its bundle of reservation "
@@ -274,12 +323,14 @@ class HeadState(Placement):
             fits = [
                 n
                 for n in self.nodes.values()
-                if self.usable(n)
+                if self.placement.usable(n)
                 and all(n.labels.get(k) == v for k, v in a.labels.items())
                 and all(n.free.get(k, 0.0) + 1e-9 >= v for k, v in a.resources.items())
             ]
             if not fits:
-                raise PlacementError(self._explain(a.name, a.rank, 1, a.resources, a.labels))
+                raise PlacementError(
+                    self.placement.explain(a.name, a.rank, 1, a.resources, a.labels)
+                )
             node = (
                 old if old in fits else max(fits, key=lambda n: (n.free.get("cpu", 0.0), n.node_id))
             )

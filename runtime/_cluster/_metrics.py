@@ -28,6 +28,7 @@ import structlog
 
 from orchestr._control._convert_stats import worker_stats_from_pb
 from orchestr._control._grpc import ControlChannel
+from orchestr._stats import WorkerStats
 from orchestr.config import Config
 from orchestr.errors import ConfigError, OrchestrError
 from orchestr.protos import orchestr_pb2 as pb
@@ -35,7 +36,6 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
 from ._exposition import CONTENT_TYPE, ScrapeReport, cluster_families, render, workers_to_scrape
 from ._headstate import HeadState
-from ._stats import WorkerStats
 
 __all__ = ["MetricsServer"]
 

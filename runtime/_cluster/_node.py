@@ -30,6 +30,7 @@ from orchestr.config import Config, config_environ, load_config
 from orchestr.errors import ConfigError, OrchestrError, SpawnError
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
+from orchestr.tasks import TaskOwner
 
 from ._hostinfo import detect_fabric, detect_resources, is_stopped, merge_pythonpath, parse_labels
 
@@ -84,6 +85,7 @@ class NodeService(pb_grpc.NodeServicer):
         self._starting = asyncio.Semaphore(
             config.max_starting_workers or int(detect_resources()["cpu"])
         )
+        self._tasks = TaskOwner()  # the heartbeat, and each worker's output relay and watch
         self._heartbeat: asyncio.Task[None] | None = None
         self._missing_folders: set[str] = set()  # job folders not here, warned about once
 
@@ -94,7 +96,7 @@ class NodeService(pb_grpc.NodeServicer):
         except BaseException:
             await self.aclose()  # a refused node leaves no server behind
             raise
-        self._heartbeat = asyncio.ensure_future(self._beat())
+        self._heartbeat = self._tasks.start(self._beat())
         log.info("node started", node=self.node_id, address=self.address, resources=self.resources)
         return self
 
@@ -112,6 +114,7 @@ class NodeService(pb_grpc.NodeServicer):
             *(self._stop(w, self.config.worker_stop_grace) for w in list(self.workers.values()))
         )
         await self.server.stop(grace=0.5)
+        await self._tasks.aclose()  # the watches of workers that had exited, still reporting
         await self.head.aclose()
 
     async def _register(self, *, rejoin: bool) -> None:
@@ -233,8 +236,8 @@ class NodeService(pb_grpc.NodeServicer):
         worker = _Worker(worker_id, proc)
         self.workers[worker_id] = worker
         worker.tasks = [
-            asyncio.ensure_future(self._forward(worker)),
-            asyncio.ensure_future(self._watch(worker)),
+            self._tasks.start(self._forward(worker)),
+            self._tasks.start(self._watch(worker)),
         ]
         try:
             async with asyncio.timeout(self.config.worker_start_timeout):

@@ -1,10 +1,10 @@
 """Placement over the head's nodes: which nodes a mesh's members or a reservation's bundles go
-to under a strategy, what each node has free, and why a request cannot be placed. Part of
-:class:`~._headstate.HeadState` (its state lives there); no I/O."""
+to under a strategy, what each node has free, and why a request cannot be placed. A part of
+:class:`~._headstate.HeadState`, over the records it is given; no I/O."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from orchestr.errors import ConfigError, PlacementError
 
@@ -21,24 +21,29 @@ __all__ = ["Placement"]
 
 
 class Placement:
-    """The placement half of :class:`~._headstate.HeadState`."""
+    """Placement over the records of a :class:`~._headstate.HeadState`, which owns them and
+    gives it these: its nodes, actors and reservations, the nodes registered with this head,
+    the reservations changed since the last save, and ``touch``, which marks an actor record
+    changed. It changes them in place (new actor records and reservations, the nodes' free
+    resources) and never replaces them."""
 
-    nodes: dict[str, NodeRecord]
-    actors: dict[str, ActorRecord]
-    reservations: dict[str, Reservation]
-    joined: set[str]
-    dirty_actors: set[str]
-    dirty_reservations: set[str]
-    _ended: dict[str, None]
+    def __init__(
+        self,
+        nodes: dict[str, NodeRecord],
+        actors: dict[str, ActorRecord],
+        reservations: dict[str, Reservation],
+        joined: set[str],
+        dirty_reservations: set[str],
+        touch: Callable[[ActorRecord], ActorRecord],
+    ) -> None:
+        self.nodes = nodes
+        self.actors = actors
+        self.reservations = reservations
+        self.joined = joined
+        self.dirty_reservations = dirty_reservations
+        self._touch = touch
 
-    def _touch(self, record: ActorRecord) -> ActorRecord:
-        self.dirty_actors.add(record.actor_id)
-        self._ended.pop(record.actor_id, None)
-        if record.state in ("stopped", "dead"):
-            self._ended[record.actor_id] = None  # the newest end
-        return record
-
-    def _free_on(self, node_id: str, total: Mapping[str, float]) -> dict[str, float]:
+    def free_on(self, node_id: str, total: Mapping[str, float]) -> dict[str, float]:
         """What of ``total`` the node's actors and reservations leave free."""
         used = self._used_on(node_id)
         return {k: v - used.get(k, 0.0) for k, v in total.items()}
@@ -138,9 +143,7 @@ class Placement:
             if not whole:
                 raise PlacementError(
                     "STRICT_PACK: no single node fits all "
-                    + self._explain(
-                        name, 0, size, {k: v * size for k, v in request.items()}, labels
-                    )
+                    + self.explain(name, 0, size, {k: v * size for k, v in request.items()}, labels)
                 )
             only = max(whole, key=lambda n: (n.free.get("cpu", 0.0), n.node_id))
         for rank in range(size):
@@ -153,7 +156,7 @@ class Placement:
                 for node in chosen:  # first, so the message shows the nodes without this mesh
                     for k, v in request.items():
                         node.free[k] = node.free.get(k, 0.0) + v
-                why = self._explain(name, rank, size, request, labels)
+                why = self.explain(name, rank, size, request, labels)
                 if strategy == "STRICT_SPREAD":
                     why = f"STRICT_SPREAD: every member needs a node of its own; {why}"
                 raise PlacementError(why)
@@ -236,7 +239,7 @@ class Placement:
             if node is None or not self.usable(node):
                 raise PlacementError(
                     f"bundle {bundle} of reservation {r.name!r} is on node {r.node_ids[bundle]}, "
-                    f"which is {'unknown' if node is None else self._condition(node)}"
+                    f"which is {'unknown' if node is None else self.condition(node)}"
                 )
         placed = []
         for rank, bundle in enumerate(free[:size]):
@@ -274,7 +277,7 @@ class Placement:
                 live.append(a)
         return live
 
-    def _explain(
+    def explain(
         self,
         name: str,
         rank: int,
@@ -282,9 +285,11 @@ class Placement:
         request: Mapping[str, float],
         labels: Mapping[str, str],
     ) -> str:
+        """Why member ``rank`` of ``size`` of mesh ``name`` finds no node: what it asks, and
+        what each node has."""
         nodes = (
             "; ".join(
-                f"{n.node_id} ({self._condition(n)}) free {n.free} labels {n.labels}"
+                f"{n.node_id} ({self.condition(n)}) free {n.free} labels {n.labels}"
                 for n in self.nodes.values()
             )
             or "no nodes registered"
@@ -299,7 +304,8 @@ class Placement:
         (a node known only from the store is not, until it registers again)."""
         return node.alive and node.node_id in self.joined
 
-    def _condition(self, node: NodeRecord) -> str:
+    def condition(self, node: NodeRecord) -> str:
+        """``node``'s condition in a message: dead, alive, or not registered again yet."""
         if not node.alive:
             return "dead"
         return "alive" if node.node_id in self.joined else "not registered again yet"

@@ -33,6 +33,7 @@ from typing import Any, BinaryIO
 import structlog
 
 from orchestr.errors import ConfigError
+from orchestr.tasks import TaskOwner
 
 from ._headstore import HeadStore
 from ._statedir import start_ticks
@@ -171,7 +172,7 @@ class JobManager:
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         #: Jobs a previous head started whose controllers still run: job id -> pid.
         self._adopted: dict[str, int] = {}
-        self._watchers: set[asyncio.Task[None]] = set()
+        self._watchers = TaskOwner()  # each running job's watch until it ends
         self._unpacking = asyncio.Semaphore(UNPACKING_AT_ONCE)
         #: Finished jobs whose folder and package are kept; older ones' are removed.
         self.retention = retention
@@ -199,9 +200,7 @@ class JobManager:
                 self._ended(record, "its controller ended while the head was down")
 
     def _spawn(self, coro: Any) -> None:
-        watcher = asyncio.ensure_future(coro)
-        self._watchers.add(watcher)
-        watcher.add_done_callback(self._watchers.discard)
+        self._watchers.start(coro)
 
     def _save(self, record: JobRecord, package: bytes | None = None) -> None:
         self.store.save_job(record.job_id, dataclasses.asdict(record), package)
@@ -361,6 +360,7 @@ class JobManager:
         """Stop every running job (the head is going away)."""
         for job_id in [*self._procs, *self._adopted]:
             await self.stop(job_id)
+        await self._watchers.aclose()
 
 
 def job_info(record: JobRecord) -> dict[str, Any]:

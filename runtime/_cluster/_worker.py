@@ -14,14 +14,15 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Iterable
 
 import grpc
 import structlog
 
-from orchestr import fabric
+from orchestr import fabric, metrics
 from orchestr._actor._actor import load_actor_class, set_crash_handler
 from orchestr._actor._host import ActorHost
-from orchestr._call import _serde
+from orchestr._call import _serde, _wire
 from orchestr._call._client import CallClient, set_current_client
 from orchestr._call._lookup import ActorLookup, ActorView
 from orchestr._call._server import CallServer
@@ -29,8 +30,10 @@ from orchestr._control._grpc import ControlChannel, abort_with, add_port, make_s
 from orchestr._control._tls import install_stream_tls
 from orchestr._log import configure_logging
 from orchestr._loop import run_loop
+from orchestr._stats import ActorStats, TransportStats, WorkerStats
 from orchestr.config import Config, load_config
 from orchestr.errors import OrchestrError, SpawnError
+from orchestr.fabric.lowlevel import buffer_stats
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
@@ -89,10 +92,38 @@ class WorkerService(pb_grpc.WorkerServicer):
         # only the head's metrics scrape asks: not loaded at every start
         from orchestr._control._convert_stats import worker_stats_to_pb
 
-        from . import _stats
-
         actors = [host.stats() for host in self.calls.actors.values()]
-        return worker_stats_to_pb(_stats.worker_stats(self.worker_id, actors))
+        return worker_stats_to_pb(worker_stats(self.worker_id, actors))
+
+
+def process_transports() -> list[TransportStats]:
+    """What this process moved so far, by kind and transport.
+
+    ``stream``: call-path frames, counted at both ends; ``bulk``: call values that went through
+    shared-memory segments, both ends; ``buffer``: one-sided transfers this process started
+    (``read_into`` is received, ``write_from`` sent), with the fallbacks counted under the
+    transport used instead (the call path's own fallbacks count under ``tcp``).
+    """
+    rows = [
+        TransportStats("stream", scheme, m.sent, m.received)
+        for scheme, m in sorted(_wire.streams.items())
+    ]
+    moved = _wire.bulk
+    if moved.ops:
+        rows.append(TransportStats("bulk", "shm", moved.sent, moved.received, moved.ops))
+    for scheme, c in sorted(buffer_stats.items()):
+        rows.append(
+            TransportStats(
+                "buffer", scheme, c.bytes_written, c.bytes_read, c.transfers, c.fallbacks
+            )
+        )
+    return rows
+
+
+def worker_stats(worker_id: str, actors: Iterable[ActorStats]) -> WorkerStats:
+    """This worker's answer to the head's ``Stats`` RPC: its actors' counters, what the process
+    moved, and its metrics now."""
+    return WorkerStats(worker_id, list(actors), process_transports(), metrics.snapshot())
 
 
 def _actor_lookup(head: ControlChannel, config: Config) -> ActorLookup:

@@ -1,9 +1,9 @@
-"""A worker's ``Stats`` answer (:mod:`orchestr._cluster._stats`) to and from protobuf, for the
+"""A worker's ``Stats`` answer (:mod:`orchestr._stats`) to and from protobuf, for the
 head's metrics scrape: the edge where those plain counters meet the wire."""
 
 from __future__ import annotations
 
-from orchestr._cluster._stats import ActorStats, EndpointStats, TransportStats, WorkerStats
+from orchestr._stats import ActorStats, EndpointStats, TransportStats, WorkerStats
 from orchestr.metrics import MetricSnapshot
 from orchestr.protos import orchestr_pb2 as pb
 

@@ -160,9 +160,13 @@ class HeadClient:
         return [actor_from_pb(a) for a in reply.actors]
 
     async def actor(
-        self, actor_id: str, *, wait_for_exit_s: float = 0, wait_for_restart_s: float = 0,
+        self,
+        actor_id: str,
+        *,
+        wait_for_exit_s: float = 0,
+        wait_for_restart_s: float = 0,
         address: str = "",
-    ) -> ActorInfo:  # fmt: skip
+    ) -> ActorInfo:
         """One actor's record; when it is alive and ``wait_for_exit_s`` > 0, after waiting
         that long for the node's report that it ended (its connection at ``address`` broke),
         then up to ``wait_for_restart_s`` for its new incarnation when it is being restarted."""

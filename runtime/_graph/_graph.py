@@ -169,9 +169,19 @@ class Graph:
                 f"or a function (value, n_members) -> member index"
             )
         return self._stage(
-            "map", name, endpoint, input, capacity, ordered, staleness, inflight_per_member,
-            retries, retry_timeout_s, choice, version_of,
-        )  # fmt: skip
+            "map",
+            name,
+            endpoint,
+            input,
+            capacity,
+            ordered,
+            staleness,
+            inflight_per_member,
+            retries,
+            retry_timeout_s,
+            choice,
+            version_of,
+        )
 
     def fanout(
         self,
@@ -192,9 +202,19 @@ class Graph:
         member that died is retried on that member only; ``version_of`` applies to each
         member's result, and the output's version is their oldest."""
         return self._stage(
-            "fanout", name, endpoint, input, capacity, ordered, staleness, inflight_per_member,
-            retries, retry_timeout_s, "least_loaded", version_of,
-        )  # fmt: skip
+            "fanout",
+            name,
+            endpoint,
+            input,
+            capacity,
+            ordered,
+            staleness,
+            inflight_per_member,
+            retries,
+            retry_timeout_s,
+            "least_loaded",
+            version_of,
+        )
 
     def input(self, name: str = "input") -> GraphNode:
         """The value each step of a compiled graph starts from (see :meth:`compile`): a
@@ -336,9 +356,21 @@ class Graph:
         check_int(retries, f"stage {name!r}: retries", 0)
         check_seconds(retry_timeout_s, f"stage {name!r}: retry_timeout_s")
         node = GraphNode(
-            self, name, kind, (inlet,), endpoint, None, capacity, ordered, choice, staleness,
-            inflight, retries, float(retry_timeout_s), version_of,
-        )  # fmt: skip
+            self,
+            name,
+            kind,
+            (inlet,),
+            endpoint,
+            None,
+            capacity,
+            ordered,
+            choice,
+            staleness,
+            inflight,
+            retries,
+            float(retry_timeout_s),
+            version_of,
+        )
         return self._add(node)
 
     def _add(self, node: GraphNode) -> GraphNode:

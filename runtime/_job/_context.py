@@ -22,6 +22,7 @@ from orchestr._control._grpc import ControlChannel
 from orchestr._control._head_client import HeadClient
 from orchestr.config import Config
 from orchestr.errors import ConfigError, SupervisionError
+from orchestr.tasks import TaskOwner
 
 from ._events import EventLog, export_trace
 from ._hints import tell_fabric
@@ -72,6 +73,7 @@ class JobContext:
         self._fabric_on: bool | None = None
         #: Phases announced ahead (:meth:`announce`): their declaration and hint in flight.
         self._announced: dict[str, tuple[Phase, asyncio.Task[None]]] = {}
+        self._announcing = TaskOwner()  # the hints of announced phases in flight
         #: Hears of deaths of this job's actors and restarts, accepts or escalates them.
         self.supervisor = Supervisor(
             head, client, self.events, self._escalate, reconnect_s=config.head_reconnect_timeout
@@ -137,7 +139,7 @@ class JobContext:
         previous = self._announced.pop(name, None)
         if previous is not None:
             previous[1].cancel()
-        task = asyncio.ensure_future(tell_fabric(self, phase, float(lead_s or 0.0)))
+        task = self._announcing.start(tell_fabric(self, phase, float(lead_s or 0.0)))
         self._announced[name] = (phase, task)
 
     #: ``host:port`` of the head's Prometheus endpoint (``GET /metrics``); ``None`` when the

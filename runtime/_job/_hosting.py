@@ -24,6 +24,7 @@ from orchestr._control._convert import ActorInfo, MeshInfo
 from orchestr._control._head_client import HeadClient, HostRegistration
 from orchestr.config import Config
 from orchestr.errors import ConfigError, ControlPlaneError, MeshError, OrchestrError
+from orchestr.tasks import TaskOwner
 
 __all__ = ["Hosting", "lookup"]
 
@@ -48,6 +49,7 @@ class Hosting:
         self._config = config
         self._server: CallServer | None = None
         self._hosted: dict[str, _Hosted] = {}  # by mesh id
+        self._tasks = TaskOwner()  # each hosted actor's keeper of its registration
 
     def hosts(self, mesh: Mesh) -> bool:
         return mesh.mesh_id in self._hosted
@@ -76,7 +78,7 @@ class Hosting:
         actor.rank, actor.mesh_name, actor.actor_id = 0, info.name, member.actor_id
         self._server.actors[member.actor_id] = ActorHost(actor, f"{info.name}[0]", member.actor_id)
         hosted = self._hosted[info.mesh_id] = _Hosted(actor, info, registration)
-        hosted.task = asyncio.create_task(self._keep(hosted), name=f"orchestr-host-{info.name}")
+        hosted.task = self._tasks.start(self._keep(hosted), name=f"orchestr-host-{info.name}")
         log.info("hosting", actor=f"{info.name}[0]", actor_id=member.actor_id)
         return Mesh(
             info.mesh_id,
@@ -136,6 +138,7 @@ class Hosting:
             with contextlib.suppress(OrchestrError):
                 await self._head.stop_mesh(mesh_id)
             await self._end(mesh_id)
+        await self._tasks.aclose()
         if self._server is not None:
             await self._server.aclose()
             self._server = None

@@ -31,6 +31,7 @@ from orchestr._control._convert import ActorInfo
 from orchestr._control._grpc import ControlChannel
 from orchestr._control._head_client import HeadClient, death_error
 from orchestr.errors import ActorDiedError, ConfigError, OrchestrError, SupervisionError
+from orchestr.tasks import TaskOwner
 
 from ._events import EventLog
 from ._policy import DECISIONS, Decision, Failure, RestartPolicy, SuperviseHook
@@ -76,18 +77,18 @@ class Supervisor:
         self._head = HeadClient(head)
         self._owned: dict[str, _Owned] = {}  # mesh id -> what we know of it
         self._saved: dict[str, bytes] = {}  # actor id -> its last saved state, encoded
-        self._tasks: set[asyncio.Task[Any]] = set()
+        #: The watch, the savers and the deaths being taken up; ended by aclose().
+        self._tasks = TaskOwner()
         #: Deaths taken up, as (actor id, restarts): one heard twice (the stream, then the
         #: reconciliation after a reconnect) is handled once.
         self._handled: set[tuple[str, int]] = set()
         self._watching = asyncio.Event()
         self._start_error: OrchestrError | None = None
-        self._watch: asyncio.Task[None] | None = None
         self.escalated: SupervisionError | None = None
         self.closing = False
 
     async def __aenter__(self) -> Supervisor:
-        self._watch = asyncio.ensure_future(self._serve_watch())
+        self._tasks.start(self._serve_watch())
         async with asyncio.timeout(10):  # the head answers at once, or something is wrong
             await self._watching.wait()
         if self._start_error is not None:
@@ -101,20 +102,13 @@ class Supervisor:
     async def aclose(self) -> None:
         """Stop watching; deaths after this (the job's own teardown) are not failures."""
         self.closing = True
-        tasks = [t for t in [self._watch, *self._tasks] if t is not None]
-        for owned in self._owned.values():
-            if owned.saver is not None:
-                tasks.append(owned.saver)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._tasks.clear()
+        await self._tasks.aclose()
 
     def adopt(self, mesh: Mesh, policy: RestartPolicy, hook: SuperviseHook, saves: bool) -> None:
         owned = _Owned(mesh, policy, hook, saves)
         self._owned[mesh.mesh_id] = owned
-        if saves and policy.checkpoint_s is not None:
-            owned.saver = asyncio.ensure_future(self._save_every(owned, policy.checkpoint_s))
+        if saves and policy.checkpoint_s is not None and not self._tasks.closed:
+            owned.saver = self._tasks.start(self._save_every(owned, policy.checkpoint_s))
 
     def forget(self, mesh: Mesh) -> None:
         owned = self._owned.pop(mesh.mesh_id, None)
@@ -224,12 +218,10 @@ class Supervisor:
                 self._spawn(self._on_death(info))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
+        task = self._tasks.start(coro)
         task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
         if task.cancelled() or task.exception() is None:
             return
         exc = task.exception()

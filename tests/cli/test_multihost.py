@@ -135,8 +135,12 @@ class Cluster:
         """``orchestr ARGS`` run inside ``host``, with this cluster's state directory."""
         return subprocess.run(
             [*self.net.exec_args(host), *ORCHESTR, *args, "--state-dir", str(self.state_dir)],
-            capture_output=True, text=True, timeout=timeout, env={**self.env, **env}, cwd=ROOT,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**self.env, **env},
+            cwd=ROOT,
+        )
 
     def status(self) -> dict[str, Any]:
         done = self.cli("head", "status", "--json")
@@ -194,9 +198,14 @@ def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
         assert f"head running at {c.address}" in head.stdout
         for host in ("n1", "n2"):
             node = c.cli(
-                host, "start", "--address", c.address, "--labels", f"host={host}",
+                host,
+                "start",
+                "--address",
+                c.address,
+                "--labels",
+                f"host={host}",
                 ORCHESTR_BIND_HOST=net.address(host),
-            )  # fmt: skip
+            )
             assert node.returncode == 0, node.stderr
             assert f"serving at {net.address(host)}:" in node.stdout
         yield c
@@ -204,8 +213,11 @@ def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
         with contextlib.suppress(subprocess.TimeoutExpired):
             subprocess.run(
                 [*ORCHESTR, "stop", "--state-dir", str(state_dir)],
-                capture_output=True, timeout=60, env=env, cwd=ROOT,
-            )  # fmt: skip
+                capture_output=True,
+                timeout=60,
+                env=env,
+                cwd=ROOT,
+            )
         leaked = net.pids()
         net.close()  # kills what is left, deletes the namespaces
     assert not net.leftovers(), f"namespaces left behind: {net.leftovers()}"

@@ -22,8 +22,12 @@ def _rl(*args: str, cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess[str
     env = dict(os.environ, PYTHONPATH=str(ROOT))  # the workers import tests.cli.rl_rewards
     return subprocess.run(
         [*ORCHESTR, "rl", "train", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_help_documents_every_section() -> None:
@@ -147,10 +151,19 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path: pathlib.Path) -> Non
     from mlflow.tracking import MlflowClient
 
     sets = [
-        "--set", "schedule.steps=10", "--set", "schedule.eval_every=5", "--set", "layout.mode=sync",
-        "--set", "layout.generators=1", "--set", "run.checkpoint_every=2",
-        "--set", "run.export_every=2",
-    ]  # fmt: skip
+        "--set",
+        "schedule.steps=10",
+        "--set",
+        "schedule.eval_every=5",
+        "--set",
+        "layout.mode=sync",
+        "--set",
+        "layout.generators=1",
+        "--set",
+        "run.checkpoint_every=2",
+        "--set",
+        "run.export_every=2",
+    ]
     whole = _rl("examples/rl/digits.toml", "--run-dir", str(tmp_path / "whole"), *sets)
     assert whole.returncode == 0, whole.stderr
     _check_folder(tmp_path / "whole", whole.stdout)
@@ -159,11 +172,22 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path: pathlib.Path) -> Non
     logged = ["--set", f"run.mlflow={store}", "--set", "run.mlflow_experiment='resumed'"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [*ORCHESTR, "rl", "train", "examples/rl/digits.toml", "--run-dir", str(run), *sets,
-         *logged],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            *ORCHESTR,
+            "rl",
+            "train",
+            "examples/rl/digits.toml",
+            "--run-dir",
+            str(run),
+            *sets,
+            *logged,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         metrics = run / "metrics.jsonl"
         # polls until the fourth batch is written, however slow the machine (the test's own

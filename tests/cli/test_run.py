@@ -217,9 +217,19 @@ def test_transports_reports_what_works_here_and_why_not() -> None:
 def test_the_rl_example_takes_flags_and_writes_its_run(tmp_path: pathlib.Path) -> None:
     shm_before = set(os.listdir("/dev/shm"))
     proc, marker = _run(
-        ["run", "examples/grpo_reverse.py", "--small", "--steps", "3", "--mode", "stream",
-         "--runs", str(tmp_path), "--quiet"]
-    )  # fmt: skip
+        [
+            "run",
+            "examples/grpo_reverse.py",
+            "--small",
+            "--steps",
+            "3",
+            "--mode",
+            "stream",
+            "--runs",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = tmp_path.iterdir()
     names = {p.name for p in run.iterdir()}

@@ -80,9 +80,13 @@ def _start(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str],
     """``orchestr ARGS`` in a subprocess, and its first line: the startup line, or (when it
     exited instead) that line and what it said on stderr."""
     proc = subprocess.Popen(
-        [*ORCHESTR, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [*ORCHESTR, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
     assert proc.stdout is not None and proc.stderr is not None
     line = proc.stdout.readline()
     if proc.poll() is not None:
@@ -93,8 +97,20 @@ def _start(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str],
 def test_serve_answers_openai_clients_and_stops_on_sigint(folder: pathlib.Path) -> None:
     marker = uuid.uuid4().hex
     env = dict(os.environ, ORCHESTR_TEST_MARKER=marker, ORCHESTR_API_KEY="sekrit")
-    args = ["serve", str(folder), "--port", "0", "--served-model-name", "tiny", "--router", "kv",
-            "--router-prefill-weight", "16", "--kv-store-blocks", "64"]  # fmt: skip
+    args = [
+        "serve",
+        str(folder),
+        "--port",
+        "0",
+        "--served-model-name",
+        "tiny",
+        "--router",
+        "kv",
+        "--router-prefill-weight",
+        "16",
+        "--kv-store-blocks",
+        "64",
+    ]
     proc, line = _start(args, env)
     try:
         found = re.search(r"serving tiny on (http://127\.0\.0\.1:\d+/v1) with 1 native", line)
@@ -105,10 +121,13 @@ def test_serve_answers_openai_clients_and_stops_on_sigint(folder: pathlib.Path) 
             assert r.usage is not None and r.usage.completion_tokens <= 5 and r.choices
             chunks = list(
                 client.chat.completions.create(
-                    model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                    stream=True, stream_options={"include_usage": True},
+                    model="tiny",
+                    messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=4,
+                    stream=True,
+                    stream_options={"include_usage": True},
                 )
-            )  # fmt: skip
+            )
             assert chunks[0].choices[0].delta.role == "assistant"
             usage = chunks[-1].usage
             assert usage is not None and 1 <= usage.completion_tokens <= 4
@@ -147,8 +166,10 @@ def test_a_key_file_others_can_read_is_refused(
         key.chmod(mode)
         proc = subprocess.run(
             [*ORCHESTR, "serve", str(folder), "--api-key-file", str(key)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 2 and error in proc.stderr, proc.stderr
     if os.getuid() != 0:
         pytest.fail("this test gives a key file to another user: run as root (as CI does)")
@@ -157,16 +178,20 @@ def test_a_key_file_others_can_read_is_refused(
     os.chown(key, 65534, 65534)  # nobody's file: nobody could change the key at will
     proc = subprocess.run(
         [*ORCHESTR, "serve", str(folder), "--api-key-file", str(key)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "owned by uid 65534, not by this user" in proc.stderr
     os.chown(key, 0, 0)
     link = tmp_path / "link"
     link.symlink_to(key)
     proc = subprocess.run(
         [*ORCHESTR, "serve", str(folder), "--api-key-file", str(link)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "--api-key-file" in proc.stderr, proc.stderr
 
 
@@ -184,8 +209,16 @@ def test_a_private_socket_and_a_key_file_keep_other_users_out(
     home = tmp_path / "run"
     home.mkdir(mode=0o755)
     sock = home / "orchestr.sock"
-    args = ["serve", str(folder), "--uds", str(sock), "--api-key-file", str(key_file),
-            "--served-model-name", "tiny"]  # fmt: skip
+    args = [
+        "serve",
+        str(folder),
+        "--uds",
+        str(sock),
+        "--api-key-file",
+        str(key_file),
+        "--served-model-name",
+        "tiny",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "ORCHESTR_API_KEY"}
     proc, line = _start(args, env)
     try:
@@ -193,15 +226,28 @@ def test_a_private_socket_and_a_key_file_keep_other_users_out(
         assert sock.stat().st_mode & 0o777 == 0o600
         request = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         attack = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
-             "-c", _UNIX_CLIENT, str(sock), request.hex()],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "/usr/bin/python3",
+                "-c",
+                _UNIX_CLIENT,
+                str(sock),
+                request.hex(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert attack.stdout.strip() == "PermissionError", attack.stdout + attack.stderr
         ps = subprocess.run(
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "ps", "-eo", "args"],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert "orchestr" in ps.stdout and key not in ps.stdout
         # the owner connects, with the key
         transport = httpx2.HTTPTransport(uds=str(sock))
@@ -223,8 +269,10 @@ def test_a_private_socket_and_a_key_file_keep_other_users_out(
 def test_a_key_on_the_command_line_is_warned_about(folder: pathlib.Path) -> None:
     proc = subprocess.run(
         [*ORCHESTR, "serve", str(folder), "--api-key", "k", "--restarts", "-1"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "--api-key shows the key to every user of this host" in proc.stderr, proc.stderr
 
 

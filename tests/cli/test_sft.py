@@ -21,9 +21,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def _sft(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "orchestr.cli", "rl", "sft", *args], cwd=ROOT, env=dict(os.environ),
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "orchestr.cli", "rl", "sft", *args],
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +82,10 @@ def test_check_then_a_short_run(tmp_path: pathlib.Path, config: pathlib.Path) ->
     lines = proc.stdout.splitlines()
     assert lines[0].startswith(f"SFT on {config.parent / 'model'}: 1 trainer(s), 4 steps of 4 rows")
     assert [line.split("|")[0].strip() for line in lines if line.startswith("step")] == [
-        "step    1/4", "step    2/4", "step    4/4"
-    ]  # fmt: skip
+        "step    1/4",
+        "step    2/4",
+        "step    4/4",
+    ]
     assert lines[-2].startswith("done in ") and "held-out loss" in lines[-2]
     assert lines[-1] == (
         f"wrote {run}/ (config.json, events.jsonl, metrics.jsonl, model, summary.json, trace.json)"

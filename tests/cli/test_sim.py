@@ -18,15 +18,30 @@ from .test_run import ORCHESTR, ROOT
 def calibrate(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*ORCHESTR, "sim", "calibrate", *args],
-        capture_output=True, text=True, timeout=180, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
 
 
 def test_calibrate_writes_a_profile_the_simulator_loads(tmp_path: pathlib.Path) -> None:
     folder = models.make_tiny("llama", tmp_path / "tiny", layers=2)
     out = tmp_path / "profile.json"
-    small = ["--prefills", "16,64", "--decodes", "1x16,4x32", "--mixes", "2x16x32",
-             "--decode-steps", "5", "--repeats", "1", "--torch-threads", "1"]  # fmt: skip
+    small = [
+        "--prefills",
+        "16,64",
+        "--decodes",
+        "1x16,4x32",
+        "--mixes",
+        "2x16x32",
+        "--decode-steps",
+        "5",
+        "--repeats",
+        "1",
+        "--torch-threads",
+        "1",
+    ]
     done = calibrate(str(folder), "--out", str(out), *small)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"wrote {out}: base ")
@@ -100,39 +115,73 @@ def test_the_example_scenarios_run_and_write_a_perfetto_trace(
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('seed = 0\n[serving]\n', "kind is required"),
+        ("seed = 0\n[serving]\n", "kind is required"),
         ('kind = "batch"\n', "kind must be rl or serving"),
-        ('kind = "serving"\n[profile]\nbuiltin = "h100-llama3-8b"\n[serving]\ngenerators = 0\n',
-         "[serving]: generators must be a positive int, got 0"),
-        ('kind = "serving"\n[profile]\nbuiltin = "h100-llama3-8b"\n[serving]\ngpus = 8\n',
-         "[serving]: unknown field(s) gpus"),
+        (
+            'kind = "serving"\n[profile]\nbuiltin = "h100-llama3-8b"\n[serving]\ngenerators = 0\n',
+            "[serving]: generators must be a positive int, got 0",
+        ),
+        (
+            'kind = "serving"\n[profile]\nbuiltin = "h100-llama3-8b"\n[serving]\ngpus = 8\n',
+            "[serving]: unknown field(s) gpus",
+        ),
         ('kind = "serving"\n[profile]\nbase_s = -1.0\n', "[profile]: base_s must be seconds >= 0"),
         ('kind = "serving"\n[profile]\n', "give a file, a builtin profile or the step-time terms"),
-        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[rl]\nmode = "async"\n',
-         "[topology]: k is required"),
-        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n'
-         '[rl]\nmode = "async"\n', "[rl]: mode must be sync or stream or stream+skew"),
-        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 3\n',
-         "[topology]: k must be an even int >= 2"),
-        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n[rl]\n',
-         "[rl.costs]: weight_bytes is required"),
-        ('kind = "serving"\n[profile]\nbuiltin = "h100-llama3-8b"\n[serving.workload]\n'
-         'prompt_tokens = [10, 2]\n', "[serving.workload]: prompt_tokens must be [low, high]"),
-        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n[rl]\n'
-         'generators = 40\n[rl.costs]\nweight_bytes = 1e9\n', "[rl]: the roles do not fit [topology]: cannot place member 16 of 40"),
+        (
+            'kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[rl]\nmode = "async"\n',
+            "[topology]: k is required",
+        ),
+        (
+            'kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n'
+            '[rl]\nmode = "async"\n',
+            "[rl]: mode must be sync or stream or stream+skew",
+        ),
+        (
+            'kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 3\n',
+            "[topology]: k must be an even int >= 2",
+        ),
+        (
+            'kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n[rl]\n',
+            "[rl.costs]: weight_bytes is required",
+        ),
+        (
+            'kind = "serving"\n[profile]\nbuiltin = "h100-llama3-8b"\n[serving.workload]\n'
+            "prompt_tokens = [10, 2]\n",
+            "[serving.workload]: prompt_tokens must be [low, high]",
+        ),
+        (
+            'kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n[rl]\n'
+            "generators = 40\n[rl.costs]\nweight_bytes = 1e9\n",
+            "[rl]: the roles do not fit [topology]: cannot place member 16 of 40",
+        ),
         ("kind = [", "not TOML"),
-        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n[rl.costs]\n'
-         'file = "nowhere.json"\n', "[rl.costs]: file 'nowhere.json': "),
-        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n[rl.costs]\n'
-         'weight_bytes = 1e9\nengine = "eager"\n', "[rl.costs]: engine must be paged or recompute"),
-        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\none_host = true\n'
-         '[rl]\nhost_cpus = 0\n', "[rl]: host_cpus must be a positive float, got 0.0"),
-        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\none_host = true\n'
-         'k = 4\n', "[topology]: unknown field(s) k"),
-        ('kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\none_host = true\n'
-         '[rl]\ngenerator_nice = 30\n', "[rl]: generator_nice must be an int in -20..19"),
+        (
+            'kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n[rl.costs]\n'
+            'file = "nowhere.json"\n',
+            "[rl.costs]: file 'nowhere.json': ",
+        ),
+        (
+            'kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\nk = 4\n[rl.costs]\n'
+            'weight_bytes = 1e9\nengine = "eager"\n',
+            "[rl.costs]: engine must be paged or recompute",
+        ),
+        (
+            'kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\none_host = true\n'
+            "[rl]\nhost_cpus = 0\n",
+            "[rl]: host_cpus must be a positive float, got 0.0",
+        ),
+        (
+            'kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\none_host = true\n'
+            "k = 4\n",
+            "[topology]: unknown field(s) k",
+        ),
+        (
+            'kind = "rl"\n[profile]\nbuiltin = "h100-llama3-8b"\n[topology]\none_host = true\n'
+            "[rl]\ngenerator_nice = 30\n",
+            "[rl]: generator_nice must be an int in -20..19",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_scenarios_are_refused_naming_the_field(
     text: str, message: str, tmp_path: pathlib.Path
 ) -> None:
@@ -149,8 +198,11 @@ def test_calibrate_rl_writes_the_roles_costs_a_scenario_runs_with(tmp_path: path
     out = tmp_path / "rl.json"
     done = subprocess.run(
         [*ORCHESTR, "sim", "calibrate-rl", "--out", str(out), "--steps", "1"],
-        capture_output=True, text=True, timeout=180, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"wrote {out}: a generation step ")
     profile = json.loads(out.read_text())
@@ -171,6 +223,9 @@ def test_calibrate_rl_writes_the_roles_costs_a_scenario_runs_with(tmp_path: path
     assert metrics["mode"] == "stream" and metrics["steps"] == 2 and metrics["samples_per_s"] > 0
     again = subprocess.run(
         [*ORCHESTR, "sim", "calibrate-rl", "--out", str(out)],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert again.returncode == 2 and "exists (--force to replace it)" in again.stderr

@@ -16,6 +16,9 @@ def test_daemon_logs_rotate(tmp_path: pathlib.Path) -> None:
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["d.jsonl", "d.jsonl.1", "d.jsonl.2"]  # the oldest dropped
     assert all(p.stat().st_size <= 100 for p in tmp_path.iterdir())
-    lines = [json.loads(x)["n"] for f in ("d.jsonl.2", "d.jsonl.1", "d.jsonl")
-             for x in (tmp_path / f).read_text().splitlines()]  # fmt: skip
+    lines = [
+        json.loads(x)["n"]
+        for f in ("d.jsonl.2", "d.jsonl.1", "d.jsonl")
+        for x in (tmp_path / f).read_text().splitlines()
+    ]
     assert lines == list(range(6, 12))  # in order; only what rotated out of .2 is gone

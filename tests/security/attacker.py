@@ -196,6 +196,13 @@ def cmdline(args: dict[str, Any]) -> dict[str, Any]:
 
 if __name__ == "__main__":
     mode, raw = sys.argv[1], sys.argv[2]
-    modes = {"send": send, "hold": hold, "serve": serve, "peek": peek, "flood": flood,
-             "unix": unix, "cmdline": cmdline}  # fmt: skip
+    modes = {
+        "send": send,
+        "hold": hold,
+        "serve": serve,
+        "peek": peek,
+        "flood": flood,
+        "unix": unix,
+        "cmdline": cmdline,
+    }
     print(json.dumps(modes[mode](json.loads(raw))))

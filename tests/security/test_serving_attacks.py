@@ -62,8 +62,10 @@ async def test_bodies_of_16_mib_are_refused_while_health_answers(
             await prober
             assert [f["status"] for f in floods] == [413, 413, 413], floods
             # how long /health took meanwhile is reported, not asserted (a figure, not a rule)
-            print(f"/health during the floods: max {max(latencies) * 1e3:.1f} ms, "
-                  f"{len(latencies)} probes")  # fmt: skip
+            print(
+                f"/health during the floods: max {max(latencies) * 1e3:.1f} ms, "
+                f"{len(latencies)} probes"
+            )
             # no heartbeat was missed: the same worker serves, and the next request is served
             assert await pid_of(ctx, gen, 0) == pid and front.workers == ["Generator[0]"]
             r = await client.post(

@@ -133,9 +133,12 @@ class ModelConfig:
             )
         ints = {}
         for name in (
-            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
             "num_attention_heads",
-        ):  # fmt: skip
+        ):
             ints[name] = _positive_int(raw, name, where)
         heads = ints["num_attention_heads"]
         kv_heads = _positive_int(raw, "num_key_value_heads", where, default=heads)

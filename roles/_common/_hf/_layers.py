@@ -106,8 +106,10 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = (
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-        )  # fmt: skip
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         bias = cfg.qkv_bias
         self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)

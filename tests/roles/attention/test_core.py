@@ -44,9 +44,15 @@ def reference(
     causal=st.booleans(),
 )
 def test_shards_merged_by_lse_equal_monolithic_attention(
-    seed: int, kv_heads: int, group: int, dim: int, length: int, queries: int,
-    cuts: list[float], causal: bool,
-) -> None:  # fmt: skip
+    seed: int,
+    kv_heads: int,
+    group: int,
+    dim: int,
+    length: int,
+    queries: int,
+    cuts: list[float],
+    causal: bool,
+) -> None:
     gen = torch.Generator().manual_seed(seed)
     heads = kv_heads * group
     q = torch.randn(queries, heads, dim, generator=gen)

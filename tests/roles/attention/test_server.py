@@ -14,8 +14,8 @@ import torch
 import orchestr as oc
 from orchestr.roles import AttentionServer, Generator, Request, models
 from orchestr.roles.attention import Shard, attend, layer_spans, merge
-from orchestr.roles.generator._paged import PagedKV
-from orchestr.roles.generator._paged_engine import PagedEngine
+from orchestr.roles.generator._engines._paged import PagedEngine
+from orchestr.roles.generator._runner._paged import KVCache
 from tests.roles.generator.test_handoff import close
 from tests.roles.generator.test_kv_offload import folder, prompt
 from tests.roles.generator.test_paged_engine import drain
@@ -28,8 +28,11 @@ pytestmark = pytest.mark.timeout(240)
 def test_layer_spans_cover_a_layers_keys_then_values() -> None:
     # 4 planes (2 layers) of 10 blocks of 8 bytes: layer 1 is planes 1 and 3
     assert layer_spans([2, 3, 7], 1, (4, 80, 8)) == [
-        (96, 16, 0), (136, 8, 16), (256, 16, 24), (296, 8, 40),
-    ]  # fmt: skip
+        (96, 16, 0),
+        (136, 8, 16),
+        (256, 16, 24),
+        (296, 8, 40),
+    ]
 
 
 async def test_tasks_read_where_the_keys_live_and_are_rebatched(
@@ -38,7 +41,7 @@ async def test_tasks_read_where_the_keys_live_and_are_rebatched(
     servers = await ctx.spawn(AttentionServer, n=2, torch_threads=1)
     model = models.load_model(folder)
     cfg = model.config
-    kv = PagedKV(model, 16, 4)
+    kv = KVCache(model, 16, 4)
     gen = torch.Generator().manual_seed(0)
     for t in (*kv.keys, *kv.values):
         t.copy_(torch.randn(t.shape, generator=gen))
@@ -50,11 +53,18 @@ async def test_tasks_read_where_the_keys_live_and_are_rebatched(
 
     def task(lo: int, hi: int) -> dict:  # type: ignore[type-arg]
         return {
-            "q": q, "q_positions": [18], "source": pool, "layer": 1,
-            "blocks": blocks[lo // 4 : -(-hi // 4)], "tokens": [lo, hi], "layout": list(kv.layout),
-            "block_size": 4, "kv_heads": cfg.num_key_value_heads, "head_dim": dim,
+            "q": q,
+            "q_positions": [18],
+            "source": pool,
+            "layer": 1,
+            "blocks": blocks[lo // 4 : -(-hi // 4)],
+            "tokens": [lo, hi],
+            "layout": list(kv.layout),
+            "block_size": 4,
+            "kv_heads": cfg.num_key_value_heads,
+            "head_dim": dim,
             "dtype": "float32",
-        }  # fmt: skip
+        }
 
     answers = await asyncio.gather(
         servers[0].attend.call_one([task(0, 8), task(8, 12)], scale),
@@ -75,9 +85,12 @@ async def test_tasks_read_where_the_keys_live_and_are_rebatched(
 
     # a generator whose decodes past 40 tokens attend on the two servers
     remote = await ctx.spawn(
-        Generator, checkpoint=str(folder), torch_threads=1, attention_servers=servers,
-        attention_options={"min_tokens": 40}, kv={"num_blocks": 64, "block_size": 16},
-    )  # fmt: skip
+        Generator,
+        checkpoint=str(folder),
+        torch_threads=1,
+        attention={"servers": servers, "min_tokens": 40},
+        kv={"num_blocks": 64, "block_size": 16},
+    )
     reqs = [
         Request(f"r{i}", prompt(n, salt=i), 12, temperature=1.0, seed=i, top_logprobs=1)
         for i, n in enumerate((20, 33, 90))  # the first crosses 40 while decoding
@@ -92,6 +105,8 @@ async def test_tasks_read_where_the_keys_live_and_are_rebatched(
     assert offloaded["offloaded_decodes"] > 0
     with pytest.raises(oc.SpawnError, match="unknown attention option"):
         await ctx.spawn(
-            Generator, checkpoint=str(folder), attention_servers=servers,
-            attention_options={"min": 3}, name="bad",
-        )  # fmt: skip
+            Generator,
+            checkpoint=str(folder),
+            attention={"servers": servers, "min": 3},
+            name="bad",
+        )

@@ -35,9 +35,12 @@ def test_transformers_loads_the_export_with_the_models_logits(
     model = _trained(source)
     out = pathlib.Path(models.export_checkpoint(model, source, tmp_path / "out"))
     assert sorted(p.name for p in out.iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
         "tokenizer_config.json",
-    ]  # fmt: skip
+    ]
     assert {p.stat().st_mode & 0o777 for p in out.iterdir()} == {0o644}
     ref = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     tokens = torch.tensor([[1, 5, 9, 17, 33, 2, 7]])
@@ -55,8 +58,10 @@ def test_transformers_loads_the_export_with_the_models_logits(
     )
     # orchestr loads it back to the same weights
     again = models.load_model(out)
-    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(),
-                                                 model.state_dict().values(), strict=True))  # fmt: skip
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(again.state_dict().values(), model.state_dict().values(), strict=True)
+    )
 
 
 def test_a_model_of_another_checkpoint_or_a_full_folder_is_refused(tmp_path: pathlib.Path) -> None:

@@ -130,9 +130,16 @@ def test_experts_layouts_match_transformers(tmp_path: pathlib.Path) -> None:
 def test_rope_scaling_matches_transformers(tmp_path: pathlib.Path) -> None:
     for kind, extra in [
         ("linear", {"factor": 4.0}),
-        ("llama3", {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                    "original_max_position_embeddings": 64}),
-    ]:  # fmt: skip
+        (
+            "llama3",
+            {
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+    ]:
         folder = models.make_tiny("llama", tmp_path / kind, rope_theta=500000.0)
         config = json.loads((folder_path := pathlib.Path(folder) / "config.json").read_text())
         config["rope_scaling"] = {"rope_type": kind, **extra}

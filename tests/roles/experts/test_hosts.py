@@ -26,7 +26,7 @@ from orchestr.roles.experts import (
     packed_experts,
     run_experts,
 )
-from orchestr.roles.generator._paged_engine import PagedEngine
+from orchestr.roles.generator._engines._paged import PagedEngine
 from orchestr.roles.serving import openai_server
 from tests.roles.generator.test_handoff import close
 from tests.roles.generator.test_paged_engine import drain
@@ -84,9 +84,10 @@ def test_dispatch_and_combine_equal_the_layers_own_experts(
         assert not any(isinstance(m, torch.nn.Module) for m in modules.values())
     outputs = [run_experts(modules, x[s.rows], s.slot, s.experts, s.weights) for s in sends]
     assert torch.allclose(
-        combine(x, sends, outputs), moe.run_experts(x, experts, weights),
+        combine(x, sends, outputs),
+        moe.run_experts(x, experts, weights),
         atol=1e-5 if packed else 1e-6,
-    )  # fmt: skip
+    )
 
 
 def test_a_missing_expert_stops_a_send_before_any_expert_runs(model: models.CausalLM) -> None:
@@ -175,14 +176,18 @@ async def test_a_generator_with_expert_hosts_matches_the_model_in_one_process(
 
     # a generator serving a batch of mixed requests, against one engine holding it all
     gen = await ctx.spawn(
-        Generator, checkpoint=str(folder), torch_threads=1, expert_hosts=hosts,
+        Generator,
+        checkpoint=str(folder),
+        torch_threads=1,
+        experts={"hosts": hosts},
         kv={"num_blocks": 64, "block_size": 16, "micro_batches": 2},  # ping-pong
-    )  # fmt: skip
+    )
     requests = [
-        Request(f"r{i}", [(11 * j + i) % 380 + 5 for j in range(n)], 10, temperature=0.0,
-                top_logprobs=1)
+        Request(
+            f"r{i}", [(11 * j + i) % 380 + 5 for j in range(n)], 10, temperature=0.0, top_logprobs=1
+        )
         for i, n in enumerate((40, 7, 23, 64))
-    ]  # fmt: skip
+    ]
     got_c = await gen.generate.call_one(requests)
     alone = PagedEngine(models.load_model(folder), num_blocks=64, block_size=16, model_id="m")
     alone.submit(requests)
@@ -197,14 +202,20 @@ async def test_a_generator_with_expert_hosts_matches_the_model_in_one_process(
     # what a host refuses
     with pytest.raises(oc.ActorError, match="ExpertUnavailableError: .* no expert 7 of layer 0"):
         await hosts[0].forward.call_one(
-            0, torch.zeros(1, 64), torch.zeros(1, dtype=torch.int64),
-            torch.tensor([7]), torch.ones(1),
-        )  # fmt: skip
+            0,
+            torch.zeros(1, 64),
+            torch.zeros(1, dtype=torch.int64),
+            torch.tensor([7]),
+            torch.ones(1),
+        )
     with pytest.raises(oc.ActorError, match="ValueError: .* of one length"):
         await hosts[0].forward.call_one(
-            0, torch.zeros(1, 64), torch.zeros(2, dtype=torch.int64),
-            torch.tensor([1]), torch.ones(1),
-        )  # fmt: skip
+            0,
+            torch.zeros(1, 64),
+            torch.zeros(2, dtype=torch.int64),
+            torch.tensor([1]),
+            torch.ones(1),
+        )
     with pytest.raises(oc.ActorError, match="ConfigError: .*no expert 9"):
         await hosts[0].load.call_one({0: [9]})
     assert await hosts[0].drop.call_one({0: [0]}) == {0: [1, 2, 3], 1: [0, 1, 2, 3]}
@@ -227,9 +238,12 @@ async def test_attention_and_experts_apart_behind_the_front_door(
             alive = [a for a in await ctx.actors() if a.name == "experts" and a.state == "alive"]
             assert len(alive) == hosts
             r = await client.completions.create(
-                model=name, prompt=[[5, 9, 14, 200, 7, 31, 8]], max_tokens=6,
-                extra_body={"ignore_eos": True}, temperature=0.0,
-            )  # fmt: skip
+                model=name,
+                prompt=[[5, 9, 14, 200, 7, 31, 8]],
+                max_tokens=6,
+                extra_body={"ignore_eos": True},
+                temperature=0.0,
+            )
         alone = PagedEngine(models.load_model(model), num_blocks=64, block_size=16, model_id="m")
         alone.submit([Request("a", [5, 9, 14, 200, 7, 31, 8], 6, temperature=0.0, ignore_eos=True)])
         assert r.choices[0].text == models.Tokenizer(model).decode(drain(alone)["a"].tokens)
@@ -281,9 +295,13 @@ async def test_a_dense_models_ffn_on_hosts_in_slices(
         oc.ActorError, match="ValueError: the caller cuts layer 0 into 2 FFN shards"
     ):
         await hosts[0].forward.call_one(
-            0, torch.zeros(1, 64), torch.zeros(1, dtype=torch.int64),
-            torch.tensor([0]), torch.ones(1), 2,
-        )  # fmt: skip
+            0,
+            torch.zeros(1, 64),
+            torch.zeros(1, dtype=torch.int64),
+            torch.tensor([0]),
+            torch.ones(1),
+            2,
+        )
     with pytest.raises(oc.ConfigError, match="router_bias has one value per expert of a MoE"):
         attach_experts(models.load_model(dense), hosts, router_bias=[0.0])
 

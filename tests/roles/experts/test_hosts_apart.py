@@ -12,7 +12,7 @@ import pytest
 
 import orchestr as oc
 from orchestr.roles import AttentionServer, ExpertHost, Generator, Request, models
-from orchestr.roles.generator._paged_engine import PagedEngine
+from orchestr.roles.generator._engines._paged import PagedEngine
 from tests.roles.generator.test_handoff import close
 from tests.roles.generator.test_paged_engine import drain
 from tests.runtime.cluster.test_cross_host import two_hosts
@@ -32,17 +32,27 @@ async def test_experts_and_attention_on_another_host(
     )
     servers = await two_hosts.spawn(AttentionServer, labels={"host": "b"}, torch_threads=1)
     gen = await two_hosts.spawn(
-        Generator, labels={"host": "a"}, checkpoint=folder, torch_threads=1,
-        expert_hosts=hosts, attention_servers=servers, attention_options={"min_tokens": 40},
+        Generator,
+        labels={"host": "a"},
+        checkpoint=folder,
+        torch_threads=1,
+        experts={"hosts": hosts},
+        attention={"servers": servers, "min_tokens": 40},
         kv={"num_blocks": 64, "block_size": 16},
-    )  # fmt: skip
+    )
     placed = {a.name: a.node_id for a in await two_hosts.actors()}
     assert placed[hosts.name] == placed[servers.name] != placed[gen.name]
     requests = [
-        Request(f"r{i}", [(11 * j + i) % 380 + 5 for j in range(n)], 10, temperature=1.0,
-                seed=i, top_logprobs=1)
+        Request(
+            f"r{i}",
+            [(11 * j + i) % 380 + 5 for j in range(n)],
+            10,
+            temperature=1.0,
+            seed=i,
+            top_logprobs=1,
+        )
         for i, n in enumerate((45, 7, 23))  # the first decodes past 40 tokens from the start
-    ]  # fmt: skip
+    ]
     got = await gen.generate.call_one(requests)
     alone = PagedEngine(models.load_model(folder), num_blocks=64, block_size=16, model_id="m")
     alone.submit(requests)

@@ -16,7 +16,7 @@ import pytest
 import orchestr as oc
 from orchestr.roles import Completion, ExpertHost, Generator, Request, models
 from orchestr.roles.experts import rebalance_serving
-from orchestr.roles.generator._paged_engine import PagedEngine
+from orchestr.roles.generator._engines._paged import PagedEngine
 from tests.roles.experts.test_hosts import folder
 from tests.roles.generator.test_handoff import close
 from tests.roles.generator.test_paged_engine import drain, scrape, series
@@ -31,10 +31,15 @@ ALL = {0: list(range(8)), 1: list(range(8))}
 
 def requests(n: int, tokens: int, salt: int = 0) -> list[Request]:
     return [
-        Request(f"r{salt}-{i}", [(13 * j + 5 * i + salt) % 380 + 5 for j in range(9 + 7 * i)],
-                tokens, temperature=0.0, ignore_eos=True)
+        Request(
+            f"r{salt}-{i}",
+            [(13 * j + 5 * i + salt) % 380 + 5 for j in range(9 + 7 * i)],
+            tokens,
+            temperature=0.0,
+            ignore_eos=True,
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def reference(folder: pathlib.Path, reqs: list[Request]) -> dict[str, Completion]:
@@ -45,11 +50,18 @@ def reference(folder: pathlib.Path, reqs: list[Request]) -> dict[str, Completion
     return drain(alone)
 
 
-async def generator(ctx: oc.JobContext, folder: pathlib.Path, hosts: oc.Mesh, **kw: Any) -> oc.Mesh:
+async def generator(
+    ctx: oc.JobContext, folder: pathlib.Path, hosts: oc.Mesh, options: Any = None, **kw: Any
+) -> oc.Mesh:
     return await ctx.spawn(
-        Generator, checkpoint=str(folder), torch_threads=1, expert_hosts=hosts,
-        kv={"num_blocks": 96, "block_size": 16}, supervise="handle", **kw,
-    )  # fmt: skip
+        Generator,
+        checkpoint=str(folder),
+        torch_threads=1,
+        experts={"hosts": hosts, **(options or {})},
+        kv={"num_blocks": 96, "block_size": 16},
+        supervise="handle",
+        **kw,
+    )
 
 
 async def streamed(
@@ -147,9 +159,7 @@ async def test_an_expert_without_replicas_fails_or_waits_for_a_host(
     )
     strict, patient = await asyncio.gather(
         generator(ctx, folder, hosts, name="strict"),
-        generator(
-            ctx, folder, hosts, name="patient", expert_options={"on_lost": "wait", "poll_s": 0.1}
-        ),
+        generator(ctx, folder, hosts, name="patient", options={"on_lost": "wait", "poll_s": 0.1}),
     )
     reqs = requests(2, 8, salt=3)
     await asyncio.gather(strict.generate.call_one(reqs), patient.generate.call_one(reqs))
@@ -170,9 +180,13 @@ async def test_a_restarted_host_comes_back_with_its_experts(
     ctx: oc.JobContext, folder: pathlib.Path
 ) -> None:
     hosts = await ctx.spawn(
-        ExpertHost, str(folder), n=2, placement=HALVES, torch_threads=1,
+        ExpertHost,
+        str(folder),
+        n=2,
+        placement=HALVES,
+        torch_threads=1,
         restart=oc.RestartPolicy(max_restarts=1, backoff_s=0.2),
-    )  # fmt: skip
+    )
     gen = await generator(ctx, folder, hosts)
     await hosts[0].drop.call_one({1: [3]})
     await hosts[1].load.call_one({1: [3]})

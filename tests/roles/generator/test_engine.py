@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import orchestr as oc
+from orchestr.roles.generator import RecomputeEngine
 from orchestr.roles.generator._actor import Generator
-from orchestr.roles.generator._engine import Engine
-from orchestr.roles.generator._types import Completion, Request
+from orchestr.roles.generator._core._types import Completion, Request
 from tests.roles.engine_actors import tiny_lm
 
 FACTORY = "tests.roles.engine_actors:tiny_lm"
@@ -38,7 +38,7 @@ def fake_clock() -> Callable[[], float]:
     return lambda: float(next(ticks))
 
 
-def run(engine: Engine) -> list[tuple[int, Completion]]:
+def run(engine: RecomputeEngine) -> list[tuple[int, Completion]]:
     """Step until idle; (step number from 1, completion) in finishing order."""
     out: list[tuple[int, Completion]] = []
     for n in itertools.count(1):
@@ -64,7 +64,7 @@ def assert_logprobs(m: torch.nn.Module, c: Completion, span: slice = slice(None)
 
 # -- scheduling --------------------------------------------------------------------------------
 def test_requests_join_and_leave_the_batch_every_step() -> None:
-    e = Engine(model(), max_batch=2, clock=fake_clock())
+    e = RecomputeEngine(model(), max_batch=2, clock=fake_clock())
     e.submit([Request("a", [1], 3), Request("b", [2, 3], 1), Request("c", [4], 2)])
     assert [c.id for c in e.step()] == ["b"]  # b leaves at once...
     assert e.request_ids() == ["a", "c"]  # ...and c takes its slot at the next step
@@ -77,7 +77,7 @@ def test_requests_join_and_leave_the_batch_every_step() -> None:
 
 
 def test_waiting_requests_are_admitted_as_others_finish_and_do_not_wait_for_a_long_one() -> None:
-    e = Engine(model(), max_batch=2, clock=fake_clock())
+    e = RecomputeEngine(model(), max_batch=2, clock=fake_clock())
     e.submit([Request("long", [1], 20)] + [Request(f"s{i}", [2], 2) for i in range(5)])
     done = run(e)
     assert [c.id for _, c in done] == ["s0", "s1", "s2", "s3", "s4", "long"]
@@ -91,21 +91,21 @@ def test_waiting_requests_are_admitted_as_others_finish_and_do_not_wait_for_a_lo
 
 
 def test_stop_token_ends_a_completion_and_is_kept() -> None:
-    greedy = Engine(model())
+    greedy = RecomputeEngine(model())
     greedy.submit([Request("g", [1, 2], 8, temperature=0)])
     tokens = run(greedy)[0][1].tokens
     stop = tokens[2]
-    e = Engine(model())
+    e = RecomputeEngine(model())
     e.submit([Request("g", [1, 2], 8, temperature=0, stop_token=stop)])
     c = run(e)[0][1]
     assert c.finish_reason == "stop" and c.tokens == tokens[: tokens.index(stop) + 1]
-    e = Engine(model(), eos_id=stop)  # the engine's eos applies when a request names none
+    e = RecomputeEngine(model(), eos_id=stop)  # the engine's eos applies when a request names none
     e.submit([Request("g", [1, 2], 8, temperature=0)])
     assert run(e)[0][1].tokens == c.tokens
 
 
 def test_cancel_returns_what_was_generated() -> None:
-    e = Engine(model(), max_batch=1)
+    e = RecomputeEngine(model(), max_batch=1)
     e.submit([Request("run", [1], 10), Request("wait", [1], 10)])
     e.step()
     e.step()
@@ -119,7 +119,7 @@ def test_cancel_returns_what_was_generated() -> None:
 # -- what is recorded --------------------------------------------------------------------------
 def test_recorded_logprobs_equal_a_separate_forward_pass() -> None:
     m = model()
-    e = Engine(m, max_batch=3)
+    e = RecomputeEngine(m, max_batch=3)
     temps = [1.0, 0.7, 0.0, 1.5, 1.0, 0.0]
     e.submit(
         [
@@ -144,21 +144,23 @@ def test_recorded_logprobs_equal_a_separate_forward_pass() -> None:
 
 
 def test_a_requests_tokens_do_not_depend_on_its_batch() -> None:
-    alone = Engine(model())
+    alone = RecomputeEngine(model())
     alone.submit([Request("x", [3, 1, 4], 24, seed=7)])
     ((_, x_alone),) = run(alone)
-    crowd = Engine(model(), max_batch=4)
+    crowd = RecomputeEngine(model(), max_batch=4)
     others = [Request(f"o{i}", [5] * (1 + 7 * i), 3 + 5 * i) for i in range(7)]
     crowd.submit([*others[:3], Request("x", [3, 1, 4], 24, seed=7), *others[3:]])
     x_crowd = next(c for _, c in run(crowd) if c.id == "x")
     assert x_crowd.tokens == x_alone.tokens
     assert max(abs(a - b) for a, b in zip(x_crowd.logprobs, x_alone.logprobs, strict=True)) < 1e-5
-    other = Engine(model())
+    other = RecomputeEngine(model())
     other.submit([Request("x", [3, 1, 4], 24, seed=8)])
     assert run(other)[0][1].tokens != x_alone.tokens
-    by_id = Engine(model(), seed=3)  # no seed: one from the engine's seed and the request id
+    by_id = RecomputeEngine(
+        model(), seed=3
+    )  # no seed: one from the engine's seed and the request id
     by_id.submit([Request("y", [3], 24)])
-    again = Engine(model(), seed=3)
+    again = RecomputeEngine(model(), seed=3)
     again.submit([Request("y", [3], 24)])
     assert run(by_id)[0][1].tokens == run(again)[0][1].tokens
 
@@ -166,7 +168,7 @@ def test_a_requests_tokens_do_not_depend_on_its_batch() -> None:
 def test_pause_load_resume_records_the_version_of_every_token() -> None:
     old, new = model(0), model(1)
     m = model(0)
-    e = Engine(m, max_batch=4)
+    e = RecomputeEngine(m, max_batch=4)
     e.submit([Request("r", [1, 2], 10, seed=1)])
     for _ in range(4):
         assert e.step() == []
@@ -205,18 +207,30 @@ def test_pause_load_resume_records_the_version_of_every_token() -> None:
         (Request("", [1], 4), "string of 1 to 256 characters"),
         (Request("l", [1] * 500, 20), "exceeds the model's max_seq_len 512"),
         # every field at values no kernel type holds, or that are not numbers at all
-        *((Request("k", [1], 4, top_k=k), "top_k must be an int from 0")
-          for k in (2**63, 2**64, -(2**63), 10**30, -1, True, 1.5)),
-        *((Request("t", [1], 4, temperature=t), "temperature must be >= 0 and finite")
-          for t in (math.nan, math.inf, -math.inf, 10**400, -(2**63), "1")),
-        *((Request("p", [1], 4, top_p=p), r"top_p must be in \(0, 1\]")
-          for p in (math.nan, math.inf, 0.0, 2**64, -1.0)),
-        *((Request("m", [1], m), "max_new_tokens must be an int from 1 to 2\\*\\*31-1")
-          for m in (2**31, 2**63, 2**64, -(2**63), 4.0)),
-        *((Request("x", [1], 4, seed=x), "seed must be a 64-bit integer")
-          for x in (2**64, -(2**63) - 1, 10**30, 1.5, True)),
-        *((Request("n", [1], 4, top_logprobs=n), "top_logprobs must be an int in")
-          for n in (21, 2**63, -1)),
+        *(
+            (Request("k", [1], 4, top_k=k), "top_k must be an int from 0")
+            for k in (2**63, 2**64, -(2**63), 10**30, -1, True, 1.5)
+        ),
+        *(
+            (Request("t", [1], 4, temperature=t), "temperature must be >= 0 and finite")
+            for t in (math.nan, math.inf, -math.inf, 10**400, -(2**63), "1")
+        ),
+        *(
+            (Request("p", [1], 4, top_p=p), r"top_p must be in \(0, 1\]")
+            for p in (math.nan, math.inf, 0.0, 2**64, -1.0)
+        ),
+        *(
+            (Request("m", [1], m), "max_new_tokens must be an int from 1 to 2\\*\\*31-1")
+            for m in (2**31, 2**63, 2**64, -(2**63), 4.0)
+        ),
+        *(
+            (Request("x", [1], 4, seed=x), "seed must be a 64-bit integer")
+            for x in (2**64, -(2**63) - 1, 10**30, 1.5, True)
+        ),
+        *(
+            (Request("n", [1], 4, top_logprobs=n), "top_logprobs must be an int in")
+            for n in (21, 2**63, -1)
+        ),
         (Request("v2", [1, 2**63], 4), "outside the vocabulary"),
         (Request("v3", [1, -(2**63)], 4), "outside the vocabulary"),
         (Request("s2", [1], 4, stop_token=2**64), "outside the vocabulary"),
@@ -227,16 +241,16 @@ def test_pause_load_resume_records_the_version_of_every_token() -> None:
         (Request("st", [1], 4, stop=["x"] * 17), "at most 16 stop strings"),
         (Request("sl", [1], 4, stop=["x" * 257]), "stop strings must have 1 to 256 characters"),
     ],
-)  # fmt: skip
+)
 def test_bad_requests_are_refused_and_none_is_queued(request_: Request, message: str) -> None:
-    e = Engine(model())
+    e = RecomputeEngine(model())
     with pytest.raises(ValueError, match=message):
         e.submit([Request("ok", [1], 4), request_])
     assert e.request_ids() == []
 
 
 def test_the_choices_of_one_request_hold_one_list_of_stop_strings() -> None:
-    from orchestr.roles.generator._requests import Intake
+    from orchestr.roles.generator._engines._requests import Intake
 
     intake = Intake(vocab=32, max_len=64, eos=frozenset(), seed=0, detokenize=str)
     stops = ["x" * 256] * 16
@@ -246,7 +260,7 @@ def test_the_choices_of_one_request_hold_one_list_of_stop_strings() -> None:
 
 
 def test_duplicate_and_unknown_ids() -> None:
-    e = Engine(model())
+    e = RecomputeEngine(model())
     e.submit([Request("a", [1], 2)])
     with pytest.raises(ValueError, match="'a' is already waiting or running"):
         e.submit([Request("a", [1], 2)])
@@ -260,7 +274,7 @@ def test_duplicate_and_unknown_ids() -> None:
 
 def test_weights_that_do_not_fit_change_nothing() -> None:
     m = model()
-    e = Engine(m, version=3)
+    e = RecomputeEngine(m, version=3)
     before = {k: v.clone() for k, v in m.state_dict().items()}
     state = model(1).state_dict()
     with pytest.raises(ValueError, match="version 2 is older than the loaded 3"):
@@ -279,7 +293,7 @@ def test_a_model_with_the_wrong_output_is_named() -> None:
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
             return tokens.float()
 
-    e = Engine(Flat(), vocab_size=8)
+    e = RecomputeEngine(Flat(), vocab_size=8)
     e.submit([Request("a", [1], 2)])
     with pytest.raises(TypeError, match=r"returned \(1, 1\); it must return logits"):
         e.step()

@@ -11,10 +11,10 @@ import pytest
 import orchestr as oc
 from orchestr.roles import models
 from orchestr.roles._common._backend import choose_backend
-from orchestr.roles.generator._build import build_engine
-from orchestr.roles.generator._engine import Engine
-from orchestr.roles.generator._paged_engine import PagedEngine
-from orchestr.roles.generator._vllm_engine import VllmEngine
+from orchestr.roles.generator import Engine, KVOptions, PagedKV, RecomputeEngine
+from orchestr.roles.generator._engines._build import build_engine
+from orchestr.roles.generator._engines._paged import PagedEngine
+from orchestr.roles.generator._engines._vllm import VllmEngine
 
 
 @pytest.fixture(scope="module")
@@ -24,20 +24,42 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 def build(**options: object) -> object:
     args: dict[str, object] = {
-        "engine": None, "checkpoint": None, "kv": None, "vllm": None, "model_kwargs": None,
-        "version": 0, "eos_id": None, "pad_id": None, "max_seq_len": None, "vocab_size": None,
-    }  # fmt: skip
+        "engine": None,
+        "checkpoint": None,
+        "kv": None,
+        "vllm": None,
+        "model_kwargs": None,
+        "version": 0,
+        "eos_id": None,
+        "pad_id": None,
+        "max_seq_len": None,
+        "vocab_size": None,
+    }
     args.update(options)
     return build_engine(choose_backend("cpu"), "orchestr.roles:TinyLM", 0, 4, **args)[1]
 
 
 def test_the_engine_follows_the_model_unless_named(folder: pathlib.Path) -> None:
-    assert isinstance(build(), Engine)
+    assert isinstance(build(), RecomputeEngine)
     assert isinstance(build(checkpoint=str(folder)), PagedEngine)
     assert isinstance(
-        build(engine="paged", checkpoint=str(folder), kv={"num_blocks": 8}), PagedEngine
+        build(engine="paged", checkpoint=str(folder), kv=KVOptions(num_blocks=8)), PagedEngine
     )
-    assert isinstance(build(engine="recompute"), Engine)
+    assert isinstance(build(engine="recompute"), RecomputeEngine)
+
+
+def test_every_engine_keeps_the_contract_and_only_the_paged_one_lends_its_blocks(
+    folder: pathlib.Path,
+) -> None:
+    recompute, paged = build(), build(checkpoint=str(folder))
+    assert isinstance(recompute, Engine) and not isinstance(recompute, PagedKV)
+    assert isinstance(paged, Engine) and isinstance(paged, PagedKV)
+    for name in dir(PagedKV):  # nothing of the contract is left for a subclass to add
+        if not name.startswith("_"):
+            assert hasattr(PagedEngine, name), name
+    for name in dir(Engine):
+        if not name.startswith("_"):
+            assert hasattr(RecomputeEngine, name) and hasattr(VllmEngine, name), name
 
 
 @pytest.mark.parametrize(
@@ -47,8 +69,8 @@ def test_the_engine_follows_the_model_unless_named(folder: pathlib.Path) -> None
         ({"engine": "paged"}, "engine='paged' runs a checkpoint; give checkpoint=DIR"),
         ({"engine": "vllm"}, "engine='vllm' runs a checkpoint; give checkpoint=DIR"),
         ({"engine": "recompute", "checkpoint": "X"}, "drop checkpoint="),
-        ({"kv": {"num_blocks": 8}}, "kv options apply to a checkpoint's paged engine"),
-        ({"engine": "vllm", "checkpoint": "X", "kv": {"num_blocks": 8}}, "kv options apply"),
+        ({"kv": KVOptions(num_blocks=8)}, "kv options apply to a checkpoint's paged engine"),
+        ({"engine": "vllm", "checkpoint": "X", "kv": KVOptions(num_blocks=8)}, "kv options apply"),
         ({"checkpoint": "X", "vllm": {"block_size": 32}}, "vllm options apply to engine='vllm'"),
     ],
 )

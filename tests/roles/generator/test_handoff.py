@@ -17,9 +17,18 @@ import pytest
 import torch
 
 import orchestr as oc
-from orchestr.roles import Completion, Generator, Request, kv_block_bytes, models
-from orchestr.roles.generator._paged_engine import PagedEngine
-from orchestr.roles.generator._spans import block_spans
+from orchestr.roles import (
+    Completion,
+    Generator,
+    Handoff,
+    HandoffOptions,
+    Request,
+    kv_block_bytes,
+    models,
+)
+from orchestr.roles.generator._core._types import as_handoff
+from orchestr.roles.generator._engines._paged import PagedEngine
+from orchestr.roles.generator._runner._spans import block_spans
 from tests.roles.generator.test_kv_offload import folder, prompt
 from tests.roles.generator.test_paged_engine import drain
 
@@ -42,8 +51,11 @@ def close(a: Completion, b: Completion) -> None:
 def test_block_spans_merge_runs_of_consecutive_blocks() -> None:
     # 2 planes of 10 rows of 4 bytes: blocks 3,4,5 are one run, 8 another
     assert block_spans([3, 4, 5, 8], 2, 40, 4) == [
-        (12, 12, 0), (32, 4, 12), (52, 12, 16), (72, 4, 28),
-    ]  # fmt: skip
+        (12, 12, 0),
+        (32, 4, 12),
+        (52, 12, 16),
+        (72, 4, 28),
+    ]
     assert block_spans([], 2, 40, 4) == []
 
 
@@ -103,14 +115,19 @@ async def spawn(
     ctx: oc.JobContext, folder: pathlib.Path, name: str, kv: dict[str, Any] | None = None, **kw: Any
 ) -> oc.Mesh:
     return await ctx.spawn(
-        Generator, name=name, checkpoint=str(folder), torch_threads=1, supervise="handle",
-        kv={"num_blocks": 64, "block_size": BLOCK, **(kv or {})}, **kw,
-    )  # fmt: skip
+        Generator,
+        name=name,
+        checkpoint=str(folder),
+        torch_threads=1,
+        supervise="handle",
+        kv={"num_blocks": 64, "block_size": BLOCK, **(kv or {})},
+        **kw,
+    )
 
 
-async def handoff(pre: oc.Mesh, request: Request, hold_s: float = 10.0) -> dict[str, Any]:
-    h: dict[str, Any] = await pre.prefill.call_one(request, hold_s=hold_s)
-    return {**h, "source": pre}
+async def handoff(pre: oc.Mesh, request: Request, hold_s: float = 10.0) -> Handoff:
+    h: Handoff = await pre.prefill.call_one(request, hold_s=hold_s)
+    return h.sent_from(pre)
 
 
 async def usage(gen: oc.Mesh) -> float:
@@ -130,7 +147,7 @@ async def test_a_decode_generator_continues_what_a_prefill_generator_computed(
     second = Request("b", shared + prompt(57, salt=4), 10, temperature=0.0)
     for r in (first, second):
         h = await handoff(pre, r)
-        assert h["tokens"] == (len(r.prompt) - 1) // BLOCK * BLOCK and h["lease"] > 0
+        assert h.tokens == (len(r.prompt) - 1) // BLOCK * BLOCK and h.lease > 0
         (got,) = await dec.generate.call_one([r], kv_from={r.id: h})
         (want,) = await alone.generate.call_one([r])
         close(got, want)
@@ -151,7 +168,7 @@ async def test_a_lease_nobody_reads_expires_and_a_late_reader_recomputes(
     pre, dec, strict = await asyncio.gather(
         spawn(ctx, folder, "prefill"),
         spawn(ctx, folder, "decode"),
-        spawn(ctx, folder, "strict", on_handoff_failure="fail"),
+        spawn(ctx, folder, "strict", handoff={"on_failure": "fail"}),
     )
     r = Request("late", prompt(120), 6, temperature=0.0)
     h = await handoff(pre, r, hold_s=0.05)
@@ -186,7 +203,7 @@ async def test_a_prefill_generator_killed_before_the_read(
     pre, dec, strict = await asyncio.gather(
         spawn(ctx, folder, "prefill"),
         spawn(ctx, folder, "decode"),
-        spawn(ctx, folder, "strict", on_handoff_failure="fail"),
+        spawn(ctx, folder, "strict", handoff={"on_failure": "fail"}),
     )
     r = Request("k", prompt(90), 5, temperature=0.0)
     h = await handoff(pre, r)
@@ -208,11 +225,37 @@ async def test_bad_handoffs_are_refused_clearly(ctx: oc.JobContext, folder: path
         await dec.generate.call_one([r], kv_from={"other": {}})
     with pytest.raises(oc.ActorError, match="hold_s must be positive"):
         await dec.prefill.call_one(r, hold_s=0)
-    with pytest.raises(oc.ConfigError, match="on_handoff_failure is one of"):
-        Generator(checkpoint=str(folder), on_handoff_failure="retry")
-    with pytest.raises(oc.ConfigError, match="kv_read is one of direct, staged, got 'copy'"):
-        Generator(checkpoint=str(folder), kv_read="copy")
+    with pytest.raises(oc.ConfigError, match="handoff on_failure is one of recompute, fail"):
+        Generator(checkpoint=str(folder), handoff=HandoffOptions(on_failure="retry"))
+    with pytest.raises(oc.ConfigError, match="handoff read is one of direct, staged, got 'copy'"):
+        Generator(checkpoint=str(folder), handoff={"read": "copy"})
+    with pytest.raises(oc.ConfigError, match=r"unknown handoff option\(s\) \['policy'\]"):
+        Generator(checkpoint=str(folder), handoff={"policy": "fail"})
     toy = await ctx.spawn(Generator, name="toy")
     with pytest.raises(oc.ActorError, match="prefill hands off KV blocks of the paged engine"):
         await toy.prefill.call_one(Request("t", [1, 2, 3], 2))
     assert await usage(dec) == 0.0
+
+
+def test_a_handoff_as_a_dict_still_reads_for_one_release_with_a_warning() -> None:
+    h = Handoff(3, None, [5, 6], [b"a", b"b"], 4, 4096, 64, 32, 10.0, 2, source="prefill[0]")
+    old = {
+        "lease": 3,
+        "buffer": None,
+        "blocks": [5, 6],
+        "keys": [b"a", b"b"],
+        "planes": 4,
+        "plane_bytes": 4096,
+        "row_bytes": 64,
+        "tokens": 32,
+        "ttl": 10.0,
+        "version": 2,
+        "source": "prefill[0]",
+    }
+    with pytest.warns(DeprecationWarning, match=r"handoff.sent_from\(mesh\)"):
+        assert as_handoff(old) == h
+    assert as_handoff(h) is h
+    with pytest.raises(ValueError, match=r"lacks \['lease'\] or has unknown \['leased'\]"):
+        as_handoff({**{k: v for k, v in old.items() if k != "lease"}, "leased": 3})
+    with pytest.raises(TypeError, match="a handoff is a Handoff"):
+        as_handoff([3])

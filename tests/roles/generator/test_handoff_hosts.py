@@ -27,14 +27,18 @@ async def test_a_prompt_prefilled_on_one_host_decodes_on_another(
 
     async def spawn(name: str, host: str) -> oc.Mesh:
         return await two_hosts.spawn(
-            Generator, name=name, labels={"host": host}, checkpoint=str(folder),
-            torch_threads=1, kv={"num_blocks": 64, "block_size": BLOCK, "token_budget": 32},
-        )  # fmt: skip
+            Generator,
+            name=name,
+            labels={"host": host},
+            checkpoint=str(folder),
+            torch_threads=1,
+            kv={"num_blocks": 64, "block_size": BLOCK, "token_budget": 32},
+        )
 
     pre, dec = await spawn("prefill", "b"), await spawn("decode", "a")
     r = Request("x", prompt(150), 12, temperature=1.0, seed=11)
     handoff = await pre.prefill.call_one(r)
-    (got,) = await dec.generate.call_one([r], kv_from={r.id: {**handoff, "source": pre}})
+    (got,) = await dec.generate.call_one([r], kv_from={r.id: handoff.sent_from(pre)})
     (want,) = await pre.generate.call_one([r])
     close(got, want)
     stats = await dec.stats.call_one()
@@ -43,7 +47,7 @@ async def test_a_prompt_prefilled_on_one_host_decodes_on_another(
     # streamed: read over tcp layer by layer as the prompt is computed, 32 tokens a step
     s = Request("y", prompt(150, salt=5), 12, temperature=0.0)
     handoff = await pre.prefill.call_one(s, stream=True)
-    (got,) = await dec.generate.call_one([s], kv_from={s.id: {**handoff, "source": pre}})
+    (got,) = await dec.generate.call_one([s], kv_from={s.id: handoff.sent_from(pre)})
     (want,) = await pre.generate.call_one([s])
     close(got, want)
     stats = await dec.stats.call_one()

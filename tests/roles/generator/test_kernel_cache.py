@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestr.roles.generator._kernels import (
+from orchestr.roles.generator._runner._kernels import (
     LOCK_FILE,
     TORCH_LOCK_FILE,
     _claim,
@@ -53,7 +53,7 @@ __attribute__((constructor)) static void planted(void) {
 """
 CHILD = """
 import sys
-from orchestr.roles.generator import _kernels
+from orchestr.roles.generator._runner import _kernels
 _kernels.LOCK_WAIT_S = float(sys.argv[1])
 print(repr(_kernels.kernel_status()))
 """
@@ -153,8 +153,13 @@ def test_a_folder_another_user_made_in_a_shared_root_is_not_loaded_from(
     # there before this user's first build: as the folder itself, or as a link to its own
     name, marker = folder_name(), tmp_path / "marker"
     target = name if planted_as == "folder" else "decoy"
-    as_nobody('mkdir "$1/$2" && cat > "$1/$2/$3.so"', str(shared_root), target, name,
-              stdin=planted_library)  # fmt: skip
+    as_nobody(
+        'mkdir "$1/$2" && cat > "$1/$2/$3.so"',
+        str(shared_root),
+        target,
+        name,
+        stdin=planted_library,
+    )
     if planted_as == "link":
         as_nobody('ln -s decoy "$1/$2"', str(shared_root), name)
     assert (shared_root / name / f"{name}.so").is_file()  # as a build would have left it
@@ -254,16 +259,19 @@ def test_a_build_lock_a_live_process_holds_is_waited_on_until_the_deadline(
     folder = root / folder_name()
     plant(folder, planted_library)
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import fcntl, os, sys, time\n"
-         "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\n"
-         "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-         "print('held', flush=True)\n"
-         "time.sleep(600)\n",
-         str(folder / LOCK_FILE)],
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\n"
+            "time.sleep(600)\n",
+            str(folder / LOCK_FILE),
+        ],
         stdout=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         marker = tmp_path / "marker"

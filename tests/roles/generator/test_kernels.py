@@ -18,13 +18,13 @@ import torch.nn.functional as F
 
 from orchestr.roles import models
 from orchestr.roles._common._hf._layers import Attention, RMSNorm, Rotary
-from orchestr.roles.generator._kernels import (
+from orchestr.roles.generator._runner._kernels import (
     DecodeAttention,
     Kernels,
     kernel_status,
     kernels,
 )
-from orchestr.roles.generator._paged import PagedRunner
+from orchestr.roles.generator._runner._paged import PagedRunner
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +56,9 @@ def case(
     return q, k, v, tables, torch.tensor(lengths, dtype=torch.int64)
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor,
-              lengths: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
     out = []
     kv_heads, dim = k.shape[2:]
     for i, length in enumerate(lengths.tolist()):
@@ -142,14 +143,14 @@ def test_bad_tables_and_tensors_are_refused_before_anything_is_read(
 def test_turned_off_the_engine_attends_with_torch_and_says_why(tmp_path: pathlib.Path) -> None:
     code = (
         "from orchestr.roles import models\n"
-        "from orchestr.roles.generator._kernels import kernel_status\n"
-        "from orchestr.roles.generator._paged import PagedKV, PagedRunner\n"
+        "from orchestr.roles.generator._runner._kernels import kernel_status\n"
+        "from orchestr.roles.generator._runner._paged import KVCache, PagedRunner\n"
         "import sys\n"
         "model = models.load_model(models.make_tiny('llama', sys.argv[1]))\n"
-        "runner = PagedRunner(model, PagedKV(model, 8, 4))\n"
+        "runner = PagedRunner(model, KVCache(model, 8, 4))\n"
         "print(kernel_status(), runner.ops)\n"
         "try:\n"
-        "    PagedRunner(model, PagedKV(model, 8, 4), attention='kernel')\n"
+        "    PagedRunner(model, KVCache(model, 8, 4), attention='kernel')\n"
         "except ValueError as exc:\n"
         "    print(exc)\n"
     )

@@ -23,9 +23,9 @@ from orchestr.roles import (
     kv_block_bytes,
     models,
 )
-from orchestr.roles.generator._blocks import BlockPool, BlockStored, hash_block
-from orchestr.roles.generator._paged_engine import PagedEngine
-from orchestr.roles.generator._scheduler import Scheduler
+from orchestr.roles.generator._core._blocks import BlockPool, BlockStored, hash_block
+from orchestr.roles.generator._core._scheduler import Scheduler
+from orchestr.roles.generator._engines._paged import PagedEngine
 from orchestr.roles.kvstore import KVWriter
 from orchestr.roles.serving import FrontDoor, Load
 from tests.roles.generator.test_paged_engine import drain
@@ -102,10 +102,13 @@ async def test_a_second_generator_onboards_a_prefix_the_first_computed(
     size = kv_block_bytes(str(folder), BLOCK)
     store = await ctx.spawn(KVStore, size, 64)
     gens = await ctx.spawn(
-        Generator, n=2, checkpoint=str(folder), torch_threads=1,
+        Generator,
+        n=2,
+        checkpoint=str(folder),
+        torch_threads=1,
         kv_store=KVWriter(store, "the deployment's key"),
         kv={"block_size": BLOCK, "num_blocks": 64},
-    )  # fmt: skip
+    )
     p = prompt(200)  # 12 full blocks before the last token
     ask = {"prompt": p, "max_new_tokens": 16, "temperature": 0.0}
     (first,) = await gens[0].generate.call_one([{"id": "a", **ask}])
@@ -127,9 +130,13 @@ async def test_a_second_generator_onboards_a_prefix_the_first_computed(
     assert (await _metrics(gens[0]))["orchestr:kv_store_offloaded_blocks"] >= 12
     # a generator of another job (no key) neither reads those blocks nor writes beside them
     other = await ctx.spawn(
-        Generator, name="other", checkpoint=str(folder), torch_threads=1, kv_store=store,
+        Generator,
+        name="other",
+        checkpoint=str(folder),
+        torch_threads=1,
+        kv_store=store,
         kv={"block_size": BLOCK, "num_blocks": 64},
-    )  # fmt: skip
+    )
     (third,) = await other.generate.call_one([{"id": "c", **ask}])
     assert third.tokens == first.tokens  # computed there
     for _ in range(1200):
@@ -151,9 +158,12 @@ async def test_steps_queued_behind_a_slow_store_go_as_one_put(
 ) -> None:
     store = await ctx.spawn(KVStore, kv_block_bytes(str(folder), BLOCK), 64)
     gen = await ctx.spawn(
-        Generator, checkpoint=str(folder), torch_threads=1, kv_store=store,
+        Generator,
+        checkpoint=str(folder),
+        torch_threads=1,
+        kv_store=store,
         kv={"block_size": BLOCK, "num_blocks": 64},
-    )  # fmt: skip
+    )
     pid = next(a.pid for a in await ctx.actors() if a.name == store.name)
     os.kill(pid, signal.SIGSTOP)  # the first put waits; what later steps cache queues
     try:  # a prompt under one block: nothing to look up in the store first
@@ -196,9 +206,13 @@ async def test_the_front_doors_router_counts_the_stores_blocks(
 ) -> None:
     store = await ctx.spawn(KVStore, kv_block_bytes(str(folder), BLOCK), 64)
     gens = await ctx.spawn(
-        Generator, n=2, checkpoint=str(folder), torch_threads=1, kv_store=store,
+        Generator,
+        n=2,
+        checkpoint=str(folder),
+        torch_threads=1,
+        kv_store=store,
         kv={"block_size": BLOCK, "num_blocks": 64},
-    )  # fmt: skip
+    )
     p = prompt(200)
     async with FrontDoor(gens, router="kv", store=store) as front:
         deltas = [d async for d in front.stream(p, max_new_tokens=4, temperature=0.0)]

@@ -16,7 +16,7 @@ import torch
 from orchestr.roles import PagedEngine, Request, models
 from orchestr.roles._common import _alloc
 from orchestr.roles._common._hf._layers import DecoderLayer
-from orchestr.roles.generator._linears import Linears, can_pack
+from orchestr.roles.generator._runner._linears import Linears, can_pack
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from orchestr.roles import Request, models
-from orchestr.roles.generator._microbatch import split
-from orchestr.roles.generator._paged_engine import PagedEngine
-from orchestr.roles.generator._scheduler import Seq
+from orchestr.roles.generator._core._scheduler import Seq
+from orchestr.roles.generator._engines._paged import PagedEngine
+from orchestr.roles.generator._runner._microbatch import split
 from tests.roles.generator.test_kv_offload import folder, prompt
 from tests.roles.generator.test_paged_engine import drain
 
@@ -35,9 +35,13 @@ def test_micro_batches_give_the_tokens_of_one_batch(folder: pathlib.Path, attent
     done = {}
     for parts in (1, 3):
         engine = PagedEngine(
-            models.load_model(folder), num_blocks=64, block_size=16, model_id="m",
-            attention=attention, micro_batches=parts,
-        )  # fmt: skip
+            models.load_model(folder),
+            num_blocks=64,
+            block_size=16,
+            model_id="m",
+            attention=attention,
+            micro_batches=parts,
+        )
         engine.submit(reqs)
         done[parts] = drain(engine)
     for r in reqs:

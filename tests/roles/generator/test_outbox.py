@@ -10,9 +10,9 @@ import math
 import torch
 
 from orchestr.roles import Completion, Request
-from orchestr.roles.generator._blocks import AllBlocksCleared, BlockRemoved, BlockStored
-from orchestr.roles.generator._outbox import MAX_EVENTS, Outbox
-from orchestr.roles.generator._requests import Live
+from orchestr.roles.generator._core._blocks import AllBlocksCleared, BlockRemoved, BlockStored
+from orchestr.roles.generator._core._outbox import MAX_EVENTS, Outbox
+from orchestr.roles.generator._engines._requests import Live
 
 
 class FakeEngine:

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 import orchestr as oc
-from orchestr.roles import Completion, Request, kv_block_bytes, models
-from orchestr.roles.generator._handoff import Holds
-from orchestr.roles.generator._paged_engine import PagedEngine
-from orchestr.roles.generator._spans import block_spans, plane_spans
+from orchestr.roles import Completion, Handoff, Request, kv_block_bytes, models
+from orchestr.roles.generator._engines._paged import PagedEngine
+from orchestr.roles.generator._kv._leases import Holds
+from orchestr.roles.generator._runner._spans import block_spans, plane_spans
 from orchestr.roles.kvstore import LeaseExpiredError
 from tests.roles.generator.test_handoff import BLOCK, close, pid_of, spawn, usage
 from tests.roles.generator.test_kv_offload import folder, prompt
@@ -45,9 +45,13 @@ def test_plane_spans_put_blocks_in_their_places() -> None:
 
 def engine(folder: pathlib.Path, micro_batches: int = 1) -> PagedEngine:
     return PagedEngine(
-        models.load_model(folder), num_blocks=64, block_size=BLOCK, token_budget=BUDGET,
-        model_id="m", micro_batches=micro_batches,
-    )  # fmt: skip
+        models.load_model(folder),
+        num_blocks=64,
+        block_size=BLOCK,
+        token_budget=BUDGET,
+        model_id="m",
+        micro_batches=micro_batches,
+    )
 
 
 def step(e: PagedEngine, holds: Holds) -> list[Completion]:
@@ -69,7 +73,7 @@ async def test_what_a_stream_reports_ready_never_changes_afterwards(
         step(e, holds)
     r = Request("p", p, 1, temperature=0.0)
     h = holds.stream(e, r, hold_s=10.0)
-    assert h["stream"] and h["tokens"] == 9 * BLOCK and holds.leases == 1
+    assert h.stream and h.tokens == 9 * BLOCK and holds.leases == 1
     s = holds.streamed._running["p"]
     planes, plane_bytes, row_bytes = e.kv_layout
     layers = planes // 2
@@ -129,12 +133,12 @@ async def test_what_a_stream_reports_ready_never_changes_afterwards(
         assert torch.equal(memory[at : at + row_bytes], was)
     # the stream is now an ordinary lease: its reader ends it and the blocks go back
     assert e.metrics()["vllm:kv_cache_usage_perc"] > 0
-    holds.end_now(h["lease"])  # as a step may be running: held until the next gap
+    holds.end_now(h.lease)  # as a step may be running: held until the next gap
     assert holds.leases == 0 and holds.ending and e.metrics()["vllm:kv_cache_usage_perc"] > 0
     holds.release_ended(e)
     assert not holds.ending and e.metrics()["vllm:kv_cache_usage_perc"] == 0.0
     with pytest.raises(LeaseExpiredError, match="had expired"):  # ended already
-        holds.end_now(h["lease"])
+        holds.end_now(h.lease)
 
 
 async def test_new_weights_mid_prefill_fail_the_stream_and_free_its_blocks(
@@ -149,23 +153,23 @@ async def test_new_weights_mid_prefill_fail_the_stream_and_free_its_blocks(
     e.set_version(1)  # on_new_weights="keep": the prompt's blocks mix two versions now
     while e.has_work():
         step(e, holds)
-    progress = await holds.streamed.wait(h["lease"], -1)
+    progress = await holds.streamed.wait(h.lease, -1)
     assert progress["state"] == "failed" and "weights changed" in progress["error"]
     assert progress["blocks"] == [] and holds.leases == 0
     assert e.metrics()["vllm:kv_cache_usage_perc"] == 0.0
     with pytest.raises(ValueError, match="after is a cursor"):
-        await holds.streamed.wait(h["lease"], "0")
+        await holds.streamed.wait(h.lease, "0")
     # its reader never came: the record goes once its time has passed
     now[0] += 11.0
     assert holds.expire(e) == 0  # no blocks were left to release
     with pytest.raises(LeaseExpiredError):
-        await holds.streamed.wait(h["lease"], -1)
-    assert holds.streamed.release(e, h["lease"]) is None  # gone: nothing to stop
+        await holds.streamed.wait(h.lease, -1)
+    assert holds.streamed.release(e, h.lease) is None  # gone: nothing to stop
 
 
-async def streamed(pre: oc.Mesh, request: Request) -> dict[str, Any]:
-    h: dict[str, Any] = await pre.prefill.call_one(request, stream=True)
-    return {**h, "source": pre}
+async def streamed(pre: oc.Mesh, request: Request) -> Handoff:
+    h: Handoff = await pre.prefill.call_one(request, stream=True)
+    return h.sent_from(pre)
 
 
 @pytest.mark.parametrize("kv_read", ["staged", "direct"])
@@ -175,7 +179,7 @@ async def test_a_streamed_handoff_continues_the_request_as_one_engine(
     kv = {"num_blocks": 64, "block_size": BLOCK, "token_budget": BUDGET}
     pre, dec, alone = await asyncio.gather(
         spawn(ctx, folder, "prefill", kv={**kv, "num_blocks": 256}),
-        spawn(ctx, folder, "decode", kv=kv, kv_read=kv_read),
+        spawn(ctx, folder, "decode", kv=kv, handoff={"read": kv_read}),
         spawn(ctx, folder, "alone", kv=kv),
     )
     # the prefill generator keeps stepping another request meanwhile: a stream is granted
@@ -188,7 +192,7 @@ async def test_a_streamed_handoff_continues_the_request_as_one_engine(
         Request("b", prompt(300, salt=1)[:200] + prompt(30, salt=2), 8, temperature=0.0),
     ):
         h = await streamed(pre, r)
-        assert h["stream"] and h["blocks"] == []  # granted before any of it was computed
+        assert h.stream and h.blocks == []  # granted before any of it was computed
         (got,) = await dec.generate.call_one([r], kv_from={r.id: h})
         (want,) = await alone.generate.call_one([r])
         close(got, want)
@@ -219,18 +223,18 @@ async def test_a_stream_let_go_stops_its_prefill_and_a_dead_one_is_recomputed(
     kv = {"num_blocks": 128, "block_size": BLOCK, "token_budget": 16}
     pre, dec, strict = await asyncio.gather(
         spawn(ctx, folder, "prefill", kv=kv),
-        spawn(ctx, folder, "decode", kv=kv, kv_read="staged"),  # reading mid-stream
-        spawn(ctx, folder, "strict", kv=kv, on_handoff_failure="fail"),  # waiting
+        spawn(ctx, folder, "decode", kv=kv, handoff={"read": "staged"}),  # reading mid-stream
+        spawn(ctx, folder, "strict", kv=kv, handoff={"on_failure": "fail"}),  # waiting
     )
     # let go before it is computed: the prefill request is cancelled, its blocks freed
     await pre.pause.call_one()
     h = await streamed(pre, Request("gone", prompt(600), 4, temperature=0.0))
-    assert (await pre.handoff_progress.call_one(h["lease"], -1))["state"] == "running"
+    assert (await pre.handoff_progress.call_one(h.lease, -1))["state"] == "running"
     with pytest.raises(oc.ActorError, match="until_done is a bool"):
-        await pre.handoff_progress.call_one(h["lease"], -1, "yes")
-    assert await pre.release_handoff.call_one(h["lease"])
+        await pre.handoff_progress.call_one(h.lease, -1, "yes")
+    assert await pre.release_handoff.call_one(h.lease)
     with pytest.raises(oc.ActorError, match="no streamed handoff"):
-        await pre.handoff_progress.call_one(h["lease"], -1, True)
+        await pre.handoff_progress.call_one(h.lease, -1, True)
     await pre.resume.call_one()
     stats = await pre.stats.call_one()
     assert stats["held"] == 0 and stats["running"] == stats["waiting"] == 0
@@ -242,7 +246,7 @@ async def test_a_stream_let_go_stops_its_prefill_and_a_dead_one_is_recomputed(
     reading = asyncio.ensure_future(dec.generate.call_one([k], kv_from={k.id: h}))
     refusing = asyncio.ensure_future(strict.generate.call_one([k], kv_from={k.id: h}))
     pid, cursor = await pid_of(ctx, pre), -1
-    while (p := await pre.handoff_progress.call_one(h["lease"], cursor))["ready"] < 3:
+    while (p := await pre.handoff_progress.call_one(h.lease, cursor))["ready"] < 3:
         cursor = p["cursor"]
     os.kill(pid, signal.SIGKILL)  # at once: no call in between lets the prefill run on
     assert p["state"] == "running"

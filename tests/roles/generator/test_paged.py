@@ -14,10 +14,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from orchestr.roles import models
-from orchestr.roles.generator._blocks import BlockPool
-from orchestr.roles.generator._mirror import DecodeMirror
-from orchestr.roles.generator._paged import AttentionMode, PagedKV, PagedRunner
-from orchestr.roles.generator._scheduler import Scheduler, Seq
+from orchestr.roles.generator._core._blocks import BlockPool
+from orchestr.roles.generator._core._scheduler import Scheduler, Seq
+from orchestr.roles.generator._runner._mirror import DecodeMirror
+from orchestr.roles.generator._runner._paged import AttentionMode, KVCache, PagedRunner
 
 SHARED = "please answer the user: the first long token of the layer block cache "
 TEXTS = [SHARED + "reverse 1 2", SHARED + "the model", "a", SHARED + "what is train and serve"]
@@ -52,9 +52,11 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Refe
             with torch.no_grad():
                 for prompt in prompts:
                     generated = ref.generate(
-                        torch.tensor([prompt]), max_new_tokens=64, min_new_tokens=64,
+                        torch.tensor([prompt]),
+                        max_new_tokens=64,
+                        min_new_tokens=64,
                         do_sample=False,
-                    )  # fmt: skip
+                    )
                     tokens.append(generated[0].tolist())
                     logits.append(ref(input_ids=generated).logits[0, len(prompt) - 1 : -1])
             made[arch] = Reference(folder, prompts, tokens, logits)
@@ -91,7 +93,7 @@ def test_greedy_decoding_over_the_paged_cache_matches_transformers(
     ref = references(arch)
     model = models.load_model(ref.folder)
     pool = BlockPool(blocks, 4)
-    runner = PagedRunner(model, PagedKV(model, blocks, 4), packed=packed, attention=attention)
+    runner = PagedRunner(model, KVCache(model, blocks, 4), packed=packed, attention=attention)
     assert runner.linears.packed is (packed is not False)  # this CPU packs
     assert (runner.ops is None) is (attention == "torch")  # and builds the kernel
     sched = Scheduler(pool, max_batch=4, token_budget=budget, extra_keys=(arch, 0))

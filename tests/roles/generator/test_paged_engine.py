@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import orchestr as oc
-from orchestr.roles import Completion, Engine, Generator, Request, models
-from orchestr.roles.generator._paged import AttentionMode
-from orchestr.roles.generator._paged_engine import PagedEngine
-from orchestr.roles.generator._token_choice import check_sampling, choose_tokens
+from orchestr.roles import Completion, Generator, RecomputeEngine, Request, models
+from orchestr.roles.generator._engines._paged import PagedEngine
+from orchestr.roles.generator._runner._paged import AttentionMode
+from orchestr.roles.generator._runner._token_choice import check_sampling, choose_tokens
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def series(text: str, name: str) -> float:
     return float(line.rsplit(" ", 1)[1])
 
 
-def drain(engine: Engine | PagedEngine) -> dict[str, Completion]:
+def drain(engine: RecomputeEngine | PagedEngine) -> dict[str, Completion]:
     done = {}
     while engine.has_work():
         for c in engine.step():
@@ -66,7 +66,7 @@ def test_the_same_tokens_and_logprobs_as_the_recompute_engine(
 ) -> None:
     model, tok = models.load_model(folder), models.Tokenizer(folder)
     reqs = requests(tok)
-    reference = Engine(model, max_batch=8, pad_id=0, vocab_size=model.config.vocab_size)
+    reference = RecomputeEngine(model, max_batch=8, pad_id=0, vocab_size=model.config.vocab_size)
     reference.submit(reqs)
     want = drain(reference)
     paged = PagedEngine(
@@ -157,7 +157,7 @@ def test_stop_strings_and_top_logprobs(folder: pathlib.Path) -> None:
     assert 0 <= at
     for engine in (
         PagedEngine(model, num_blocks=32, block_size=4, detokenize=tok.decode),
-        Engine(model, pad_id=0, vocab_size=model.config.vocab_size, detokenize=tok.decode),
+        RecomputeEngine(model, pad_id=0, vocab_size=model.config.vocab_size, detokenize=tok.decode),
     ):
         engine.submit([Request("s", prompt, 40, temperature=0.0, stop=["never here", stop])])
         (c,) = drain(engine).values()
@@ -176,7 +176,7 @@ def test_stop_strings_and_top_logprobs(folder: pathlib.Path) -> None:
         assert (torch.tensor(values) - want).abs().max().item() < 1e-4
         assert abs(values[0] - whole.logprobs[i]) < 1e-6
     first = whole.tokens[0]  # greedy's first token, made the end-of-sequence one
-    eng = Engine(model, pad_id=0, vocab_size=model.config.vocab_size, eos_id=first)
+    eng = RecomputeEngine(model, pad_id=0, vocab_size=model.config.vocab_size, eos_id=first)
     eng.submit(
         [
             Request("e", prompt, 5, temperature=0.0),
@@ -186,7 +186,7 @@ def test_stop_strings_and_top_logprobs(folder: pathlib.Path) -> None:
     ended = drain(eng)
     assert ended["e"].tokens == [first] and ended["e"].stop_reason == first
     assert ended["i"].tokens == whole.tokens[:5] and ended["i"].finish_reason == "length"
-    bare = Engine(model, pad_id=0, vocab_size=model.config.vocab_size)
+    bare = RecomputeEngine(model, pad_id=0, vocab_size=model.config.vocab_size)
     for bad, match in [
         ({"stop": ["x"]}, "stop strings need a tokenizer"),
         ({"stop": "x"}, "stop must be a list of strings"),

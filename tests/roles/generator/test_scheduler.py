@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestr.roles.generator._blocks import (
+from orchestr.roles.generator._core._blocks import (
     AllBlocksCleared,
     BlockPool,
     BlockRemoved,
@@ -19,7 +19,7 @@ from orchestr.roles.generator._blocks import (
     chain_hashes,
     hash_block,
 )
-from orchestr.roles.generator._scheduler import Scheduler, Seq, Step
+from orchestr.roles.generator._core._scheduler import Scheduler, Seq, Step
 
 
 def run(sched: Scheduler, rng: random.Random, steps: int = 10_000) -> list[Step]:
@@ -288,10 +288,14 @@ def test_a_run_of_decode_steps_in_one_go_leaves_what_the_steps_leave(
     share outputs, so the cache's order matters."""
     rng = random.Random(seed)
     a, b = (
-        Scheduler(BlockPool(blocks, block_size), max_batch=max_batch, token_budget=budget,
-                  cache_outputs=cache_outputs)
+        Scheduler(
+            BlockPool(blocks, block_size),
+            max_batch=max_batch,
+            token_budget=budget,
+            cache_outputs=cache_outputs,
+        )
         for _ in range(2)
-    )  # fmt: skip
+    )
     prefixes = [[rng.randrange(5) for _ in range(rng.randint(1, 12))] for _ in range(2)]
     arrivals: dict[int, list[tuple[str, list[int], int]]] = {}
     for i in range(rng.randint(1, 10)):

@@ -23,7 +23,7 @@ from tests.roles.weight_actors import CheckpointTrainer
 
 pytest.importorskip("vllm", reason="vLLM is not installed here; make test runs this in .venv-vllm")
 
-from orchestr.roles.generator._vllm_engine import VllmEngine
+from orchestr.roles.generator._engines._vllm import VllmEngine
 
 #: vLLM and what it imports warn of their own deprecations; those are not orchestr's
 pytestmark = [

@@ -39,12 +39,17 @@ async def test_blocks_go_writer_to_store_to_reader_through_the_disk_under_leases
 ) -> None:
     store, writer, reader = await asyncio.gather(
         ctx.spawn(
-            KVStore, SIZE, 8, disk_blocks=8, high_watermark=0.7, low_watermark=0.4,
+            KVStore,
+            SIZE,
+            8,
+            disk_blocks=8,
+            high_watermark=0.7,
+            low_watermark=0.4,
             maintain_s=0.05,
         ),
         ctx.spawn(Writer, SIZE),
         ctx.spawn(Reader, SIZE),
-    )  # fmt: skip
+    )
     assert await writer.put.call_one(store, NS, chain(4), [10, 11, 12, 13]) == 4
     assert await writer.put.call_one(store, NS, chain(4), [0, 0, 0, 0]) == 0  # stored already
     assert await reader.get.call_one(store, NS, [*chain(4), b"missing"]) == [10, 11, 12, 13]

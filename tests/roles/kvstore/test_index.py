@@ -204,20 +204,30 @@ chains = st.lists(st.sampled_from(HASHES), min_size=1, max_size=5, unique=True)
 op = st.one_of(
     st.tuples(st.just("store"), st.sampled_from(SPACES), chains),
     st.tuples(st.just("store"), st.sampled_from(SPACES), chains),
-    st.tuples(st.just("put"), st.sampled_from(SPACES), st.lists(st.sampled_from(HASHES), max_size=5, unique=True)),
+    st.tuples(
+        st.just("put"),
+        st.sampled_from(SPACES),
+        st.lists(st.sampled_from(HASHES), max_size=5, unique=True),
+    ),
     st.tuples(st.just("end"), st.integers(0, 7)),
     st.tuples(st.just("abort"), st.integers(0, 7)),
     st.tuples(st.just("lease_lower"), st.integers(0, 7)),
     st.tuples(st.just("lease_moving"), st.integers(0, 7)),
-    st.tuples(st.just("lease"), st.sampled_from(SPACES), st.lists(st.sampled_from(HASHES), max_size=4, unique=True)),
+    st.tuples(
+        st.just("lease"),
+        st.sampled_from(SPACES),
+        st.lists(st.sampled_from(HASHES), max_size=4, unique=True),
+    ),
     st.tuples(st.just("release"), st.integers(0, 7)),
     st.tuples(st.just("pin"), st.sampled_from(SPACES), st.sampled_from(HASHES), st.booleans()),
     st.tuples(st.just("remove"), st.sampled_from(SPACES), st.sampled_from(HASHES)),
     st.tuples(st.just("maintain"), st.booleans()),
     st.tuples(st.just("moved"), st.integers(0, 7), st.booleans()),
-    st.tuples(st.just("clear"),),
+    st.tuples(
+        st.just("clear"),
+    ),
     st.tuples(st.just("tick"), st.floats(0.1, 20.0)),
-)  # fmt: skip
+)
 
 
 @settings(max_examples=300, deadline=None)

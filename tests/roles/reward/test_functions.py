@@ -193,9 +193,14 @@ async def test_rows_decoded_from_token_ids_with_the_checkpoints_tokenizer(
         result = await actor.score_rows(
             [
                 {"prompt": "p", "completion_ids": [*ids, eos], "fields": {"answer": "world"}},
-                {"prompt": "p", "completion": "text wins", "completion_ids": ids, "fields": {"answer": "zz"}},
+                {
+                    "prompt": "p",
+                    "completion": "text wins",
+                    "completion_ids": ids,
+                    "fields": {"answer": "zz"},
+                },
             ]
-        )  # fmt: skip
+        )
         assert result["per_function"]["length"] == [float(len(tokenizer.decode(ids))), 9.0]
         assert tokenizer.decode([*ids, eos]) == tokenizer.decode(ids)  # special tokens skipped
         assert result["per_function"]["has_answer"] == [1.0, 0.0]
@@ -209,15 +214,21 @@ async def test_malformed_rows_are_refused_before_anything_runs() -> None:
         bad = [
             ("nope", "takes a list of row dicts"),
             ([["p", "c"]], "row 0 is a dict"),
-            ([row(), {"prompt": "p", "completions": "c"}], "row 1: unknown keys \\['completions'\\]"),
+            (
+                [row(), {"prompt": "p", "completions": "c"}],
+                "row 1: unknown keys \\['completions'\\]",
+            ),
             ([{"prompt": 3, "completion": "c"}], "row 0: 'prompt' is text"),
             ([{"prompt": "p"}], "row 0 has neither 'completion' nor 'completion_ids'"),
             ([{"prompt": "p", "completion_ids": [1, -2]}], "list of token ids"),
             ([{"prompt": "p", "completion": 5}], "'completion' is text"),
             ([{"prompt": "p", "completion": "c", "fields": [1]}], "'fields' is a dict"),
-            ([{"prompt": "p", "completion": "c", "fields": {"prompt": "x"}}], "may not be named 'prompt'"),
+            (
+                [{"prompt": "p", "completion": "c", "fields": {"prompt": "x"}}],
+                "may not be named 'prompt'",
+            ),
             ([row(blob=b"\x00" * 3, thing={1, 2})], "row 0: its fields must be plain data"),
-        ]  # fmt: skip
+        ]
         for rows, message in bad:
             with pytest.raises(ValueError, match=message):
                 await actor.score_rows(rows)

@@ -92,19 +92,30 @@ def test_checkpoints_that_are_not_one_label_reward_models_are_refused(
 ) -> None:
     rm = folders["rm-llama"]
     cases = [
-        (folders["llama"], "LlamaForCausalLM.*a causal LM .*not a reward model.*one of "
-         "LlamaForSequenceClassification, Qwen2ForSequenceClassification"),
-        (edited(rm, tmp_path / "mistral", architectures=["MistralForSequenceClassification"]),
-         "MistralForSequenceClassification.*not a reward model orchestr loads"),
+        (
+            folders["llama"],
+            "LlamaForCausalLM.*a causal LM .*not a reward model.*one of "
+            "LlamaForSequenceClassification, Qwen2ForSequenceClassification",
+        ),
+        (
+            edited(rm, tmp_path / "mistral", architectures=["MistralForSequenceClassification"]),
+            "MistralForSequenceClassification.*not a reward model orchestr loads",
+        ),
         (edited(rm, tmp_path / "none", architectures=None), "architectures is None"),
-        (edited(rm, tmp_path / "type", model_type="qwen2"),
-         "architectures is LlamaForSequenceClassification but model_type is 'qwen2'"),
-        (edited(rm, tmp_path / "two", id2label={"0": "bad", "1": "good"}, label2id=None),
-         "a reward model has one label .*got 2"),
-        (edited(rm, tmp_path / "unsaid", id2label=None, label2id=None),
-         "got no num_labels or id2label \\(transformers takes 2\\)"),
+        (
+            edited(rm, tmp_path / "type", model_type="qwen2"),
+            "architectures is LlamaForSequenceClassification but model_type is 'qwen2'",
+        ),
+        (
+            edited(rm, tmp_path / "two", id2label={"0": "bad", "1": "good"}, label2id=None),
+            "a reward model has one label .*got 2",
+        ),
+        (
+            edited(rm, tmp_path / "unsaid", id2label=None, label2id=None),
+            "got no num_labels or id2label \\(transformers takes 2\\)",
+        ),
         (edited(rm, tmp_path / "three", num_labels=3), "got 3"),
-    ]  # fmt: skip
+    ]
     for folder, message in cases:
         with pytest.raises(oc.ConfigError, match=message):
             models.load_reward_model(folder)

@@ -107,11 +107,29 @@ def test_each_mode_learns_through_the_example_while_each_role_is_killed(
     drawn = f"kills {kills}, --kill-seed {seed}"
     shm_before = set(os.listdir("/dev/shm"))
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestr.cli", "run", "examples/grpo_reverse.py", "--small",
-         "--mode", mode, "--steps", str(steps), *flags, "--runs", str(tmp_path), "--quiet",
-         f"--kill-seed={seed}", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=380,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestr.cli",
+            "run",
+            "examples/grpo_reverse.py",
+            "--small",
+            "--mode",
+            mode,
+            "--steps",
+            str(steps),
+            *flags,
+            "--runs",
+            str(tmp_path),
+            "--quiet",
+            f"--kill-seed={seed}",
+            *args,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=380,
+    )
     assert proc.returncode == 0, f"{drawn}\n{proc.stderr[-4000:]}"
     (run,) = tmp_path.iterdir()
     summary = json.loads((run / "summary.json").read_text())

@@ -152,17 +152,22 @@ def test_a_reasoning_gym_task_gives_questions_and_answers(checkpoint: str) -> No
 @pytest.mark.parametrize(
     ("row", "match"),
     [
-        ({"prompt": "Say 1:"},
-         r"row 3 has no field 'response' \(it has prompt\); set data.response_field"),
-        ({"question": "Say 1:", "response": "1"},
-         r"row 3 has no field 'prompt' .*set data.prompt_field"),
+        (
+            {"prompt": "Say 1:"},
+            r"row 3 has no field 'response' \(it has prompt\); set data.response_field",
+        ),
+        (
+            {"question": "Say 1:", "response": "1"},
+            r"row 3 has no field 'prompt' .*set data.prompt_field",
+        ),
         ({"prompt": "Say 1:", "response": 1}, r"row 3's 'response' must be text, got int"),
-        ({"prompt": {"text": "hi"}, "response": "1"},
-         r"row 3's 'prompt' is text or chat messages"),
-        ({"prompt": [{"content": "hi"}], "response": "1"},
-         r"row 3's messages are objects with a role"),
+        ({"prompt": {"text": "hi"}, "response": "1"}, r"row 3's 'prompt' is text or chat messages"),
+        (
+            {"prompt": [{"content": "hi"}], "response": "1"},
+            r"row 3's messages are objects with a role",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_row_is_named_with_its_fix(
     tmp_path: pathlib.Path, checkpoint: str, row: dict[str, Any], match: str
 ) -> None:
@@ -200,9 +205,14 @@ def test_rows_render_as_prompt_then_response_then_the_end_token(
     assert plan.eos_id == eos and plan.trainer_kwargs()["model_kwargs"] == {"folder": checkpoint}
     # chat = true renders text as a user turn, after the system turn
     config = load_sft_config(
-        str(_config(tmp_path, checkpoint, data='held_out = "held.jsonl"\nchat = true\n'
-                    'system = "Be brief."\n'))
-    )  # fmt: skip
+        str(
+            _config(
+                tmp_path,
+                checkpoint,
+                data='held_out = "held.jsonl"\nchat = true\nsystem = "Be brief."\n',
+            )
+        )
+    )
     plan = plan_sft(config, str(tmp_path / "run"))
     turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say 3:"}]
     assert plan.train.prompts[1] == tok.encode(

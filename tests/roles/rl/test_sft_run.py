@@ -61,8 +61,13 @@ async def test_sft_learns_the_rows_and_exports_a_model_transformers_loads(
     assert [r["step"] for r in lines if r["kind"] == "step"] == list(range(30))
     assert [r["version"] for r in lines if r["kind"] == "eval"] == [0, 10, 20, 30]
     assert {p.name for p in run.iterdir()} >= {
-        "config.json", "metrics.jsonl", "summary.json", "model", "model-00015", "events.jsonl",
-    }  # fmt: skip
+        "config.json",
+        "metrics.jsonl",
+        "summary.json",
+        "model",
+        "model-00015",
+        "events.jsonl",
+    }
     assert json.loads((run / "config.json").read_text())["schedule"]["steps"] == 30
     assert result.exported == str(run / "model")
 
@@ -82,9 +87,12 @@ async def test_sft_learns_the_rows_and_exports_a_model_transformers_loads(
     prompt = plan.held_out.prompts[0]
     with torch.no_grad():
         out = theirs.generate(
-            torch.tensor([prompt]), max_new_tokens=4, do_sample=False,
-            eos_token_id=tok.eos_id, pad_token_id=tok.eos_id,
-        )  # fmt: skip
+            torch.tensor([prompt]),
+            max_new_tokens=4,
+            do_sample=False,
+            eos_token_id=tok.eos_id,
+            pad_token_id=tok.eos_id,
+        )
     answer = out[0, len(prompt) :].tolist()
     assert len(answer) == 2 and answer[1] == tok.eos_id, answer
     assert tok.decode(answer[:1]).strip() in set("0123456789")

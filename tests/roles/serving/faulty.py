@@ -15,7 +15,7 @@ POISON = [7, 7, 7, 7, 7, 7, 7, 7]
 class FaultyGenerator(Generator):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        engine = self._engine
+        engine: Any = self._engine  # the paged engine, its step replaced
         step = engine.step
 
         def faulty_step() -> Any:

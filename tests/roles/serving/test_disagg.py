@@ -90,8 +90,11 @@ async def test_long_prompts_are_prefilled_on_the_prefill_pool(
             assert max(abs(a - b) for a, b in zip(got, want.logprobs, strict=True)) <= 1e-5
         assert front.prefill is not None
         assert front.prefill.counts == {
-            "prefill_remote": 2, "prefill_local": 1, "prefill_fallback": 0, "prefill_spilled": 0,
-        }  # fmt: skip
+            "prefill_remote": 2,
+            "prefill_local": 1,
+            "prefill_fallback": 0,
+            "prefill_spilled": 0,
+        }
         stats = await dec.stats.call_one()
         assert stats["orchestr:kv_transfers"] == 2
         assert stats["orchestr:kv_transfer_failures"] == 0

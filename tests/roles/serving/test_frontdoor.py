@@ -110,10 +110,15 @@ async def test_openai_clients_get_openai_answers(ctx: oc.JobContext, folder: pat
         chunks = [
             c
             async for c in await client.completions.create(
-                model="tiny", prompt=prompt, max_tokens=12, temperature=0, stream=True,
-                stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+                model="tiny",
+                prompt=prompt,
+                max_tokens=12,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
             )
-        ]  # fmt: skip
+        ]
         texts = [c.choices[0].text for c in chunks if c.choices]
         assert len(texts) == 12 and "".join(texts) == whole.choices[0].text
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -124,25 +129,38 @@ async def test_openai_clients_get_openai_answers(ctx: oc.JobContext, folder: pat
         full = whole.choices[0].text
         stop = full[len(full) // 2 : len(full) // 2 + 2]
         cut = await client.completions.create(
-            model="tiny", prompt=prompt, max_tokens=12, temperature=0, stop=[stop],
+            model="tiny",
+            prompt=prompt,
+            max_tokens=12,
+            temperature=0,
+            stop=[stop],
             extra_body={"ignore_eos": True},
-        )  # fmt: skip
+        )
         assert cut.choices[0].text == full[: full.find(stop)]
         assert cut.choices[0].finish_reason == "stop"
         cut_pieces = [
             c.choices[0].text
             async for c in await client.completions.create(
-                model="tiny", prompt=prompt, max_tokens=12, temperature=0, stop=[stop],
-                stream=True, extra_body={"ignore_eos": True},
+                model="tiny",
+                prompt=prompt,
+                max_tokens=12,
+                temperature=0,
+                stop=[stop],
+                stream=True,
+                extra_body={"ignore_eos": True},
             )
-        ]  # fmt: skip
+        ]
         assert "".join(cut_pieces) == full[: full.find(stop)]
 
         # logprobs: the chosen token's and the likeliest two, per token
         lp = await client.completions.create(
-            model="tiny", prompt=prompt, max_tokens=4, temperature=0, logprobs=2,
+            model="tiny",
+            prompt=prompt,
+            max_tokens=4,
+            temperature=0,
+            logprobs=2,
             extra_body={"ignore_eos": True},
-        )  # fmt: skip
+        )
         got = lp.choices[0].logprobs
         assert got is not None and got.top_logprobs is not None and got.tokens is not None
         assert got.token_logprobs == pytest.approx(direct.logprobs[:4], abs=1e-5)
@@ -154,9 +172,14 @@ async def test_openai_clients_get_openai_answers(ctx: oc.JobContext, folder: pat
         # seeded sampling with n: choices differ from each other, and repeat
         async def sample() -> list[str]:
             r = await client.completions.create(
-                model="tiny", prompt=prompt, max_tokens=8, n=3, seed=11, temperature=1.0,
+                model="tiny",
+                prompt=prompt,
+                max_tokens=8,
+                n=3,
+                seed=11,
+                temperature=1.0,
                 extra_body={"ignore_eos": True},
-            )  # fmt: skip
+            )
             assert [c.index for c in r.choices] == [0, 1, 2]
             return [c.text for c in r.choices]
 
@@ -166,9 +189,13 @@ async def test_openai_clients_get_openai_answers(ctx: oc.JobContext, folder: pat
         # chat, whole and streamed, with the checkpoint's template
         messages: list[Any] = [{"role": "user", "content": "hello there"}]
         chat = await client.chat.completions.create(
-            model="tiny", messages=messages, max_completion_tokens=6, temperature=0,
-            logprobs=True, top_logprobs=1,
-        )  # fmt: skip
+            model="tiny",
+            messages=messages,
+            max_completion_tokens=6,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=1,
+        )
         assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
         rendered = model.render_chat(messages, add_generation_prompt=True)
         assert chat.usage is not None and chat.choices[0].logprobs is not None
@@ -205,9 +232,13 @@ async def test_openai_clients_get_openai_answers(ctx: oc.JobContext, folder: pat
                 (b'{"model": "tiny", "prompt": "x", "max_tokens": 0}', 400, "max_tokens"),
                 (b'{"model": "gpt-9", "prompt": "x"}', 400, "model"),
                 (json.dumps({"model": "tiny", "prompt": "x " * 5000}).encode(), 400, "prompt"),
-                (b'{"model": "tiny", "prompt": "x", "repetition_penalty": 1.3}', 400, "repetition_penalty"),
+                (
+                    b'{"model": "tiny", "prompt": "x", "repetition_penalty": 1.3}',
+                    400,
+                    "repetition_penalty",
+                ),
                 (b'["a list"]', 400, None),
-            ]:  # fmt: skip
+            ]:
                 r = await h.post("/v1/completions", content=body)
                 assert r.status_code == status, r.text
                 error = r.json()["error"]
@@ -277,8 +308,12 @@ async def test_a_client_that_goes_away_frees_its_request(
 ) -> None:
     gen = await spawn(ctx, folder, 1)
     model = ServedModel(folder)
-    body = {"model": str(folder), "prompt": "tell me everything", "max_tokens": 3000,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": str(folder),
+        "prompt": "tell me everything",
+        "max_tokens": 3000,
+        "ignore_eos": True,
+    }
     async with FrontDoor(gen) as front, http(front, model) as url:
         async with httpx2.AsyncClient(base_url=url, timeout=30) as h:
             # streaming: read a few tokens, then close the connection
@@ -354,16 +389,22 @@ async def test_a_generator_that_dies_leaves_the_others_serving(
         client_of(url) as client,
     ):
         stream = await client.completions.create(
-            model="m", prompt="a long story", max_tokens=3000, stream=True,
+            model="m",
+            prompt="a long story",
+            max_tokens=3000,
+            stream=True,
             extra_body={"ignore_eos": True},
-        )  # fmt: skip
+        )
         chunks = aiter(stream)
         await anext(chunks)
         (worker,) = {p.worker for p in front._pending.values()}
         os.kill(await pid_of(ctx, gens, int(worker[-2])), signal.SIGKILL)
         # a fixed message and the request's id: what failed is for the server's log
-        with pytest.raises(openai.APIError, match=r"^no generator could serve this request now; "
-                           r"retry \(request id [0-9a-f]{32}\)$"):  # fmt: skip
+        with pytest.raises(
+            openai.APIError,
+            match=r"^no generator could serve this request now; "
+            r"retry \(request id [0-9a-f]{32}\)$",
+        ):
             async for _ in chunks:
                 pass
         assert front.workers == [w for w in ("gen[0]", "gen[1]") if w != worker]
@@ -414,10 +455,13 @@ async def test_the_front_door_mounts_in_an_app_of_ones_own(
             pieces = [
                 c.choices[0].delta.content or ""
                 async for c in await client.chat.completions.create(
-                    model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-                    stream=True, extra_body={"ignore_eos": True},
+                    model="tiny",
+                    messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=3,
+                    stream=True,
+                    extra_body={"ignore_eos": True},
                 )
-            ]  # fmt: skip
+            ]
             assert len(pieces) == 4  # the role, then one chunk per token
     # on exit the generators stopped with the front door
     assert {a.state for a in await ctx.actors() if a.name == "generator"} == {"stopped"}

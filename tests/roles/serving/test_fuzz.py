@@ -148,8 +148,12 @@ def test_the_document_takes_its_bounds_from_the_checks() -> None:
     assert fields["model"]["enum"] == ["tiny", "alias", None]
     assert fields["n"]["maximum"] == MAX_N and fields["logprobs"]["maximum"] == MAX_TOP_LOGPROBS
     assert fields["max_tokens"] | {"description": ""} == {
-        "type": "integer", "minimum": 1, "maximum": 63, "nullable": True, "description": "",
-    }  # fmt: skip
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 63,
+        "nullable": True,
+        "description": "",
+    }
     strings, lists = fields["stop"]["anyOf"]
     assert strings["maxLength"] == MAX_STOP_CHARS and lists["maxItems"] == MAX_STOPS
     tokens = fields["prompt"]["anyOf"][2]

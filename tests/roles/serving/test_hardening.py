@@ -34,8 +34,7 @@ NAN, INF = float("nan"), float("inf")
 #: values no kernel type holds, non-finite floats, negative counts, and wrong types.
 BAD: list[tuple[str, dict[str, Any], str]] = [
     *(("c", {"top_k": v}, "top_k") for v in (2**63, 2**64, -(2**63), 10**30, -2, 1.5, "5", True)),
-    *(("c", {"temperature": v}, "temperature")
-      for v in (NAN, INF, -INF, 10**400, -1, 3, "1")),
+    *(("c", {"temperature": v}, "temperature") for v in (NAN, INF, -INF, 10**400, -1, 3, "1")),
     *(("c", {"top_p": v}, "top_p") for v in (0, -0.5, 1.5, NAN, 10**400)),
     *(("c", {"n": v}, "n") for v in (0, 129, 2**64, -1, 2.0)),
     *(("c", {"max_tokens": v}, "max_tokens") for v in (0, -1, 2.5)),
@@ -60,7 +59,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("chat", {"max_completion_tokens": -(2**64)}, "max_completion_tokens"),
     ("chat", {"top_k": 2**63}, "top_k"),
     ("chat", {"temperature": NAN}, "temperature"),
-]  # fmt: skip
+]
 
 
 def _post(kind: str, fields: dict[str, Any]) -> tuple[str, bytes]:
@@ -109,8 +108,14 @@ async def test_every_field_out_of_range_is_a_400_and_the_generator_serves_on(
         )
         assert front.workers == ["Generator[0]"]
         # reached without the front door, the generator refuses the same values itself
-        for bad in ({"top_k": 2**63}, {"temperature": NAN}, {"top_p": INF},
-                    {"max_new_tokens": 2**63}, {"stop": ["x" * 300]}, {"top_logprobs": 2**63}):  # fmt: skip
+        for bad in (
+            {"top_k": 2**63},
+            {"temperature": NAN},
+            {"top_p": INF},
+            {"max_new_tokens": 2**63},
+            {"stop": ["x" * 300]},
+            {"top_logprobs": 2**63},
+        ):
             request = Request("direct", [1, 2, 3], **{"max_new_tokens": 2, **bad})
             with pytest.raises(oc.ActorError) as info:
                 await gen.generate.call_one([request])

@@ -50,9 +50,15 @@ def test_a_completion_with_vllm_bench_fields_is_accepted() -> None:
     job = completion_request(body, MODEL)
     assert job.prompts == [[0, *(ord(c) - 32 for c in "hello")]]
     assert job.params == {
-        "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None, "stop": [],
-        "ignore_eos": True, "max_new_tokens": 8, "top_logprobs": 0,
-    }  # fmt: skip
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "seed": None,
+        "stop": [],
+        "ignore_eos": True,
+        "max_new_tokens": 8,
+        "top_logprobs": 0,
+    }
     assert job.stream and job.include_usage and job.logprobs is None
     assert job.id.startswith("cmpl-")
 
@@ -85,14 +91,22 @@ def test_prompt_shapes_and_choice_seeds() -> None:
         ([1, 2], None, "must be a JSON object"),
         ({"model": "gpt-4", "prompt": "a"}, "model", "does not exist"),
         ({"model": "tiny"}, "prompt", "'prompt' must be"),
-        ({"model": "tiny", "prompt": "", "add_special_tokens": False}, "prompt", "at least one token"),
+        (
+            {"model": "tiny", "prompt": "", "add_special_tokens": False},
+            "prompt",
+            "at least one token",
+        ),
         ({"model": "tiny", "prompt": [1, 500]}, "prompt", "outside the vocabulary"),
         ({"model": "tiny", "prompt": [[1], "a"]}, "prompt", "'prompt' must be"),
         ({"model": "tiny", "prompt": "a\nb"}, "prompt", "cannot spell"),
         ({"model": "tiny", "prompt": "a", "max_tokens": 0}, "max_tokens", "at least 1"),
         ({"model": "tiny", "prompt": "a", "max_tokens": -3}, "max_tokens", "at least 1"),
         ({"model": "tiny", "prompt": "a", "max_tokens": "8"}, "max_tokens", "integer"),
-        ({"model": "tiny", "prompt": "a", "max_tokens": 64}, "max_tokens", "maximum context length is 64"),
+        (
+            {"model": "tiny", "prompt": "a", "max_tokens": 64},
+            "max_tokens",
+            "maximum context length is 64",
+        ),
         ({"model": "tiny", "prompt": "a" * 70}, "prompt", "maximum context length"),
         ({"model": "tiny", "prompt": "a", "temperature": -1}, "temperature", "from 0.0 to 2.0"),
         ({"model": "tiny", "prompt": "a", "temperature": "hot"}, "temperature", "number"),
@@ -103,13 +117,25 @@ def test_prompt_shapes_and_choice_seeds() -> None:
         ({"model": "tiny", "prompt": "a", "stop": [1]}, "stop", "list of strings"),
         ({"model": "tiny", "prompt": "a", "seed": 2**70}, "seed", "64-bit"),
         ({"model": "tiny", "prompt": "a", "stream": "yes"}, "stream", "true or false"),
-        ({"model": "tiny", "prompt": "a", "stream_options": {"include_usage": True}}, "stream_options", "only allowed"),
-        ({"model": "tiny", "prompt": "a", "repetition_penalty": 1.2}, "repetition_penalty", "not supported"),
+        (
+            {"model": "tiny", "prompt": "a", "stream_options": {"include_usage": True}},
+            "stream_options",
+            "only allowed",
+        ),
+        (
+            {"model": "tiny", "prompt": "a", "repetition_penalty": 1.2},
+            "repetition_penalty",
+            "not supported",
+        ),
         ({"model": "tiny", "prompt": "a", "echo": True}, "echo", "not supported"),
         ({"model": "tiny", "prompt": "a", "best_of": 3}, "best_of", "not supported"),
-        ({"model": "tiny", "prompt": "a", "presence_penalty": 0.5}, "presence_penalty", "not supported"),
+        (
+            {"model": "tiny", "prompt": "a", "presence_penalty": 0.5},
+            "presence_penalty",
+            "not supported",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_completions_are_refused_naming_the_field(
     body: Any, param: str | None, text: str
 ) -> None:
@@ -145,8 +171,15 @@ def test_chat_renders_the_template_and_sizes_the_completion() -> None:
     # no max_tokens: the rest of the context
     assert job.params["max_new_tokens"] == MODEL.max_len - len(text)
     assert job.logprobs == 2 and job.params["top_logprobs"] == 2 and job.id.startswith("chatcmpl-")
-    job = chat_request({"model": "tiny", "messages": [{"role": "user", "content": "x"}],
-                        "max_completion_tokens": 5, "max_tokens": 9}, MODEL)  # fmt: skip
+    job = chat_request(
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_completion_tokens": 5,
+            "max_tokens": 9,
+        },
+        MODEL,
+    )
     assert job.params["max_new_tokens"] == 5 and job.logprobs is None
 
 
@@ -156,13 +189,33 @@ def test_chat_renders_the_template_and_sizes_the_completion() -> None:
         ({"model": "tiny", "messages": []}, "messages"),
         ({"model": "tiny", "messages": [{"content": "x"}]}, "messages[0]"),
         ({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
-        ({"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
+        (
+            {"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content",
+        ),
         ({"model": "tiny", "messages": [{"role": "tool", "content": "x"}]}, "messages"),
-        ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
-        ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
-        ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+        (
+            {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+            "top_logprobs",
+        ),
+        (
+            {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_completion_tokens": 0,
+            },
+            "max_completion_tokens",
+        ),
+        (
+            {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function"}],
+            },
+            "tools",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_chats_are_refused_naming_the_field(body: Any, param: str) -> None:
     with pytest.raises(APIError) as info:
         chat_request(body, MODEL)

@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestr.roles.generator._blocks import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored
+from orchestr.roles.generator._core._blocks import (
+    AllBlocksCleared,
+    BlockPool,
+    BlockRemoved,
+    BlockStored,
+)
 from orchestr.roles.kvstore import Cleared, KVNamespace, Removed, Stored
 from orchestr.roles.serving import Load, NoWorkerError, Router
 

@@ -52,12 +52,33 @@ async def bench(url: str, folder: pathlib.Path, backend: str, levels: str) -> li
     """``vllm bench serve`` at each concurrency of ``levels``; the results."""
     endpoint = "/v1/chat/completions" if backend == "openai-chat" else "/v1/completions"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(CLIENT), "--concurrencies", levels, "--backend", backend,
-        "--base-url", url, "--endpoint", endpoint, "--model", "tiny", "--tokenizer", str(folder),
-        "--dataset-name", "random", "--random-input-len", str(INPUT),
-        "--random-output-len", str(OUTPUT), "--num-prompts", str(PROMPTS), "--seed", "0",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+        sys.executable,
+        str(CLIENT),
+        "--concurrencies",
+        levels,
+        "--backend",
+        backend,
+        "--base-url",
+        url,
+        "--endpoint",
+        endpoint,
+        "--model",
+        "tiny",
+        "--tokenizer",
+        str(folder),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(INPUT),
+        "--random-output-len",
+        str(OUTPUT),
+        "--num-prompts",
+        str(PROMPTS),
+        "--seed",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await proc.communicate()
     text = out.decode(errors="replace")
     assert proc.returncode == 0, text[-3000:]

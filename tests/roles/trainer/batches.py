@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from orchestr.roles.generator._engine import Engine
-from orchestr.roles.generator._types import Completion
+from orchestr.roles.generator import RecomputeEngine
+from orchestr.roles.generator._core._types import Completion
 from orchestr.roles.rl import _task
 from orchestr.roles.rl._reference import TrainConfig, request_digits, step_requests
 from orchestr.roles.trainer._actor import build_model
@@ -18,7 +18,7 @@ CONFIG = TrainConfig(prompts_per_step=4, group_size=2, lengths=_task.LengthDistr
 def samples(step: int, version: int = 0) -> list[tuple[Completion, float]]:
     """Step ``step``'s scored completions from a fresh model (seed 3), stamped ``version``."""
     model = build_model("orchestr.roles:TinyLM", SMALL, seed=3)
-    engine = Engine(model, max_batch=64, pad_id=_task.PAD, vocab_size=_task.VOCAB_SIZE)
+    engine = RecomputeEngine(model, max_batch=64, pad_id=_task.PAD, vocab_size=_task.VOCAB_SIZE)
     requests = step_requests(CONFIG, step)
     engine.submit(requests)
     done: dict[str, Completion] = {}

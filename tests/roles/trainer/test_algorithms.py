@@ -169,8 +169,13 @@ def test_kl_estimators() -> None:
 def test_overlong_penalty() -> None:
     # max_len 10, buffer 4, factor 2: 0 up to 6 tokens, then -2 * (length - 6) / 4, -2 at 10+
     assert [overlong_penalty(n, 10, 4, 2.0) for n in (0, 6, 7, 8, 10, 12)] == [
-        0.0, 0.0, -0.5, -1.0, -2.0, -2.0,
-    ]  # fmt: skip
+        0.0,
+        0.0,
+        -0.5,
+        -1.0,
+        -2.0,
+        -2.0,
+    ]
     # without a buffer only a completion past its limit pays
     assert [overlong_penalty(n, 10, 0) for n in (10, 11)] == [0.0, -1.0]
     for bad in [(-1, 10, 4), (5, 0, 0), (5, 10, 11), (5, 10, -1)]:

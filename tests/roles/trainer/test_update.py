@@ -206,10 +206,15 @@ def test_activation_checkpointing_keeps_the_gradients(tiny_llama: pathlib.Path) 
 
 def test_trainer_with_activation_checkpointing_trains_alike(tiny_llama: pathlib.Path) -> None:
     batch = [
-        {"prompt": [1, 2, 3], "tokens": t, "sample_logprobs": [-1.0] * len(t), "version": 0,
-         "reward": r}
+        {
+            "prompt": [1, 2, 3],
+            "tokens": t,
+            "sample_logprobs": [-1.0] * len(t),
+            "version": 0,
+            "reward": r,
+        }
         for t, r in [([4, 5, 6], 1.0), ([7, 8], 0.0), ([4, 4, 4, 4], 0.0), ([5], 1.0)]
-    ]  # fmt: skip
+    ]
     kwargs = {"model_kwargs": {"folder": str(tiny_llama)}, "update": {"updates": 2}}
     trainers = [
         Trainer(models.__name__ + ":load_model", activation_checkpointing=on, **kwargs)

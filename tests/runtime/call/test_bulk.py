@@ -166,8 +166,9 @@ async def test_spans_of_a_buffer_are_read_at_once_on_every_path(ctx: oc.JobConte
     assert await reader.pull_spans.call_one(shared, spans, None, True) == ["shm", want]
     assert await reader.pull_spans.call_one(shared, spans, "tcp") == ["tcp", want]
     assert await reader.pull_spans.call_one(plain, [[0, 2], [4092, 1]]) == [
-        "shm", [[1.0, 1.0], [1.0]]
-    ]  # fmt: skip
+        "shm",
+        [[1.0, 1.0], [1.0]],
+    ]
     with pytest.raises(oc.ActorError, match="DescriptorError"):
         await reader.pull_spans.call_one(shared, [[0, 4], [4 * n - 4, 2]])
     # and written at once: two spans, a MiB and one float, then read back
@@ -175,8 +176,11 @@ async def test_spans_of_a_buffer_are_read_at_once_on_every_path(ctx: oc.JobConte
         await reader.push_spans.call_one(shared, [[0, MiB, -1.0], [4 * (n - 1), 1, -2.0]]) == "shm"
     )
     assert [await owner.value_at.call_one(0, i) for i in (0, MiB - 1, MiB, n - 1)] == [
-        -1.0, -1.0, float(MiB), -2.0
-    ]  # fmt: skip
+        -1.0,
+        -1.0,
+        float(MiB),
+        -2.0,
+    ]
     with pytest.raises(oc.ActorError, match="DescriptorError"):
         await reader.push_spans.call_one(shared, [[4 * n, 1, 0.0]])
 

@@ -69,10 +69,20 @@ async def two_hosts() -> AsyncIterator[oc.JobContext]:
                 PYTHONPATH=import_path(),
             )
             node = await asyncio.create_subprocess_exec(
-                "ip", "netns", "exec", ns, sys.executable, "-m", "orchestr._cluster._node",
-                "--head", ctx.head_address, "--labels", "host=b",
-                env=env, stdin=asyncio.subprocess.DEVNULL,
-            )  # fmt: skip
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                sys.executable,
+                "-m",
+                "orchestr._cluster._node",
+                "--head",
+                ctx.head_address,
+                "--labels",
+                "host=b",
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+            )
             async with asyncio.timeout(30):
                 while len(await ctx.nodes()) < 2:
                     assert node.returncode is None, "the second node exited"

@@ -29,13 +29,13 @@ from orchestr._cluster._exposition import (
 )
 from orchestr._cluster._headstate import HeadState
 from orchestr._cluster._metrics import route
-from orchestr._cluster._stats import (
+from orchestr._control._convert_stats import worker_stats_from_pb, worker_stats_to_pb
+from orchestr._stats import (
     ActorStats,
     EndpointStats,
     TransportStats,
     WorkerStats,
 )
-from orchestr._control._convert_stats import worker_stats_from_pb, worker_stats_to_pb
 from orchestr.config import load_config
 from orchestr.errors import ConfigError
 from tests.cluster import open_cluster

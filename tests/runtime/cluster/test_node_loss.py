@@ -35,10 +35,16 @@ async def far_node(ctx: oc.JobContext, log_path: Path) -> AsyncIterator[asyncio.
     )
     with log_path.open("wb") as log:
         far = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "orchestr._cluster._node", "--head", ctx.head_address,
-            env=env, stdout=log, stderr=asyncio.subprocess.STDOUT,
+            sys.executable,
+            "-m",
+            "orchestr._cluster._node",
+            "--head",
+            ctx.head_address,
+            env=env,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
     try:
         async with asyncio.timeout(30):
             while True:

@@ -56,8 +56,12 @@ class Cluster:
         """``orchestr ARGS`` inside ``host``, with this cluster's state directory."""
         return subprocess.run(
             [*self.fab.exec_args(host), *ORCHESTR, *args, "--state-dir", str(self.state_dir)],
-            capture_output=True, text=True, timeout=60, env={**self.env, **env}, cwd=ROOT,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**self.env, **env},
+            cwd=ROOT,
+        )
 
     def json(self, *args: str) -> Any:
         done = self.cli("head", *args, "--json")
@@ -69,9 +73,12 @@ class Cluster:
         head = ["run", "--address", self.address, "--state-dir", str(self.state_dir)]
         return subprocess.run(
             [*self.fab.exec_args("head"), *ORCHESTR, *head, *args],
-            capture_output=True, text=True, timeout=240, cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=ROOT,
             env={**self.env, "ORCHESTR_BIND_HOST": self.fab.address("head")},
-        )  # fmt: skip
+        )
 
 
 @pytest.fixture
@@ -88,16 +95,30 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         fab.open()
         c = Cluster(fab, state_dir, f"{fab.address('head')}:{HEAD_PORT}", env)
         head = c.cli(
-            "head", "start", "--head", "--host", fab.address("head"), "--port", str(HEAD_PORT),
-            "--fabric", str(PLAN), "--ocs-driver", f"netns:{fab.tag}",
-        )  # fmt: skip
+            "head",
+            "start",
+            "--head",
+            "--host",
+            fab.address("head"),
+            "--port",
+            str(HEAD_PORT),
+            "--fabric",
+            str(PLAN),
+            "--ocs-driver",
+            f"netns:{fab.tag}",
+        )
         assert head.returncode == 0, head.stdout + head.stderr
 
         def start_node(i: int) -> subprocess.CompletedProcess[str]:
             return c.cli(
-                TORS[i], "start", "--address", c.address, "--labels", f"fabric_host=h{i}",
+                TORS[i],
+                "start",
+                "--address",
+                c.address,
+                "--labels",
+                f"fabric_host=h{i}",
                 ORCHESTR_BIND_HOST=fab.address(TORS[i]),
-            )  # fmt: skip
+            )
 
         # the three hosts' nodes join at once, as on three machines
         with ThreadPoolExecutor(len(TORS)) as pool:
@@ -109,8 +130,11 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         with contextlib.suppress(subprocess.TimeoutExpired):
             subprocess.run(
                 [*ORCHESTR, "stop", "--state-dir", str(state_dir)],
-                capture_output=True, timeout=60, env=env, cwd=ROOT,
-            )  # fmt: skip
+                capture_output=True,
+                timeout=60,
+                env=env,
+                cwd=ROOT,
+            )
         leaked = fab.pids()
         fab.close()  # kills what is left, deletes the namespaces
     assert not fab.leftovers(), f"namespaces left behind: {fab.leftovers()}"
@@ -126,9 +150,16 @@ def _pair(a: str, b: str) -> tuple[str, str]:
 def test_circuits_follow_the_rl_jobs_weight_syncs(cluster: Cluster, tmp_path: Path) -> None:
     fab = cluster.fab
     job = cluster.run(
-        str(EXAMPLE), "--small", "--steps", str(STEPS), "--mode", "sync", "--quiet",
-        "--runs", str(tmp_path / "runs"),
-    )  # fmt: skip
+        str(EXAMPLE),
+        "--small",
+        "--steps",
+        str(STEPS),
+        "--mode",
+        "sync",
+        "--quiet",
+        "--runs",
+        str(tmp_path / "runs"),
+    )
     tail = f"\n--- stdout ---\n{job.stdout[-3000:]}\n--- stderr ---\n{job.stderr[-5000:]}"
     assert job.returncode == 0, tail
     wrote = re.search(r"^wrote (.+)/ \(", job.stdout, re.MULTILINE)

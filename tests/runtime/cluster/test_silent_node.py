@@ -46,10 +46,16 @@ async def test_calls_to_a_silent_nodes_actors_end_when_the_head_gives_it_up(
         )
         with (tmp_path / "far.log").open("wb") as log:
             far = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "orchestr._cluster._node", "--head", ctx.head_address,
-                env=env, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                sys.executable,
+                "-m",
+                "orchestr._cluster._node",
+                "--head",
+                ctx.head_address,
+                env=env,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,  # its workers share its process group
-            )  # fmt: skip
+            )
             try:
                 async with asyncio.timeout(30):
                     while True:

@@ -35,9 +35,12 @@ def _resolve(path: str) -> object:
 def test_every_registered_dataclass_and_role_travels_by_a_public_name() -> None:
     assert oc.Versioned is not None  # load the lazily imported runtime names too
     names = dict(_registry._dataclasses_by_type)
-    assert {"orchestr:Versioned", "orchestr.roles:Request", "orchestr.roles:WeightsRef"} <= set(
-        names.values()
-    )
+    assert {
+        "orchestr:Versioned",
+        "orchestr.roles:Request",
+        "orchestr.roles:WeightsRef",
+        "orchestr.roles:Handoff",
+    } <= set(names.values())
     for cls, name in names.items():
         if not cls.__module__.startswith("orchestr"):
             continue  # a test's own

@@ -213,8 +213,9 @@ async def test_map_ordered_and_unordered(cluster: Cluster) -> None:
     items = [[0, 0.5], [1, 0.0], [2, 0.0], [3, 0.0]]
     for ordered, expect in [(True, [0, 1, 2, 3]), (False, [1, 2, 3, 0])]:
         g = oc.Graph("order")
-        work = g.map("work", two.work, g.source("items", items), ordered=ordered,
-                     inflight_per_member=1)  # fmt: skip
+        work = g.map(
+            "work", two.work, g.source("items", items), ordered=ordered, inflight_per_member=1
+        )
         out = (await g.collect(ctx))["work"]
         assert [v for v, _ in out] == expect
         assert dict(out) == {0: 0, 1: 1, 2: 1, 3: 1}
@@ -455,8 +456,7 @@ async def test_a_killed_only_member_fails_the_graph(cluster: Cluster) -> None:
     victim = await ctx.spawn(Stage, name="victim", supervise="handle")  # the graph handles it
     pid = await victim.pid.call_one()
     g = oc.Graph("doomed")
-    work = g.map("work", victim.work, g.source("items", [[i, 0.05] for i in range(50)]),
-                 retries=2)  # fmt: skip
+    work = g.map("work", victim.work, g.source("items", [[i, 0.05] for i in range(50)]), retries=2)
     async with asyncio.timeout(20):
         with pytest.raises(oc.ActorDiedError, match="gave up on an item after 3 attempts") as info:
             async with g.run(ctx) as run:
@@ -496,8 +496,9 @@ async def test_a_restarted_member_gets_its_items_again(cluster: Cluster) -> None
     phoenix = await ctx.spawn(Stage, name="phoenix", restart=oc.RestartPolicy(max_restarts=1))
     pid = await phoenix.pid.call_one()
     g = oc.Graph("restarted")
-    work = g.map("work", phoenix.work, g.source("items", [[i, 0.02] for i in range(12)]),
-                 retries=10)  # fmt: skip
+    work = g.map(
+        "work", phoenix.work, g.source("items", [[i, 0.02] for i in range(12)]), retries=10
+    )
     values = []
     async with asyncio.timeout(30), g.run(ctx) as run:
         async for value, _ in run.results(work):

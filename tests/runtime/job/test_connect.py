@@ -39,12 +39,20 @@ async def test_a_program_of_its_own_runs_a_job_on_the_cluster(
 ) -> None:
     script = tmp_path / "program.py"
     script.write_text(textwrap.dedent(PROGRAM))
-    env = dict(os.environ, ORCHESTR_ADDRESS=ctx.head_address, ORCHESTR_TOKEN=ctx.token,
-               PYTHONPATH=str(ROOT))  # fmt: skip
+    env = dict(
+        os.environ,
+        ORCHESTR_ADDRESS=ctx.head_address,
+        ORCHESTR_TOKEN=ctx.token,
+        PYTHONPATH=str(ROOT),
+    )
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(script), env=env, stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        str(script),
+        env=env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stdin is not None
     try:
         lines: list[

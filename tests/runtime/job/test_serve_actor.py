@@ -57,12 +57,21 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 async def _start(
     ctx: oc.JobContext, script: pathlib.Path, block_bytes: int
 ) -> asyncio.subprocess.Process:
-    env = dict(os.environ, ORCHESTR_ADDRESS=ctx.head_address, ORCHESTR_TOKEN=ctx.token,
-               PYTHONPATH=str(ROOT))  # fmt: skip
+    env = dict(
+        os.environ,
+        ORCHESTR_ADDRESS=ctx.head_address,
+        ORCHESTR_TOKEN=ctx.token,
+        PYTHONPATH=str(ROOT),
+    )
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(script), str(block_bytes), env=env, stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        str(script),
+        str(block_bytes),
+        env=env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     assert proc.stdout is not None
     lines: list[bytes] = []  # its own log lines come first
     while not lines or lines[-1] != b"serving\n":
@@ -95,8 +104,7 @@ async def test_a_program_hosts_a_kv_store_that_a_jobs_generators_use(
             ctx.spawn(Writer, size),
             ctx.spawn(Reader, size),
         )
-        ask = {"prompt": [5 + i % 300 for i in range(100)], "max_new_tokens": 4,
-               "temperature": 0.0}  # fmt: skip
+        ask = {"prompt": [5 + i % 300 for i in range(100)], "max_new_tokens": 4, "temperature": 0.0}
         (first,) = await gens[0].generate.call_one([{"id": "a", **ask}])
         for _ in range(1200):  # offloaded after the step, by a task of the generator's
             if (await store.stats.call_one())["blocks"] >= 6:
@@ -211,8 +219,15 @@ async def test_an_actor_whose_program_never_comes_back_is_dead_after_the_timeout
 
     config = dataclasses.replace(oc.load_config(), heartbeat_interval=0.1, heartbeat_timeout=0.5)
     state = HeadState()
-    state.host("m-1", "a-000000000001", "gone", "tests.runtime.actors:Counter",
-               "tcp://127.0.0.1:9", ["add"], 1)  # fmt: skip
+    state.host(
+        "m-1",
+        "a-000000000001",
+        "gone",
+        "tests.runtime.actors:Counter",
+        "tcp://127.0.0.1:9",
+        ["add"],
+        1,
+    )
     path = tmp_path / "head.sqlite"
     HeadStore(path).save(actors=list(state.actors.values()))
     async with HeadService(secrets.token_urlsafe(16), config, store=HeadStore(path)) as head:

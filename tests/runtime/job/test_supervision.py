@@ -287,9 +287,13 @@ async def test_a_restart_goes_to_another_node_when_its_own_is_full() -> None:
 
         policy = oc.RestartPolicy(max_restarts=1, backoff_s=0.01)
         mover = await ctx.spawn(
-            Keeper, 5, name="mover", resources={"cpu": 1}, restart=policy,
+            Keeper,
+            5,
+            name="mover",
+            resources={"cpu": 1},
+            restart=policy,
             supervise=make_room_elsewhere,
-        )  # fmt: skip
+        )
         before = {a.name: a.node_id for a in await ctx.actors()}
         assert before["mover"] != second.node_id
         os.kill((await mover.whoami.call_one())["pid"], signal.SIGKILL)
