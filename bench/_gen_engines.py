@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from _gen_measure import Generate, measure, peak_rss_mib
 
-from orchestr.roles import Engine, PagedEngine, Request, models
+from orchestr.roles import PagedEngine, RecomputeEngine, Request, models
 
 
 def orchestr_engine(folder: str, spec: dict[str, Any]) -> Generate:
@@ -36,13 +36,13 @@ def orchestr_engine(folder: str, spec: dict[str, Any]) -> Generate:
 
 def recompute_engine(folder: str, spec: dict[str, Any]) -> Generate:
     model = models.load_model(folder)
-    engine = Engine(
+    engine = RecomputeEngine(
         model, max_batch=max(spec["batches"]), pad_id=0, vocab_size=model.config.vocab_size
     )
     return stepped(engine)
 
 
-def stepped(engine: Engine | PagedEngine) -> Generate:
+def stepped(engine: RecomputeEngine | PagedEngine) -> Generate:
     """``generate`` over an orchestr engine: submit greedy requests that ignore the
     end-of-sequence token, step until all are done."""
     count = iter(range(1 << 30))

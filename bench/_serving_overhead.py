@@ -43,11 +43,12 @@ def engine_ttft(folder: str, batch: list[list[int]]) -> list[float]:
     # built as a Generator builds its engine (the same backend choice and options)
     from orchestr.roles._common._backend import choose_backend
     from orchestr.roles._common._factory import DEFAULT_MODEL
-    from orchestr.roles.generator._build import build_engine
+    from orchestr.roles.generator import KVOptions
+    from orchestr.roles.generator._engines._build import build_engine
 
     _, engine = build_engine(
         choose_backend(None), DEFAULT_MODEL, 0, 32, engine=None, checkpoint=folder,
-        kv={"token_budget": 2048}, vllm=None, model_kwargs=None, version=0, eos_id=None,
+        kv=KVOptions(token_budget=2048), vllm=None, model_kwargs=None, version=0, eos_id=None,
         pad_id=None, max_seq_len=None, vocab_size=None,
     )  # fmt: skip
     out = []

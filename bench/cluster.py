@@ -331,6 +331,8 @@ def _round(value: Any) -> Any:
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short run")
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default 5; quick 2)")
@@ -347,6 +349,7 @@ def main() -> None:
         help="actors a process each (default 100; quick 20)",
     )
     parser.add_argument("--peers", default="ray", help="ray, or none")
+    add_record_flag(parser)
     args = parser.parse_args()
     if os.geteuid() != 0:
         parser.error("this benchmark makes network namespaces: run it as root")
@@ -409,6 +412,8 @@ def main() -> None:
     print(
         json.dumps({name: {k: _round(v) for k, v in part.items()} for name, part in result.items()})
     )
+    if args.record:
+        record("cluster", result, peers=["ray"] if python is not None else [])
 
 
 if __name__ == "__main__":

@@ -83,13 +83,18 @@ class Leaf(oc.Actor):
         return os.getpid()
 
 
-def summarize(samples: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples)}
+def summarize(samples: list[float]) -> dict[str, Any]:
+    return {
+        "median": statistics.median(samples),
+        "min": min(samples),
+        "max": max(samples),
+        "values": samples,
+    }
 
 
 async def per_step_us(
     steps: int, reps: int, run: Callable[[int], Awaitable[None]]
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Time ``run(steps)`` ``reps`` times after one warm-up; µs per step."""
     await run(steps)
     samples = []
@@ -351,6 +356,20 @@ def print_table(results: dict[str, dict[int, Result]], sizes: list[int], depth: 
             print(f"  {ours} >= {want:g}x lower than {peer}, N={n}: {verdict}")
 
 
+def record_figures(results: dict[str, dict[int, Result]], sizes: list[int]) -> dict[str, Any]:
+    """The JSON line's figures, with each repeat's value where the run kept them."""
+    out = summary_json(results, sizes)
+    for system, by_size in results.items():
+        for n, r in by_size.items():
+            for key, summary in (
+                (f"step_overhead_us_{n}", r),
+                (f"step_overhead_us_{n}_pipelined", (r or {}).get("pipelined")),
+            ):
+                if isinstance(summary, dict) and summary.get("values"):
+                    out[system][key] = {"values": summary["values"]}
+    return out
+
+
 def summary_json(results: dict[str, dict[int, Result]], sizes: list[int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for system in SYSTEMS:
@@ -376,6 +395,8 @@ def summary_json(results: dict[str, dict[int, Result]], sizes: list[int]) -> dic
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="64,256", help="group sizes, comma list")
     parser.add_argument("--steps", type=int, help="steps per repetition at 64 actors (100)")
@@ -389,6 +410,7 @@ def main() -> None:
         default=1,
         help="orchestr members per worker process (default 1, like Ray and the limit)",
     )
+    add_record_flag(parser)
     args = parser.parse_args()
     sizes = sorted({int(s) for s in args.sizes.split(",") if s})
     steps = args.steps or (40 if args.quick else 100)
@@ -432,6 +454,8 @@ def main() -> None:
     print_table(results, sizes, args.depth)
     print(f"whole run: {time.perf_counter() - started:.0f} s")
     print(json.dumps(summary_json(results, sizes)))
+    if args.record:
+        record("dataflow", record_figures(results, sizes), peers=["ray"] if ray_version else [])
 
 
 if __name__ == "__main__":

@@ -41,19 +41,26 @@ def one(config: str, sets: list[str], folder: str) -> dict[str, object]:
 
 
 def main() -> int:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--config", default="examples/rl/digits.toml")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_record_flag(parser)
     args = parser.parse_args()
     passed = 0
+    rows = []
     with tempfile.TemporaryDirectory(prefix="orchestr-demo-runs-") as tmp:
         for i in range(args.runs):
             row = one(args.config, args.set, os.path.join(tmp, f"run{i}"))
             passed += bool(row["ok"])
+            rows.append(row)
             print(json.dumps({"run": i, **row}), flush=True)
     print(json.dumps({"config": args.config, "set": args.set, "passed": passed, "runs": args.runs,
                       "thresholds": THRESHOLDS}))  # fmt: skip
+    if args.record:
+        record("demo_runs", {"passed": passed, "runs": args.runs, "each": rows})
     return 0 if passed == args.runs else 1
 
 

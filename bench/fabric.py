@@ -304,6 +304,8 @@ def planner_times(reps: int) -> list[dict[str, Any]]:
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="8 MiB, 1 rep, 1 calibration")
     parser.add_argument("--hosts", type=int, default=4, help="namespace hosts (even, 4-16)")
@@ -312,6 +314,7 @@ def main() -> None:
     parser.add_argument("--calibrate", type=int, default=None, help="calibration rounds")
     parser.add_argument("--electrical-mbit", type=float, default=50.0)
     parser.add_argument("--circuit-mbit", type=float, default=400.0)
+    add_record_flag(parser)
     args = parser.parse_args()
     if args.hosts < 4 or args.hosts > 16 or args.hosts % 2:
         parser.error("--hosts takes an even number from 4 to 16")
@@ -364,7 +367,10 @@ def main() -> None:
         "circuit_mbit": args.circuit_mbit,
         "policy": dataclasses.asdict(POLICY),
     }
-    print(json.dumps(report(config, result, planner, setup)))
+    out = report(config, result, planner, setup)
+    print(json.dumps(out))
+    if args.record:
+        record("fabric", out)
 
 
 if __name__ == "__main__":

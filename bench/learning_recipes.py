@@ -44,11 +44,14 @@ print(json.dumps(out))
 
 
 def main() -> int:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", default="say,spell")
     parser.add_argument("--seeds", default="0-9")
     parser.add_argument("--kernels", default="avx2,default")
     parser.add_argument("--jobs", type=int, default=1)
+    add_record_flag(parser)
     args = parser.parse_args()
     print(json.dumps({"cpus": os.cpu_count(), "load": os.getloadavg()[0]}), flush=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -88,6 +91,17 @@ def main() -> int:
     }
     cleared = all(r["cleared"] for rs in runs.values() for r in rs)
     print(json.dumps({"summary": summary, "all_cleared": cleared}))
+    if args.record:  # per (path, task): runs cleared, and each run's margin and seconds
+        figures = {
+            f"{kernel}/{task}": {
+                "cleared": sum(bool(r["cleared"]) for r in rs),
+                "runs": len(rs),
+                "margin": [r["grpo"][-1] - r["control"][-1] for r in rs],
+                "s": [r["s"] for r in rs],
+            }
+            for (kernel, task), rs in runs.items()
+        }
+        record("learning_recipes", figures, peers=["reasoning-gym"])
     return 0 if cleared else 1
 
 

@@ -63,6 +63,8 @@ def _cpu_has(kernel: str) -> bool:
 
 
 def main() -> int:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", default="0-9")
     parser.add_argument("--kernels", default="avx2,default,avx512")
@@ -70,6 +72,7 @@ def main() -> int:
     parser.add_argument("--model", choices=("llama", "llama-demo", "tinylm"), default="llama")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
+    add_record_flag(parser)
     args = parser.parse_args()
     changes = {k: json.loads(v) for k, _, v in (item.partition("=") for item in args.set)}
     import torch
@@ -123,6 +126,8 @@ def main() -> int:
         for s in summary.values()
     )
     print(json.dumps({"summary": summary, "thresholds": THRESHOLDS, "all_cleared": cleared}))
+    if args.record:
+        record("learning_seeds", {"summary": summary})
     return 0 if cleared else 1
 
 

@@ -67,6 +67,8 @@ def measure(args: argparse.Namespace, drift: int) -> dict[str, object]:
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--experts", type=int, default=16)
@@ -74,6 +76,7 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=8)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--drift", type=int, nargs="+", default=[1, 3, 8])
+    add_record_flag(parser)
     args = parser.parse_args()
     print(
         f"{'drift':>5} {'before':>7} {'eplb bal':>9} {'moved':>6} {'stable bal':>11} {'moved':>6}"
@@ -90,6 +93,8 @@ def main() -> None:
         lines.append(row)
     for row in lines:
         print(json.dumps(row))
+    if args.record:
+        record("placement", {f"drift_{row['drift_pairs']}": row for row in lines})
 
 
 if __name__ == "__main__":

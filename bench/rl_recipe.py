@@ -507,6 +507,8 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--trl-worker":
         return trl_worker(sys.argv[2])
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds; round r uses seed r")
     parser.add_argument("--steps", type=int, default=20, help="batches per run")
@@ -525,6 +527,7 @@ def main() -> int:
     )
     parser.add_argument("--timeout", type=float, default=600, help="seconds per run at most")
     parser.add_argument("--keep", help="a folder to keep the runs in (default: a temporary one)")
+    add_record_flag(parser)
     args = parser.parse_args()
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in systems if s not in SYSTEMS]
@@ -583,6 +586,12 @@ def main() -> int:
         for name, s in summary.items()
     }
     print(json.dumps(line))
+    if args.record:  # every round's value of each figure
+        each = {n: {k: [r[k] for r in runs] for k in KEYS} for n, runs in results.items() if runs}
+        for name, s in summary.items():
+            each[name]["reward_last_spread"] = s["reward_last_spread"]
+        peers = ["trl", "transformers", "accelerate", "datasets"] if "trl" in systems else []
+        record("rl_recipe", each, peers=peers)
     return 0
 
 

@@ -674,6 +674,8 @@ def machine() -> str:
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None, help="batches per mode")
     parser.add_argument("--small", action="store_true", help="SMALL_CONFIG instead of the demo's")
@@ -682,6 +684,7 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=3, help="runs of every mode, alternating (default 3)"
     )
+    add_record_flag(parser)
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -750,6 +753,8 @@ def main() -> None:
     print_tables(report, modes)
     print(f"whole run: {time.perf_counter() - started:.0f} s")
     print(json.dumps(_round(report)))
+    if args.record:
+        record("rl_throughput", _round(report), peers=["ray"] if python is not None else [])
 
 
 if __name__ == "__main__":

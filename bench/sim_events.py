@@ -36,6 +36,7 @@ import asyncio
 import heapq
 import json
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -165,25 +166,35 @@ SYSTEMS = {
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--chains", type=int, default=1000)
     parser.add_argument("--peers", default="simpy", choices=("simpy", "none"))
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of each system; its figures are the median's"
+    )
+    add_record_flag(parser)
     args = parser.parse_args()
-    if args.events < args.chains or args.chains < 1:
-        parser.error("--events must be at least --chains, which must be 1 or more")
+    if args.events < args.chains or args.chains < 1 or args.repeats < 1:
+        parser.error("--events must be at least --chains, which must be 1 or more, as --repeats")
     events = args.events // args.chains * args.chains
     out: dict[str, Any] = {}
     for name, run in SYSTEMS.items():
         if name == "simpy" and args.peers == "none":
             continue
-        seconds = run(events, args.chains)
+        each = [run(events, args.chains) for _ in range(args.repeats)]
+        seconds = statistics.median(each)
         out[name] = {
             "seconds": round(seconds, 4),
             "events": events,
             "events_per_s": round(events / seconds),
             "s_per_million": round(seconds * 1e6 / events, 3),
         }
+        if args.repeats > 1:  # every run's, beside the median's
+            out[name]["s_per_million_values"] = [round(s * 1e6 / events, 3) for s in each]
+            out[name]["events_per_s_values"] = [round(events / s) for s in each]
         print(f"[sim_events] {name}: {out[name]['s_per_million']} s per million events",
               file=sys.stderr, flush=True)  # fmt: skip
     limit = out["heap"]["seconds"]
@@ -200,6 +211,8 @@ def main() -> None:
         "machine": platform.machine(),
     }
     print(json.dumps(out))
+    if args.record:
+        record("sim_events", out, peers=["simpy"] if "simpy" in out else [])
 
 
 if __name__ == "__main__":

@@ -321,18 +321,44 @@ def scale(quick: bool) -> dict[str, Any]:
 
 
 def main() -> int:
+    from _record import add_record_flag, record
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=["e1", "e2", "e3", "scale", "all"])
     p.add_argument("--quick", action="store_true", help="smaller sweeps, for a quick look")
+    add_record_flag(p)
     args = p.parse_args()
     _quiet()
     names = ["e1", "e2", "e3", "scale"] if args.what == "all" else [args.what]
     funcs = {"e1": e1, "e2": e2, "e3": e3, "scale": scale}
+    results: dict[str, dict[str, Any]] = {}
     for name in names:
         started = time.perf_counter()
-        funcs[name](args.quick)
+        results[name] = funcs[name](args.quick)
         print(f"{name}: {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    if args.record:
+        record("sim_experiments", record_figures(results))
     return 0
+
+
+def record_figures(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each experiment's rows keyed by what they vary (its rows are settings, not repeats)."""
+    out: dict[str, Any] = {}
+    for name, result in results.items():
+        if name == "e1":
+            keep = ("samples_per_s", "step_s", "network_cost", "circuits_committed", "phase_s")
+            out[name] = {f"{r['accelerators']} {r['fabric']}": {k: r[k] for k in keep}
+                         for r in result["rows"]}  # fmt: skip
+        elif name == "e2":
+            keep = ("samples_per_s", "version_lag", "dropped_groups", "generator_idle_frac")
+            out[name] = {f"sigma {r['sigma']} {r['arm']}": {k: r[k] for k in keep}
+                         for r in result["rows"]}  # fmt: skip
+        elif name == "e3":
+            out[name] = {f"{r['setup']} x{r['slo_scale']}": {"goodput_rate": r["goodput_rate"]}
+                         for r in result["rows"]}  # fmt: skip
+        else:
+            out[name] = result
+    return out
 
 
 if __name__ == "__main__":

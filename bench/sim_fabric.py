@@ -270,6 +270,8 @@ async def read_probe(setup: Any, reads: int = 20) -> float:
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5, help="sequences per fabric")
     parser.add_argument("--hosts", type=int, default=4, help="namespace hosts (even, 4-16)")
@@ -278,6 +280,7 @@ def main() -> None:
     parser.add_argument("--electrical-mbit", type=float, default=50.0)
     parser.add_argument("--circuit-mbit", type=float, default=400.0)
     parser.add_argument("--save", default=None, help="also write the JSON here")
+    add_record_flag(parser)
     args = parser.parse_args()
     if args.hosts < 4 or args.hosts > 16 or args.hosts % 2:
         parser.error("--hosts takes an even number from 4 to 16")
@@ -339,6 +342,10 @@ def main() -> None:
     if args.save:
         Path(args.save).write_text(line + "\n", encoding="utf-8")
     print(line)
+    if args.record:  # the probes' shares keyed by their flows: a list here is not repeats
+        probes = {k: {f"{i + 1}_flows": x for i, x in enumerate(out[k])}
+                  for k in ("sharing", "reverse_sharing")}  # fmt: skip
+        record("sim_fabric", {**out, **probes})
 
 
 if __name__ == "__main__":

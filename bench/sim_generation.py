@@ -137,11 +137,14 @@ def simulated(profile: StepTimeModel, arrivals: list[Arrival]) -> dict[str, floa
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", help="a model folder instead of a new one")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="half the requests and tokens")
     parser.add_argument("--save", help="also write the results (JSON) here, for sim_report.py")
+    add_record_flag(parser)
     args = parser.parse_args()
     torch.set_num_threads(2)
     out: dict[str, Any] = {}
@@ -164,6 +167,8 @@ def main() -> None:
     if args.save:
         Path(args.save).parent.mkdir(parents=True, exist_ok=True)
         Path(args.save).write_text(json.dumps({**out, "runs": args.runs}, indent=1) + "\n")
+    if args.record:
+        record("sim_generation", out)
 
 
 if __name__ == "__main__":

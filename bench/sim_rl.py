@@ -212,6 +212,8 @@ def table(out: dict[str, Any], modes: list[str]) -> None:
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="real runs of each mode")
     parser.add_argument("--demo", action="store_true", help="DEMO_CONFIG instead of SMALL_CONFIG")
@@ -221,6 +223,7 @@ def main() -> None:
     parser.add_argument(
         "--no-call-path", action="store_true", help="probe the calls but do not charge them"
     )
+    add_record_flag(parser)
     args = parser.parse_args()
     modes = list(dict.fromkeys(m for m in args.modes.split(",") if m))
     if not modes or any(m not in MODES for m in modes):
@@ -259,6 +262,8 @@ def main() -> None:
     if args.save:
         Path(args.save).write_text(line + "\n", encoding="utf-8")
     print(line)
+    if args.record:
+        record("sim_rl", out)
 
 
 if __name__ == "__main__":

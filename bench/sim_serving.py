@@ -202,6 +202,8 @@ def simulated(system: str, profile: Any, at: list[float], sent: list[list[int]],
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", help="a model folder instead of a new one")
     parser.add_argument("--runs", type=int, default=5)
@@ -209,6 +211,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--mixes", default=",".join(MIXES), help="of " + ", ".join(MIXES))
     parser.add_argument("--save", help="also write the results (JSON) here, for sim_report.py")
+    add_record_flag(parser)
     args = parser.parse_args()
     import openai  # noqa: F401  (its loggers are set up on import)
 
@@ -264,6 +267,8 @@ def main() -> None:
     if args.save:
         Path(args.save).parent.mkdir(parents=True, exist_ok=True)
         Path(args.save).write_text(json.dumps(out, indent=1) + "\n")
+    if args.record:
+        record("sim_serving", out)
 
 
 if __name__ == "__main__":

@@ -411,6 +411,8 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--kill-every", type=float, default=5.0, metavar="MINUTES")
@@ -422,6 +424,7 @@ def main() -> None:
     parser.add_argument("--rss-growth-mib", type=float, default=64.0)
     parser.add_argument("--fd-growth", type=int, default=16)
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "soak.json")
+    add_record_flag(parser)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, exit_on_signal)
     procs = Processes()
@@ -459,6 +462,38 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=1))
     report(result, args)
     print(f"wrote {args.out} (the server's log: {logfile})")
+    if args.record:
+        record("soak", figures(result), versions_seen=result["versions"])
+
+
+SERVER_COUNTS = ("exit_code", "log_warnings", "log_errors", "log_tracebacks")
+
+
+def figures(result: dict[str, Any]) -> dict[str, Any]:
+    """What the history keeps of a soak: counts summed over their causes, each window and
+    kill, and each role's resources at the start and the end (processes by role, not pid)."""
+    load = result["load"]
+    counts = ("refused_as_expected", "cancelled_by_client", "failed", "failed_near_kill")
+    resources = {
+        when: {
+            role: {
+                key: [p[key] for p in load["resources"][when].values() if p["role"] == role]
+                for key in ("rss_mib", "fds", "threads")
+            }
+            for role in sorted({p["role"] for p in load["resources"][when].values()})
+        }
+        for when in ("start", "end")
+    }
+    return {
+        "load": {
+            **{k: load[k] for k in ("elapsed_s", "served", "served_by_kind", "windows", "kills")},
+            **{k: sum(load[k].values()) for k in counts},
+            "after": load["after"],
+        },
+        "server": {k: result["server"][k] for k in SERVER_COUNTS},
+        "resources": resources,
+        "flags": len(result["flags"]),
+    }
 
 
 if __name__ == "__main__":

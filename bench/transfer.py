@@ -589,6 +589,8 @@ def _round(value: float | None) -> float | None:
 
 
 def main() -> None:
+    from _record import add_record_flag, record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 x 64 MiB and 1 x 1 GiB")
     parser.add_argument("--iters", type=int, default=None, help="64 MiB transfers (default 20)")
@@ -598,6 +600,7 @@ def main() -> None:
     parser.add_argument("--ns-b", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ip-b", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--node-log", default=None, help=argparse.SUPPRESS)
+    add_record_flag(parser)
     args = parser.parse_args()
     configure_logging(json=False, level="WARNING")
     signal.signal(signal.SIGTERM, exit_on_signal)
@@ -668,6 +671,8 @@ def main() -> None:
     print(machine(), flush=True)
     result = report(cases, orch, ray, limits, peers=python is not None)
     print(json.dumps({name: {k: _round(v) for k, v in r.items()} for name, r in result.items()}))
+    if args.record:
+        record("transfer", result, peers=["ray", "numpy"] if python is not None else [])
 
 
 if __name__ == "__main__":

