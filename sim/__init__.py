@@ -26,6 +26,8 @@
 - :func:`simulate_serving`: the front door's own router (``orchestr.roles.serving.Router``)
   over simulated generators, co-located or with prefill and decode apart, for a workload of
   :class:`ServingRequest`.
+- :func:`simulate_pipeline`: a pipeline-parallel step (``orchestr.roles.pipeline``'s
+  schedules) with its activations and gradients as flows between the ranks' hosts.
 - :func:`load_scenario` / :func:`run_scenario`: a TOML scenario (``orchestr sim run``);
   :func:`roofline`: a step-time profile from an accelerator's published figures.
 
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from ._calibrate import fit_step_model
     from ._cluster import Role, SimCluster, SimContext, one_host
     from ._generation import RequestTimes, SimGenerator, StepTimeModel
+    from ._pipeline import simulate_pipeline
     from ._profiles import roofline
     from ._rl import RLRun, simulate_grpo
     from ._rlroles import OracleRanker, OutputLengths, RandomRanker, RLCosts
@@ -72,6 +75,7 @@ _LAZY = {
     "load_scenario": "_scenario",
     "run_scenario": "_scenario",
     "roofline": "_profiles",
+    "simulate_pipeline": "_pipeline",
 }
 
 
@@ -118,5 +122,6 @@ __all__ = [
     "run",
     "run_scenario",
     "simulate_grpo",
+    "simulate_pipeline",
     "simulate_serving",
 ]

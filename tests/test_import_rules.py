@@ -248,6 +248,8 @@ LONG_MODULES = {
     "block pool, and blocks adopted from elsewhere into its prefix cache",
     "roles/generator/_engines/_paged.py": "the paged engine: the engine contract over a paged "
     "KV cache",
+    "roles/trainer/_actor.py": "the Trainer actor: the policy, its optimizer and the endpoints "
+    "over them, replicated or sharded",
     "roles/kvstore/_actor.py": "the KV store actor: the block index's I/O shell",
     "roles/serving/_router.py": "the KV-aware router's sans-IO core",
     "runtime/_cluster/_head.py": "the head service: the gRPC shell over the head's state, "

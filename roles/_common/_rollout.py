@@ -224,7 +224,7 @@ def _token_scores(
 
 
 def completion_logprobs(
-    model: nn.Module, gen: Generation, temperature: float = 1.0
+    model: nn.Module, gen: Generation, temperature: float = 1.0, *, whole: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``([N, L], [N, L])``: the current model's log-prob of each of ``gen``'s completion
     tokens and the entropy of its next-token distribution there (both 0 past a row's length),
@@ -232,10 +232,17 @@ def completion_logprobs(
 
     Rows are grouped by prompt length and each group is cropped to its own prompt and longest
     completion, so the long tail's padding is not computed for the many short rows (about 3x
-    less work for the task's length mix). Valid because the model ignores padding.
+    less work for the task's length mix). Valid because the model ignores padding. With
+    ``whole``, one forward pass over every row instead (prompts are left-padded to one width):
+    a sharded model's ranks must call it equally often, whatever their prompts' lengths.
     """
     n, limit = gen.logprobs.shape
     width = gen.prompt_width
+    if whole:
+        span = max(int(gen.lengths.max()), 1) if n else 1
+        logp, entropy = _token_scores(model, gen.tokens[:, : width + span], width, temperature)
+        pad = (0, limit - logp.shape[1])
+        return F.pad(logp, pad) * gen.mask, F.pad(entropy, pad) * gen.mask
     logps = torch.zeros(n, limit, device=gen.tokens.device)
     entropies = torch.zeros(n, limit, device=gen.tokens.device)
     for plen in torch.unique(gen.prompt_lengths).tolist():

@@ -43,6 +43,15 @@ from ._advantages import group_advantages
 from ._samples import build_batch, sample_row
 from ._schedule import scheduled_lr
 from ._sft import sft_batch, sft_evaluate, sft_update
+from ._sharding import (
+    SHARDING,
+    full_tensors,
+    is_sharded,
+    load_sharded,
+    local_state_bytes,
+    save_sharded,
+    shard_model,
+)
 from ._update import UpdateConfig, grpo_update, rank_and_world
 
 __all__ = ["Trainer", "build_model"]
@@ -71,7 +80,10 @@ class Trainer(oc.Actor):
     run as the model is either way. ``activation_checkpointing`` recomputes each decoder
     layer's activations in the backward pass instead of keeping them
     (:mod:`._activations`; CausalLM and TinyLM models): less memory, one more forward.
-    Bad settings raise :class:`orchestr.ConfigError`."""
+    ``sharding="full"`` shards the parameters, gradients and AdamW's state over the mesh's
+    process group (FSDP2, :mod:`._sharding`) at the first step after
+    ``ctx.init_distributed``; every endpoint then runs collectives, so call it on every member
+    together. Bad settings raise :class:`orchestr.ConfigError`."""
 
     __module__ = "orchestr.roles"  # its name on the wire and in the head's store (pinned)
 
@@ -97,6 +109,7 @@ class Trainer(oc.Actor):
         warmup_steps: int = 0,
         dtype: str = "float32",
         activation_checkpointing: bool = False,
+        sharding: str = "none",
     ) -> None:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
@@ -110,6 +123,9 @@ class Trainer(oc.Actor):
             raise oc.ConfigError(
                 f"activation_checkpointing must be True or False, got {activation_checkpointing!r}"
             )
+        if sharding not in SHARDING:
+            raise oc.ConfigError(f"sharding must be one of {', '.join(SHARDING)}, got {sharding!r}")
+        self.sharding = sharding
         self.autocast_dtype = _DTYPES[dtype]
         try:
             self.base_lr = float(lr)
@@ -165,6 +181,7 @@ class Trainer(oc.Actor):
         the KL penalty is on among them) and ``StaleWeightsError`` past ``max_staleness``;
         either leaves the model untouched. ``busy_s`` is the step's time in this actor."""
         t0 = time.perf_counter()
+        self._ready()
         rows = [sample_row(s) for s in samples]
         if not rows:
             raise ValueError("an empty batch; give at least one group")
@@ -211,6 +228,14 @@ class Trainer(oc.Actor):
         self.version += 1
         return stats
 
+    def _ready(self) -> None:
+        """Shard the model at first use when asked to (the process group exists by then);
+        the optimizer is made again over the shards (it has no state before a step)."""
+        if self.sharding == "full" and not is_sharded(self.model):
+            shard_model(self.model)
+            self.runner = self.backend.prepare(self.model)
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), **self.optimizer_args)  # type: ignore[arg-type]
+
     def _set_rate(self) -> float:
         """Set (and return) the learning rate of the batch trained at this version."""
         rate = scheduled_lr(self.base_lr, self.version, *self.schedule, warmup=self.warmup)
@@ -234,6 +259,7 @@ class Trainer(oc.Actor):
         Raises ``ValueError`` for an empty or malformed batch, leaving the model untouched.
         Not idempotent: each call is a step."""
         t0 = time.perf_counter()
+        self._ready()
         gen = sft_batch(samples, self.pad_id)
         rate = self._set_rate()
         stats = sft_update(
@@ -250,6 +276,7 @@ class Trainer(oc.Actor):
         (no autocast) in micro-batches of ``update.micro_batch_tokens``: the held-out loss.
         Returns ``loss`` and ``tokens``. No collective: one member scores the whole set.
         Raises ``ValueError`` for an empty or malformed batch. Idempotent."""
+        self._ready()
         gen = sft_batch(samples, self.pad_id)
         self.runner.eval()
         return sft_evaluate(self.runner, gen, self.update.micro_batch_tokens)
@@ -258,6 +285,7 @@ class Trainer(oc.Actor):
     def logprobs(self, tokens: Any, start: int) -> list[list[float]]:
         """The current policy's log-probs of ``tokens[:, start:]`` (no gradient), to compare
         with what a generator recorded."""
+        self._ready()
         self.runner.eval()
         with torch.no_grad():
             t = torch.as_tensor(tokens, dtype=torch.long, device=self.backend.device)
@@ -276,6 +304,7 @@ class Trainer(oc.Actor):
     def completion_logprobs(self, samples: list[Any]) -> list[list[float]]:
         """The current policy's log-prob of each token of each sample (a ``Completion`` or a
         dict of its fields; no reward needed), to compare with what a generator recorded."""
+        self._ready()
         rows = [sample_row(s, need_reward=False) for s in samples]
         gen = build_batch(rows, self.pad_id).gen
         self.runner.eval()
@@ -284,18 +313,27 @@ class Trainer(oc.Actor):
         return [logp[i, : len(r.tokens)].tolist() for i, r in enumerate(rows)]
 
     @oc.endpoint
-    def publish(self) -> WeightsRef:
+    def publish(self) -> WeightsRef | None:
         """Copy the weights into the publisher's buffers as ``version``; generators load them
-        from this actor with the returned ref."""
-        return self.publisher.publish(self.model, self.version)
+        from this actor with the returned ref. Sharded, every member calls this together and
+        rank 0 publishes the gathered tensors (the others return None)."""
+        self._ready()
+        if not is_sharded(self.model):
+            return self.publisher.publish(self.model, self.version)
+        state = {k: v for k, v in full_tensors(self.model, 0) if v is not None}
+        return self.publisher.publish(state, self.version) if state else None
 
     @oc.endpoint
     def digest(self) -> dict[str, Any]:
         """The weights' digest (equal digests: bitwise-equal weights), version, rank and
         backend."""
         rank, world = rank_and_world()
+        self._ready()
+        weights: torch.nn.Module | dict[str, torch.Tensor] = self.model
+        if is_sharded(self.model):  # the whole weights, gathered by every member
+            weights = {k: v for k, v in full_tensors(self.model) if v is not None}
         return {
-            "digest": weights_digest(self.model),
+            "digest": weights_digest(weights),
             "version": self.version,
             "rank": rank,
             "world_size": world,
@@ -303,9 +341,26 @@ class Trainer(oc.Actor):
         }
 
     @oc.endpoint
+    def memory(self) -> dict[str, float]:
+        """What this member holds, in MiB: ``params``, ``grads`` and ``optimizer`` (its shards,
+        sharded), ``model_states`` their sum, and ``peak_rss`` the process's peak resident
+        memory so far."""
+        import resource
+
+        held = {k: v / 2**20 for k, v in local_state_bytes(self.model, self.optimizer).items()}
+        held["model_states"] = sum(held.values())
+        held["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return held
+
+    @oc.endpoint
     def checkpoint(self, path: str) -> str:
         """Write model, optimizer and version to ``path`` (atomically: a temporary file, then a
-        rename). Returns the path."""
+        rename). Returns the path. Sharded, every member calls this together and ``path`` is
+        a folder each writes its own shards to (``torch.distributed.checkpoint``)."""
+        self._ready()
+        if is_sharded(self.model):
+            save_sharded(self.model, self.optimizer, {"version": self.version}, path)
+            return path
         state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -329,14 +384,34 @@ class Trainer(oc.Actor):
         where = source if source is not None else self.source
         if not isinstance(where, str):
             raise oc.ConfigError("export_hf needs the source checkpoint's folder (source=)")
-        return export_checkpoint(self.model, where, folder, force=force)
+        self._ready()
+        if not is_sharded(self.model):
+            return export_checkpoint(self.model, where, folder, force=force)
+        # every member gathers each tensor in turn; rank 0 keeps and writes them
+        state = {k: v for k, v in full_tensors(self.model, 0) if v is not None}
+        return (
+            export_checkpoint(self.model, where, folder, force=force, state=state)
+            if state
+            else folder
+        )
 
     @oc.endpoint
     def restore(self, path: str) -> int:
         """Load what :meth:`checkpoint` wrote; returns the restored version. Versions start
         again from it: the publisher is a new one (refs of the old one go stale), so the next
         publish may be of an older version than the last. Raises ValueError when the
-        checkpoint does not fit this model, and then changes nothing."""
+        checkpoint does not fit this model, and then changes nothing. A folder is a sharded
+        checkpoint: every member restores it together (into shards of any count)."""
+        self._ready()
+        if os.path.isdir(path):
+            if not is_sharded(self.model):
+                raise ValueError(f"{path} is a sharded checkpoint: restore it with sharding='full'")
+            self.version = int(
+                load_sharded(self.model, self.optimizer, {"version": 0}, path)["version"]
+            )
+            self.publisher.close()
+            self.publisher = WeightPublisher(bucket_bytes=self.bucket_bytes)
+            return self.version
         state = torch.load(path, map_location="cpu", weights_only=True)
         try:
             self.model.load_state_dict(state["model"])

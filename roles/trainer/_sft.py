@@ -25,6 +25,7 @@ from torch import nn
 from orchestr.roles._common._rollout import Generation, completion_logprobs, pack
 
 from ._micro import split
+from ._sharding import is_sharded, pad_parts, summed, to_float
 from ._update import UpdateConfig, autocast, rank_and_world, sum_gradients
 
 __all__ = ["sft_batch", "sft_evaluate", "sft_loss", "sft_update"]
@@ -112,20 +113,25 @@ def sft_update(
     model.train()
     optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    for part in parts:
+    # a sharded model's ranks run as many passes as each other: the extra ones count nothing
+    for maybe in pad_parts(parts, model):
+        part = maybe or parts[0]
         with autocast(device, autocast_dtype):
-            logp, _ = completion_logprobs(model, part.gen)
-        loss = sft_loss(logp, part.mask, total)
+            logp, _ = completion_logprobs(model, part.gen, whole=is_sharded(model))
+        loss = sft_loss(logp, part.mask, total) * (maybe is not None)
         loss.backward()  # type: ignore[no-untyped-call]
         loss_sum += loss.detach().to(torch.float64)
     if world > 1:
         from torch import distributed as dist
 
-        sum_gradients(params)
+        if not is_sharded(model):
+            sum_gradients(params)
+        else:
+            summed(params, world)  # a sharded model's backward reduced them, to a mean
         dist.all_reduce(loss_sum)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
     optimizer.step()
-    return {"loss": float(loss_sum), "tokens": total, "grad_norm": float(grad_norm)}
+    return {"loss": float(loss_sum), "tokens": total, "grad_norm": to_float(grad_norm)}
 
 
 @torch.no_grad()

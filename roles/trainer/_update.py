@@ -27,6 +27,7 @@ from orchestr.roles._common._rollout import Generation, completion_logprobs
 from ._advantages import ADVANTAGE_ESTIMATORS
 from ._grpo import KL_ESTIMATORS, LOSS_AGGREGATIONS, aggregate, grpo_loss, kl_penalty
 from ._micro import Part, split
+from ._sharding import is_sharded, pad_parts, summed, to_float
 
 __all__ = ["UpdateConfig", "autocast", "grpo_update", "rank_and_world", "sum_gradients"]
 
@@ -208,19 +209,36 @@ def grpo_update(
         return autocast(device, autocast_dtype)
 
     model.train()
+    # a sharded model's ranks run as many passes as each other: the extra ones count nothing
+    padded = pad_parts(parts, model)
+    whole = is_sharded(model)  # one forward per part, whatever its prompts' lengths
     proximal: list[torch.Tensor | None] = [None] * len(parts)
     if config.decoupled:
         with torch.no_grad():
-            for j, part in enumerate(parts):
+            for j, maybe in enumerate(padded):
                 with forward():
-                    proximal[j], _ = completion_logprobs(model, part.gen, config.temperature)
+                    logp, _ = completion_logprobs(
+                        model, (maybe or parts[0]).gen, config.temperature, whole=whole
+                    )
+                if maybe is not None:
+                    proximal[j] = logp
     gap = 0.0
     stats: dict[str, float] = {}
     for i in range(config.updates):
         optimizer.zero_grad(set_to_none=True)
-        for j, part in enumerate(parts):
+        for j, maybe in enumerate(padded):
+            if maybe is None:
+                with forward():
+                    logp, _ = completion_logprobs(
+                        model, parts[0].gen, config.temperature, whole=whole
+                    )
+                (logp.sum() * 0).backward()  # type: ignore[no-untyped-call]
+                continue
+            part = maybe
             with forward():
-                logp, entropy = completion_logprobs(model, part.gen, config.temperature)
+                logp, entropy = completion_logprobs(
+                    model, part.gen, config.temperature, whole=whole
+                )
             if i == 0:
                 diff = torch.where(part.mask > 0, (logp.detach() - part.gen.logprobs).abs(), 0.0)
                 g = float(diff.sum() / total)
@@ -231,12 +249,14 @@ def grpo_update(
             loss.backward()  # type: ignore[no-untyped-call]
             # one part: its stats as they are (adding them to 0.0 could flip a zero's sign)
             stats = part_stats if j == 0 else {k: stats[k] + v for k, v in part_stats.items()}
-        if world > 1:
+        if world > 1 and not whole:
             sum_gradients(params)
+        elif world > 1:
+            summed(params, world)  # a sharded model's backward reduced them, to a mean
         grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
         optimizer.step()
     stats["logprob_gap"] = gap
-    stats["grad_norm"] = float(grad_norm)
+    stats["grad_norm"] = to_float(grad_norm)
     stats["tokens"] = float(total)
     if config.overlong_filter:
         stats["overlong_filtered"] = filtered

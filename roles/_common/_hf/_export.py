@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 
 import torch
 from safetensors.torch import save
@@ -41,6 +42,7 @@ def export_checkpoint(
     folder: str | os.PathLike[str],
     *,
     force: bool = False,
+    state: Mapping[str, torch.Tensor] | None = None,
 ) -> str:
     """Write ``model`` (an orchestr :class:`CausalLM` of the checkpoint in ``source``, its
     weights changed by training) to ``folder`` as a Hugging Face checkpoint; returns the
@@ -48,7 +50,8 @@ def export_checkpoint(
     :class:`ConfigError` for a model that is not ``source``'s architecture and shapes, a
     ``source`` that is not a checkpoint, and what :class:`CheckpointFolder` refuses (a folder
     that is not empty, unless ``force``; one another user owns or may write to); a failed
-    export leaves no partial folder behind. Not idempotent without ``force``."""
+    export leaves no partial folder behind. Not idempotent without ``force``. ``state``, when
+    given, is written instead of the model's own (a sharded model's tensors, gathered)."""
     source = os.fspath(source)
     if not isinstance(model, CausalLM):
         raise oc.ConfigError(
@@ -62,7 +65,8 @@ def export_checkpoint(
         )
     with open(os.path.join(source, "config.json"), "rb") as f:
         raw = json.load(f)
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    own = model.state_dict() if state is None else state
+    state = {k: v.detach().to("cpu").contiguous() for k, v in own.items()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     dtypes = {t.dtype for t in state.values()}

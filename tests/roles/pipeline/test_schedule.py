@@ -210,6 +210,8 @@ def test_the_schedules_are_sans_io() -> None:
     folder = Path(pipeline.__file__).parent
     allowed = {"__future__", "collections", "dataclasses", "enum", "math", "collections.abc"}
     for path in folder.glob("*.py"):
+        if path.name in ("__init__.py", "_stage.py", "_driver.py"):  # torch and actors
+            continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 names = {a.name for a in node.names}

@@ -1,0 +1,185 @@
+"""A trainer whose parameters, gradients and optimizer state are sharded over its mesh.
+
+``Trainer(sharding="full")`` hands the model to torch's FSDP2 (``fully_shard``, decision record
+``docs/decisions/0018-sharded-trainer-fsdp2.md``): each decoder layer is one unit, the root the
+rest; every parameter is a ``DTensor`` split along its first dimension over the process
+group, so a rank holds ``1 / world`` of the weights, of their gradients and of AdamW's two
+moments. A forward pass gathers one unit's weights at a time and frees them after; the
+backward reduce-scatters each unit's gradients. The gradients are *summed* across ranks
+(:func:`summed` undoes FSDP's mean), as the replicated trainer's all-reduce sums them: every
+loss inside is already divided by the whole batch's count.
+
+FSDP's gathers and reduce-scatters are collectives, so every rank must run as many forward
+and backward passes as the others: :func:`pad_parts` makes the micro-batch counts equal, the
+extra passes' losses multiplied by zero. The evaluation endpoints run collectives too: with
+sharding, call them on every member together.
+
+Checkpoints are written from the shards with ``torch.distributed.checkpoint`` (each rank its
+own pieces, into one folder); the Hugging Face export gathers the full tensors one at a time
+on the rank that writes them. No I/O here but through torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+import orchestr as oc
+
+__all__ = [
+    "SHARDING",
+    "full_tensors",
+    "is_sharded",
+    "load_sharded",
+    "local_state_bytes",
+    "pad_parts",
+    "save_sharded",
+    "shard_model",
+    "summed",
+    "to_float",
+    "units",
+]
+
+#: ``Trainer(sharding=)``: ``"none"``, a full replica per rank; ``"full"``, FSDP2.
+SHARDING = ("none", "full")
+
+T = TypeVar("T")
+
+
+def units(model: nn.Module) -> list[nn.Module]:
+    """The modules sharded as units of their own: a model's decoder layers (a ``layers`` or
+    ``blocks`` module list, at the top or under ``model``), in order; none for a model
+    without one (then the whole model is one unit)."""
+    for holder in (model, getattr(model, "model", None)):
+        for name in ("layers", "blocks"):
+            found = getattr(holder, name, None)
+            if isinstance(found, nn.ModuleList):
+                return list(found)
+    return []
+
+
+def shard_model(model: nn.Module) -> nn.Module:
+    """Shard ``model`` in place over the default process group with FSDP2 and return it.
+    Raises :class:`~orchestr.ConfigError` without a process group."""
+    from torch import distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise oc.ConfigError(
+            "sharding='full' shards over the trainer mesh's process group: call "
+            "ctx.init_distributed(trainers) before the first step"
+        )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = next(iter(model.parameters()), torch.empty(0)).device
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for unit in units(model):
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def summed(params: Sequence[nn.Parameter], world: int) -> None:
+    """A sharded model's gradients as the sum over the ranks, not FSDP's mean: every loss
+    here is divided by the whole batch's count already (as the replicated trainer's
+    all-reduce sums them). FSDP's own divide factor would say so, but it reduces with
+    ``PREMUL_SUM``, which gloo lacks; multiplying the shards costs one pass over them."""
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(world)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model`` is FSDP2-sharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def pad_parts(parts: Sequence[T], model: nn.Module) -> list[T | None]:
+    """``parts`` followed by ``None`` up to the most any rank has: a sharded model's ranks
+    must run as many passes as each other. Unsharded: ``parts`` as they are."""
+    padded: list[T | None] = list(parts)
+    if not is_sharded(model):
+        return padded
+    from torch import distributed as dist
+
+    count = torch.tensor([len(parts)], dtype=torch.int64)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return padded + [None] * (int(count) - len(parts))
+
+
+def to_float(value: torch.Tensor) -> float:
+    """A scalar tensor's value; a ``DTensor``'s (a sharded model's gradient norm) whole."""
+    full = getattr(value, "full_tensor", None)
+    return float(full() if callable(full) else value)
+
+
+def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """The bytes this rank holds of the parameters, their gradients and the optimizer's state
+    (a sharded tensor counts its local shard)."""
+
+    def local(t: torch.Tensor) -> int:
+        inner = getattr(t, "to_local", None)
+        t = inner() if callable(inner) else t
+        return t.numel() * t.element_size()
+
+    params = sum(local(p) for p in model.parameters())
+    grads = sum(local(p.grad) for p in model.parameters() if p.grad is not None)
+    state = sum(
+        local(v)
+        for per_param in optimizer.state.values()
+        for v in per_param.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
+    return {"params": params, "grads": grads, "optimizer": state}
+
+
+def full_tensors(
+    model: nn.Module, writer: int | None = None
+) -> Iterator[tuple[str, torch.Tensor | None]]:
+    """Each entry of ``model``'s state dict whole, on the CPU, one at a time: every rank must
+    iterate together (each entry is a gather); rank ``writer`` gets the tensor, the others
+    ``None`` (``writer`` None: every rank gets them)."""
+    from torch import distributed as dist
+
+    rank = dist.get_rank()
+    for name, value in model.state_dict().items():
+        full = getattr(value, "full_tensor", None)
+        tensor = full() if callable(full) else value
+        keep = writer is None or rank == writer
+        yield name, (tensor.detach().to("cpu").clone() if keep else None)
+
+
+def save_sharded(
+    model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any], folder: str
+) -> None:
+    """Write the model's and the optimizer's shards and ``extra`` (small values, every rank
+    the same) to ``folder`` with ``torch.distributed.checkpoint``: each rank its own pieces.
+    Every rank calls this together."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    save({"model": model_state, "optimizer": optim_state, "extra": extra}, checkpoint_id=folder)
+
+
+def load_sharded(
+    model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any], folder: str
+) -> dict[str, Any]:
+    """Read what :func:`save_sharded` wrote into ``model`` and ``optimizer`` (sharded as they
+    were or not: the checkpoint reshards), returning ``extra`` as saved. Every rank calls this
+    together."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state: dict[str, Any] = {"model": model_state, "optimizer": optim_state, "extra": dict(extra)}
+    load(state, checkpoint_id=folder)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
+    return dict(state["extra"])

@@ -1,0 +1,82 @@
+"""The sharded trainer (FSDP2 over the mesh's process group): the replicated trainer's losses
+and weights, a share of its memory, checkpoints written and read from shards."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import orchestr as oc
+from orchestr.roles.trainer._actor import Trainer
+from tests.roles.trainer.batches import samples as _samples
+
+# two layers (two FSDP units beside the root)
+MODEL = {"d_model": 64, "n_heads": 2, "n_layers": 2, "d_ff": 128}
+# micro-batches so small that the two halves of a batch need different numbers of them
+UPDATE = {"micro_batch_tokens": 24}
+
+
+def close(a: list[list[float]], b: list[list[float]]) -> None:
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(torch.tensor(x), torch.tensor(y), rtol=1e-5, atol=1e-5)
+
+
+async def test_a_sharded_pair_trains_as_the_replicated_pair(
+    ctx: oc.JobContext, tmp_path: Path
+) -> None:
+    kwargs = {"model_kwargs": MODEL, "seed": 3, "torch_threads": 1, "update": UPDATE}
+    sharded = await ctx.spawn(Trainer, n=2, resources={"cpu": 0.5}, sharding="full", **kwargs)
+    replicated = await ctx.spawn(Trainer, n=2, resources={"cpu": 0.5}, **kwargs)
+    await ctx.init_distributed(sharded)
+    await ctx.init_distributed(replicated)
+
+    async def step(pair: oc.Mesh, batch: list[object]) -> list[dict[str, float]]:
+        halves = (batch[:2], batch[2:])  # uneven: one rank runs more micro-batches
+        return await asyncio.gather(*(pair[r].train_step.call_one(halves[r], 2) for r in (0, 1)))
+
+    for i in range(3):
+        batch = _samples(i)
+        got, want = await step(sharded, batch), await step(replicated, batch)
+        for key in ("loss", "grad_norm", "tokens", "entropy"):
+            assert got[0][key] == pytest.approx(want[0][key], rel=1e-5, abs=1e-6), key
+            assert got[1][key] == got[0][key]
+    probe = [c for c, _ in _samples(7)]
+    after_three = await sharded.completion_logprobs.call(probe)  # every member: collectives
+    close(after_three[0], await replicated[0].completion_logprobs.call_one(probe))
+    assert after_three[0] == after_three[1]
+    digests = await sharded.digest.call()
+    assert digests[0]["digest"] == digests[1]["digest"] and digests[0]["version"] == 3
+
+    # each rank holds half the parameters, gradients and AdamW moments (and a little padding)
+    held = await sharded.memory.call()
+    full = await replicated.memory.call()
+    for mine, theirs in zip(held, full, strict=True):
+        assert mine["model_states"] <= 0.6 * theirs["model_states"]
+        assert mine["optimizer"] > 0 and mine["params"] > 0
+
+    # a checkpoint from the shards, read back after one more step
+    folder = str(tmp_path / "sharded")
+    assert await sharded.checkpoint.call(folder) == [folder, folder]
+    pieces = [name for name in os.listdir(folder) if name.endswith(".distcp")]
+    assert len(pieces) == 2  # a file of pieces per rank
+    await step(sharded, _samples(3))
+    assert await sharded.completion_logprobs.call(probe) != after_three
+    assert await sharded.restore.call(folder) == [3, 3]
+    close((await sharded.completion_logprobs.call(probe))[0], after_three[0])
+    # and the next step from it is the replicated pair's next step
+    got, want = await step(sharded, _samples(3)), await step(replicated, _samples(3))
+    assert got[0]["loss"] == pytest.approx(want[0]["loss"], rel=1e-5, abs=1e-6)
+    with pytest.raises(oc.ActorError, match="sharded checkpoint: restore it with sharding"):
+        await replicated[0].restore.call_one(folder)
+
+
+async def test_bad_sharding_settings_are_refused(ctx: oc.JobContext) -> None:
+    with pytest.raises(oc.SpawnError, match="sharding must be one of none, full"):
+        await ctx.spawn(Trainer, model_kwargs=MODEL, sharding="half")
+    alone = await ctx.spawn(Trainer, model_kwargs=MODEL, sharding="full", torch_threads=1)
+    with pytest.raises(oc.ActorError, match="call ctx.init_distributed"):
+        await alone.train_step.call_one(_samples(0), 2)
