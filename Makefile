@@ -57,7 +57,8 @@ demo: setup
 # about one core of two on average, and the set-up (pip unpacking and byte-compiling some
 # 20,000 files: about a minute of CPU) takes only what the suite leaves idle rather than
 # slowing the tests beside it. `make test WITH_LINT=1` (what CI runs) also runs `make lint`
-# beside the vLLM tests, which leave a core mostly idle (its log is build/lint.log).
+# and then `make docs` beside the vLLM tests, which leave a core mostly idle (their log is
+# build/lint.log).
 WITH_LINT ?=
 test: setup
 	@mkdir -p build
@@ -65,7 +66,7 @@ test: setup
 	$(PY) -m pytest -q; rc=$$?; \
 	wait $$vllm || { echo "setting up $(VVENV) failed:"; tail -30 build/setup-vllm.log; exit 1; }; \
 	[ $$rc = 0 ] || exit $$rc; \
-	if [ -n "$(WITH_LINT)" ]; then $(MAKE) --no-print-directory lint > build/lint.log 2>&1 & lint=$$!; fi; \
+	if [ -n "$(WITH_LINT)" ]; then { $(MAKE) --no-print-directory lint && $(MAKE) --no-print-directory docs; } > build/lint.log 2>&1 & lint=$$!; fi; \
 	$(VPY) -m pytest -q $(VLLM_TESTS); rc=$$?; \
 	if [ -n "$(WITH_LINT)" ]; then wait $$lint; lrc=$$?; cat build/lint.log; [ $$lrc = 0 ] || exit $$lrc; fi; \
 	exit $$rc

@@ -124,6 +124,7 @@ def main() -> None:
     add_record_flag(parser)
     args = parser.parse_args()
     ideal = single_process_step(args) / RANKS
+
     async def main(ctx: oc.JobContext) -> list[dict[str, Any]]:
         return await measure(ctx, args)
 

@@ -223,8 +223,20 @@ def _token_scores(
     return logp.gather(-1, tokens[:, start:, None]).squeeze(-1), entropy
 
 
+def forward_groups(gen: Generation) -> int:
+    """How many forward passes :func:`completion_logprobs` makes for ``gen``: one per prompt
+    length among its rows that completed a token."""
+    if gen.logprobs.shape[0] == 0:
+        return 0
+    spans = [
+        int(gen.lengths[gen.prompt_lengths == plen].max())
+        for plen in torch.unique(gen.prompt_lengths).tolist()
+    ]
+    return sum(span > 0 for span in spans)
+
+
 def completion_logprobs(
-    model: nn.Module, gen: Generation, temperature: float = 1.0, *, whole: bool = False
+    model: nn.Module, gen: Generation, temperature: float = 1.0, *, calls: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``([N, L], [N, L])``: the current model's log-prob of each of ``gen``'s completion
     tokens and the entropy of its next-token distribution there (both 0 past a row's length),
@@ -232,19 +244,15 @@ def completion_logprobs(
 
     Rows are grouped by prompt length and each group is cropped to its own prompt and longest
     completion, so the long tail's padding is not computed for the many short rows (about 3x
-    less work for the task's length mix). Valid because the model ignores padding. With
-    ``whole``, one forward pass over every row instead (prompts are left-padded to one width):
-    a sharded model's ranks must call it equally often, whatever their prompts' lengths.
+    less work for the task's length mix), and no row is padded on the left. ``calls``, when
+    more than :func:`forward_groups` of ``gen``, adds forward passes whose outputs count zero
+    times: a sharded model's ranks must call it equally often, whatever their prompts.
     """
     n, limit = gen.logprobs.shape
     width = gen.prompt_width
-    if whole:
-        span = max(int(gen.lengths.max()), 1) if n else 1
-        logp, entropy = _token_scores(model, gen.tokens[:, : width + span], width, temperature)
-        pad = (0, limit - logp.shape[1])
-        return F.pad(logp, pad) * gen.mask, F.pad(entropy, pad) * gen.mask
     logps = torch.zeros(n, limit, device=gen.tokens.device)
     entropies = torch.zeros(n, limit, device=gen.tokens.device)
+    made = 0
     for plen in torch.unique(gen.prompt_lengths).tolist():
         rows = (gen.prompt_lengths == plen).nonzero().squeeze(1)
         span = int(gen.lengths[rows].max())
@@ -254,5 +262,11 @@ def completion_logprobs(
         logp, entropy = _token_scores(model, window, plen, temperature)
         logps = logps.index_put((rows,), F.pad(logp, (0, limit - span)))
         entropies = entropies.index_put((rows,), F.pad(entropy, (0, limit - span)))
+        made += 1
+    for _ in range(max(0, (calls or 0) - made)):
+        # the first row, whole: its scores are multiplied by zero, but the pass runs
+        start = max(1, min(width, gen.tokens.shape[1] - 1))
+        idle, _ = _token_scores(model, gen.tokens[:1], start, temperature)
+        logps = logps + 0 * idle.sum()
     mask = gen.mask
     return logps * mask, entropies * mask

@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any, Literal
 
 import orchestr as oc
+from orchestr.roles.trainer import SHARDING
 
 from ._faults import parse_kill
 from ._llama import Checkpoint
@@ -159,6 +160,11 @@ class GRPOConfig:
                 "a data-parallel trainer mesh is not restarted (its process group cannot be "
                 "joined again yet), so a kill of a trainer needs trainers=1"
             )
+        sharding = self.trainer_options.get("sharding", "none")
+        if sharding not in SHARDING:
+            raise oc.ConfigError(f"sharding must be one of {', '.join(SHARDING)}, got {sharding!r}")
+        if sharding == "full" and self.trainers < 2:
+            raise oc.ConfigError("sharding='full' shards over two or more trainers")
         if self.train.prompts_per_step % self.trainers:
             raise oc.ConfigError(
                 f"prompts_per_step ({self.train.prompts_per_step}) must split evenly over "

@@ -110,9 +110,7 @@ async def run_grpo(
         exported = ""
         if config.export_dir is not None:  # the trained policy, out as a Hugging Face folder
             # a resumed run may replace the folder of the run it extends (more steps)
-            exported = await job.trainers[0].export_hf.call_one(
-                config.export_dir, None, config.resume
-            )
+            exported = await job.on_trainer("export_hf", config.export_dir, None, config.resume)
         if job.injector is not None:
             job.injector.check()
     finally:

@@ -15,6 +15,7 @@ import orchestr as oc
 from orchestr import clock
 from orchestr.roles._common._weights import WeightsRef
 from orchestr.roles.generator import Completion
+from orchestr.roles.trainer import call_trainer
 from orchestr.tasks import TaskOwner
 
 from ._config import GRPOConfig, StepRecord
@@ -120,6 +121,11 @@ class Job:
         if self.injector is not None:
             self.injector.on_step(step)
 
+    async def on_trainer(self, endpoint: str, *args: Any) -> Any:
+        """The trainer's answer: member 0's, asked of every member when they are sharded."""
+        sharded = self.cfg.trainer_options.get("sharding") == "full"
+        return await call_trainer(self.trainers, sharded, endpoint, *args)
+
     @property
     def trainer_restarts(self) -> bool:
         return self.cfg.trainers == 1 and self.cfg.checkpoint_every > 0
@@ -210,7 +216,7 @@ class Job:
 
     async def publish(self) -> WeightsRef:
         self.phase = "sync"
-        ref: WeightsRef = await self.trainers[0].publish.call_one()
+        ref: WeightsRef = await self.on_trainer("publish")
         # from the trainer the batch began with, unless it died meanwhile (then the batch is
         # rolled back, and loads of this ref count as lost)
         self.current_ref, self.ref_epoch = ref, self.step_epoch
@@ -309,13 +315,13 @@ class Job:
         (``model-00020/`` for version 20)."""
         assert self.cfg.export_dir is not None
         folder = f"{self.cfg.export_dir.rstrip(os.sep)}-{version:05d}"
-        exported: str = await self.trainers[0].export_hf.call_one(folder, None, True)
+        exported: str = await self.on_trainer("export_hf", folder, None, True)
         return exported
 
     async def evaluate(self, version: int) -> float:
         self.phase = "eval"
         prompts, caps = self.source.held_out()
-        completions = await self.trainers[0].greedy.call_one(prompts, caps)
+        completions = await self.on_trainer("greedy", prompts, caps)
         payload = self.source.held_out_payload(completions)
         rewards = None
         if payload is not None:

@@ -135,11 +135,14 @@ class TrainerSection:
     """The trainer's arithmetic: ``dtype`` ``float32`` or ``bfloat16`` (autocast, float32
     weights); ``micro_batch_tokens`` bounds a forward pass's padded tokens, gradients
     accumulated over a batch's micro-batches (0: the whole batch at once);
-    ``activation_checkpointing`` recomputes each layer's activations in the backward pass."""
+    ``activation_checkpointing`` recomputes each layer's activations in the backward pass;
+    ``sharding`` ``full`` shards the parameters, gradients and optimizer state over the
+    ``layout.trainers`` (two or more) instead of replicating them (FSDP2)."""
 
     dtype: str = "float32"
     micro_batch_tokens: int = 0
     activation_checkpointing: bool = False
+    sharding: str = "none"
 
 
 @dataclasses.dataclass(frozen=True)

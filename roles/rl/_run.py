@@ -208,6 +208,7 @@ def plan_rl(config: RLConfig, run_dir: str | None = None, *, resume: bool = Fals
                 "dtype": config.trainer.dtype,
                 "warmup_steps": config.schedule.warmup_steps,
                 "activation_checkpointing": config.trainer.activation_checkpointing,
+                "sharding": config.trainer.sharding,
             },
         )
     except oc.ConfigError as exc:

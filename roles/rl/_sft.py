@@ -30,7 +30,7 @@ import orchestr as oc
 from orchestr import clock
 from orchestr.roles._common._hf._tokenizer import Tokenizer
 from orchestr.roles.models import read_config
-from orchestr.roles.trainer import Trainer
+from orchestr.roles.trainer import Trainer, call_trainer
 
 from ._sft_data import SFTOrder, SFTRows, load_sft_rows, shares
 from ._sftconfig import SFTConfig
@@ -72,6 +72,7 @@ class SFTPlan:
             "warmup_steps": s.warmup_steps,
             "dtype": t.dtype,
             "activation_checkpointing": t.activation_checkpointing,
+            "sharding": t.sharding,
         }
 
 
@@ -220,8 +221,9 @@ async def run_sft(
             await ctx.init_distributed(trainers)
         result = await _train(ctx, plan, trainers, writer, on_step)
         if config.run.export:
-            result.exported = await trainers[0].export_hf.call_one(
-                os.path.join(plan.run_dir, "model")
+            sharded = config.trainer.sharding == "full"
+            result.exported = await call_trainer(
+                trainers, sharded, "export_hf", os.path.join(plan.run_dir, "model")
             )
         result.digests = [d["digest"] for d in await trainers.digest.call()]
         finished = result
@@ -245,10 +247,11 @@ async def _train(
     result = SFTResult([], [], 0.0, 0.0, "", [])
     held_out = plan.held_out.samples()
     start = clock.perf_counter()
+    sharded = config.trainer.sharding == "full"
 
     async def evaluate(version: int) -> float:
         async with ctx.phase("eval"):
-            out = await trainers[0].sft_loss.call_one(held_out)
+            out = await call_trainer(trainers, sharded, "sft_loss", held_out)
         loss, wall = float(out["loss"]), clock.perf_counter() - start
         result.evals.append((version, loss, wall))
         writer.line({"kind": "eval", "version": version, "held_out": loss, "wall_s": wall})
@@ -288,6 +291,6 @@ async def _train(
         every = run.export_every if run.export else 0
         if every and version % every == 0 and version < s.steps:  # the last: model/
             folder = os.path.join(plan.run_dir, f"model-{version:05d}")
-            await trainers[0].export_hf.call_one(folder, None, True)
+            await call_trainer(trainers, sharded, "export_hf", folder, None, True)
     result.wall_s = clock.perf_counter() - start
     return result

@@ -16,7 +16,7 @@ import typing
 from typing import Any, ClassVar
 
 import orchestr as oc
-from orchestr.roles.trainer import UpdateConfig, scheduled_lr
+from orchestr.roles.trainer import SHARDING, UpdateConfig, scheduled_lr
 
 from ._rlconfig import RunSection, TrainerSection, did_you_mean, read_config_table, section_from
 from ._sft_data import SFTDataSpec
@@ -151,6 +151,13 @@ def _check(config: SFTConfig) -> None:
         raise fail(
             "trainer", f"dtype must be one of {', '.join(DTYPES)}, got {config.trainer.dtype!r}"
         )
+    if config.trainer.sharding not in SHARDING:
+        raise fail(
+            "trainer",
+            f"sharding must be one of {', '.join(SHARDING)}, got {config.trainer.sharding!r}",
+        )
+    if config.trainer.sharding == "full" and config.layout.trainers < 2:
+        raise fail("trainer", "sharding='full' shards over two or more layout.trainers")
     if config.trainer.micro_batch_tokens < 0:
         raise fail("trainer", "micro_batch_tokens must be >= 0 (0: the whole batch at once)")
     try:

@@ -10,6 +10,7 @@ from ._grpo import KL_ESTIMATORS, LOSS_AGGREGATIONS, grpo_loss, kl_penalty
 from ._schedule import LR_SCHEDULES, scheduled_lr
 from ._sft import sft_loss, sft_update
 from ._shaping import overlong_penalty
+from ._sharding import SHARDING, call_trainer
 from ._update import UpdateConfig, grpo_update
 
 __all__ = [
@@ -17,8 +18,10 @@ __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "LR_SCHEDULES",
+    "SHARDING",
     "Trainer",
     "UpdateConfig",
+    "call_trainer",
     "group_advantages",
     "grpo_loss",
     "grpo_update",

@@ -49,6 +49,7 @@ from ._sharding import (
     is_sharded,
     load_sharded,
     local_state_bytes,
+    reshard,
     save_sharded,
     shard_model,
 )
@@ -235,6 +236,8 @@ class Trainer(oc.Actor):
             shard_model(self.model)
             self.runner = self.backend.prepare(self.model)
             self.optimizer = torch.optim.AdamW(self.model.parameters(), **self.optimizer_args)  # type: ignore[arg-type]
+        elif is_sharded(self.model):
+            reshard(self.model)  # from the shards, whatever ran last
 
     def _set_rate(self) -> float:
         """Set (and return) the learning rate of the batch trained at this version."""

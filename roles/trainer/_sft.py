@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from orchestr.roles._common._rollout import Generation, completion_logprobs, pack
+from orchestr.roles._common._rollout import Generation, completion_logprobs, forward_groups, pack
 
 from ._micro import split
-from ._sharding import is_sharded, pad_parts, summed, to_float
+from ._sharding import is_sharded, plan_passes, summed, to_float
 from ._update import UpdateConfig, autocast, rank_and_world, sum_gradients
 
 __all__ = ["sft_batch", "sft_evaluate", "sft_loss", "sft_update"]
@@ -113,11 +113,11 @@ def sft_update(
     model.train()
     optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    # a sharded model's ranks run as many passes as each other: the extra ones count nothing
-    for maybe in pad_parts(parts, model):
+    # a sharded model's ranks call it as often as each other: the extra calls count nothing
+    for maybe, calls in plan_passes(parts, model, lambda p: forward_groups(p.gen)):
         part = maybe or parts[0]
         with autocast(device, autocast_dtype):
-            logp, _ = completion_logprobs(model, part.gen, whole=is_sharded(model))
+            logp, _ = completion_logprobs(model, part.gen, calls=calls)
         loss = sft_loss(logp, part.mask, total) * (maybe is not None)
         loss.backward()  # type: ignore[no-untyped-call]
         loss_sum += loss.detach().to(torch.float64)

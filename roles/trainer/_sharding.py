@@ -9,9 +9,9 @@ backward reduce-scatters each unit's gradients. The gradients are *summed* acros
 (:func:`summed` undoes FSDP's mean), as the replicated trainer's all-reduce sums them: every
 loss inside is already divided by the whole batch's count.
 
-FSDP's gathers and reduce-scatters are collectives, so every rank must run as many forward
-and backward passes as the others: :func:`pad_parts` makes the micro-batch counts equal, the
-extra passes' losses multiplied by zero. The evaluation endpoints run collectives too: with
+FSDP's gathers and reduce-scatters are collectives, so every rank must call the model as often
+as the others: :func:`plan_passes` makes the micro-batch counts and each micro-batch's forward
+calls (one per prompt length) equal across ranks, the extra ones' outputs multiplied by zero. The evaluation endpoints run collectives too: with
 sharding, call them on every member together.
 
 Checkpoints are written from the shards with ``torch.distributed.checkpoint`` (each rank its
@@ -21,7 +21,7 @@ on the rank that writes them. No I/O here but through torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -31,11 +31,13 @@ import orchestr as oc
 
 __all__ = [
     "SHARDING",
+    "call_trainer",
     "full_tensors",
     "is_sharded",
     "load_sharded",
     "local_state_bytes",
-    "pad_parts",
+    "plan_passes",
+    "reshard",
     "save_sharded",
     "shard_model",
     "summed",
@@ -47,6 +49,15 @@ __all__ = [
 SHARDING = ("none", "full")
 
 T = TypeVar("T")
+
+
+async def call_trainer(trainers: oc.Mesh, sharded: bool, endpoint: str, *args: Any) -> Any:
+    """The answer of member 0 of ``trainers`` to ``endpoint(*args)``: asked of member 0 alone,
+    or, ``sharded``, of every member together (each runs the collectives), as a sharded
+    trainer needs."""
+    if sharded:
+        return (await getattr(trainers, endpoint).call(*args))[0]
+    return await getattr(trainers[0], endpoint).call_one(*args)
 
 
 def units(model: nn.Module) -> list[nn.Module]:
@@ -92,6 +103,18 @@ def summed(params: Sequence[nn.Parameter], world: int) -> None:
             p.grad.mul_(world)
 
 
+def reshard(model: nn.Module) -> None:
+    """Free the gathered weights of every unit of a sharded ``model``. A forward pass without
+    gradients (an evaluation) leaves the root unit's weights gathered, and a training step that
+    starts from there computes the root's gradients wrongly (seen with torch 2.13: the step
+    after an evaluation had another gradient norm), so a step starts from the shards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def is_sharded(model: nn.Module) -> bool:
     """Whether ``model`` is FSDP2-sharded."""
     from torch.distributed.fsdp import FSDPModule
@@ -99,17 +122,25 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def pad_parts(parts: Sequence[T], model: nn.Module) -> list[T | None]:
-    """``parts`` followed by ``None`` up to the most any rank has: a sharded model's ranks
-    must run as many passes as each other. Unsharded: ``parts`` as they are."""
-    padded: list[T | None] = list(parts)
+def plan_passes(
+    parts: Sequence[T], model: nn.Module, calls_of: Callable[[T], int]
+) -> list[tuple[T | None, int | None]]:
+    """The passes over ``parts`` a sharded model's ranks can run together: as many as the most
+    any rank has (the extra ones ``None``: run the first part again, counting nothing), each
+    with the most forward calls any rank's pass at that place makes (``calls_of`` of the part
+    that runs there), which every rank then makes. Unsharded: each part, calls ``None``."""
     if not is_sharded(model):
-        return padded
+        return [(p, None) for p in parts]
     from torch import distributed as dist
 
     count = torch.tensor([len(parts)], dtype=torch.int64)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    return padded + [None] * (int(count) - len(parts))
+    n = int(count)
+    calls = torch.tensor(
+        [calls_of(parts[i] if i < len(parts) else parts[0]) for i in range(n)], dtype=torch.int64
+    )
+    dist.all_reduce(calls, op=dist.ReduceOp.MAX)
+    return [(parts[i] if i < len(parts) else None, int(calls[i])) for i in range(n)]
 
 
 def to_float(value: torch.Tensor) -> float:

@@ -22,12 +22,12 @@ import dataclasses
 import torch
 from torch import nn
 
-from orchestr.roles._common._rollout import Generation, completion_logprobs
+from orchestr.roles._common._rollout import Generation, completion_logprobs, forward_groups
 
 from ._advantages import ADVANTAGE_ESTIMATORS
 from ._grpo import KL_ESTIMATORS, LOSS_AGGREGATIONS, aggregate, grpo_loss, kl_penalty
 from ._micro import Part, split
-from ._sharding import is_sharded, pad_parts, summed, to_float
+from ._sharding import is_sharded, plan_passes, summed, to_float
 
 __all__ = ["UpdateConfig", "autocast", "grpo_update", "rank_and_world", "sum_gradients"]
 
@@ -209,16 +209,15 @@ def grpo_update(
         return autocast(device, autocast_dtype)
 
     model.train()
-    # a sharded model's ranks run as many passes as each other: the extra ones count nothing
-    padded = pad_parts(parts, model)
-    whole = is_sharded(model)  # one forward per part, whatever its prompts' lengths
+    # a sharded model's ranks call it as often as each other: the extra calls count nothing
+    passes = plan_passes(parts, model, lambda p: forward_groups(p.gen))
     proximal: list[torch.Tensor | None] = [None] * len(parts)
     if config.decoupled:
         with torch.no_grad():
-            for j, maybe in enumerate(padded):
+            for j, (maybe, calls) in enumerate(passes):
                 with forward():
                     logp, _ = completion_logprobs(
-                        model, (maybe or parts[0]).gen, config.temperature, whole=whole
+                        model, (maybe or parts[0]).gen, config.temperature, calls=calls
                     )
                 if maybe is not None:
                     proximal[j] = logp
@@ -226,18 +225,18 @@ def grpo_update(
     stats: dict[str, float] = {}
     for i in range(config.updates):
         optimizer.zero_grad(set_to_none=True)
-        for j, maybe in enumerate(padded):
+        for j, (maybe, calls) in enumerate(passes):
             if maybe is None:
                 with forward():
                     logp, _ = completion_logprobs(
-                        model, parts[0].gen, config.temperature, whole=whole
+                        model, parts[0].gen, config.temperature, calls=calls
                     )
                 (logp.sum() * 0).backward()  # type: ignore[no-untyped-call]
                 continue
             part = maybe
             with forward():
                 logp, entropy = completion_logprobs(
-                    model, part.gen, config.temperature, whole=whole
+                    model, part.gen, config.temperature, calls=calls
                 )
             if i == 0:
                 diff = torch.where(part.mask > 0, (logp.detach() - part.gen.logprobs).abs(), 0.0)
@@ -249,7 +248,7 @@ def grpo_update(
             loss.backward()  # type: ignore[no-untyped-call]
             # one part: its stats as they are (adding them to 0.0 could flip a zero's sign)
             stats = part_stats if j == 0 else {k: stats[k] + v for k, v in part_stats.items()}
-        if world > 1 and not whole:
+        if world > 1 and not is_sharded(model):
             sum_gradients(params)
         elif world > 1:
             summed(params, world)  # a sharded model's backward reduced them, to a mean

@@ -7,6 +7,7 @@ Started by a node as ``python -m orchestr._cluster._worker`` with its identity a
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import ctypes
 import faulthandler
@@ -231,6 +232,16 @@ def main() -> None:
         job=env.get("ORCHESTR_JOB_ID"),
     )
     run_loop(serve_worker())
+    # Everything the worker holds is closed by now. The interpreter's own teardown of the
+    # modules is what is left, and with torch imported it takes about half a second, in every
+    # worker and at every mesh's stop. So the exit handlers run (weakref finalizers, logging's
+    # flush, thread joins) and the process ends without that teardown.
+    atexit._run_exitfuncs()
+    for stream in (log_file, sys.stdout, sys.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

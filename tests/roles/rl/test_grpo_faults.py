@@ -92,8 +92,16 @@ LEARNING = {
 }
 
 
+#: The sync mode is left out of the random kills here: its kills change nothing at all (the
+#: first test of this module: the calm run's weights, bit for bit, after a kill of each role in
+#: the phase where it works), and the learning tests run in sync mode
+#: (``tests/roles/rl/test_rl_learning.py``). What a random kill could still find there cost
+#: 70 s of CI's 30 minutes.
+RANDOM_KILL_MODES = tuple(mode for mode in MODES if mode != "sync")
+
+
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", RANDOM_KILL_MODES)
 def test_each_mode_learns_through_the_example_while_each_role_is_killed(
     mode: str, tmp_path: pathlib.Path
 ) -> None:

@@ -1,7 +1,7 @@
-"""An SFT run end to end on an embedded cluster: a tiny checkpoint learns a trivial mapping
-(``Say 7:`` -> ``7``) from JSONL rows, its held-out loss falls, the run folder holds what it
-should, the exported ``model/`` loads in ``transformers`` with orchestr's logits, and an RL
-config can start from it."""
+"""An SFT run end to end on an embedded cluster, on two trainers sharding the model: a tiny
+checkpoint learns a trivial mapping (``Say 7:`` -> ``7``) from JSONL rows, its held-out loss
+falls, the run folder holds what it should, the exported ``model/`` loads in ``transformers``
+with orchestr's logits, and an RL config can start from it."""
 
 from __future__ import annotations
 
@@ -40,7 +40,9 @@ async def test_sft_learns_the_rows_and_exports_a_model_transformers_loads(
         '[data]\npath = "rows.jsonl"\nheld_out_fraction = 0.125\nchat = true\n'
         "[schedule]\nsteps = 30\nbatch_size = 8\nlr = 1e-2\nwarmup_steps = 3\n"
         'lr_schedule = "cosine"\neval_every = 10\n'
-        "[trainer]\nmicro_batch_tokens = 64\n"
+        # two trainers sharding the model (FSDP2): the export gathers it whole
+        '[trainer]\nmicro_batch_tokens = 64\nsharding = "full"\n'
+        "[layout]\ntrainers = 2\n"
         "[run]\nexport_every = 15\n"
     )
     config = load_sft_config(str(tmp_path / "sft.toml"))
