@@ -111,7 +111,12 @@ class Pipeline:
             )
             for r in range(self.schedule.ranks)
         ]
-        results: list[dict[str, Any]] = await asyncio.gather(*calls)
+        # a rank that fails tells the others to give the step up, so every call returns
+        done = await asyncio.gather(*calls, return_exceptions=True)
+        errors = [r for r in done if isinstance(r, BaseException)]
+        if errors:  # the failure itself rather than the others' abandoning of the step
+            raise next((e for e in errors if "was abandoned" not in str(e)), errors[0])
+        results: list[dict[str, Any]] = list(done)  # type: ignore[arg-type]
         timelines = [r["timeline"] for r in results]
         starts = [t[3] for tl in timelines for t in tl]
         ends = [t[4] for tl in timelines for t in tl]

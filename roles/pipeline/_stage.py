@@ -10,16 +10,8 @@ or more through shared memory), never through the controller. A pass waits for i
 the rank's inbox; sends go out as the passes finish, without waiting for the receiver, so the
 links are unbounded (what :func:`~orchestr.roles.pipeline.check` calls ``capacity=None``).
 
-The backward passes:
-
-- ``B`` is ``torch.autograd.backward`` from the stage's output (or the micro-batch's loss on
-  the last stage): it accumulates the weights' gradients and gives the input's.
-- ``BI`` (zero-bubble schedules) asks autograd for the input's gradient and for the gradient
-  of every output of a module holding parameters of its own, keeping the graph; ``BW`` later
-  takes each such module's weight gradients from its output's gradient alone, so it runs only
-  the modules' own backward nodes, not the whole chain again. A stage whose parametrised
-  modules return anything but one tensor falls back to a ``BW`` that runs the stage's backward
-  to its weights again (correct, slower).
+The passes themselves, the split backward of zero-bubble schedules included, are
+:mod:`._passes`.
 
 Each micro-batch's loss is divided by the number of micro-batches before its backward, so a
 step's gradients are those of the mean loss over the whole batch: what the single-process
@@ -29,7 +21,6 @@ model gives for the batch (the tests hold them to float tolerance for every sche
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -43,23 +34,12 @@ from orchestr.tasks import TaskOwner
 
 from ._builders import build
 from ._ops import Op, Pass, Schedule
+from ._passes import Saved, backward, backward_input, backward_weights, forward
 
 __all__ = ["PipelineStage"]
 
 ACTIVATION = "activation"
 GRADIENT = "gradient"
-
-
-@dataclasses.dataclass
-class _Saved:
-    """What a forward keeps until its backward: the stage's input and output (the loss, on the
-    last stage), and the parametrised modules' outputs for a split backward."""
-
-    x: torch.Tensor
-    out: torch.Tensor
-    leaves: list[tuple[torch.Tensor, list[torch.nn.Parameter]]] | None
-    grad_out: torch.Tensor | None = None
-    leaf_grads: list[torch.Tensor | None] | None = None
 
 
 class PipelineStage(oc.Actor):
@@ -108,6 +88,7 @@ class PipelineStage(oc.Actor):
         self._peers: oc.Mesh | None = None
         self._inbox: dict[tuple[int, str, int, int], asyncio.Future[torch.Tensor]] = {}
         self._step = 0
+        self._abandoned: dict[int, str] = {}  # step -> why, once a rank failed in it
         self._split = any(op.kind is Pass.BW for ops in self.schedule.ops for op in ops)
 
     def _build(self) -> None:
@@ -176,7 +157,19 @@ class PipelineStage(oc.Actor):
             raise ValueError(f"pipeline item {key} arrived twice")
         future.set_result(value)
 
+    @oc.endpoint(concurrent=True)
+    async def abandon(self, step: int, why: str) -> None:
+        """Give ``step`` up: a rank failed in it, so what this rank waits for in it will never
+        come. Its waits end with the reason; idempotent."""
+        self._abandoned[step] = why
+        for key, future in self._inbox.items():
+            if key[0] == step and not future.done():
+                future.set_exception(RuntimeError(why))
+
     async def _get(self, key: tuple[int, str, int, int]) -> torch.Tensor:
+        why = self._abandoned.get(key[0])
+        if why is not None:
+            raise RuntimeError(why)
         future = self._inbox.setdefault(key, asyncio.get_running_loop().create_future())
         try:
             return await future
@@ -217,11 +210,34 @@ class PipelineStage(oc.Actor):
         self._step = step
         for module in self._chunks.values():
             module.zero_grad(set_to_none=True)
-        saved: dict[tuple[int, int], _Saved] = {}
         losses: list[float] = [math.nan] * m
-        timeline: list[list[Any]] = []
         for old in [k for k in self._inbox if k[0] < step]:
             del self._inbox[old]  # a failed step's items
+        self._abandoned = {k: v for k, v in self._abandoned.items() if k >= step}
+        try:
+            timeline = await self._run(step, inputs, targets, losses)
+        except BaseException as exc:
+            if step not in self._abandoned:  # the first to fail tells the others to stop waiting
+                why = f"step {step} was abandoned: rank {self.rank} failed: {exc!r:.200}"
+                self._abandoned[step] = why
+                assert self._peers is not None
+                self._peers.abandon.broadcast(step, why)
+            raise
+        if update and self._optimizer is not None:
+            self._optimizer.step()
+        self._step = step + 1
+        return {"losses": losses if self.rank == s.ranks - 1 else [], "timeline": timeline}
+
+    async def _run(
+        self,
+        step: int,
+        inputs: list[torch.Tensor] | None,
+        targets: list[torch.Tensor] | None,
+        losses: list[float],
+    ) -> list[list[Any]]:
+        s, m = self.schedule, self.schedule.microbatches
+        saved: dict[tuple[int, int], Saved] = {}
+        timeline: list[list[Any]] = []
         sent: list[asyncio.Task[None]] = []
         async with TaskOwner() as sends:
             for op in s.ops[self.rank]:
@@ -251,10 +267,10 @@ class PipelineStage(oc.Actor):
                         item.grad_out = await self._get((step, GRADIENT, stage, op.microbatch))
                     start = time.perf_counter()
                     if op.kind is Pass.B:
-                        grad_x = await asyncio.to_thread(self._backward, item)
+                        grad_x = await asyncio.to_thread(backward, item)
                         del saved[key]
                     else:
-                        grad_x = await asyncio.to_thread(self._backward_input, item)
+                        grad_x = await asyncio.to_thread(backward_input, item)
                     end = time.perf_counter()
                     if stage > 0:
                         if grad_x is None:
@@ -265,10 +281,7 @@ class PipelineStage(oc.Actor):
                         sent += self._send(sends, step, GRADIENT, stage - 1, op.microbatch, grad_x)
                 timeline.append([str(op.kind), op.microbatch, op.chunk, start, end])
             await asyncio.gather(*sent)  # every send's failure surfaces here
-        if update and self._optimizer is not None:
-            self._optimizer.step()
-        self._step = step + 1
-        return {"losses": losses if self.rank == s.ranks - 1 else [], "timeline": timeline}
+        return timeline
 
     def _send(
         self, owner: TaskOwner, step: int, what: str, stage: int, mb: int, value: torch.Tensor
@@ -281,63 +294,14 @@ class PipelineStage(oc.Actor):
         call = self._peers[rank].take.call_one(step, what, stage, mb, value.contiguous())
         return [owner.start(call, name=f"pipeline send {what} {stage}.{mb}")]
 
-    def _forward(self, op: Op, x: torch.Tensor, target: torch.Tensor | None, m: int) -> _Saved:
-        module = self._chunk(op)
+    def _forward(self, op: Op, x: torch.Tensor, target: torch.Tensor | None, m: int) -> Saved:
+        loss = None if target is None else (lambda out: self._loss(out, target) / m)
         x = x.detach().requires_grad_(self.schedule.stage(op) > 0)
-        leaves: list[tuple[torch.Tensor, list[torch.nn.Parameter]]] | None = None
-        hooks = []
-        if self._split:
-            leaves = []
-            for sub in module.modules():
-                own = [p for p in sub.parameters(recurse=False) if p.requires_grad]
-                if own:
-                    hooks.append(sub.register_forward_hook(_collect(leaves, own)))
-        try:
-            out = module(x)
-        finally:
-            for hook in hooks:
-                hook.remove()
-        if leaves is not None and any(t is None for t, _ in leaves):
-            leaves = None  # a module gave something but one tensor: BW runs the stage again
-        if target is not None:
-            out = self._loss(out, target) / m
-        return _Saved(x, out, leaves)
+        return forward(self._chunk(op), x, loss, split=self._split)
 
-    @staticmethod
-    def _backward(item: _Saved) -> torch.Tensor | None:
-        torch.autograd.backward(item.out, item.grad_out)
-        return item.x.grad if item.x.requires_grad else None
-
-    @staticmethod
-    def _backward_input(item: _Saved) -> torch.Tensor | None:
-        wanted: list[torch.Tensor] = [item.x] if item.x.requires_grad else []
-        leaves = item.leaves or []
-        wanted += [t for t, _ in leaves]
-        if not wanted:
-            return None
-        grads = torch.autograd.grad(
-            item.out, wanted, item.grad_out, retain_graph=True, allow_unused=True
-        )
-        grad_x = grads[0] if item.x.requires_grad else None
-        item.leaf_grads = list(grads[1:] if item.x.requires_grad else grads)
-        return grad_x
-
-    def _backward_weights(self, item: _Saved) -> None:
-        pairs: list[tuple[torch.Tensor, list[torch.nn.Parameter], torch.Tensor | None]]
-        if item.leaves is not None and item.leaf_grads is not None:
-            pairs = [
-                (t, params, g)
-                for (t, params), g in zip(item.leaves, item.leaf_grads, strict=True)
-                if g is not None
-            ]
-        else:
-            params = [p for m in self._chunks.values() for p in m.parameters() if p.requires_grad]
-            pairs = [(item.out, params, item.grad_out)]
-        for out, params, grad in pairs:
-            got = torch.autograd.grad(out, params, grad, retain_graph=True, allow_unused=True)
-            for p, g in zip(params, got, strict=True):
-                if g is not None:
-                    p.grad = g if p.grad is None else p.grad + g
+    def _backward_weights(self, item: Saved) -> None:
+        params = [p for m in self._chunks.values() for p in m.parameters() if p.requires_grad]
+        backward_weights(item, params)
 
     @oc.endpoint
     def grads(self) -> dict[int, dict[str, torch.Tensor]]:
@@ -361,14 +325,3 @@ class PipelineStage(oc.Actor):
             }
             for chunk, module in self._chunks.items()
         }
-
-
-def _collect(
-    leaves: list[tuple[torch.Tensor, list[torch.nn.Parameter]]],
-    params: list[torch.nn.Parameter],
-) -> Callable[..., None]:
-    def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-        tensor = output if isinstance(output, torch.Tensor) and output.requires_grad else None
-        leaves.append((tensor, params))  # type: ignore[arg-type]
-
-    return hook

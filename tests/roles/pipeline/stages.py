@@ -56,3 +56,16 @@ def make_pair(stage: int, stages: int, width: int = WIDTH) -> nn.Module:
             return self.head(left * right)
 
     return Stage()
+
+
+class _Guard(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("a non-finite activation reached the last stage")
+        return x
+
+
+def make_guarded(stage: int, stages: int, width: int = WIDTH) -> nn.Module:
+    """:func:`make_stage`, the last stage refusing a non-finite input (a rank that fails)."""
+    inner = make_stage(stage, stages, width)
+    return nn.Sequential(_Guard(), inner) if stage == stages - 1 else inner

@@ -104,6 +104,22 @@ async def test_a_split_backward_falls_back_for_modules_that_return_tuples(
             torch.testing.assert_close(grads[stage][name], p.grad, rtol=1e-5, atol=1e-6)
 
 
+async def test_a_rank_that_fails_fails_the_step_and_the_next_step_runs(
+    ctx: oc.JobContext,
+) -> None:
+    pipe = await Pipeline.spawn(
+        ctx, "tests.roles.pipeline.stages:make_guarded", schedule="1f1b", ranks=2, microbatches=4
+    )
+    x, y = batch()
+    bad = x.clone()
+    bad[0, 0] = float("nan")  # through rank 0, then refused by rank 1's first forward
+    with pytest.raises(oc.ActorError, match="non-finite activation") as info:
+        await pipe.step(bad, y)
+    assert info.value.remote_type == "ValueError"  # the cause, not rank 0's abandoned wait
+    result = await pipe.step(x, y, update=False)  # nobody is left waiting on the failed step
+    assert len(result.losses) == 4 and all(loss == loss for loss in result.losses)
+
+
 async def test_bad_inputs_are_refused(ctx: oc.JobContext) -> None:
     with pytest.raises(oc.ConfigError, match="pipeline schedule"):
         await Pipeline.spawn(ctx, MODEL, schedule="nope")
