@@ -11,8 +11,9 @@ loss inside is already divided by the whole batch's count.
 
 FSDP's gathers and reduce-scatters are collectives, so every rank must call the model as often
 as the others: :func:`plan_passes` makes the micro-batch counts and each micro-batch's forward
-calls (one per prompt length) equal across ranks, the extra ones' outputs multiplied by zero. The evaluation endpoints run collectives too: with
-sharding, call them on every member together.
+calls (one per prompt length) equal across ranks, the extra ones' outputs multiplied by zero.
+The evaluation endpoints run collectives too: with sharding, call them on every member
+together, and a step starts from the shards (:func:`reshard`).
 
 Checkpoints are written from the shards with ``torch.distributed.checkpoint`` (each rank its
 own pieces, into one folder); the Hugging Face export gathers the full tensors one at a time
