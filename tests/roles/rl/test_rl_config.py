@@ -87,6 +87,19 @@ def test_a_bad_config_is_refused_naming_the_key(table: dict[str, object], says: 
     assert says in str(info.value) and str(info.value).startswith("my.toml: ")
 
 
+def test_sharding_is_checked_when_planned() -> None:
+    for value, says in [
+        ("'half'", "sharding must be one of none, full"),
+        ("'full'", "two or more"),
+    ]:
+        config = load_rl_config(str(DIGITS), [f"trainer.sharding={value}"])
+        with pytest.raises(oc.ConfigError, match=says):
+            plan_rl(config, run_dir="/tmp/unused-run")
+    sharded = load_rl_config(str(DIGITS), ["trainer.sharding='full'", "layout.trainers=2"])
+    plan = plan_rl(sharded, run_dir="/tmp/unused-run")
+    assert plan.job.trainer_options["sharding"] == "full" and plan.job.trainers == 2
+
+
 def test_overrides_are_checked(tmp_path: pathlib.Path) -> None:
     with pytest.raises(oc.ConfigError, match="SECTION.KEY=VALUE"):
         load_rl_config(str(DIGITS), ["steps=3"])

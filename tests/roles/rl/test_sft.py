@@ -85,6 +85,11 @@ def test_refusals_name_the_section_the_key_and_the_fix() -> None:
     )
     _refused({**ok, "schedule": {"betas": [0.9]}}, r"\[schedule\] betas must be two numbers")
     _refused({**ok, "trainer": {"dtype": "float16"}}, r"\[trainer\] dtype must be one of")
+    _refused({**ok, "trainer": {"sharding": "half"}}, r"\[trainer\] sharding must be one of")
+    _refused(
+        {**ok, "trainer": {"sharding": "full"}},
+        r"\[trainer\] sharding='full' shards over two or more layout.trainers",
+    )
     _refused(
         {**ok, "layout": {"trainers": 4}, "schedule": {"batch_size": 2}},
         r"\[layout\] 4 trainers need at least as many rows a step; raise schedule.batch_size",
