@@ -100,8 +100,4 @@ def simulate_pipeline(
     for rank in range(schedule.ranks):
         engine.at(0, try_start, rank, name="rank start")
     engine.run()
-    makespan = max((e[-1] for e in ends if e), default=0.0)
-    busy_s = tuple(sum(cost.of(op.kind) for op in rank_ops) for rank_ops in ops)
-    total = makespan * schedule.ranks
-    bubble = (total - sum(busy_s)) / total if total > 0 else 0.0
-    return Timing(makespan, busy_s, bubble, tuple(map(tuple, starts)), tuple(map(tuple, ends)))
+    return Timing.of(schedule, cost, tuple(map(tuple, starts)), tuple(map(tuple, ends)))

@@ -57,6 +57,22 @@ class Timing:
     starts: tuple[tuple[float, ...], ...]
     ends: tuple[tuple[float, ...], ...]
 
+    @classmethod
+    def of(
+        cls,
+        schedule: Schedule,
+        cost: Cost,
+        starts: tuple[tuple[float, ...], ...],
+        ends: tuple[tuple[float, ...], ...],
+    ) -> Timing:
+        """The timing of ``schedule`` whose operations ran from ``starts`` to ``ends``, each
+        pass taking what ``cost`` says: the makespan, busy times and bubble follow."""
+        makespan = max((e[-1] for e in ends if e), default=0.0)
+        busy = tuple(sum(cost.of(op.kind) for op in ops) for ops in schedule.ops)
+        total = makespan * schedule.ranks
+        bubble = (total - sum(busy)) / total if total > 0 else 0.0
+        return cls(makespan, busy, bubble, starts, ends)
+
 
 def run(schedule: Schedule, cost: Cost | None = None, *, capacity: int | None = 1) -> Timing:
     """Execute ``schedule`` in virtual time under ``cost`` (default :class:`Cost`), with links
@@ -71,11 +87,7 @@ def run(schedule: Schedule, cost: Cost | None = None, *, capacity: int | None = 
         return cost.of(op.kind)
 
     done = execute(schedule, duration, latency=cost.latency, capacity=capacity)
-    makespan = max((ends[-1] for ends in done.ends if ends), default=0.0)
-    busy = tuple(sum(cost.of(op.kind) for op in ops) for ops in schedule.ops)
-    total = makespan * schedule.ranks
-    bubble = (total - sum(busy)) / total if total > 0 else 0.0
-    return Timing(makespan, busy, bubble, done.starts, done.ends)
+    return Timing.of(schedule, cost, done.starts, done.ends)
 
 
 def bubble_theory(kind: str, ranks: int, microbatches: int, chunks: int = 1) -> float:

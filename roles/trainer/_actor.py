@@ -236,7 +236,7 @@ class Trainer(oc.Actor):
             shard_model(self.model)
             self.runner = self.backend.prepare(self.model)
             self.optimizer = torch.optim.AdamW(self.model.parameters(), **self.optimizer_args)  # type: ignore[arg-type]
-        elif is_sharded(self.model):
+        elif self.sharding == "full":
             reshard(self.model)  # from the shards, whatever ran last
 
     def _set_rate(self) -> float:

@@ -22,6 +22,7 @@ on the rank that writes them. No I/O here but through torch.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -117,10 +118,10 @@ def reshard(model: nn.Module) -> None:
 
 
 def is_sharded(model: nn.Module) -> bool:
-    """Whether ``model`` is FSDP2-sharded."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
+    """Whether ``model`` is FSDP2-sharded. Free for a replicated trainer's steps: a sharded
+    model has imported FSDP, so without it nothing is."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
 
 
 def plan_passes(
