@@ -47,6 +47,8 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
         options["torch_threads"] = args.torch_threads
     if args.kv_read:
         options["handoff"] = {"read": args.kv_read}
+    if args.tp > 1:
+        options["tp"] = args.tp
     async with openai_server(
         ctx,
         args.model_dir,
@@ -97,6 +99,8 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
                     where = f"http://{args.host}:{port}/v1"
                 name = (args.served_model_name or [args.model_dir])[0]
                 pools = f"{args.generators} {args.engine} generator(s)"
+                if args.tp > 1:
+                    pools += f" of tp={args.tp}"
                 if args.prefill:
                     pools = f"{args.prefill} prefill + {args.generators} decode generator(s)"
                 if args.expert_hosts:
@@ -197,6 +201,14 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
         help="attention/FFN disaggregation: A generators run attention (and hold the KV "
         "cache), E expert hosts hold a MoE checkpoint's routed experts, or a dense one's "
         "MLPs in E slices",
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tensor parallelism: split each generator's model over N processes on its host "
+        "(attention heads, MLP and vocabulary; native engine; default 1)",
     )
     p.add_argument(
         "--micro-batches",

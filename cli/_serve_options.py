@@ -73,6 +73,23 @@ def check_options(args: argparse.Namespace) -> str | None:
     args.generators = args.generators or 1
     if args.micro_batches < 1:
         return f"--micro-batches must be 1 or more, got {args.micro_batches}"
+    if args.tp < 1:
+        return f"--tp must be 1 or more, got {args.tp}"
+    if args.tp > 1:
+        if args.engine != "native":
+            return "--tp splits the native engine's model; --engine vllm has its own options"
+        unsplit = [
+            flag
+            for flag, on in (
+                ("--prefill", args.prefill),
+                ("--afd", args.expert_hosts),
+                ("--kv-store-blocks", args.kv_store_blocks),
+                ("--micro-batches", args.micro_batches > 1),
+            )
+            if on
+        ]
+        if unsplit:
+            return f"--tp > 1 cannot be combined with {', '.join(unsplit)} yet"
     weight = args.router_prefill_weight
     if weight is not None and args.router != "kv":
         return f"--router-prefill-weight prices the kv router's cost; --router is {args.router}"

@@ -79,7 +79,10 @@ class Generator(oc.Actor):
     does, how it reads); ``experts`` (an :class:`~orchestr.roles.ExpertOptions`) runs the routed
     experts of every sparse layer on expert hosts; ``attention`` (an
     :class:`~orchestr.roles.AttentionOptions`; paged kernel) sends the core attention of long
-    decodes to attention servers. Each option group may be given as a dict of its fields.
+    decodes to attention servers. ``tp`` > 1 splits the checkpoint's model over that many
+    ranks (tensor parallelism: this process, which schedules, and ``tp - 1`` processes it
+    starts on this host, each with its share of the weights and of the KV pool; without
+    ``torch_threads`` each takes its share of this process's threads). Each option group may be given as a dict of its fields.
     ``on_handoff_failure``, ``kv_read``, ``expert_hosts``, ``expert_options``,
     ``attention_servers`` and ``attention_options``, the keywords those groups replace, are
     still read for this release, with a ``DeprecationWarning``."""
@@ -110,11 +113,14 @@ class Generator(oc.Actor):
         handoff: HandoffOptions | dict[str, Any] | None = None,
         experts: ExpertOptions | dict[str, Any] | None = None,
         attention: AttentionOptions | dict[str, Any] | None = None,
+        tp: int = 1,
         **deprecated: Any,
     ) -> None:
         if model is not None and checkpoint not in (None, model):
             raise oc.ConfigError("give the checkpoint once: model= or checkpoint=")
         handoff, experts, attention = legacy_options(deprecated, handoff, experts, attention)
+        if torch_threads is None and isinstance(tp, int) and tp > 1:
+            torch_threads = max(1, torch.get_num_threads() // tp)
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
         self._threads = torch.get_num_threads()  # also where steps run (in_thread's threads)
@@ -138,7 +144,17 @@ class Generator(oc.Actor):
             pad_id=pad_id,
             max_seq_len=max_seq_len,
             vocab_size=vocab_size,
+            tp=tp,
         )
+        if tp > 1:
+            unsplit = [k for k, v in (("kv_store", kv_store), ("experts", experts),
+                                      ("attention", attention)) if v is not None]  # fmt: skip
+            if unsplit:
+                engine_.close()
+                raise oc.ConfigError(
+                    f"{', '.join(unsplit)} cannot be used with tp={tp} yet: they move whole "
+                    "KV blocks or layers, and each rank holds a share"
+                )
         name = f"{self.mesh_name}[{self.rank}]"
         self._remote = RemoteParts(
             engine_,
@@ -152,6 +168,7 @@ class Generator(oc.Actor):
             self._engine,
             self._lock,
             as_options(HandoffOptions, handoff, "handoff") or HandoffOptions(),
+            tp,
         )
         self._weights = WeightSide(self._engine, weights, self._lock, self._threads, backend_)
         self._metrics = EngineMetrics(
@@ -366,6 +383,7 @@ class Generator(oc.Actor):
         await self._tasks.aclose()
         await close_store(self._engine)
         await self._handoff.aclose()
+        self._engine.close()
         self._fail_waiters(oc.ClosedResourceError("the generator was closed"))
 
     # -- weights (WeightSide) -----------------------------------------------------------------

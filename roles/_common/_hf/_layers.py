@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ._config import ModelConfig, RopeScaling
+
+if TYPE_CHECKING:
+    from ._tp import TPShard
 
 __all__ = [
     "MLP",
@@ -319,6 +323,9 @@ class CausalLM(nn.Module):
     """A decoder and its head: ``forward(tokens, lengths=None, positions=None)`` gives
     logits ``[batch, seq, vocab]`` for right-padded ``tokens`` (``lengths`` per row; default
     every row full). Positions default to ``0 .. seq-1``."""
+
+    #: a tensor-parallel rank's share of a model (:func:`~._tp.build_shard`), else ``None``
+    shard: TPShard | None = None
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

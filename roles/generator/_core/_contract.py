@@ -90,6 +90,10 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def close(self) -> None:
+        """Release what the engine holds outside this process (a tensor-parallel model's
+        other ranks). Idempotent; the engine takes no more calls after it."""
+
     def metrics(self) -> dict[str, Any]:
         """Counters and gauges by their exported names (:mod:`._metrics`)."""
         ...

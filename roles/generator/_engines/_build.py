@@ -18,8 +18,10 @@ import orchestr as oc
 from orchestr.fabric import Buffer
 from orchestr.roles._common._backend import Backend
 from orchestr.roles._common._factory import build_model
+from orchestr.roles._common._hf._config import read_config
 from orchestr.roles._common._hf._load import load_model
 from orchestr.roles._common._hf._tokenizer import Tokenizer
+from orchestr.roles._common._hf._tp import check_tp, load_shard
 from orchestr.roles._common._model import TinyLM
 from orchestr.roles._common._weightplan import weights_digest
 from orchestr.roles._common._weights import WeightLoader, WeightsRef
@@ -27,6 +29,7 @@ from orchestr.roles._common._weights import WeightLoader, WeightsRef
 from .._core._options import KVOptions
 from ._paged import PagedEngine
 from ._recompute import RecomputeEngine
+from ._tp import TPRanks
 from ._vllm import VllmEngine
 
 __all__ = ["ENGINES", "AnyEngine", "Weights", "build_engine", "in_thread"]
@@ -45,6 +48,11 @@ class Weights:
 
     def __init__(self, model: torch.nn.Module | None, engine: AnyEngine) -> None:
         self.model, self.engine = model, engine
+
+    @property
+    def tp(self) -> int:
+        """The ranks the model is split over (:attr:`model` is this rank's share)."""
+        return self.engine.tp if isinstance(self.engine, PagedEngine) else 1
 
     def shapes(self) -> Mapping[str, torch.Tensor]:
         """Each tensor a load takes, by name (its shape and dtype are what matter)."""
@@ -88,9 +96,11 @@ def build_engine(
     pad_id: int | None,
     max_seq_len: int | None,
     vocab_size: int | None,
+    tp: int = 1,
 ) -> tuple[Weights, AnyEngine]:
-    """The engine and where weight syncs write. Raises :class:`ConfigError` for options that
-    do not fit the engine."""
+    """The engine and where weight syncs write; ``tp`` > 1 splits a checkpoint's model over
+    that many ranks (this process and ``tp - 1`` it starts: :mod:`._tp`). Raises
+    :class:`ConfigError` for options that do not fit the engine."""
     kind = engine or ("paged" if checkpoint is not None else "recompute")
     if kind not in ENGINES:
         raise oc.ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -107,6 +117,10 @@ def build_engine(
         raise oc.ConfigError("kv options apply to a checkpoint's paged engine (engine='paged')")
     if vllm and kind != "vllm":
         raise oc.ConfigError("vllm options apply to engine='vllm'")
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise oc.ConfigError(f"tp is a whole number >= 1, got {tp!r}")
+    if tp > 1 and kind != "paged":
+        raise oc.ConfigError(f"tp={tp} splits a checkpoint on the paged engine, not {kind!r}")
     if checkpoint is None:
         return _recompute(
             backend, model_factory, seed, max_batch, model_kwargs, version, eos_id, pad_id,
@@ -121,7 +135,29 @@ def build_engine(
             options=vllm, detokenize=detokenize,
         )  # fmt: skip
         return Weights(None, built), built
-    lm = load_model(checkpoint, dtype=dtype, device=backend.device)
+    options = dataclasses.asdict(kv or KVOptions())
+    if tp == 1:
+        lm = load_model(checkpoint, dtype=dtype, device=backend.device)
+        ranks = None
+    else:
+        check_tp(read_config(checkpoint), tp, checkpoint)
+        device = torch.device(backend.device)
+        ranks = TPRanks(
+            checkpoint,
+            tp,
+            dtype=dtype,
+            device=device,
+            num_blocks=options["num_blocks"],
+            block_size=options["block_size"],
+            packed=options["packed"],
+            attention=options["attention"],
+            threads=torch.get_num_threads(),
+        )
+        try:  # while the other ranks load theirs
+            lm = load_shard(checkpoint, tp, 0, dtype=dtype, device=device)
+        except BaseException:
+            ranks.close()
+            raise
     paged = PagedEngine(
         lm,
         max_batch=max_batch,
@@ -129,7 +165,8 @@ def build_engine(
         seed=seed,
         model_id=os.path.abspath(checkpoint),
         detokenize=detokenize,
-        **dataclasses.asdict(kv or KVOptions()),
+        ranks=ranks,
+        **options,
     )
     return Weights(lm, paged), paged
 

@@ -47,6 +47,9 @@ class Forwarding:
     def drop_all(self) -> int:
         return self.inner.drop_all()
 
+    def close(self) -> None:
+        self.inner.close()
+
     def request_ids(self) -> list[str]:
         return self.inner.request_ids()
 

@@ -35,11 +35,13 @@ from orchestr.roles._common._hf._layers import CausalLM
 from .._core._blocks import BlockPool
 from .._core._scheduler import Scheduler, Seq, Step
 from .._core._types import Completion, EngineStats, Request
+from .._runner._cache import KVCache
 from .._runner._microbatch import MicroBatches
-from .._runner._paged import AttentionMode, KVCache, PagedRunner
+from .._runner._paged import AttentionMode, PagedRunner
 from .._runner._spans import copy_blocks
 from .._runner._token_choice import choose_tokens
 from ._requests import Detokenize, Intake, Latencies, Live, Pausable, check_state, engine_stats
+from ._tp import TPRanks
 
 __all__ = ["PagedEngine"]
 
@@ -75,6 +77,7 @@ class PagedEngine(Pausable):
         packed: bool | None = None,
         attention: AttentionMode = "auto",
         micro_batches: int = 1,
+        ranks: TPRanks | None = None,
     ) -> None:
         if on_new_weights not in ("keep", "recompute"):
             raise ValueError(f"on_new_weights is 'keep' or 'recompute', got {on_new_weights!r}")
@@ -89,7 +92,14 @@ class PagedEngine(Pausable):
         )
         self._pool = BlockPool(num_blocks, block_size)
         self._kv = KVCache(model, num_blocks, block_size)
-        self._runner = PagedRunner(model, self._kv, packed=packed, attention=attention)
+        self._ranks = ranks
+        group = None
+        if ranks is not None:
+            if micro_batches != 1:
+                ranks.close()
+                raise ValueError("a tensor-parallel generator runs each step as one batch")
+            group = ranks.join()
+        self._runner = PagedRunner(model, self._kv, packed=packed, attention=attention, group=group)
         self._batches = MicroBatches(self._runner, micro_batches)
         if self._kv.keys[0].device.type == "cpu":
             keep_freed_memory()
@@ -107,6 +117,16 @@ class PagedEngine(Pausable):
         self._steps = self._tokens = self._finished = 0
         self._busy_s = 0.0
         self._latencies = Latencies()
+
+    @property
+    def tp(self) -> int:
+        """The ranks the model is split over (1: it is whole here)."""
+        return 1 if self._ranks is None else self._ranks.tp
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks, if any. Idempotent."""
+        if self._ranks is not None:
+            self._ranks.close()
 
     # -- requests ----------------------------------------------------------------------------
     def submit(self, requests: Iterable[Request]) -> None:

@@ -213,6 +213,9 @@ class RecomputeEngine(Pausable):
         """The times to first token and between tokens (seconds) since the last call."""
         return self._latencies.take()
 
+    def close(self) -> None:
+        """Nothing outside this process to release."""
+
     def stats(self) -> EngineStats:
         return engine_stats(
             version=self._version,

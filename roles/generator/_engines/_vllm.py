@@ -309,6 +309,9 @@ class VllmEngine(Pausable):
         self._gauges = self._read_metrics()
         return done
 
+    def close(self) -> None:
+        """Nothing outside this process to release."""
+
     def stats(self) -> EngineStats:
         running = int(self._gauges.get("vllm:num_requests_running", 0))
         return engine_stats(

@@ -1,8 +1,6 @@
-"""The torch side of the paged engine: the KV cache's tensors and one model step over them.
+"""The torch side of the paged engine: one model step over the KV cache (:mod:`._cache`).
 
-:class:`KVCache` holds, per layer, keys and values as ``[blocks, block_size, kv_heads,
-head_dim]``; a token at position ``p`` of a sequence lives in block ``table[p // size]`` at
-offset ``p % size``. :class:`PagedRunner` runs what a :class:`~.._core._scheduler.Step` scheduled:
+:class:`PagedRunner` runs what a :class:`~.._core._scheduler.Step` scheduled:
 the new tokens of every sequence packed into one row (no padding), each layer's keys and values
 written to their slots, and each sequence's queries attending over its own blocks (positions
 ``0 ..`` its last new one, causally). It returns float32 logits at the last position of each
@@ -18,122 +16,23 @@ from typing import Any, Literal, cast
 
 import torch
 
-from orchestr import fabric
 from orchestr.roles._common._hf._layers import Attention, CausalLM, DecoderLayer
 
 from .._core._scheduler import Step
 from ._batch import Batch, causal, tables_of
+from ._cache import KVCache
 from ._decodes import decode_attention
 from ._kernels import Kernels, kernels
 from ._linears import Linears
 from ._mirror import DecodeMirror
+from ._tp import TPGroup, Work, plan
 
-__all__ = ["AttentionMode", "KVCache", "PagedRunner"]
+__all__ = ["AttentionMode", "PagedRunner"]
 
 #: How decodes attend: ``"kernel"``, orchestr's paged kernel (:mod:`._kernels`: float32 on
 #: the CPU) reading the block pool; ``"torch"``, torch's attention over a
 #: :class:`~._mirror.DecodeMirror`; ``"auto"``, the kernel where it runs, else torch.
 AttentionMode = Literal["auto", "kernel", "torch"]
-
-
-class KVCache:
-    """The cache's tensors for ``model``: ``num_blocks`` blocks of ``block_size`` tokens.
-
-    Every layer's keys, then every layer's values, lie end to end in one region,
-    :attr:`memory`: on the CPU it is shared memory (:func:`orchestr.fabric.empty`), so a
-    :class:`~orchestr.Buffer` over it lets a peer read blocks one-sided (:func:`~._spans.block_spans`
-    of its :attr:`layout` says where they are) while this process keeps computing."""
-
-    def __init__(
-        self,
-        model: CausalLM,
-        num_blocks: int,
-        block_size: int,
-        *,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-    ) -> None:
-        cfg = model.config
-        weight = model.lm_head.weight
-        shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
-        dtype, device = dtype or weight.dtype, torch.device(device or weight.device)
-        self.block_size = block_size
-        layers = cfg.num_hidden_layers
-        per = num_blocks * block_size * cfg.num_key_value_heads * cfg.head_dim
-        self.memory: torch.Tensor
-        if device.type == "cpu":
-            self.memory = fabric.empty(2 * layers * per, dtype=dtype).zero_()
-        else:
-            self.memory = torch.zeros(2 * layers * per, dtype=dtype, device=device)
-        planes = [self.memory[i * per : (i + 1) * per].view(shape) for i in range(2 * layers)]
-        self.keys, self.values = planes[:layers], planes[layers:]
-
-    @property
-    def layout(self) -> tuple[int, int, int]:
-        """``(planes, plane_bytes, row_bytes)`` of :attr:`memory`, as :func:`~._spans.block_spans`
-        takes them: every layer's keys then values, and one block's share of each."""
-        plane = self.keys[0]
-        row = plane[0].numel() * plane.element_size()
-        return 2 * len(self.keys), plane.shape[0] * row, row
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
-
-    @property
-    def block_nbytes(self) -> int:
-        """The bytes of one block's keys and values in every layer (what :meth:`export`
-        gives per block)."""
-        return self.nbytes // self.keys[0].shape[0]
-
-    def export(self, blocks: list[int]) -> list[torch.Tensor]:
-        """Copies of ``blocks``' keys and values, each a flat ``uint8`` CPU tensor of
-        :attr:`block_nbytes`: every layer's keys, then every layer's values."""
-        if not blocks:
-            return []
-        first = self.keys[0]
-        index = torch.tensor(blocks, device=first.device)
-        planes = (*self.keys, *self.values)
-        # each plane's rows gathered straight into their place in the blocks (one copy; a
-        # stack of gathers copied twice, at twice the time)
-        rows = torch.empty(
-            (len(blocks), len(planes), *first.shape[1:]), dtype=first.dtype, device=first.device
-        )
-        for p, plane in enumerate(planes):
-            torch.index_select(plane, 0, index, out=rows[:, p])
-        flat = rows.cpu().view(torch.uint8).reshape(len(blocks), -1)
-        return list(flat.unbind(0))
-
-    def planes_of(self, data: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
-        """Blocks' keys and values as ``[planes, blocks, block_size, kv_heads, head_dim]``:
-        ``data`` is what :meth:`export` gave (a tensor per block, copied into one) or one
-        copy laid out as :func:`~._spans.block_spans` reads the pool (viewed as it is). Raises
-        ``ValueError`` for data that is not whole blocks of this cache."""
-        first, size = self.keys[0], self.block_nbytes
-        planes = 2 * len(self.keys)
-        if isinstance(data, torch.Tensor):
-            nbytes = data.numel() * data.element_size()
-            if nbytes % size:
-                raise ValueError(f"a block of this engine is {size} bytes, not part of {nbytes}")
-            flat = data.reshape(-1).view(torch.uint8).view(first.dtype)
-            return flat.view(planes, nbytes // size, *first.shape[1:])
-        if any(d.numel() * d.element_size() != size for d in data):
-            raise ValueError(f"a block of this engine is {size} bytes")
-        if not data:
-            return first.new_empty((planes, 0, *first.shape[1:]))
-        raw = torch.stack([d.reshape(-1).view(torch.uint8) for d in data]).view(first.dtype)
-        return raw.view(len(data), planes, *first.shape[1:]).transpose(0, 1)
-
-    def write(self, blocks: list[int], planes: torch.Tensor) -> None:
-        """Write ``planes`` (:meth:`planes_of`, one block of each plane per id in
-        ``blocks``) into ``blocks``."""
-        if not blocks:
-            return
-        first = self.keys[0]
-        planes = planes.to(first.device)
-        index = torch.tensor(blocks, device=first.device)
-        for plane, t in zip(planes, (*self.keys, *self.values), strict=True):
-            t.index_copy_(0, index, plane)
 
 
 class PagedRunner:
@@ -157,11 +56,14 @@ class PagedRunner:
         *,
         packed: bool | None = None,
         attention: AttentionMode = "auto",
+        group: TPGroup | None = None,
     ) -> None:
         if attention not in ("auto", "kernel", "torch"):
             raise ValueError(f"attention is 'auto', 'kernel' or 'torch', got {attention!r}")
         self.model = model
         self.kv = kv
+        #: the tensor-parallel ranks this one runs with (:mod:`._tp`), else ``None``
+        self.group = group
         self.linears = Linears(model, packed)
         cfg, keys = model.config, kv.keys[0]
         #: orchestr's kernels where they run (:meth:`_fused`), else ``None`` (torch's ops and
@@ -189,42 +91,53 @@ class PagedRunner:
     def run(self, step: Step) -> dict[str, torch.Tensor]:
         """Compute ``step``'s tokens; the logits ``[vocab]`` of each sequence that samples,
         by id. Reads each sequence's ``num_computed`` and ``blocks`` as scheduled (call it
-        before :meth:`Scheduler.update`)."""
-        if not step.scheduled:
+        before :meth:`Scheduler.update`). A tensor-parallel leader (rank 0 of
+        :attr:`group`) first sends the work to the other ranks."""
+        work = plan(step, self.kv.block_size)
+        if self.group is not None and work:
+            self.group.send_work(work)
+        return self.run_work(work, step)
+
+    @torch.no_grad()
+    def run_work(self, work: list[Work], step: Step | None = None) -> dict[str, torch.Tensor]:
+        """:meth:`run` of a step's :func:`plan` (a tensor-parallel rank runs the leader's;
+        :attr:`on_layer` is called only with the ``step``)."""
+        if not work:
             return {}
         model, size = self.model.model, self.kv.block_size
         device = self.kv.keys[0].device
         # decodes first (one token each, batched, in their mirror rows' order), then the
         # prefill chunks
-        ones = [seq for seq, n in step.scheduled if n == 1]
+        ones = [w for w in work if w.n == 1]
         if self.ops is None:
-            ones = self.mirror.place(ones, self.kv.keys, self.kv.values, size)
-        ordered = [(seq, 1) for seq in ones] + [(s, n) for s, n in step.scheduled if n != 1]
+            by_seq = {id(w.seq): w for w in ones}
+            placed = self.mirror.place([w.seq for w in ones], self.kv.keys, self.kv.values, size)
+            ones = [by_seq[id(seq)] for seq in placed]
+        ordered = ones + [w for w in work if w.n != 1]
         tokens: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         chunks = []  # (offset, start, n, table) per prefill chunk
         last: dict[str, int] = {}
-        for seq, n in ordered:
-            start = seq.num_computed
+        for w in ordered:
+            start, n = w.seq.num_computed, w.n
             if n > 1:
-                blocks = seq.blocks[: -(-(start + n) // size)]
-                table = torch.tensor(blocks, dtype=torch.int32, device=device)
+                table = torch.tensor(w.blocks, dtype=torch.int32, device=device)
                 chunks.append((len(tokens), start, n, table))
-            tokens += seq.tokens[start : start + n]
+            tokens += w.tokens
             for p in range(start, start + n):
                 positions.append(p)
-                slots.append(seq.blocks[p // size] * size + p % size)
-            if step.samples(seq, n):
-                last[seq.id] = len(tokens) - 1
+                slots.append(w.blocks[p // size] * size + p % size)
+            if w.samples:
+                last[w.seq.id] = len(tokens) - 1
         ids = torch.tensor([tokens], device=device)
         pos = torch.tensor([positions], device=device)
         slot = torch.tensor(slots, device=device)
-        lengths = torch.tensor([seq.num_computed + 1 for seq in ones], device=device)
+        lengths = torch.tensor([w.seq.num_computed + 1 for w in ones], device=device)
         longest = int(lengths.max()) if ones else 0
         dtype = self.kv.keys[0].dtype
         if self.ops is not None:
-            tables = tables_of(ones, size, longest, device)
+            tables = tables_of([w.seq for w in ones], size, longest, device)
         else:
             # an additive mask: torch's CPU attention takes it at about half the time of a
             # bool one
@@ -232,10 +145,10 @@ class PagedRunner:
             valid = torch.zeros(past.shape, dtype=dtype, device=device)
             valid = valid.masked_fill(past, float("-inf"))[:, None, None]
         masks = [causal(start, n, dtype, device) for _, start, n, _ in chunks]
-        hidden = model.embed_tokens(ids)
+        hidden = self._reduce(model.embed_tokens(ids))
         layers = cast(list[DecoderLayer], list(model.layers))
         hook = self.on_layer
-        written = None if hook is None else functools.partial(hook, step)
+        written = None if hook is None or step is None else functools.partial(hook, step)
         keep = list(last.values())
         if self.ops is not None:
             batch = Batch(len(ones), pos[0], slot, tables, lengths, chunks, masks, written, keep)
@@ -250,6 +163,9 @@ class PagedRunner:
             return {}
         normed = final[0] if self.ops is not None else model.norm(final[0])
         logits = self.linears.linear(self.model.lm_head, normed).float()
+        if self.group is not None:
+            assert self.model.shard is not None
+            logits = self.group.gather_vocab(logits, self.model.shard.vocab_sizes)
         return {sid: logits[i] for i, sid in enumerate(last)}
 
     def _unfused(self, layers: list[DecoderLayer], hidden: torch.Tensor, b: Batch) -> torch.Tensor:
@@ -281,8 +197,9 @@ class PagedRunner:
             if i == len(layers) - 1:  # only the rows that sample go on
                 rows = torch.tensor(b.keep, dtype=torch.long, device=hidden.device)
                 merged, hidden = merged[:, rows], hidden[:, rows]
-            hidden = hidden + self.linears.linear(attn.o_proj, merged)
-            hidden = hidden + self.linears.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
+            hidden = hidden + self._reduce(self.linears.linear(attn.o_proj, merged))
+            mlp = self.linears.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
+            hidden = hidden + self._reduce(mlp)
         return hidden
 
     def _fused(self, layers: list[DecoderLayer], hidden: torch.Tensor, b: Batch) -> torch.Tensor:
@@ -346,10 +263,9 @@ class PagedRunner:
                 outs.append(out.reshape(1, n, -1))
             merged = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
             post = layer.post_attention_layernorm
-            normed = ops.add_rms_norm(
-                hidden, self.linears.linear(attn.o_proj, merged), post.weight, post.eps
-            )
-            mlp = self.linears.mlp(layer.mlp, normed, ops.silu_and_mul)
+            projected = self._reduce(self.linears.linear(attn.o_proj, merged))
+            normed = ops.add_rms_norm(hidden, projected, post.weight, post.eps)
+            mlp = self._reduce(self.linears.mlp(layer.mlp, normed, ops.silu_and_mul))
             normed = ops.add_rms_norm(hidden, mlp, norms[i + 1].weight, norms[i + 1].eps)
         return normed
 
@@ -372,6 +288,11 @@ class PagedRunner:
             qq = q[:, :, offset : offset + n]
             outs.append(attn.core(qq, kk.to(q.dtype), vv.to(q.dtype), mask))
         return outs
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """The sum of every rank's ``partial`` (a row-parallel product, a vocabulary slice's
+        embedding); ``partial`` itself without tensor parallelism."""
+        return partial if self.group is None else self.group.all_reduce(partial)
 
     def _rotations(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[positions, head_dim / 2]`` of every position up to the highest in

@@ -1,8 +1,8 @@
-"""Where blocks lie in a :class:`~._paged.KVCache`'s memory, as spans a peer reads one-sided.
+"""Where blocks lie in a :class:`~._cache.KVCache`'s memory, as spans a peer reads one-sided.
 
 The memory is ``planes`` layer planes of ``plane_bytes`` each (every layer's keys, then every
 layer's values); a block is ``row_bytes`` of each plane, at ``block * row_bytes``. A copy of
-``count`` blocks is laid out as :meth:`~._paged.KVCache.planes_of` takes it: plane by plane,
+``count`` blocks is laid out as :meth:`~._cache.KVCache.planes_of` takes it: plane by plane,
 each plane's blocks in order. Runs of consecutive block ids that go to consecutive places
 in the copy are one span, so blocks allocated one after another cost one span per plane,
 whatever their number.

@@ -15,7 +15,7 @@ import orchestr as oc
 from orchestr.roles import AttentionServer, Generator, Request, models
 from orchestr.roles.attention import Shard, attend, layer_spans, merge
 from orchestr.roles.generator._engines._paged import PagedEngine
-from orchestr.roles.generator._runner._paged import KVCache
+from orchestr.roles.generator._runner._cache import KVCache
 from tests.roles.generator.test_handoff import close
 from tests.roles.generator.test_kv_offload import folder, prompt
 from tests.roles.generator.test_paged_engine import drain

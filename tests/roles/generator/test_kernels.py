@@ -144,7 +144,8 @@ def test_turned_off_the_engine_attends_with_torch_and_says_why(tmp_path: pathlib
     code = (
         "from orchestr.roles import models\n"
         "from orchestr.roles.generator._runner._kernels import kernel_status\n"
-        "from orchestr.roles.generator._runner._paged import KVCache, PagedRunner\n"
+        "from orchestr.roles.generator._runner._cache import KVCache\n"
+        "from orchestr.roles.generator._runner._paged import PagedRunner\n"
         "import sys\n"
         "model = models.load_model(models.make_tiny('llama', sys.argv[1]))\n"
         "runner = PagedRunner(model, KVCache(model, 8, 4))\n"

@@ -16,8 +16,9 @@ from transformers import AutoModelForCausalLM
 from orchestr.roles import models
 from orchestr.roles.generator._core._blocks import BlockPool
 from orchestr.roles.generator._core._scheduler import Scheduler, Seq
+from orchestr.roles.generator._runner._cache import KVCache
 from orchestr.roles.generator._runner._mirror import DecodeMirror
-from orchestr.roles.generator._runner._paged import AttentionMode, KVCache, PagedRunner
+from orchestr.roles.generator._runner._paged import AttentionMode, PagedRunner
 
 SHARED = "please answer the user: the first long token of the layer block cache "
 TEXTS = [SHARED + "reverse 1 2", SHARED + "the model", "a", SHARED + "what is train and serve"]

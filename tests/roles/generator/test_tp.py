@@ -1,0 +1,240 @@
+"""Tensor-parallel generators: each rank's share of a checkpoint is the slices Megatron's cut
+gives it, and a model split over two processes computes what the whole one does (every logit
+within 1e-4, the same greedy tokens) for llama, qwen2 and qwen2_moe with prefix caching,
+chunked prefill and preemption on. The ranks leave with their leader however it ends, a lost
+rank fails the step instead of hanging it, and no other user can reach the group's store."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import orchestr as oc
+from orchestr.roles import KVOptions, models
+from orchestr.roles._common._backend import choose_backend
+from orchestr.roles._common._hf._config import read_config
+from orchestr.roles._common._hf._tp import TPShard, check_tp, load_shard
+from orchestr.roles.generator._core._types import Completion, Request
+from orchestr.roles.generator._engines._build import build_engine
+from orchestr.roles.generator._engines._paged import PagedEngine
+
+PROMPT = list(range(5, 45))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
+    made: dict[str, str] = {}
+
+    def checkpoint(arch: str) -> str:
+        if arch not in made:
+            # an odd vocabulary (cut unevenly) and two key/value heads for four query heads
+            made[arch] = models.make_tiny(
+                arch, tmp_path_factory.mktemp(arch) / arch, vocab=301, heads=4, kv_heads=2
+            )
+        return made[arch]
+
+    return checkpoint
+
+
+def _engine(folder: str, tp: int, **kv: object) -> PagedEngine:
+    options = KVOptions(**{"num_blocks": 64, "block_size": 4, "token_budget": 8, **kv})
+    _, engine = build_engine(
+        choose_backend("cpu"), "", 0, 8, engine="paged", checkpoint=folder, kv=options,
+        vllm=None, model_kwargs=None, version=0, eos_id=None, pad_id=None, max_seq_len=None,
+        vocab_size=None, tp=tp,
+    )  # fmt: skip
+    assert isinstance(engine, PagedEngine)
+    return engine
+
+
+def _serve(engine: PagedEngine) -> tuple[list[dict[str, torch.Tensor]], dict[str, list[int]]]:
+    """Every step's logits and every request's tokens: three prompts sharing a prefix, then
+    one more that finds it cached."""
+    logits: list[dict[str, torch.Tensor]] = []
+    run = engine._runner.run
+
+    def recorded(step):  # type: ignore[no-untyped-def]
+        out = run(step)
+        logits.append({k: v.clone() for k, v in out.items()})
+        return out
+
+    engine._runner.run = recorded  # type: ignore[method-assign]
+    done: list[Completion] = []
+    engine.submit(
+        [Request(id=f"r{i}", prompt=PROMPT[: 12 + 9 * i], max_new_tokens=12) for i in range(3)]
+    )
+    while engine.has_work():
+        done += engine.step()
+    engine.submit([Request(id="again", prompt=PROMPT, max_new_tokens=6)])
+    while engine.has_work():
+        done += engine.step()
+    return logits, {c.id: list(c.tokens) for c in done}
+
+
+@pytest.mark.parametrize(
+    ("arch", "kv"),
+    [
+        ("llama", {}),
+        ("qwen2", {"attention": "torch"}),  # torch's attention over the decode mirror
+        ("qwen2_moe", {}),
+        ("llama", {"num_blocks": 14, "attention": "torch"}),  # preemption too
+    ],
+)
+def test_a_split_model_computes_what_the_whole_one_does(
+    checkpoints: Callable[[str], str], arch: str, kv: dict[str, object]
+) -> None:
+    folder = checkpoints(arch)
+    whole = _engine(folder, 1, **kv)
+    want_logits, want_tokens = _serve(whole)
+    split = _engine(folder, 2, **kv)
+    try:
+        got_logits, got_tokens = _serve(split)
+        metrics = split.metrics()
+    finally:
+        split.close()
+    assert got_tokens == want_tokens
+    assert len(got_logits) == len(want_logits)
+    for got, want in zip(got_logits, want_logits, strict=True):
+        assert got.keys() == want.keys()
+        for k in got:
+            assert got[k].shape == want[k].shape == (301,)
+            torch.testing.assert_close(got[k], want[k], atol=1e-4, rtol=0)
+    assert metrics["vllm:prefix_cache_hits"] > 0  # the last prompt's prefix was cached
+    if kv.get("num_blocks") == 14:
+        assert metrics["vllm:num_preemptions"] > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_moe"])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_each_rank_reads_its_slices_of_the_checkpoint(
+    checkpoints: Callable[[str], str], arch: str, tp: int
+) -> None:
+    folder = checkpoints(arch)
+    whole = models.load_model(folder).state_dict()
+    cfg = read_config(folder)
+    rows = 0
+    for rank in range(tp):
+        share = load_shard(folder, tp, rank)
+        shard = TPShard(cfg, tp, rank)
+        attn = share.model.layers[0].self_attn
+        assert isinstance(attn, models.Attention)
+        assert attn.heads == 4 // tp and attn.kv_heads == max(1, 2 // tp)
+        for name, tensor in share.state_dict().items():
+            cut = shard.cut(name)
+            assert torch.equal(tensor, whole[name] if cut is None else whole[name][cut]), name
+        rows += share.lm_head.weight.shape[0]
+    assert rows == 301  # the vocabulary, cut unevenly, is all there once
+    if tp == 4:  # two key/value heads over four ranks: ranks 0, 1 share head 0; 2, 3 head 1
+        assert [TPShard(cfg, 4, r).kv_heads.start for r in range(4)] == [0, 0, 1, 1]
+
+
+def test_a_model_the_ranks_cannot_cut_is_refused(checkpoints: Callable[[str], str]) -> None:
+    cfg = read_config(checkpoints("llama"))  # 4 heads, 2 key/value heads
+    with pytest.raises(oc.ConfigError, match="must divide the 4 attention heads"):
+        check_tp(cfg, 3)
+    for bad in (0, True, 1.5):
+        with pytest.raises(oc.ConfigError, match="tp is a whole number"):
+            check_tp(cfg, bad)
+    with pytest.raises(oc.ConfigError, match="must divide the 4 attention heads"):
+        _engine(checkpoints("llama"), 3)
+    with pytest.raises(oc.ConfigError, match="splits a checkpoint on the paged engine"):
+        build_engine(
+            choose_backend("cpu"), "orchestr.roles:TinyLM", 0, 8, engine=None, checkpoint=None,
+            kv=None, vllm=None, model_kwargs=None, version=0, eos_id=None, pad_id=None,
+            max_seq_len=None, vocab_size=None, tp=2,
+        )  # fmt: skip
+
+
+def test_a_lost_rank_fails_the_step_and_close_stops_the_rest(
+    checkpoints: Callable[[str], str],
+) -> None:
+    engine = _engine(checkpoints("llama"), 2)
+    ranks = engine._ranks
+    assert ranks is not None
+    try:
+        engine._ranks._procs[0].kill()  # type: ignore[union-attr]
+        engine._ranks._procs[0].wait()  # type: ignore[union-attr]
+        engine.submit([Request(id="a", prompt=PROMPT[:10], max_new_tokens=4)])
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError):
+            while engine.has_work():
+                engine.step()
+        assert time.monotonic() - t0 < 60  # failed, not hung
+    finally:
+        engine.close()
+    assert not os.path.exists(ranks.folder)
+
+
+LEADER = textwrap.dedent(
+    """
+    import sys, time
+    from orchestr.roles import KVOptions
+    from orchestr.roles._common._backend import choose_backend
+    from orchestr.roles.generator._engines._build import build_engine
+    _, engine = build_engine(
+        choose_backend("cpu"), "", 0, 8, engine="paged", checkpoint=sys.argv[1],
+        kv=KVOptions(num_blocks=16), vllm=None, model_kwargs=None, version=0, eos_id=None,
+        pad_id=None, max_seq_len=None, vocab_size=None, tp=2,
+    )
+    print(engine._ranks._procs[0].pid, engine._ranks.folder, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_the_ranks_leave_when_their_leader_is_killed(checkpoints: Callable[[str], str]) -> None:
+    leader = subprocess.Popen(
+        [sys.executable, "-c", LEADER, checkpoints("llama")], stdout=subprocess.PIPE, text=True
+    )
+    assert leader.stdout is not None
+    pid_text, folder = leader.stdout.readline().split()
+    pid = int(pid_text)
+    try:
+        assert os.stat(folder).st_mode & 0o077 == 0  # the store's folder: this user's only
+        store = os.path.join(folder, "store")
+        # another user cannot open the store the ranks meet at (nor list or enter the folder)
+        attack = subprocess.run(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
+             "-c", f"open({store!r}, 'r+b')"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert attack.returncode != 0 and "PermissionError" in attack.stderr, attack.stderr
+        os.kill(pid, 0)  # the rank is there
+        leader.send_signal(signal.SIGKILL)
+        leader.wait()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.1)
+        assert not _alive(pid)
+    finally:
+        if leader.poll() is None:
+            leader.kill()
+            leader.wait()
+        leader.stdout.close()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, waiting for init to reap it, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_load_shard_holds_a_share_of_the_weights(checkpoints: Callable[[str], str]) -> None:
+    folder = checkpoints("qwen2_moe")
+    whole = sum(t.numel() for t in models.load_model(folder).state_dict().values())
+    share = load_shard(folder, 2, 1)
+    held = sum(t.numel() for t in share.state_dict().values())
+    assert held < 0.6 * whole  # only norms, routers and gates are whole on every rank
+    assert pathlib.Path(folder, "model.safetensors").exists()
