@@ -53,6 +53,10 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         (["--router-prefill-weight", "heavy"], "invalid float value: 'heavy'"),
         (["--router", "round_robin", "--router-prefill-weight", "4"], "--router is round_robin"),
         (["--afd", "1:1", "--engine", "vllm"], "--engine vllm cannot"),
+        (["--tp", "0"], "--tp must be 1 or more"),
+        (["--tp", "2", "--engine", "vllm"], "--engine vllm has its own options"),
+        (["--tp", "2", "--prefill", "1"], "cannot be combined with --prefill yet"),
+        (["--tp", "2", "--afd", "1:1"], "cannot be combined with --afd yet"),
     ],
 )
 def test_options_that_do_not_fit_are_refused(
@@ -145,6 +149,38 @@ def test_serve_answers_openai_clients_and_stops_on_sigint(folder: pathlib.Path) 
             proc.kill()
             proc.communicate()
     assert _processes_with(marker) == [] and _listening_ports(marker) == set()
+
+
+def test_serve_splits_each_generator_over_tp_processes(folder: pathlib.Path) -> None:
+    """``--tp 2``: each generator is two processes; its greedy text is the whole model's
+    (``--tp 1``), and every process (the second rank included) is gone after SIGINT."""
+    prompt = list(range(20, 40))
+    texts = []
+    for tp in (1, 2):
+        marker = uuid.uuid4().hex
+        env = dict(os.environ, ORCHESTR_TEST_MARKER=marker, ORCHESTR_API_KEY="sekrit")
+        proc, line = _start(["serve", str(folder), "--port", "0", "--tp", str(tp)], env)
+        try:
+            found = re.search(r"on (http://127\.0\.0\.1:\d+/v1) with 1 native generator", line)
+            assert found, line
+            assert line.count("of tp=2") == (tp == 2), line
+            # the command, the generator's worker and (tp=2) the rank it started
+            assert len(_processes_with(marker)) >= 1 + tp
+            with openai.OpenAI(base_url=found[1], api_key="sekrit", max_retries=0) as client:
+                r = client.completions.create(
+                    model=str(folder), prompt=prompt, max_tokens=12, temperature=0,
+                    extra_body={"ignore_eos": True},
+                )  # fmt: skip
+                texts.append(r.choices[0].text)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert _processes_with(marker) == [] and _listening_ports(marker) == set()
+    assert texts[0] == texts[1] and texts[0]
 
 
 def test_the_router_choices_are_the_routers_policies() -> None:

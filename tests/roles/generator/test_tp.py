@@ -6,6 +6,7 @@ rank fails the step instead of hanging it, and no other user can reach the group
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 import signal
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 import orchestr as oc
-from orchestr.roles import KVOptions, models
+from orchestr.roles import Generator, KVOptions, models
 from orchestr.roles._common._backend import choose_backend
 from orchestr.roles._common._hf._config import read_config
 from orchestr.roles._common._hf._tp import TPShard, check_tp, load_shard
@@ -238,3 +239,25 @@ def test_load_shard_holds_a_share_of_the_weights(checkpoints: Callable[[str], st
     held = sum(t.numel() for t in share.state_dict().values())
     assert held < 0.6 * whole  # only norms, routers and gates are whole on every rank
     assert pathlib.Path(folder, "model.safetensors").exists()
+
+
+async def test_a_split_generator_serves_and_refuses_what_it_cannot_do_yet(
+    ctx: oc.JobContext, checkpoints: Callable[[str], str]
+) -> None:
+    folder = checkpoints("llama")
+    kv = {"num_blocks": 64, "block_size": 4}
+    split, whole = await asyncio.gather(
+        ctx.spawn(Generator, name="split", checkpoint=folder, tp=2, kv=kv, supervise="handle"),
+        ctx.spawn(Generator, name="whole", checkpoint=folder, torch_threads=1, kv=kv),
+    )
+    requests = [Request(f"r{i}", PROMPT[: 10 + i], 8, temperature=0.0) for i in range(3)]
+    got = await split.generate.call_one(requests)
+    want = await whole.generate.call_one(requests)
+    assert [c.tokens for c in got] == [c.tokens for c in want]
+    for call, args in ((split.digest, ()), (split.load_weights, ({}, 1))):
+        with pytest.raises(oc.ActorError, match="not yet supported with the model split"):
+            await call.call_one(*args)
+    with pytest.raises(oc.ActorError, match="not yet with the model split"):
+        await split.prefill.call_one(requests[0])
+    with pytest.raises(oc.ConfigError, match="kv_store cannot be used with tp=2 yet"):
+        Generator(checkpoint=folder, tp=2, kv_store=whole)
