@@ -10,7 +10,6 @@ from typing import Any
 
 import structlog
 
-import orchestr as oc
 from orchestr.roles._common._backend import Backend
 from orchestr.roles._common._weights import WeightLoader, WeightsRef
 
@@ -36,7 +35,6 @@ class WeightSide:
 
     async def load(self, state: dict[str, Any], version: int) -> None:
         """``Generator.load_weights``: read, then copy under the lock."""
-        self._whole("load_weights")
         tensors = await read_staged(self.weights.shapes(), state)
         async with self.lock:
             await in_thread(self.engine.load_weights, tensors, version, threads=self.threads)
@@ -46,7 +44,6 @@ class WeightSide:
         """``Generator.sync_weights``: load ``ref`` under the lock and make it current."""
         if not isinstance(ref, WeightsRef):
             raise TypeError(f"sync_weights takes a WeightsRef, got {type(ref).__name__}")
-        self._whole("sync_weights")
         asked = time.perf_counter()
         async with self.lock:
             t0 = time.perf_counter()
@@ -66,15 +63,9 @@ class WeightSide:
 
     async def digest(self) -> dict[str, Any]:
         """``Generator.digest``: hashed between steps."""
-        self._whole("digest")
         async with self.lock:
             digest, version = self.weights.digest(), self.engine.version
         return {"digest": digest, "version": version, "backend": self.backend.describe()}
-
-    def _whole(self, what: str) -> None:
-        tp = self.weights.tp
-        if tp > 1:
-            raise oc.ConfigError(f"{what} is not yet supported with the model split (tp={tp})")
 
     async def forget(self) -> None:
         """A reset: forget which version is loaded, so the next may be older."""

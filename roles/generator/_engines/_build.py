@@ -58,6 +58,8 @@ class Weights:
         """Each tensor a load takes, by name (its shape and dtype are what matter)."""
         if isinstance(self.engine, VllmEngine):
             return self.engine.like
+        if isinstance(self.engine, PagedEngine) and self.engine.tp > 1:
+            return self.engine.whole_like()
         assert self.model is not None
         return self.model.state_dict()
 
@@ -70,12 +72,21 @@ class Weights:
                 await in_thread(engine.write_weights, tensors)
 
             return await loader.load(engine.like, ref, apply=apply)
+        if isinstance(engine, PagedEngine) and engine.tp > 1:
+            split = engine
+
+            async def write(tensors: list[tuple[str, torch.Tensor]]) -> None:
+                await in_thread(split.write_whole, tensors)
+
+            return await loader.load(split.whole_like(), ref, apply=write)
         assert self.model is not None
         return await loader.load(self.model, ref)
 
     def digest(self) -> str:
         if isinstance(self.engine, VllmEngine):
             return self.engine.digest()
+        if isinstance(self.engine, PagedEngine) and self.engine.tp > 1:
+            return weights_digest(self.engine.gather_whole())
         assert self.model is not None
         return weights_digest(self.model)
 

@@ -41,7 +41,7 @@ from .._runner._paged import AttentionMode, PagedRunner
 from .._runner._spans import copy_blocks
 from .._runner._token_choice import choose_tokens
 from ._requests import Detokenize, Intake, Latencies, Live, Pausable, check_state, engine_stats
-from ._tp import TPRanks
+from ._tp import TPRanks, whole_like
 
 __all__ = ["PagedEngine"]
 
@@ -310,9 +310,37 @@ class PagedEngine(Pausable):
         ``version`` current; checked first, so a ``ValueError`` changes nothing."""
         if version < self._version:
             raise ValueError(f"version {version} is older than the loaded {self._version}")
-        check_state(self.model, state)
-        self.model.load_state_dict(dict(state), strict=True)
+        if self._ranks is None:
+            check_state(self.model, state)
+            self.model.load_state_dict(dict(state), strict=True)
+        else:
+            with torch.device("meta"):
+                check_state(CausalLM(self.model.config if self.model.shard is None
+                                     else self.model.shard.full), state)  # fmt: skip
+            self.write_whole([(n, state[n]) for n in whole_like(self.model)])
         self.set_version(version)
+
+    # -- a split model's weights, whole ------------------------------------------------------
+    def whole_like(self) -> dict[str, torch.Tensor]:
+        """The whole model's tensors as a sync moves them, as meta tensors (the model's own
+        when it is whole)."""
+        if self._ranks is None:
+            return {n: t.detach() for n, t in self.model.state_dict(keep_vars=True).items()}
+        return whole_like(self.model)
+
+    def write_whole(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Write whole tensors into a split model: every rank its slices
+        (:meth:`TPRanks.write`). Call between steps, then :meth:`set_version`."""
+        if self._ranks is None:
+            raise ValueError("write_whole writes a split model's slices; this one is whole")
+        self._ranks.write(self.model, tensors)
+
+    def gather_whole(self) -> dict[str, torch.Tensor]:
+        """The whole model's tensors, put together from every rank's share (for a
+        digest); the model's own when it is whole."""
+        if self._ranks is None:
+            return dict(self.model.state_dict())
+        return self._ranks.gather(self.model)
 
     def set_version(self, version: int, *, rewind: bool = False) -> None:
         """Make ``version`` current after its weights were written into the model in place;

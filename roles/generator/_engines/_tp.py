@@ -5,7 +5,8 @@ executors start theirs on one host, each holding its share of the model and of t
 
 A rank process (``python -m orchestr.roles.generator._engines._tp_rank``) reads its orders as
 JSON on stdin, loads its slices, says it is ready (a file in the group's private folder),
-joins the group and runs steps until the leader says stop or goes away: it watches its parent
+joins the group and runs steps (and takes its slices of new weights, or sends its share for a
+digest) until the leader says stop or goes away: it watches its parent
 and leaves when the leader's process ends, however it ended. Its output goes to a log file in
 that folder, whose tail a failure to start quotes.
 """
@@ -25,10 +26,12 @@ from typing import Any
 import torch
 
 import orchestr as oc
+from orchestr.roles._common._hf._layers import CausalLM
+from orchestr.roles._common._hf._tp import TPShard, build_shard
 
 from .._runner._tp import TPGroup
 
-__all__ = ["TPRanks", "rank_device"]
+__all__ = ["TPRanks", "give_weights", "rank_device", "take_weights", "whole_like"]
 
 #: How long the ranks may take to load their slices and join.
 START_TIMEOUT_S = 600.0
@@ -146,7 +149,56 @@ class TPRanks:
             group.close()
         self._reaper.detach()
 
+    # -- weights -----------------------------------------------------------------------------
+    def write(self, model: CausalLM, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Write whole tensors (the checkpoint's names, the shapes of :func:`whole_like`)
+        into every rank's share: each other rank is sent its slices of all of them in one
+        buffer, and this one copies its own. Raises ``ValueError`` (before anything moves)
+        for a name the model does not have."""
+        group, shard = self._joined(), _shard_of(model)
+        own = model.state_dict(keep_vars=True)
+        unknown = [n for n, _ in tensors if n not in own]
+        if unknown:
+            raise ValueError(f"the model has no tensor {unknown[0]!r}")
+        group.send({"op": "weights", "names": [n for n, _ in tensors]})
+        for rank in range(1, self.tp):
+            theirs = TPShard(shard.full, self.tp, rank)
+            parts = [_cut(t, theirs.cut(n)) for n, t in tensors]
+            group.send_tensor(_flat(parts, own[tensors[0][0]]), rank)
+        with torch.no_grad():
+            for name, t in tensors:
+                own[name].copy_(_cut(t, shard.cut(name)))
+
+    def gather(self, model: CausalLM) -> dict[str, torch.Tensor]:
+        """Every tensor of the whole model (the names and shapes of :func:`whole_like`),
+        put together here from every rank's share: for a digest."""
+        group, shard = self._joined(), _shard_of(model)
+        group.send({"op": "gather"})
+        like = whole_like(model)
+        whole = {n: torch.empty(t.shape, dtype=t.dtype) for n, t in like.items()}
+        shares = [_once(model)]
+        for rank in range(1, self.tp):
+            with torch.device("meta"):
+                theirs = _once(build_shard(TPShard(shard.full, self.tp, rank)))
+            first = next(iter(shares[0].values()))
+            flat = torch.empty(sum(t.numel() for t in theirs.values()), dtype=first.dtype,
+                               device=first.device)  # fmt: skip
+            group.receive_tensor(flat, rank)
+            shares.append(_unflat(flat, theirs))
+        for rank, share in enumerate(shares):
+            cuts = TPShard(shard.full, self.tp, rank)
+            for name, t in share.items():
+                target = whole[name]
+                cut = cuts.cut(name)
+                (target if cut is None else target[cut]).copy_(t.detach().cpu())
+        return whole
+
     # -- internals ---------------------------------------------------------------------------
+    def _joined(self) -> TPGroup:
+        if self.group is None:
+            raise RuntimeError("the tensor-parallel ranks have not joined")
+        return self.group
+
     def _ready(self, rank: int) -> str:
         return os.path.join(self.folder, f"rank{rank}.ready")
 
@@ -171,3 +223,64 @@ def _reap(procs: list[subprocess.Popen[Any]], folder: str, grace_s: float = 0.0)
             proc.kill()
             proc.wait()
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def whole_like(model: CausalLM) -> dict[str, torch.Tensor]:
+    """The whole model's tensors as a sync moves them (:func:`weight_tensors`'s names: tied
+    ones once), as meta tensors of the share's dtype."""
+    with torch.device("meta"):
+        whole = CausalLM(_shard_of(model).full).to(model.lm_head.weight.dtype)
+    return {n: t.detach() for n, t in _once(whole).items()}
+
+
+def take_weights(group: TPGroup, model: CausalLM, names: list[str]) -> None:
+    """(A rank) receive its slices of the tensors ``names`` and write them into ``model``."""
+    own = model.state_dict(keep_vars=True)
+    first = own[names[0]]
+    flat = torch.empty(sum(own[n].numel() for n in names), dtype=first.dtype, device=first.device)
+    group.receive_tensor(flat)
+    with torch.no_grad():
+        for name, t in _unflat(flat, {n: own[n] for n in names}).items():
+            own[name].copy_(t)
+
+
+def give_weights(group: TPGroup, model: CausalLM) -> None:
+    """(A rank) send the leader its share of every tensor (:meth:`TPRanks.gather`)."""
+    group.send_tensor(_flat(list(_once(model).values()), model.lm_head.weight), 0)
+
+
+def _shard_of(model: CausalLM) -> TPShard:
+    if model.shard is None:
+        raise ValueError("the model is whole, not a tensor-parallel rank's share")
+    return model.shard
+
+
+def _once(model: CausalLM) -> dict[str, torch.Tensor]:
+    """``model``'s state as a sync moves it: tied tensors once, under their first name
+    (as :func:`weight_tensors` gives it, meta tensors included)."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) not in seen:
+            seen.add(id(t))
+            out[name] = t
+    return out
+
+
+def _cut(t: torch.Tensor, cut: tuple[slice, ...] | None) -> torch.Tensor:
+    return t if cut is None else t[cut]
+
+
+def _flat(parts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """``parts`` end to end in one tensor of ``like``'s dtype on its device."""
+    return torch.cat([p.detach().reshape(-1).to(like.device, like.dtype) for p in parts])
+
+
+def _unflat(flat: torch.Tensor, shapes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``flat`` cut into views shaped as ``shapes``' tensors, in its order."""
+    out, at = {}, 0
+    for name, t in shapes.items():
+        n = t.numel()
+        out[name] = flat[at : at + n].view(t.shape)
+        at += n
+    return out

@@ -31,6 +31,7 @@ def main() -> int:
     from .._runner._cache import KVCache
     from .._runner._paged import PagedRunner
     from .._runner._tp import TPGroup
+    from ._tp import give_weights, take_weights
 
     torch.set_num_threads(int(order["threads"]))
     device = torch.device(order["device"])
@@ -50,6 +51,11 @@ def main() -> int:
         op = message["op"]
         if op == "work":
             runner.run_work(group.work_of(message))
+        elif op == "weights":
+            take_weights(group, model, message["names"])
+            runner.weights_changed()
+        elif op == "gather":
+            give_weights(group, model)
         elif op == "stop":
             break
         else:

@@ -110,6 +110,16 @@ class TPGroup:
         self._compute.allgather([parts], [mine.contiguous()]).wait()
         return torch.cat([p[:, :s] for p, s in zip(parts, sizes, strict=True)], dim=-1)
 
+    def send_tensor(self, t: torch.Tensor, rank: int) -> None:
+        """(The leader) send ``t`` to ``rank`` (which receives it with :meth:`receive_tensor`)."""
+        self._compute.send([t.contiguous()], rank, 0).wait()
+
+    def receive_tensor(self, into: torch.Tensor, rank: int = 0) -> torch.Tensor:
+        """Receive into ``into`` (contiguous, its size and dtype agreed) what ``rank``
+        sends."""
+        self._compute.recv([into], rank, 0).wait()
+        return into
+
     # -- the leader's messages ---------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
         """(The leader) send ``message`` to every other rank."""

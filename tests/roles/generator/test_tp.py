@@ -1,8 +1,9 @@
 """Tensor-parallel generators: each rank's share of a checkpoint is the slices Megatron's cut
 gives it, and a model split over two processes computes what the whole one does (every logit
 within 1e-4, the same greedy tokens) for llama, qwen2 and qwen2_moe with prefix caching,
-chunked prefill and preemption on. The ranks leave with their leader however it ends, a lost
-rank fails the step instead of hanging it, and no other user can reach the group's store."""
+chunked prefill and preemption on. A trainer's weights sync slice by slice to the same digest
+as a whole generator's. The ranks leave with their leader however it ends, a lost rank fails
+the step instead of hanging it, and no other user can reach the group's store."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from orchestr.roles._common._hf._tp import TPShard, check_tp, load_shard
 from orchestr.roles.generator._core._types import Completion, Request
 from orchestr.roles.generator._engines._build import build_engine
 from orchestr.roles.generator._engines._paged import PagedEngine
+from tests.roles.weight_actors import CheckpointTrainer
 
 PROMPT = list(range(5, 45))
 
@@ -241,23 +243,52 @@ def test_load_shard_holds_a_share_of_the_weights(checkpoints: Callable[[str], st
     assert pathlib.Path(folder, "model.safetensors").exists()
 
 
-async def test_a_split_generator_serves_and_refuses_what_it_cannot_do_yet(
+async def test_a_split_generator_syncs_a_trainers_weights_slice_by_slice(
     ctx: oc.JobContext, checkpoints: Callable[[str], str]
 ) -> None:
-    folder = checkpoints("llama")
+    """A tp=2 generator beside a whole one: the same tokens before and after both sync a
+    trainer's step, the same digest (the split one's put together from its ranks), and a
+    corrupted sync refused with nothing changed; handoffs and the KV store refuse it."""
+    folder = checkpoints("qwen2")  # tied embeddings: the head is the embedding's slice
     kv = {"num_blocks": 64, "block_size": 4}
-    split, whole = await asyncio.gather(
+    trainer, split, whole = await asyncio.gather(
+        ctx.spawn(CheckpointTrainer, folder, name="trainer"),
         ctx.spawn(Generator, name="split", checkpoint=folder, tp=2, kv=kv, supervise="handle"),
         ctx.spawn(Generator, name="whole", checkpoint=folder, torch_threads=1, kv=kv),
     )
     requests = [Request(f"r{i}", PROMPT[: 10 + i], 8, temperature=0.0) for i in range(3)]
-    got = await split.generate.call_one(requests)
-    want = await whole.generate.call_one(requests)
-    assert [c.tokens for c in got] == [c.tokens for c in want]
-    for call, args in ((split.digest, ()), (split.load_weights, ({}, 1))):
-        with pytest.raises(oc.ActorError, match="not yet supported with the model split"):
-            await call.call_one(*args)
+
+    async def tokens(gen: oc.Mesh) -> list[list[int]]:
+        return [list(c.tokens) for c in await gen.generate.call_one(requests)]
+
+    before = await tokens(whole)
+    assert await tokens(split) == before
+    start = await trainer.digest.call_one()
+    assert (await split.digest.call_one())["digest"] == start
+    ref = await trainer.step.call_one(1)
+    for gen in (split, whole):
+        synced = await gen.sync_weights.call_one(ref)
+        assert synced["loaded"] and synced["version"] == 1
+    trained = await trainer.digest.call_one()
+    assert trained != start
+    assert (await split.digest.call_one())["digest"] == trained
+    assert (await whole.digest.call_one())["digest"] == trained
+    after = await tokens(whole)
+    assert await tokens(split) == after != before
+    # a sync whose bytes were changed after publishing is refused and changes nothing
+    bad = await trainer.step.call_one(2)
+    await trainer.corrupt.call_one(bad, 0, 5)
+    with pytest.raises(oc.ActorError, match="ChecksumMismatchError"):
+        await split.sync_weights.call_one(bad)
+    kept = await split.digest.call_one()
+    assert (kept["digest"], kept["version"]) == (trained, 1)
+    # whole tensors through load_weights: the trainer's, as version 3
+    state = await trainer.tensors.call_one()  # tied tensors once: name the head too
+    state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    await split.load_weights.call_one(state, 3)
+    assert (await split.digest.call_one())["digest"] == await trainer.digest.call_one()
     with pytest.raises(oc.ActorError, match="not yet with the model split"):
         await split.prefill.call_one(requests[0])
     with pytest.raises(oc.ConfigError, match="kv_store cannot be used with tp=2 yet"):
         Generator(checkpoint=folder, tp=2, kv_store=whole)
+    await trainer.close.call_one()
