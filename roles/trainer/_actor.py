@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 import orchestr as oc
+from orchestr.roles._common._alloc import return_freed_memory
 from orchestr.roles._common._backend import BackendSpec, choose_backend
 from orchestr.roles._common._factory import DEFAULT_MODEL, build_model
 from orchestr.roles._common._model import TinyLM
@@ -233,6 +234,7 @@ class Trainer(oc.Actor):
         """Shard the model at first use when asked to (the process group exists by then);
         the optimizer is made again over the shards (it has no state before a step)."""
         if self.sharding == "full" and not is_sharded(self.model):
+            return_freed_memory()  # gathered layers freed go back (the point is the peak)
             shard_model(self.model)
             self.runner = self.backend.prepare(self.model)
             self.optimizer = torch.optim.AdamW(self.model.parameters(), **self.optimizer_args)  # type: ignore[arg-type]

@@ -150,3 +150,42 @@ def test_freed_memory_stays_in_the_process_unless_turned_off(
         assert returned_kib < 8 << 10  # the 64 MiB block stayed for the next allocation
     else:
         assert returned_kib > 48 << 10  # glibc's default: unmapped on free
+
+
+RETURN = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("alloc", sys.argv[1])
+alloc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(alloc)
+
+def rss_kib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+done = alloc.return_freed_memory() if sys.argv[2] == "return" else False
+first = bytearray(8 << 20)
+del first  # glibc's threshold rises past 8 MiB: blocks this size now come from the heap
+blocks = [bytearray(8 << 20) for _ in range(6)]
+pin = bytearray(1 << 16)  # after them on the heap: its top is not free
+before = rss_kib()
+del blocks
+print(done, before - rss_kib())
+"""
+
+
+@pytest.mark.parametrize("mode", ["return", "default"])
+def test_a_sharded_trainers_freed_buffers_go_back_to_the_kernel(mode: str) -> None:
+    """``return_freed_memory`` (a sharded trainer's): 48 MiB of freed 8 MiB buffers leave
+    the process, where glibc's rising threshold would keep them."""
+    out = subprocess.run(
+        [sys.executable, "-c", RETURN, _alloc.__file__, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    done, returned_kib = out[0] == "True", int(out[1])
+    assert done is (mode == "return")
+    if done:
+        assert returned_kib > 40 << 10
+    else:
+        assert returned_kib < 8 << 10
