@@ -234,7 +234,8 @@ def main() -> None:
     }
     print(json.dumps(line))
     if args.record:
-        record("parallel", {**tp, **memory, "pipeline": bubbles, "summary": line})
+        ratios = {k: line[k] for k in ("tp2_over_tp1", "sharded_over_replicated")}
+        record("parallel", {**tp, **memory, **ratios, "pipeline": bubbles})
 
 
 if __name__ == "__main__":
