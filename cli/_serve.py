@@ -99,10 +99,10 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
                     where = f"http://{args.host}:{port}/v1"
                 name = (args.served_model_name or [args.model_dir])[0]
                 pools = f"{args.generators} {args.engine} generator(s)"
-                if args.tp > 1:
-                    pools += f" of tp={args.tp}"
                 if args.prefill:
                     pools = f"{args.prefill} prefill + {args.generators} decode generator(s)"
+                if args.tp > 1:
+                    pools += f" of tp={args.tp}"
                 if args.expert_hosts:
                     pools += f" over {args.expert_hosts} expert host(s)"
                     pools += (

@@ -81,15 +81,18 @@ def check_options(args: argparse.Namespace) -> str | None:
         unsplit = [
             flag
             for flag, on in (
-                ("--prefill", args.prefill),
                 ("--afd", args.expert_hosts),
-                ("--kv-store-blocks", args.kv_store_blocks),
                 ("--micro-batches", args.micro_batches > 1),
             )
             if on
         ]
         if unsplit:
             return f"--tp > 1 cannot be combined with {', '.join(unsplit)} yet"
+        if args.prefill and not args.no_prefill_overlap:
+            return (
+                "--tp > 1 with --prefill hands each prompt's blocks off once it is computed "
+                "(a split pool is not streamed): add --no-prefill-overlap"
+            )
     weight = args.router_prefill_weight
     if weight is not None and args.router != "kv":
         return f"--router-prefill-weight prices the kv router's cost; --router is {args.router}"

@@ -147,13 +147,13 @@ class Generator(oc.Actor):
             tp=tp,
         )
         if tp > 1:
-            unsplit = [k for k, v in (("kv_store", kv_store), ("experts", experts),
-                                      ("attention", attention)) if v is not None]  # fmt: skip
+            unsplit = [k for k, v in (("experts", experts), ("attention", attention))
+                       if v is not None]  # fmt: skip
             if unsplit:
                 engine_.close()
                 raise oc.ConfigError(
-                    f"{', '.join(unsplit)} cannot be used with tp={tp} yet: they move whole "
-                    "KV blocks or layers, and each rank holds a share"
+                    f"{', '.join(unsplit)} cannot be used with tp={tp} yet: they run whole "
+                    "layers or read the KV pool in place, and each rank holds a share"
                 )
         name = f"{self.mesh_name}[{self.rank}]"
         self._remote = RemoteParts(
@@ -443,6 +443,11 @@ class Generator(oc.Actor):
         r = prefill_request(as_request(request))
         if not stream:
             return await self._handoff.prefill(r, float(hold_s), self.generate)
+        if self._handoff.tp > 1:
+            raise oc.ConfigError(
+                "a streamed handoff is read from the pool as it is written; a split model's "
+                f"pool is in {self._handoff.tp} processes: hand off without stream"
+            )
         if not hold_s > 0:
             raise ValueError(f"hold_s must be positive, got {hold_s!r}")
         self._ensure_running()

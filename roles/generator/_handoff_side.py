@@ -28,8 +28,8 @@ __all__ = ["HandoffSide"]
 class HandoffSide:
     """Both sides of a handoff for one generator's ``engine``, every engine call under
     ``lock`` (the generator's), as ``options`` say (:class:`~._options.HandoffOptions`).
-    ``tp``: the ranks the engine's model is split over (handoffs take a whole model's
-    blocks)."""
+    ``tp``: the ranks the engine's model is split over (its blocks are lent whole, but not
+    streamed)."""
 
     def __init__(
         self, engine: Engine, lock: asyncio.Lock, options: HandoffOptions, tp: int = 1
@@ -50,8 +50,6 @@ class HandoffSide:
         another."""
         if not isinstance(self.engine, PagedKV):
             raise oc.ConfigError(f"{what}; this generator runs {type(self.engine).__name__}")
-        if self.tp > 1:
-            raise oc.ConfigError(f"{what}; not yet with the model split (tp={self.tp})")
         return self.engine
 
     # -- the prefill side ----------------------------------------------------------------------
@@ -142,8 +140,6 @@ class HandoffSide:
         """Read what ``kv_from`` hands over and what a KV store holds of ``requests``, then,
         under the lock, enter it and submit them; the body runs under the lock too."""
         engine = self.engine
-        if kv_from:
-            self.paged("a handoff's KV enters the paged engine")
         received = await self._receive(requests, kv_from)
         direct = [d for d in received.values() if isinstance(d, Direct)]
         try:

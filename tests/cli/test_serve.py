@@ -55,7 +55,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         (["--afd", "1:1", "--engine", "vllm"], "--engine vllm cannot"),
         (["--tp", "0"], "--tp must be 1 or more"),
         (["--tp", "2", "--engine", "vllm"], "--engine vllm has its own options"),
-        (["--tp", "2", "--prefill", "1"], "cannot be combined with --prefill yet"),
+        (["--tp", "2", "--prefill", "1"], "add --no-prefill-overlap"),
         (["--tp", "2", "--afd", "1:1"], "cannot be combined with --afd yet"),
     ],
 )
@@ -153,15 +153,16 @@ def test_serve_answers_openai_clients_and_stops_on_sigint(folder: pathlib.Path) 
 
 def test_serve_splits_each_generator_over_tp_processes(folder: pathlib.Path) -> None:
     """``--tp 2``: each generator is two processes; its greedy text is the whole model's
-    (``--tp 1``), and every process (the second rank included) is gone after SIGINT."""
+    (``--tp 1``), also with a tp=2 prefill pool handing off to tp=2 decode, and every
+    process (the ranks included) is gone after SIGINT."""
     prompt = list(range(20, 40))
     texts = []
-    for tp in (1, 2):
+    for tp, more in ((1, []), (2, []), (2, ["--prefill", "1", "--no-prefill-overlap"])):
         marker = uuid.uuid4().hex
         env = dict(os.environ, ORCHESTR_TEST_MARKER=marker, ORCHESTR_API_KEY="sekrit")
-        proc, line = _start(["serve", str(folder), "--port", "0", "--tp", str(tp)], env)
+        proc, line = _start(["serve", str(folder), "--port", "0", "--tp", str(tp), *more], env)
         try:
-            found = re.search(r"on (http://127\.0\.0\.1:\d+/v1) with 1 native generator", line)
+            found = re.search(r"on (http://127\.0\.0\.1:\d+/v1) with 1 ", line)
             assert found, line
             assert line.count("of tp=2") == (tp == 2), line
             # the command, the generator's worker and (tp=2) the rank it started
@@ -180,7 +181,7 @@ def test_serve_splits_each_generator_over_tp_processes(folder: pathlib.Path) -> 
                 proc.kill()
                 proc.communicate()
         assert _processes_with(marker) == [] and _listening_ports(marker) == set()
-    assert texts[0] == texts[1] and texts[0]
+    assert texts[0] == texts[1] == texts[2] and texts[0]
 
 
 def test_the_router_choices_are_the_routers_policies() -> None:

@@ -122,6 +122,11 @@ class PagedKV(Engine, Protocol):
         """The region holding every block, to register as a buffer peers read blocks from."""
         ...
 
+    def lend(self, blocks: list[int]) -> tuple[torch.Tensor, list[int], tuple[int, int, int]]:
+        """Memory a peer may read ``blocks`` from, their ids in it and its layout (the pool
+        itself, or a copy of the blocks where the pool is not in one region)."""
+        ...
+
     @property
     def kv_layout(self) -> tuple[int, int, int]:
         """Where a block lies in :attr:`kv_memory` (planes, bytes a plane, bytes a row)."""

@@ -93,6 +93,9 @@ class Forwarding:
     def kv_layout(self) -> tuple[int, int, int]:
         return self.inner.kv_layout
 
+    def lend(self, blocks: list[int]) -> tuple[torch.Tensor, list[int], tuple[int, int, int]]:
+        return self.inner.lend(blocks)
+
     def load(self) -> tuple[int, int]:
         return self.inner.load()
 

@@ -42,6 +42,7 @@ from .._runner._spans import copy_blocks
 from .._runner._token_choice import choose_tokens
 from ._requests import Detokenize, Intake, Latencies, Live, Pausable, check_state, engine_stats
 from ._tp import TPRanks, whole_like
+from ._tp_kv import SplitKV
 
 __all__ = ["PagedEngine"]
 
@@ -99,6 +100,8 @@ class PagedEngine(Pausable):
                 ranks.close()
                 raise ValueError("a tensor-parallel generator runs each step as one batch")
             group = ranks.join()
+        #: a split model's blocks as a whole one's engine lays them out, else ``None``
+        self._split = None if ranks is None else SplitKV(self._kv, ranks, model.shard)  # type: ignore[arg-type]
         self._runner = PagedRunner(model, self._kv, packed=packed, attention=attention, group=group)
         self._batches = MicroBatches(self._runner, micro_batches)
         if self._kv.keys[0].device.type == "cpu":
@@ -188,7 +191,7 @@ class PagedEngine(Pausable):
     @property
     def block_nbytes(self) -> int:
         """The bytes of one block's keys and values (all layers)."""
-        return self._kv.block_nbytes
+        return (self._split or self._kv).block_nbytes
 
     def keep_offload(self, on: bool) -> None:
         """Whether :meth:`take_offload` gives the blocks that enter the prefix cache."""
@@ -198,7 +201,7 @@ class PagedEngine(Pausable):
         """The weights version, keys and copies of the blocks entered into the prefix cache
         since the last call (and still there), to offload to a store. Call between steps."""
         stored = self._pool.take_stored()
-        copies = self._kv.export([b for _, b in stored])
+        copies = (self._split or self._kv).export([b for _, b in stored])
         return self._version, [key for key, _ in stored], copies
 
     def prefix_plan(self, prompt: list[int]) -> tuple[list[bytes], int]:
@@ -222,9 +225,11 @@ class PagedEngine(Pausable):
         not cached any more, fewer when the pool has fewer free blocks. Returns the tokens
         entered. Raises ``ValueError`` for data that is not whole blocks. Call between
         steps."""
-        planes = self._kv.planes_of(data)
+        planes = (self._split or self._kv).planes_of(data)
         first, blocks = self._sched.adopt(keys, prompt, start, planes.shape[1])
-        self._kv.write(blocks, planes[:, first - start : first - start + len(blocks)])
+        (self._split or self._kv).write(
+            blocks, planes[:, first - start : first - start + len(blocks)]
+        )
         return len(blocks) * self._pool.block_size
 
     def reserve(
@@ -241,7 +246,10 @@ class PagedEngine(Pausable):
     ) -> None:
         """Copy blocks ``theirs`` of a peer's :attr:`kv_memory` of this layout (``source``,
         ``plane_bytes`` to a plane) into ``blocks`` (:func:`~.._runner._spans.copy_blocks`)."""
-        copy_blocks((*self._kv.keys, *self._kv.values), blocks, source, theirs, plane_bytes)
+        if self._split is not None:
+            self._split.copy_in(blocks, source, theirs, plane_bytes)
+        else:
+            copy_blocks((*self._kv.keys, *self._kv.values), blocks, source, theirs, plane_bytes)
 
     def enter_reserved(
         self,
@@ -261,13 +269,23 @@ class PagedEngine(Pausable):
     @property
     def kv_memory(self) -> torch.Tensor:
         """The region holding every block (:attr:`KVCache.memory`): register it as a
-        :class:`~orchestr.Buffer` for peers to read blocks from."""
+        :class:`~orchestr.Buffer` for peers to read blocks from. A split model's is this
+        rank's heads only: :meth:`lend` gives whole blocks."""
         return self._kv.memory
 
     @property
     def kv_layout(self) -> tuple[int, int, int]:
-        """:attr:`KVCache.layout` of :attr:`kv_memory`: where a block lies in it."""
-        return self._kv.layout
+        """:attr:`KVCache.layout` of :attr:`kv_memory`: where a block lies in it (a split
+        model's: where it would lie, whole)."""
+        return (self._split or self._kv).layout
+
+    def lend(self, blocks: list[int]) -> tuple[torch.Tensor, list[int], tuple[int, int, int]]:
+        """Memory a peer may read ``blocks`` from: :attr:`kv_memory`, the blocks' ids and
+        :attr:`kv_layout`; a split model's, a whole copy of just those blocks in shared memory
+        (:meth:`SplitKV.lend`). Call between steps."""
+        if self._split is not None:
+            return self._split.lend(blocks)
+        return self._kv.memory, blocks, self._kv.layout
 
     def hold_prefix(self, prompt: list[int]) -> tuple[list[bytes], list[int]]:
         """Hold the blocks of ``prompt``'s prefix cached here (the full blocks before its

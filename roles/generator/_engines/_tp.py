@@ -155,7 +155,7 @@ class TPRanks:
         into every rank's share: each other rank is sent its slices of all of them in one
         buffer, and this one copies its own. Raises ``ValueError`` (before anything moves)
         for a name the model does not have."""
-        group, shard = self._joined(), _shard_of(model)
+        group, shard = self.joined(), _shard_of(model)
         own = model.state_dict(keep_vars=True)
         unknown = [n for n, _ in tensors if n not in own]
         if unknown:
@@ -172,7 +172,7 @@ class TPRanks:
     def gather(self, model: CausalLM) -> dict[str, torch.Tensor]:
         """Every tensor of the whole model (the names and shapes of :func:`whole_like`),
         put together here from every rank's share: for a digest."""
-        group, shard = self._joined(), _shard_of(model)
+        group, shard = self.joined(), _shard_of(model)
         group.send({"op": "gather"})
         like = whole_like(model)
         whole = {n: torch.empty(t.shape, dtype=t.dtype) for n, t in like.items()}
@@ -194,7 +194,8 @@ class TPRanks:
         return whole
 
     # -- internals ---------------------------------------------------------------------------
-    def _joined(self) -> TPGroup:
+    def joined(self) -> TPGroup:
+        """The group, once joined (:meth:`join`)."""
         if self.group is None:
             raise RuntimeError("the tensor-parallel ranks have not joined")
         return self.group

@@ -56,6 +56,12 @@ def main() -> int:
             runner.weights_changed()
         elif op == "gather":
             give_weights(group, model)
+        elif op == "kv_export":
+            group.send_tensor(kv.rows(message["blocks"]), 0)
+        elif op == "kv_write":
+            first = kv.keys[0]
+            planes = first.new_empty((2 * len(kv.keys), len(message["blocks"]), *first.shape[1:]))
+            kv.write(message["blocks"], group.receive_tensor(planes))
         elif op == "stop":
             break
         else:

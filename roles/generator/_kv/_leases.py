@@ -217,8 +217,9 @@ class Holds:
         planes, plane_bytes, row_bytes = engine.kv_layout
         grant = None
         if lease:  # a buffer over this lease's blocks of the pool only (a stream's: none yet)
+            memory, blocks, (planes, plane_bytes, row_bytes) = engine.lend(blocks)
             spans = [(at, n) for at, n, _ in block_spans(blocks, planes, plane_bytes, row_bytes)]
-            grant = self._grants[lease] = Buffer(engine.kv_memory, spans=spans, writable=False)
+            grant = self._grants[lease] = Buffer(memory, spans=spans, writable=False)
         self.counts["orchestr:kv_handoff_leases"] += 1
         return Handoff(
             lease=lease,

@@ -6,12 +6,14 @@ key/value heads only."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from orchestr import fabric
 from orchestr.roles._common._hf._layers import CausalLM
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "as_planes"]
 
 
 class KVCache:
@@ -69,6 +71,12 @@ class KVCache:
         :attr:`block_nbytes`: every layer's keys, then every layer's values."""
         if not blocks:
             return []
+        flat = self.rows(blocks).cpu().view(torch.uint8).reshape(len(blocks), -1)
+        return list(flat.unbind(0))
+
+    def rows(self, blocks: list[int]) -> torch.Tensor:
+        """A copy of ``blocks``' keys and values, ``[blocks, planes, block_size, kv_heads,
+        head_dim]`` on the cache's device (planes: every layer's keys, then values)."""
         first = self.keys[0]
         index = torch.tensor(blocks, device=first.device)
         planes = (*self.keys, *self.values)
@@ -79,28 +87,15 @@ class KVCache:
         )
         for p, plane in enumerate(planes):
             torch.index_select(plane, 0, index, out=rows[:, p])
-        flat = rows.cpu().view(torch.uint8).reshape(len(blocks), -1)
-        return list(flat.unbind(0))
+        return rows
 
     def planes_of(self, data: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
         """Blocks' keys and values as ``[planes, blocks, block_size, kv_heads, head_dim]``:
         ``data`` is what :meth:`export` gave (a tensor per block, copied into one) or one
         copy laid out as :func:`~._spans.block_spans` reads the pool (viewed as it is). Raises
         ``ValueError`` for data that is not whole blocks of this cache."""
-        first, size = self.keys[0], self.block_nbytes
-        planes = 2 * len(self.keys)
-        if isinstance(data, torch.Tensor):
-            nbytes = data.numel() * data.element_size()
-            if nbytes % size:
-                raise ValueError(f"a block of this engine is {size} bytes, not part of {nbytes}")
-            flat = data.reshape(-1).view(torch.uint8).view(first.dtype)
-            return flat.view(planes, nbytes // size, *first.shape[1:])
-        if any(d.numel() * d.element_size() != size for d in data):
-            raise ValueError(f"a block of this engine is {size} bytes")
-        if not data:
-            return first.new_empty((planes, 0, *first.shape[1:]))
-        raw = torch.stack([d.reshape(-1).view(torch.uint8) for d in data]).view(first.dtype)
-        return raw.view(len(data), planes, *first.shape[1:]).transpose(0, 1)
+        first = self.keys[0]
+        return as_planes(data, 2 * len(self.keys), first.shape[1:], first.dtype)
 
     def write(self, blocks: list[int], planes: torch.Tensor) -> None:
         """Write ``planes`` (:meth:`planes_of`, one block of each plane per id in
@@ -112,3 +107,25 @@ class KVCache:
         index = torch.tensor(blocks, device=first.device)
         for plane, t in zip(planes, (*self.keys, *self.values), strict=True):
             t.index_copy_(0, index, plane)
+
+
+def as_planes(
+    data: list[torch.Tensor] | torch.Tensor, planes: int, row: tuple[int, ...], dtype: torch.dtype
+) -> torch.Tensor:
+    """Blocks of ``planes`` planes, each block's row in a plane ``row`` (``[block_size,
+    kv_heads, head_dim]``) of ``dtype``, as ``[planes, blocks, *row]``: ``data`` is a tensor
+    per block (each every plane's row in turn; copied into one) or one copy laid out plane by
+    plane (viewed as it is). Raises ``ValueError`` for data that is not whole blocks."""
+    size = planes * math.prod(row) * dtype.itemsize
+    if isinstance(data, torch.Tensor):
+        nbytes = data.numel() * data.element_size()
+        if nbytes % size:
+            raise ValueError(f"a block of this engine is {size} bytes, not part of {nbytes}")
+        flat = data.reshape(-1).view(torch.uint8).view(dtype)
+        return flat.view(planes, nbytes // size, *row)
+    if any(d.numel() * d.element_size() != size for d in data):
+        raise ValueError(f"a block of this engine is {size} bytes")
+    if not data:
+        return torch.empty((planes, 0, *row), dtype=dtype)
+    raw = torch.stack([d.reshape(-1).view(torch.uint8) for d in data]).view(dtype)
+    return raw.view(len(data), planes, *row).transpose(0, 1)

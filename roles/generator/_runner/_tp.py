@@ -111,7 +111,7 @@ class TPGroup:
         return torch.cat([p[:, :s] for p, s in zip(parts, sizes, strict=True)], dim=-1)
 
     def send_tensor(self, t: torch.Tensor, rank: int) -> None:
-        """(The leader) send ``t`` to ``rank`` (which receives it with :meth:`receive_tensor`)."""
+        """Send ``t`` to ``rank`` (which receives it with :meth:`receive_tensor`)."""
         self._compute.send([t.contiguous()], rank, 0).wait()
 
     def receive_tensor(self, into: torch.Tensor, rank: int = 0) -> torch.Tensor:

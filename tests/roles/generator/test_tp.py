@@ -2,8 +2,10 @@
 gives it, and a model split over two processes computes what the whole one does (every logit
 within 1e-4, the same greedy tokens) for llama, qwen2 and qwen2_moe with prefix caching,
 chunked prefill and preemption on. A trainer's weights sync slice by slice to the same digest
-as a whole generator's. The ranks leave with their leader however it ends, a lost rank fails
-the step instead of hanging it, and no other user can reach the group's store."""
+as a whole generator's. Blocks move between pools of different degrees (handoffs, a shared
+KV store) in the whole model's layout. The ranks leave with their leader however it ends, a
+lost rank fails the step instead of hanging it, and no other user can reach the group's
+store."""
 
 from __future__ import annotations
 
@@ -16,18 +18,20 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 
 import orchestr as oc
-from orchestr.roles import Generator, KVOptions, models
+from orchestr.roles import Generator, KVNamespace, KVOptions, KVStore, kv_block_bytes, models
 from orchestr.roles._common._backend import choose_backend
 from orchestr.roles._common._hf._config import read_config
 from orchestr.roles._common._hf._tp import TPShard, check_tp, load_shard
 from orchestr.roles.generator._core._types import Completion, Request
 from orchestr.roles.generator._engines._build import build_engine
 from orchestr.roles.generator._engines._paged import PagedEngine
+from tests.roles.generator.test_kv_offload import _keys, _metrics
 from tests.roles.weight_actors import CheckpointTrainer
 
 PROMPT = list(range(5, 45))
@@ -248,7 +252,7 @@ async def test_a_split_generator_syncs_a_trainers_weights_slice_by_slice(
 ) -> None:
     """A tp=2 generator beside a whole one: the same tokens before and after both sync a
     trainer's step, the same digest (the split one's put together from its ranks), and a
-    corrupted sync refused with nothing changed; handoffs and the KV store refuse it."""
+    corrupted sync refused with nothing changed; expert hosts refuse it."""
     folder = checkpoints("qwen2")  # tied embeddings: the head is the embedding's slice
     kv = {"num_blocks": 64, "block_size": 4}
     trainer, split, whole = await asyncio.gather(
@@ -287,8 +291,110 @@ async def test_a_split_generator_syncs_a_trainers_weights_slice_by_slice(
     state["lm_head.weight"] = state["model.embed_tokens.weight"]
     await split.load_weights.call_one(state, 3)
     assert (await split.digest.call_one())["digest"] == await trainer.digest.call_one()
-    with pytest.raises(oc.ActorError, match="not yet with the model split"):
-        await split.prefill.call_one(requests[0])
-    with pytest.raises(oc.ConfigError, match="kv_store cannot be used with tp=2 yet"):
-        Generator(checkpoint=folder, tp=2, kv_store=whole)
+    with pytest.raises(oc.ConfigError, match="experts cannot be used with tp=2 yet"):
+        Generator(checkpoint=folder, tp=2, experts={"hosts": whole})
     await trainer.close.call_one()
+
+
+def test_a_split_pool_gives_and_takes_whole_blocks(checkpoints: Callable[[str], str]) -> None:
+    """Blocks exported from a tp=2 pool are the whole pool's (every rank's heads in their
+    places), and whole blocks written into it come back out as they went in."""
+    folder = checkpoints("qwen2_moe")
+    whole, split = _engine(folder, 1), _engine(folder, 2)
+    try:
+        prompt = PROMPT[:21]  # five full blocks of four
+        for engine in (whole, split):
+            engine.submit([Request(id="p", prompt=prompt, max_new_tokens=1)])
+            while engine.has_work():
+                engine.step()
+        keys, blocks = whole.hold_prefix(prompt)
+        split_keys, split_blocks = split.hold_prefix(prompt)
+        assert keys == split_keys and len(blocks) == 5
+        assert split.block_nbytes == whole.block_nbytes and split.kv_layout == whole.kv_layout
+        kv = split._split
+        assert kv is not None
+        want, got = whole._kv.export(blocks), kv.export(split_blocks)
+        for a, b in zip(want, got, strict=True):
+            torch.testing.assert_close(
+                b.view(torch.float32), a.view(torch.float32), atol=1e-5, rtol=0
+            )
+        # the whole pool's blocks written into free blocks of the split one read back whole
+        free = [b for b in range(64) if b not in split_blocks][:5]
+        kv.write(free, kv.planes_of(want))
+        for a, b in zip(want, kv.export(free), strict=True):
+            assert torch.equal(a, b)
+        memory, ids, layout = split.lend(split_blocks)
+        assert ids == [0, 1, 2, 3, 4] and layout == (whole.kv_layout[0], 5 * layout[2], layout[2])
+        lent = memory.view(layout[0], 5, layout[2])
+        assert torch.equal(lent[:, 2], got[2].view(layout[0], layout[2]))
+        assert split.kv_memory.numel() * 2 == whole.kv_memory.numel()  # its heads only
+    finally:
+        split.close()
+
+
+async def test_handoffs_between_pools_of_different_degrees(
+    ctx: oc.JobContext, checkpoints: Callable[[str], str]
+) -> None:
+    """A tp=2 prefill generator hands to a tp=1 decode one and the reverse (each decode
+    rank taking the heads it holds), read in place or staged, and the decode side continues
+    exactly as one generator alone would."""
+    folder = checkpoints("llama")
+    kv = {"num_blocks": 64, "block_size": 4}
+
+    def spawn(name: str, tp: int, **kw: object) -> Any:
+        threads = {} if tp > 1 else {"torch_threads": 1}
+        return ctx.spawn(Generator, name=name, checkpoint=folder, tp=tp, kv=kv, **threads, **kw)
+
+    pre2, dec1, pre1, dec2, staged2, alone = await asyncio.gather(
+        spawn("pre2", 2), spawn("dec1", 1), spawn("pre1", 1), spawn("dec2", 2),
+        spawn("staged2", 2, handoff={"read": "staged", "on_failure": "fail"}), spawn("alone", 1),
+    )  # fmt: skip
+    pairs = [(pre2, dec1), (pre1, dec2), (pre2, staged2), (pre1, staged2)]
+    for i, (pre, dec) in enumerate(pairs):
+        r = Request(f"h{i}", [(5 * i + j) % 250 + 3 for j in range(30)], 8, temperature=0.0)
+        h = (await pre.prefill.call_one(r)).sent_from(pre)
+        assert h.tokens == 28 and h.lease > 0
+        before = (await dec.stats.call_one())["orchestr:kv_transfers"]
+        (got,) = await dec.generate.call_one([r], kv_from={r.id: h})
+        (want,) = await alone.generate.call_one([r])
+        assert got.tokens == want.tokens, (i, got.tokens, want.tokens)
+        torch.testing.assert_close(
+            torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=1e-4, rtol=0
+        )
+        stats = await dec.stats.call_one()
+        assert stats["orchestr:kv_transfers"] == before + 1, i  # read, not computed again
+        assert stats["orchestr:kv_transfer_failures"] == 0
+        assert (await pre.stats.call_one())["held"] == 0  # the lease ended
+    with pytest.raises(oc.ActorError, match="a streamed handoff"):
+        await pre2.prefill.call_one(Request("s", PROMPT[:12], 4), stream=True)
+
+
+async def test_split_and_whole_generators_share_a_kv_store(
+    ctx: oc.JobContext, checkpoints: Callable[[str], str]
+) -> None:
+    """Blocks a tp=2 generator offloads are onboarded by a tp=1 one and the reverse: the
+    store holds whole blocks, whoever computed them."""
+    folder = checkpoints("llama")
+    store = await ctx.spawn(KVStore, kv_block_bytes(folder, 4), 64)
+    kv = {"num_blocks": 64, "block_size": 4}
+    split, whole = await asyncio.gather(
+        ctx.spawn(Generator, name="split", checkpoint=folder, tp=2, kv=kv, kv_store=store),
+        ctx.spawn(Generator, name="whole", checkpoint=folder, torch_threads=1, kv=kv,
+                  kv_store=store),
+    )  # fmt: skip
+    for i, (first, second) in enumerate(((split, whole), (whole, split))):
+        p = [(11 * i + j) % 250 + 3 for j in range(33)]  # 8 full blocks before the last token
+        ask = {"prompt": p, "max_new_tokens": 6, "temperature": 0.0}
+        (a,) = await first.generate.call_one([{"id": f"a{i}", **ask}])
+        model_id, keys = await _keys(first, p)
+        ns = KVNamespace(model_id, 4, 0)
+        for _ in range(1200):  # the offload runs after the step, on its own
+            if (await store.match.call_one(ns, keys))["tokens"] == 32:
+                break
+            await asyncio.sleep(0.05)
+        assert (await store.match.call_one(ns, keys))["tokens"] == 32
+        before = (await _metrics(second))["orchestr:kv_store_onboarded_tokens"]
+        (b,) = await second.generate.call_one([{"id": f"b{i}", **ask}])
+        assert b.tokens == a.tokens
+        after = (await _metrics(second))["orchestr:kv_store_onboarded_tokens"]
+        assert after - before == 32, i
