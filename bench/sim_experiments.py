@@ -1,6 +1,6 @@
 """The simulator's experiments, reproduced in shape, and its scale runs.
 
-    python bench/sim_experiments.py e1|e2|e3|scale|all [--quick]
+    python bench/sim_experiments.py e1|e2|e3|e4|scale|all [--quick]
 
 Each writes ``docs/simulator/<name>.json`` (every number), ``<name>.md`` (the table) and
 ``<name>.png`` (the plot); ``bench/sim_report.py`` assembles them into docs/simulator.md.
@@ -14,6 +14,10 @@ Each writes ``docs/simulator/<name>.json`` (every number), ``<name>.md`` (the ta
 - **e3** (DistServe): goodput (the highest request rate at which 90% of requests meet both the
   TTFT and the TPOT SLO) of prefill/decode apart against co-located, on the same four
   accelerators, as the SLOs tighten and the KV link's bandwidth varies.
+- **e4** (OrchestrRL's adaptive compute scheduler): a generation pool (Llama 3 8B on H100s,
+  8 to a host) at each static tensor-parallel degree against the RL job's own policy
+  re-picking it within and across steps, on 64 and 1,024 accelerators, for a long-tailed
+  workload whose bulk is memory-bound and one whose bulk is compute-bound.
 - **scale**: one sync GRPO step on fat_tree(16) with an optical layer (8,192 accelerators)
   and 100,000 requests over 1,024 accelerators: wall time, events/s, peak memory. Run it on
   an idle machine: its wall times are the measurement.
@@ -262,6 +266,86 @@ def e3(quick: bool) -> dict[str, Any]:
     return result
 
 
+# -- e4 ----------------------------------------------------------------------------------------
+#: E4's assumptions: all-reduces on 450 GB/s NVLink with 2 us a ring round, and each doubling
+#: of the degree keeping 85% of the ideal speedup (smaller products run further from peak)
+E4_LINK = {"link_gbps": 3600.0, "alpha_s": 2e-6, "scaling": 0.85, "reshard_s": 2.0}
+
+
+def e4_workload(rng: random.Random, requests: int, sigma: float) -> list[tuple[int, int]]:
+    """GRPO's shape: groups of 16 samples of a prompt, each prompt's median output length
+    log-normal around 665 tokens, its samples log-normal (``sigma``) around it, capped at
+    16,384; prompts of 512 tokens."""
+    import math
+
+    out = []
+    for _ in range(requests // 16):
+        median = rng.lognormvariate(6.5, 0.6)
+        for _ in range(16):
+            n = rng.lognormvariate(math.log(median), sigma)
+            out.append((512, int(min(16384, max(16, n)))))
+    return out
+
+
+def e4(quick: bool) -> dict[str, Any]:
+    from orchestr.sim import pool_costs, simulate_layouts
+    from orchestr.sim._profiles import H100_SXM, LLAMA3_8B
+
+    costs = pool_costs(H100_SXM, LLAMA3_8B, device_bytes=80e9, **E4_LINK)
+    # (name, accelerators, requests per accelerator, steps)
+    cases = [("memory-bound bulk", 64, 128, 3), ("compute-bound bulk", 64, 512, 3),
+             ("memory-bound bulk", 1024, 64, 2)]  # fmt: skip
+    if quick:
+        cases = [("memory-bound bulk", 64, 64, 2), ("compute-bound bulk", 16, 512, 2)]
+    rows = []
+    for name, n, per, count in cases:
+        rng = random.Random(7)
+        history = [t for _, t in e4_workload(rng, n * per, 1.0)]
+        steps = [e4_workload(rng, n * per, 1.0) for _ in range(count)]
+        arms: dict[str, Any] = {}
+        for policy in (1, 2, 4, 8, "adaptive"):
+            run = simulate_layouts(costs, n, steps, policy=policy, history=history,
+                                   link_gbps=E4_LINK["link_gbps"], restart_s=1.0)  # fmt: skip
+            arms[str(policy)] = run
+        best = max((k for k in arms if k != "adaptive"), key=lambda k: arms[k].samples_per_s)
+        adaptive = arms["adaptive"]
+        rows.append({
+            "case": name, "accelerators": n, "requests_per_step": n * per, "steps": count,
+            **{f"tp{k}_samples_per_s": arms[k].samples_per_s for k in arms if k != "adaptive"},
+            "adaptive_samples_per_s": adaptive.samples_per_s,
+            "best_static": f"tp{best}",
+            "adaptive_over_best_static": adaptive.samples_per_s / arms[best].samples_per_s,
+            "changes": adaptive.changes, "change_s": adaptive.change_s,
+            "degrees": [(round(t, 1), d) for t, d in adaptive.degrees],
+        })  # fmt: skip
+    table = ("| case | accelerators | requests/step | tp1 | tp2 | tp4 | tp8 | adaptive | "
+             "adaptive / best static | changes |\n|---|---|---|---|---|---|---|---|---|---|\n")  # fmt: skip
+    for r in rows:
+        table += (f"| {r['case']} | {r['accelerators']} | {r['requests_per_step']} | "
+                  + " | ".join(f"{r[f'tp{d}_samples_per_s']:.1f}" for d in (1, 2, 4, 8))
+                  + f" | {r['adaptive_samples_per_s']:.1f} | {r['adaptive_over_best_static']:.2f}"
+                  f" ({r['best_static']}) | {r['changes']} |\n")  # fmt: skip
+    table += ("\nSamples/s of generation (the step's end is its last request's). Assumptions: "
+              f"{E4_LINK}.\n")  # fmt: skip
+
+    def plot(ax: Any) -> None:
+        labels = [f"{r['case']}\n{r['accelerators']}" for r in rows]
+        xs = range(len(rows))
+        for i, d in enumerate((1, 2, 4, 8)):
+            ax.bar([x + i * 0.15 for x in xs], [r[f"tp{d}_samples_per_s"] for r in rows], 0.15,
+                   label=f"tp{d}")  # fmt: skip
+        ax.bar([x + 0.6 for x in xs], [r["adaptive_samples_per_s"] for r in rows], 0.15,
+               label="adaptive")  # fmt: skip
+        ax.set_xticks([x + 0.3 for x in xs], labels, fontsize=7)
+        ax.set_ylabel("samples/s")
+        ax.set_title("E4: static degrees against the adaptive policy")
+        ax.legend(fontsize=7)
+
+    result = {"assumptions": E4_LINK, "rows": rows}
+    _write("e4", result, table, plot)
+    return result
+
+
 # -- scale -------------------------------------------------------------------------------------
 def scale(quick: bool) -> dict[str, Any]:
     from orchestr.fabric import optical as o
@@ -324,13 +408,13 @@ def main() -> int:
     from _record import add_record_flag, record
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["e1", "e2", "e3", "scale", "all"])
+    p.add_argument("what", choices=["e1", "e2", "e3", "e4", "scale", "all"])
     p.add_argument("--quick", action="store_true", help="smaller sweeps, for a quick look")
     add_record_flag(p)
     args = p.parse_args()
     _quiet()
-    names = ["e1", "e2", "e3", "scale"] if args.what == "all" else [args.what]
-    funcs = {"e1": e1, "e2": e2, "e3": e3, "scale": scale}
+    names = ["e1", "e2", "e3", "e4", "scale"] if args.what == "all" else [args.what]
+    funcs = {"e1": e1, "e2": e2, "e3": e3, "e4": e4, "scale": scale}
     results: dict[str, dict[str, Any]] = {}
     for name in names:
         started = time.perf_counter()
@@ -352,6 +436,10 @@ def record_figures(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         elif name == "e2":
             keep = ("samples_per_s", "version_lag", "dropped_groups", "generator_idle_frac")
             out[name] = {f"sigma {r['sigma']} {r['arm']}": {k: r[k] for k in keep}
+                         for r in result["rows"]}  # fmt: skip
+        elif name == "e4":
+            keep = ("adaptive_samples_per_s", "adaptive_over_best_static", "changes")
+            out[name] = {f"{r['case']} {r['accelerators']}": {k: r[k] for k in keep}
                          for r in result["rows"]}  # fmt: skip
         elif name == "e3":
             out[name] = {f"{r['setup']} x{r['slo_scale']}": {"goodput_rate": r["goodput_rate"]}

@@ -26,6 +26,10 @@
 - :func:`simulate_serving`: the front door's own router (``orchestr.roles.serving.Router``)
   over simulated generators, co-located or with prefill and decode apart, for a workload of
   :class:`ServingRequest`.
+- :func:`simulate_layouts`: a generation pool at a static tensor-parallel degree or re-picking
+  it as the RL job's policy says (:func:`orchestr.roles.rl.choose_layout`, OrchestrRL's
+  adaptive compute scheduler), its all-reduces priced on the flow network
+  (:func:`pool_costs`).
 - :func:`simulate_pipeline`: a pipeline-parallel step (``orchestr.roles.pipeline``'s
   schedules) with its activations and gradients as flows between the ranks' hosts.
 - :func:`load_scenario` / :func:`run_scenario`: a TOML scenario (``orchestr sim run``);
@@ -47,6 +51,7 @@ if TYPE_CHECKING:
     from ._calibrate import fit_step_model
     from ._cluster import Role, SimCluster, SimContext, one_host
     from ._generation import RequestTimes, SimGenerator, StepTimeModel
+    from ._layouts import LayoutRun, pool_costs, simulate_layouts
     from ._pipeline import simulate_pipeline
     from ._profiles import roofline
     from ._rl import RLRun, simulate_grpo
@@ -76,6 +81,9 @@ _LAZY = {
     "run_scenario": "_scenario",
     "roofline": "_profiles",
     "simulate_pipeline": "_pipeline",
+    "LayoutRun": "_layouts",
+    "pool_costs": "_layouts",
+    "simulate_layouts": "_layouts",
 }
 
 
@@ -94,6 +102,7 @@ __all__ = [
     "Event",
     "Flow",
     "FlowNet",
+    "LayoutRun",
     "OracleRanker",
     "OutputLengths",
     "RLCosts",
@@ -118,10 +127,12 @@ __all__ = [
     "max_min_rates",
     "ns",
     "one_host",
+    "pool_costs",
     "roofline",
     "run",
     "run_scenario",
     "simulate_grpo",
+    "simulate_layouts",
     "simulate_pipeline",
     "simulate_serving",
 ]

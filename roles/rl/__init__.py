@@ -20,6 +20,7 @@ from . import _task as reverse_task
 from ._config import MODES, GRPOConfig, GRPOResult, StepRecord
 from ._data import DataSource, DataSpec, read_rows
 from ._grpo import LengthRanker, run_grpo
+from ._layout import LayoutChoice, LayoutCosts, LayoutView, choose_layout, expected_remaining
 from ._llama import Checkpoint
 from ._reference import (
     DEMO_CONFIG,
@@ -53,6 +54,9 @@ __all__ = [
     "DigitsData",
     "GRPOConfig",
     "GRPOResult",
+    "LayoutChoice",
+    "LayoutCosts",
+    "LayoutView",
     "LengthRanker",
     "LlamaModel",
     "Plan",
@@ -66,6 +70,8 @@ __all__ = [
     "StepRecord",
     "Task",
     "TrainConfig",
+    "choose_layout",
+    "expected_remaining",
     "load_rl_config",
     "load_sft_config",
     "plan_rl",
