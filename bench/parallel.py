@@ -22,8 +22,11 @@ form, in one run.
 - **Pipeline schedules**: ``bench/pipeline.py``'s measurement (2 ranks, 8 micro-batches)
   of GPipe, 1F1B, interleaved 1F1B and ZB-H1: ``bubble_measured`` (median) and
   ``bubble_theory``.
-- ``reshard_s``, the RL job's generator pool changing layout, is ``null``: that pool does not
-  re-shard yet.
+- ``reshard_s``: a pool of two tp=1 generators of the tensor-parallel part's checkpoint,
+  synced to a trainer's published version, becoming one tp=2 generator
+  (:func:`orchestr.roles.rl.reshard_pool`: drain, stop, spawn, load the version over the
+  data plane), beside ``load_s``, the old pool's load of that version once. The RL job does
+  not yet call it between steps.
 
 Prints one JSON line per part, then the summary line.
 """
@@ -95,33 +98,56 @@ def decode_rate(
     return args.requests * (args.new_tokens - 1) / (time.perf_counter() - started)
 
 
-def tensor_parallel(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = models.make_tiny(
-            "llama", f"{tmp}/llama", layers=8, hidden=args.hidden, heads=8, kv_heads=4,
-            intermediate=4 * args.hidden,
-        )  # fmt: skip
-        rates: dict[int, list[float]] = {1: [], 2: []}
-        logits: dict[int, list[Any]] = {1: [], 2: []}
-        for tp in (1, 2):
-            engine = _engine(folder, tp, args.requests)
-            try:
-                decode_rate(engine, args, 99, None)  # warm-up (packing, the kernel's first call)
-                for repeat in range(args.repeats):
-                    keep = logits[tp] if repeat == 0 else None
-                    rates[tp].append(decode_rate(engine, args, repeat, keep))
-            finally:
-                engine.close()
-        diff = max(
-            float((a[k] - b[k]).abs().max())
-            for a, b in zip(logits[1], logits[2], strict=True)
-            for k in a
-        )
+def tp_checkpoint(tmp: str, args: argparse.Namespace) -> str:
+    shape = {"layers": 8, "hidden": args.hidden, "heads": 8, "kv_heads": 4}
+    return str(models.make_tiny("llama", f"{tmp}/llama", intermediate=4 * args.hidden, **shape))
+
+
+def tensor_parallel(args: argparse.Namespace, folder: str) -> dict[str, Any]:
+    rates: dict[int, list[float]] = {1: [], 2: []}
+    logits: dict[int, list[Any]] = {1: [], 2: []}
+    for tp in (1, 2):
+        engine = _engine(folder, tp, args.requests)
+        try:
+            decode_rate(engine, args, 99, None)  # warm-up (packing, the kernel's first call)
+            for repeat in range(args.repeats):
+                keep = logits[tp] if repeat == 0 else None
+                rates[tp].append(decode_rate(engine, args, repeat, keep))
+        finally:
+            engine.close()
+    diff = max(
+        float((a[k] - b[k]).abs().max())
+        for a, b in zip(logits[1], logits[2], strict=True)
+        for k in a
+    )
     return {
         "tp_logit_max_abs_diff": diff,
         "decode_tokens_per_s_tp1": summary(rates[1]),
         "decode_tokens_per_s_tp2": summary(rates[2]),
     }
+
+
+async def reshard(ctx: oc.JobContext, folder: str) -> dict[str, Any]:
+    """2 x tp1 -> 1 x tp2 of ``folder``'s model, synced to a trainer's version."""
+    from orchestr.roles import Generator
+    from orchestr.roles.rl import reshard_pool
+
+    torch.set_num_threads(2)  # the tp=2 generator's ranks take half of this process's count
+    trainer = await ctx.spawn(
+        Trainer, model_factory="orchestr.roles.models:load_model",
+        model_kwargs={"folder": folder}, torch_threads=1, name="publisher",
+    )  # fmt: skip
+    ref = await trainer.publish.call_one()
+    spawn = {"checkpoint": folder, "kv": {"num_blocks": 256}}
+    pool = await ctx.spawn(Generator, n=2, torch_threads=1, name="pool-tp1", **spawn)
+    t = time.perf_counter()
+    await asyncio.gather(*(pool[i].sync_weights.call_one(ref) for i in range(2)))
+    load_s = time.perf_counter() - t
+    new, parts = await reshard_pool(ctx, pool, 2, 1, ref, name="pool-tp2", **spawn)
+    await ctx.stop(new)
+    await ctx.stop(trainer)
+    return {"reshard_s": parts["total_s"], "load_s": load_s,
+            **{f"reshard_{k}": v for k, v in parts.items() if k != "total_s"}}  # fmt: skip
 
 
 async def trainer_memory(ctx: oc.JobContext, args: argparse.Namespace) -> dict[str, Any]:
@@ -200,17 +226,22 @@ def main() -> None:
     add_record_flag(parser)
     args = parser.parse_args()
 
-    tp = tensor_parallel(args)
+    tmp = tempfile.TemporaryDirectory()
+    folder = tp_checkpoint(tmp.name, args)
+    tp = tensor_parallel(args, folder)
     print(json.dumps({"part": "tensor_parallel", **tp}))
     pipe_args = argparse.Namespace(
         microbatches=8, repeats=args.repeats, width=512, depth=4, rows=64
     )
 
-    async def job(ctx: oc.JobContext) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async def job(ctx: oc.JobContext) -> tuple[Any, ...]:
+        changed = await reshard(ctx, folder)
         memory = await trainer_memory(ctx, args)
-        return memory, await pipeline.measure(ctx, pipe_args)
+        return changed, memory, await pipeline.measure(ctx, pipe_args)
 
-    memory, schedules = oc.run(job)
+    changed, memory, schedules = oc.run(job)
+    tmp.cleanup()
+    print(json.dumps({"part": "reshard", **changed}))
     print(json.dumps({"part": "trainer_memory", **memory}))
     bubbles = {
         row["schedule"]: {
@@ -229,13 +260,14 @@ def main() -> None:
         **{k: v for k, v in memory.items() if not k.startswith("_")},
         "sharded_over_replicated": memory["trainer_peak_mib_per_rank_sharded"]
         / memory["trainer_peak_mib_per_rank_replicated"],
-        "reshard_s": None,
+        "reshard_s": changed["reshard_s"],
+        "load_s": changed["load_s"],
         **bubbles,
     }
     print(json.dumps(line))
     if args.record:
         ratios = {k: line[k] for k in ("tp2_over_tp1", "sharded_over_replicated")}
-        record("parallel", {**tp, **memory, **ratios, "pipeline": bubbles})
+        record("parallel", {**tp, **memory, **changed, **ratios, "pipeline": bubbles})
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from ._reference import (
     step_requests,
     train,
 )
+from ._reshard import reshard_pool
 from ._rlconfig import SECTIONS, RewardSection, RLConfig, load_rl_config, rl_config_from_dict
 from ._run import DigitsData, Plan, plan_rl, run_rl
 from ._sft import SFTPlan, SFTResult, SFTStep, plan_sft, run_sft
@@ -77,6 +78,7 @@ __all__ = [
     "plan_rl",
     "plan_sft",
     "read_rows",
+    "reshard_pool",
     "reverse_task",
     "rl_config_from_dict",
     "run_grpo",
