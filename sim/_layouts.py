@@ -306,14 +306,3 @@ def _change(
     run.changes += 1
     run.change_s += seconds
     return seconds
-
-
-def describe(run: LayoutRun) -> dict[str, Any]:
-    """A run's figures, as the experiments report them."""
-    return {
-        "samples_per_s": run.samples_per_s,
-        "steps_s": run.steps_s,
-        "changes": run.changes,
-        "change_s": run.change_s,
-        "degrees": run.degrees,
-    }

@@ -14,7 +14,7 @@ from orchestr.fabric.optical import fat_tree
 from orchestr.sim import collective_time, pool_costs, simulate_layouts
 from orchestr.sim._layouts import LayoutRun, _change, allreduce_fit
 from orchestr.sim._profiles import H100_SXM, LLAMA3_8B
-from tests.roles.rl.test_layout import COSTS
+from tests.roles.rl.test_layout import COSTS, one_at_a_time
 
 
 @pytest.mark.parametrize("degree", [2, 4, 8])
@@ -38,23 +38,10 @@ def test_a_static_pools_step_is_its_replicas_closed_form() -> None:
         run = simulate_layouts(COSTS, 8, [requests], policy=degree)
         replicas = 8 // degree
         shares = [requests[r::replicas] for r in range(replicas)]
-        want = max(_one_at_a_time(degree, s) for s in shares)
+        want = max(one_at_a_time(degree, s) for s in shares)
         assert run.steps_s == [pytest.approx(want)] and run.changes == 0
     with pytest.raises(ValueError, match="policy is 'adaptive' or one of"):
         simulate_layouts(COSTS, 8, [requests], policy=3)
-
-
-def _one_at_a_time(degree: int, requests: list[tuple[int, int]]) -> float:
-    """A replica's seconds, one iteration at a time (every request admitted: the KV fits)."""
-    running = [[float(c), float(n)] for c, n in requests]
-    seconds = 0.0
-    while running:
-        seconds += COSTS.iteration_s(degree, len(running), sum(c for c, _ in running))
-        for r in running:
-            r[0] += 1
-            r[1] -= 1
-        running = [r for r in running if r[1] > 0]
-    return seconds
 
 
 def test_the_policy_runs_the_queue_low_and_the_tail_high() -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -87,8 +87,14 @@ def load_model(
     state = read_weights(folder, weight_names(cfg), cfg.model_type, dtype=dtype, device=device)
     with torch.device("meta"):
         model = CausalLM(cfg)
+    return assemble(model, state)
+
+
+def assemble(model: CausalLM, state: dict[str, torch.Tensor]) -> CausalLM:
+    """``model`` (built on the meta device) holding ``state``'s tensors themselves (no
+    copy), its head tied to its embedding again where its config ties them; in eval mode."""
     model.load_state_dict(state, strict=False, assign=True)
-    if cfg.tie_word_embeddings:
+    if model.config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval()
 
@@ -100,10 +106,12 @@ def read_weights(
     *,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    cut: Callable[[str], tuple[slice, ...] | None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every tensor of ``want`` (name -> shape) from the checkpoint in ``folder``, in ``dtype``
-    on ``device``; no other may be there. Raises :class:`ConfigError` for a missing, extra
-    (not part of a ``kind`` model of this config) or misshapen tensor."""
+    on ``device``; no other may be there. ``cut`` (a name to the part of it to read, ``None``:
+    all) reads slices only (a tensor-parallel rank's). Raises :class:`ConfigError` for a
+    missing, extra (not part of a ``kind`` model of this config) or misshapen tensor."""
     folder = os.fspath(folder)
     located = shards(folder)
     missing = [n for n in want if n not in located]
@@ -118,7 +126,8 @@ def read_weights(
         raise oc.ConfigError(
             f"{located[extra[0]]}: tensor {extra[0]!r} is not part of a {kind} model of this config"
         )
-    return dict(_read({n: (n, shape, None) for n, shape in want.items()}, located, dtype, device))
+    parts = {n: (n, shape, None if cut is None else cut(n)) for n, shape in want.items()}
+    return dict(_read(parts, located, dtype, device))
 
 
 def expert_names(layer: int, expert: int, *, dense: bool = False) -> list[str]:

@@ -34,7 +34,7 @@ import orchestr as oc
 
 from ._config import ModelConfig, read_config
 from ._layers import CausalLM, _Embedding
-from ._load import IGNORED_SUFFIXES, Piece, _read, shards, weight_names
+from ._load import assemble, read_weights, weight_names
 
 __all__ = ["TPShard", "VocabSlice", "build_shard", "check_tp", "load_shard", "shard_state"]
 
@@ -203,25 +203,12 @@ def load_shard(
     full = read_config(folder)
     check_tp(full, tp, folder)
     shard = TPShard(full, tp, rank)
-    whole = weight_names(full)
-    located = shards(folder)
-    missing = [n for n in whole if n not in located]
-    if missing:
-        raise oc.ConfigError(f"{folder}: missing tensor {missing[0]!r}")
-    extra = [n for n in located if n not in whole and not n.endswith(IGNORED_SUFFIXES)]
-    if extra:
-        raise oc.ConfigError(
-            f"{located[extra[0]]}: tensor {extra[0]!r} is not part of a {full.model_type} "
-            "model of this config"
-        )
-    want: dict[str, Piece] = {n: (n, shape, shard.cut(n)) for n, shape in whole.items()}
-    state = dict(_read(want, located, dtype, device))
+    state = read_weights(
+        folder, weight_names(full), full.model_type, dtype=dtype, device=device, cut=shard.cut
+    )
     with torch.device("meta"):
         model = build_shard(shard)
-    model.load_state_dict(state, strict=False, assign=True)
-    if full.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    return model.eval()
+    return assemble(model, state)
 
 
 def shard_state(state: dict[str, torch.Tensor], shard: TPShard) -> dict[str, torch.Tensor]:

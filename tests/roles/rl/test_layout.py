@@ -6,6 +6,7 @@ current one when a change would not pay."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 
@@ -56,18 +57,25 @@ def test_an_iteration_costs_what_the_closed_form_says() -> None:
         LayoutCosts(**{**COSTS.__dict__, "layers": True})
 
 
+def one_at_a_time(degree: int, requests: Sequence[tuple[float, float]]) -> float:
+    """A replica's seconds for ``requests`` (``(context, tokens)``), one iteration at a time,
+    every request in the batch from the start (the KV fits)."""
+    running = [[float(c), float(n)] for c, n in requests]
+    seconds = 0.0
+    while running:
+        seconds += COSTS.iteration_s(degree, len(running), sum(c for c, _ in running))
+        for r in running:
+            r[0] += 1
+            r[1] -= 1
+        running = [r for r in running if r[1] > 0]
+    return seconds
+
+
 def test_a_replicas_time_is_the_sum_of_its_iterations() -> None:
     """The closed form between two ends against one iteration at a time."""
     requests = [(50.0, 7.0), (20.0, 3.0), (10.0, 12.0), (5.0, 1.0)]
     for degree in (1, 2, 4):
-        running = [[c, n] for c, n in requests]
-        want = 0.0
-        while running:
-            want += COSTS.iteration_s(degree, len(running), sum(c for c, _ in running))
-            for r in running:
-                r[0] += 1
-                r[1] -= 1
-            running = [r for r in running if r[1] > 0]
+        want = one_at_a_time(degree, requests)
         assert replica_s(COSTS, degree, requests, math.inf) == pytest.approx(want)
     # room for one at a time: they run one after another
     alone = sum(replica_s(COSTS, 1, [r], math.inf) for r in requests)
