@@ -176,11 +176,8 @@ class _Replica:
         return self.running + self.waiting
 
     def _span(self, m: float) -> float:
-        b = len(self.running)
         ctx = sum(r[0] for r in self.running)
-        c = self.costs
-        grow = c.attention_s * b / (self.degree * float(c.scaling ** math.log2(self.degree)))
-        return float(m * c.iteration_s(self.degree, b, ctx) + grow * m * (m - 1) / 2)
+        return self.costs.iterations_s(self.degree, len(self.running), ctx, m)
 
     def _step(self, m: float) -> None:
         self.now += self._span(m)

@@ -190,16 +190,19 @@ def few(names: list[str], n: int = 5) -> str:
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
-def weight_tensors(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def weight_tensors(
+    model: torch.nn.Module | Mapping[str, torch.Tensor], *, meta: bool = False
+) -> dict[str, torch.Tensor]:
     """The tensors a sync moves: a module's ``state_dict`` (parameters and persistent buffers)
-    with tied tensors once, under their first name; or a mapping as given."""
+    with tied tensors once, under their first name; or a mapping as given. ``meta``: meta
+    tensors are taken too (shapes only: what a sync would move)."""
     items = model.state_dict(keep_vars=True) if isinstance(model, torch.nn.Module) else model
     out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for name, t in items.items():
         if not isinstance(t, torch.Tensor):
             raise WeightSyncError(f"{name} is a {type(t).__name__}, not a tensor; it cannot sync")
-        if t.layout != torch.strided or t.is_meta:
+        if t.layout != torch.strided or (t.is_meta and not meta):
             raise WeightSyncError(f"{name} is a {t.layout} or meta tensor; only dense ones sync")
         if id(t) not in seen:
             seen.add(id(t))

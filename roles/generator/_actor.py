@@ -168,7 +168,6 @@ class Generator(oc.Actor):
             self._engine,
             self._lock,
             as_options(HandoffOptions, handoff, "handoff") or HandoffOptions(),
-            tp,
         )
         self._weights = WeightSide(self._engine, weights, self._lock, self._threads, backend_)
         self._metrics = EngineMetrics(
@@ -443,10 +442,10 @@ class Generator(oc.Actor):
         r = prefill_request(as_request(request))
         if not stream:
             return await self._handoff.prefill(r, float(hold_s), self.generate)
-        if self._handoff.tp > 1:
+        if (tp := self._weights.weights.tp) > 1:
             raise oc.ConfigError(
                 "a streamed handoff is read from the pool as it is written; a split model's "
-                f"pool is in {self._handoff.tp} processes: hand off without stream"
+                f"pool is in {tp} processes: hand off without stream"
             )
         if not hold_s > 0:
             raise ValueError(f"hold_s must be positive, got {hold_s!r}")

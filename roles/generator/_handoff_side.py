@@ -27,14 +27,10 @@ __all__ = ["HandoffSide"]
 
 class HandoffSide:
     """Both sides of a handoff for one generator's ``engine``, every engine call under
-    ``lock`` (the generator's), as ``options`` say (:class:`~._options.HandoffOptions`).
-    ``tp``: the ranks the engine's model is split over (its blocks are lent whole, but not
-    streamed)."""
+    ``lock`` (the generator's), as ``options`` say (:class:`~._options.HandoffOptions`)."""
 
-    def __init__(
-        self, engine: Engine, lock: asyncio.Lock, options: HandoffOptions, tp: int = 1
-    ) -> None:
-        self.engine, self.lock, self.options, self.tp = engine, lock, options, tp
+    def __init__(self, engine: Engine, lock: asyncio.Lock, options: HandoffOptions) -> None:
+        self.engine, self.lock, self.options = engine, lock, options
         self.holds = Holds()
         self.counts = dict.fromkeys(TRANSFER_COUNTERS, 0.0)  # the decode side's
         self._tasks = TaskOwner()  # followers of streamed prefills, and lease keepers

@@ -82,6 +82,13 @@ class LayoutCosts:
             t += 2 * self.layers * 2 * (degree - 1) * round_s
         return t
 
+    def iterations_s(self, degree: int, batch: int, context: float, m: float) -> float:
+        """Seconds for ``m`` iterations of a replica of ``degree`` from ``context`` tokens, the
+        context growing by ``batch`` (a token a sequence) each (summed in closed form)."""
+        speedup = degree * float(self.scaling ** math.log2(degree))
+        grow = self.attention_s * batch / speedup
+        return float(m * self.iteration_s(degree, batch, context) + grow * m * (m - 1) / 2)
+
     def kv_tokens(self, degree: int) -> float:
         """The context tokens a replica of ``degree`` holds beside its weights."""
         return max(0.0, degree * self.device_bytes - self.weight_bytes) / self.kv_bytes_per_token
@@ -213,10 +220,7 @@ def replica_s(
         m = end - done
         b = len(running)
         if m > 0:
-            # m iterations of b sequences, the context growing by b each
-            t0 = costs.iteration_s(degree, b, context)
-            grow = costs.attention_s * b / (degree * float(costs.scaling ** math.log2(degree)))
-            elapsed += m * t0 + grow * m * (m - 1) / 2
+            elapsed += costs.iterations_s(degree, b, context, m)
             context += b * m
             done = end
         while running and running[0][0] <= done:

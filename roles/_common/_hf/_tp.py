@@ -36,7 +36,7 @@ from ._config import ModelConfig, read_config
 from ._layers import CausalLM, _Embedding
 from ._load import assemble, read_weights, weight_names
 
-__all__ = ["TPShard", "VocabSlice", "build_shard", "check_tp", "load_shard", "shard_state"]
+__all__ = ["TPShard", "VocabSlice", "build_shard", "check_tp", "load_shard"]
 
 _EXPERT = re.compile(r"\.mlp\.experts\.\d+\.")
 
@@ -148,6 +148,11 @@ class TPShard:
             return (slice(None), rows) if module == "down_proj" else (rows,)
         return None  # norms, the router, the shared expert's gate
 
+    def part_of(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's part of ``tensor``, checkpoint tensor ``name`` whole (a view)."""
+        cut = self.cut(name)
+        return tensor if cut is None else tensor[cut]
+
     def _width(self, name: str) -> int:
         moe = self.full.moe
         if moe is not None and _EXPERT.search(name):
@@ -209,12 +214,3 @@ def load_shard(
     with torch.device("meta"):
         model = build_shard(shard)
     return assemble(model, state)
-
-
-def shard_state(state: dict[str, torch.Tensor], shard: TPShard) -> dict[str, torch.Tensor]:
-    """Each whole tensor of ``state`` (checkpoint names) cut to ``shard``'s part (views)."""
-    out = {}
-    for name, tensor in state.items():
-        cut = shard.cut(name)
-        out[name] = tensor if cut is None else tensor[cut]
-    return out

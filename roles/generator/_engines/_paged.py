@@ -332,9 +332,9 @@ class PagedEngine(Pausable):
             check_state(self.model, state)
             self.model.load_state_dict(dict(state), strict=True)
         else:
+            assert self.model.shard is not None  # a split model is a rank's share
             with torch.device("meta"):
-                check_state(CausalLM(self.model.config if self.model.shard is None
-                                     else self.model.shard.full), state)  # fmt: skip
+                check_state(CausalLM(self.model.shard.full), state)
             self.write_whole([(n, state[n]) for n in whole_like(self.model)])
         self.set_version(version)
 

@@ -28,6 +28,7 @@ import torch
 import orchestr as oc
 from orchestr.roles._common._hf._layers import CausalLM
 from orchestr.roles._common._hf._tp import TPShard, build_shard
+from orchestr.roles._common._weightplan import weight_tensors
 
 from .._runner._tp import TPGroup
 
@@ -163,11 +164,11 @@ class TPRanks:
         group.send({"op": "weights", "names": [n for n, _ in tensors]})
         for rank in range(1, self.tp):
             theirs = TPShard(shard.full, self.tp, rank)
-            parts = [_cut(t, theirs.cut(n)) for n, t in tensors]
+            parts = [theirs.part_of(n, t) for n, t in tensors]
             group.send_tensor(_flat(parts, own[tensors[0][0]]), rank)
         with torch.no_grad():
             for name, t in tensors:
-                own[name].copy_(_cut(t, shard.cut(name)))
+                own[name].copy_(shard.part_of(name, t))
 
     def gather(self, model: CausalLM) -> dict[str, torch.Tensor]:
         """Every tensor of the whole model (the names and shapes of :func:`whole_like`),
@@ -176,10 +177,10 @@ class TPRanks:
         group.send({"op": "gather"})
         like = whole_like(model)
         whole = {n: torch.empty(t.shape, dtype=t.dtype) for n, t in like.items()}
-        shares = [_once(model)]
+        shares = [weight_tensors(model)]
         for rank in range(1, self.tp):
             with torch.device("meta"):
-                theirs = _once(build_shard(TPShard(shard.full, self.tp, rank)))
+                theirs = weight_tensors(build_shard(TPShard(shard.full, self.tp, rank)), meta=True)
             first = next(iter(shares[0].values()))
             flat = torch.empty(sum(t.numel() for t in theirs.values()), dtype=first.dtype,
                                device=first.device)  # fmt: skip
@@ -188,9 +189,7 @@ class TPRanks:
         for rank, share in enumerate(shares):
             cuts = TPShard(shard.full, self.tp, rank)
             for name, t in share.items():
-                target = whole[name]
-                cut = cuts.cut(name)
-                (target if cut is None else target[cut]).copy_(t.detach().cpu())
+                cuts.part_of(name, whole[name]).copy_(t.detach().cpu())
         return whole
 
     # -- internals ---------------------------------------------------------------------------
@@ -231,7 +230,7 @@ def whole_like(model: CausalLM) -> dict[str, torch.Tensor]:
     ones once), as meta tensors of the share's dtype."""
     with torch.device("meta"):
         whole = CausalLM(_shard_of(model).full).to(model.lm_head.weight.dtype)
-    return {n: t.detach() for n, t in _once(whole).items()}
+    return {n: t.detach() for n, t in weight_tensors(whole, meta=True).items()}
 
 
 def take_weights(group: TPGroup, model: CausalLM, names: list[str]) -> None:
@@ -247,29 +246,13 @@ def take_weights(group: TPGroup, model: CausalLM, names: list[str]) -> None:
 
 def give_weights(group: TPGroup, model: CausalLM) -> None:
     """(A rank) send the leader its share of every tensor (:meth:`TPRanks.gather`)."""
-    group.send_tensor(_flat(list(_once(model).values()), model.lm_head.weight), 0)
+    group.send_tensor(_flat(list(weight_tensors(model).values()), model.lm_head.weight), 0)
 
 
 def _shard_of(model: CausalLM) -> TPShard:
     if model.shard is None:
         raise ValueError("the model is whole, not a tensor-parallel rank's share")
     return model.shard
-
-
-def _once(model: CausalLM) -> dict[str, torch.Tensor]:
-    """``model``'s state as a sync moves it: tied tensors once, under their first name
-    (as :func:`weight_tensors` gives it, meta tensors included)."""
-    out: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for name, t in model.state_dict(keep_vars=True).items():
-        if id(t) not in seen:
-            seen.add(id(t))
-            out[name] = t
-    return out
-
-
-def _cut(t: torch.Tensor, cut: tuple[slice, ...] | None) -> torch.Tensor:
-    return t if cut is None else t[cut]
 
 
 def _flat(parts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,8 @@ decode generator and the reverse, and each decode rank ends up holding the heads
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from orchestr import fabric
@@ -36,8 +38,7 @@ class SplitKV:
         self.dtype = first.dtype
         self.planes = 2 * len(kv.keys)
         self.row = (first.shape[1], full.num_key_value_heads, full.head_dim)
-        self.row_bytes = first.shape[1] * full.num_key_value_heads * full.head_dim
-        self.row_bytes *= first.element_size()
+        self.row_bytes = math.prod(self.row) * first.element_size()
         self.num_blocks = first.shape[0]
 
     @property

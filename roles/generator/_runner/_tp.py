@@ -76,7 +76,7 @@ class TPGroup:
     folder), computing on ``device``. Blocks until every rank has joined."""
 
     def __init__(self, store_path: str, rank: int, size: int, device: torch.device) -> None:
-        self.rank, self.size, self.device = rank, size, device
+        self.rank, self.size = rank, size
         store = FileStore(store_path, size)
         self._control = _gloo(PrefixStore("control", store), rank, size, CONTROL_TIMEOUT)
         self._compute: Any
