@@ -171,11 +171,9 @@ def test_a_lost_rank_fails_the_step_and_close_stops_the_rest(
         engine._ranks._procs[0].kill()  # type: ignore[union-attr]
         engine._ranks._procs[0].wait()  # type: ignore[union-attr]
         engine.submit([Request(id="a", prompt=PROMPT[:10], max_new_tokens=4)])
-        t0 = time.monotonic()
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError):  # the step fails (a hang would never return)
             while engine.has_work():
                 engine.step()
-        assert time.monotonic() - t0 < 60  # failed, not hung
     finally:
         engine.close()
     assert not os.path.exists(ranks.folder)
