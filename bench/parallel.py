@@ -22,11 +22,12 @@ form, in one run.
 - **Pipeline schedules**: ``bench/pipeline.py``'s measurement (2 ranks, 8 micro-batches)
   of GPipe, 1F1B, interleaved 1F1B and ZB-H1: ``bubble_measured`` (median) and
   ``bubble_theory``.
-- ``reshard_s``: a pool of two tp=1 generators of the tensor-parallel part's checkpoint,
-  synced to a trainer's published version, becoming one tp=2 generator
-  (:func:`orchestr.roles.rl.reshard_pool`: drain, stop, spawn, load the version over the
-  data plane), beside ``load_s``, the old pool's load of that version once. The RL job does
-  not yet call it between steps.
+- ``reshard_s``: the sync RL job (:func:`orchestr.roles.rl.run_grpo`, 3 batches of the copy
+  task) on a Llama of the tensor-parallel part's shape, its generator pool re-sharded from
+  two tp=1 generators to one tp=2 generator before the second batch (layout costs that say
+  so): drain, stop, spawn, load the trainer's version over the data plane, as
+  :func:`orchestr.roles.rl.reshard_pool` does. Beside it ``load_s``, the median seconds one
+  generator of the job took to load a version.
 
 Prints one JSON line per part, then the summary line.
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -127,27 +129,29 @@ def tensor_parallel(args: argparse.Namespace, folder: str) -> dict[str, Any]:
     }
 
 
-async def reshard(ctx: oc.JobContext, folder: str) -> dict[str, Any]:
-    """2 x tp1 -> 1 x tp2 of ``folder``'s model, synced to a trainer's version."""
-    from orchestr.roles import Generator
-    from orchestr.roles.rl import reshard_pool
+async def reshard(ctx: oc.JobContext, args: argparse.Namespace) -> dict[str, Any]:
+    """The sync RL job on the tensor-parallel part's model shape, its pool told by its
+    layout costs to go from 2 x tp1 to 1 x tp2 after the first batch."""
+    from orchestr.roles.rl import LLAMA_CONFIG, GRPOConfig, LayoutCosts, LlamaModel, run_grpo
 
     torch.set_num_threads(2)  # the tp=2 generator's ranks take half of this process's count
-    trainer = await ctx.spawn(
-        Trainer, model_factory="orchestr.roles.models:load_model",
-        model_kwargs={"folder": folder}, torch_threads=1, name="publisher",
+    h = args.hidden
+    model = LlamaModel(hidden=h, layers=8, heads=8, kv_heads=4, intermediate=4 * h)
+    train = dataclasses.replace(
+        LLAMA_CONFIG, model=model, steps=3, prompts_per_step=4, eval_every=3, eval_size=8,
+        threads=1,
     )  # fmt: skip
-    ref = await trainer.publish.call_one()
-    spawn = {"checkpoint": folder, "kv": {"num_blocks": 256}}
-    pool = await ctx.spawn(Generator, n=2, torch_threads=1, name="pool-tp1", **spawn)
-    t = time.perf_counter()
-    await asyncio.gather(*(pool[i].sync_weights.call_one(ref) for i in range(2)))
-    load_s = time.perf_counter() - t
-    new, parts = await reshard_pool(ctx, pool, 2, 1, ref, name="pool-tp2", **spawn)
-    await ctx.stop(new)
-    await ctx.stop(trainer)
-    return {"reshard_s": parts["total_s"], "load_s": load_s,
-            **{f"reshard_{k}": v for k, v in parts.items() if k != "total_s"}}  # fmt: skip
+    # reading the weights is every decode iteration's cost and a degree of 2 halves it
+    costs = LayoutCosts(
+        base_s=1e-3, decode_s=0.0, attention_s=0.0, layers=8, row_bytes=0.0,
+        allreduce_alpha_s=0.0, allreduce_byte_s=0.0, device_bytes=1e12, weight_bytes=0.0,
+        kv_bytes_per_token=1.0, reshard_s=0.0,
+    )  # fmt: skip
+    config = GRPOConfig(train=train, layout_degrees=(1, 2), layout_costs=costs)
+    result = await run_grpo(ctx, config)
+    [change] = result.layouts
+    parts = {f"reshard_{k}": change[k] for k in ("drain_s", "stop_s", "spawn_s", "load_s")}
+    return {"reshard_s": change["total_s"], "load_s": result.weight_sync["seconds"], **parts}
 
 
 async def trainer_memory(ctx: oc.JobContext, args: argparse.Namespace) -> dict[str, Any]:
@@ -235,7 +239,7 @@ def main() -> None:
     )
 
     async def job(ctx: oc.JobContext) -> tuple[Any, ...]:
-        changed = await reshard(ctx, folder)
+        changed = await reshard(ctx, args)
         memory = await trainer_memory(ctx, args)
         return changed, memory, await pipeline.measure(ctx, pipe_args)
 

@@ -10,6 +10,7 @@ import orchestr as oc
 from orchestr.roles.trainer import SHARDING
 
 from ._faults import parse_kill
+from ._layout import LayoutCosts
 from ._llama import Checkpoint
 from ._reference import DEMO_CONFIG, LlamaModel, TrainConfig
 
@@ -57,7 +58,15 @@ class GRPOConfig:
     trainer's weights and optimizer, the batches recorded, the position in the data (a
     function of the batch) and the reward functions' failure counts. ``dynamic_sampling``
     (DAPO) trains only on groups whose rewards differ, drawing more groups for the batch, up
-    to ``max_draws`` batches' worth in all."""
+    to ``max_draws`` batches' worth in all.
+
+    ``generator_tp`` splits each generator over that many processes (tensor parallel; the
+    ``paged`` engine). With ``layout_degrees`` the sync schedule re-shards the generator pool
+    between batches (OrchestrRL's adaptive generation parallelism): its ``generators x
+    generator_tp`` accelerators run as replicas of whichever of those degrees
+    :func:`~._layout.choose_layout` picks from the next batch's prompts and the last
+    batches' output lengths, priced by ``layout_costs`` (whose ``reshard_s`` the job
+    replaces by what each change took), moving only for a gain of ``layout_margin``."""
 
     train: TrainConfig = DEMO_CONFIG
     mode: Mode = "sync"
@@ -85,6 +94,10 @@ class GRPOConfig:
     resume: bool = False
     dynamic_sampling: bool = False
     max_draws: int = 3
+    generator_tp: int = 1
+    layout_degrees: tuple[int, ...] = ()
+    layout_costs: LayoutCosts | None = None
+    layout_margin: float = 0.05
     update_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     trainer_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -160,6 +173,7 @@ class GRPOConfig:
                 "a data-parallel trainer mesh is not restarted (its process group cannot be "
                 "joined again yet), so a kill of a trainer needs trainers=1"
             )
+        self._check_layout(checkpointed, kills)
         sharding = self.trainer_options.get("sharding", "none")
         if sharding not in SHARDING:
             raise oc.ConfigError(f"sharding must be one of {', '.join(SHARDING)}, got {sharding!r}")
@@ -169,6 +183,45 @@ class GRPOConfig:
             raise oc.ConfigError(
                 f"prompts_per_step ({self.train.prompts_per_step}) must split evenly over "
                 f"{self.trainers} trainers (each takes whole groups)"
+            )
+
+    def _check_layout(self, checkpointed: bool, kills: list[Any]) -> None:
+        tp, degrees = self.generator_tp, self.layout_degrees
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise oc.ConfigError(f"generator_tp must be an integer >= 1, got {tp!r}")
+        if (tp > 1 or degrees) and not (checkpointed and generator_engine(self) == "paged"):
+            raise oc.ConfigError(
+                "generator_tp and layout_degrees split a checkpoint model on the paged engine"
+            )
+        if not degrees:
+            if self.layout_costs is not None:
+                raise oc.ConfigError("layout_costs prices layout_degrees: set them too")
+            return
+        accelerators = self.generators * tp
+        if isinstance(degrees, str | int) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 1 and accelerators % d == 0
+            for d in degrees
+        ):
+            raise oc.ConfigError(
+                f"layout_degrees must be degrees dividing the pool's {accelerators} "
+                f"accelerators (generators x generator_tp), got {degrees!r}"
+            )
+        if tp not in degrees:
+            raise oc.ConfigError(f"layout_degrees {degrees!r} must include generator_tp ({tp})")
+        if self.mode != "sync":
+            raise oc.ConfigError(
+                "layout_degrees re-shards the pool between batches of the sync mode; the "
+                "stream modes' generators never stop"
+            )
+        if not isinstance(self.layout_costs, LayoutCosts):
+            raise oc.ConfigError("layout_degrees needs layout_costs (a LayoutCosts)")
+        margin = self.layout_margin
+        if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 <= margin < 1:
+            raise oc.ConfigError(f"layout_margin is a fraction in [0, 1), got {margin!r}")
+        if any(k.role == "generator" for k in kills):
+            raise oc.ConfigError(
+                "a generator kill names a member of a pool whose size changes with "
+                "layout_degrees: kill another role, or fix the layout"
             )
 
 
@@ -247,6 +300,11 @@ class GRPOResult:
     exported: str = ""
     #: Reward functions' failures, per function and cause (``error``, ``timeout``).
     rewards: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    #: The generator pool's changes of layout (``layout_degrees``): each its ``step`` (the
+    #: batch it came before), the ``from`` and ``to`` layouts (``"2xtp1"``), the seconds of
+    #: each part (``drain_s``, ``stop_s``, ``spawn_s``, ``load_s``, ``total_s``) and the
+    #: seconds the policy predicted for the batch's generation at each degree.
+    layouts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def mean_reward(self, last: int | None = None) -> float:
         rows = self.steps[-last:] if last else self.steps

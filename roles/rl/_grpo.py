@@ -96,7 +96,7 @@ async def run_grpo(
     try:
         await job.spawn()
         await job.sync_weights()  # version 0 everywhere: generators start from the trainer's
-        stats0 = await job.generator_stats()
+        job.busy_base = [s["busy_s"] for s in await job.generator_stats()]
         job.start = clock.perf_counter() - job.resumed_wall
         if not config.resume:  # a resumed run evaluated its checkpoint's version before
             await job.evaluate(0)
@@ -105,7 +105,7 @@ async def run_grpo(
         else:
             await run_stream(job, skew=config.mode == "stream+skew")
         wall = clock.perf_counter() - job.start
-        stats1 = await job.generator_stats()
+        busy = job.busy_retired + job.busy_since_base(await job.generator_stats())
         digests = job.digests
         exported = ""
         if config.export_dir is not None:  # the trained policy, out as a Hugging Face folder
@@ -115,18 +115,14 @@ async def run_grpo(
             job.injector.check()
     finally:
         await job.stop()
-    # a restarted generator counts from zero again
-    busy = [
-        b["busy_s"] - (a["busy_s"] if b["busy_s"] >= a["busy_s"] else 0.0)
-        for a, b in zip(stats0, stats1, strict=True)
-    ]
+    accelerators = config.generators * config.generator_tp
     sync = sorted(job.sync_times)
     return GRPOResult(
         config=config,
         steps=job.steps,
         evals=job.evals,
         wall_s=wall,
-        generator_idle_frac=max(0.0, 1 - sum(busy) / (len(busy) * wall)),
+        generator_idle_frac=max(0.0, 1 - busy / (accelerators * wall)),
         trainer_idle_frac=max(0.0, 1 - job.trainer_busy / wall),
         weight_sync={
             "seconds": sync[len(sync) // 2] if sync else math.nan,
@@ -141,4 +137,5 @@ async def run_grpo(
         faults=job.faults(),
         exported=exported,
         rewards=job.source.tally.failed(),
+        layouts=job.layouts,
     )

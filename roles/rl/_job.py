@@ -5,6 +5,7 @@ with the hooks that hear of each role's deaths."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import shutil
 import tempfile
@@ -69,6 +70,19 @@ class Job:
         self.dropped = 0  # stream modes: groups past the staleness bound
         self.routed_long = 0  # stream+skew: groups sent to the long pool
         self.skipped_groups = 0  # dynamic sampling: scored, not trained on
+        # -- the generator pool's layout (it changes with layout_degrees)
+        self.gen_tp = config.generator_tp
+        #: How the generators are spawned (beside ``n`` and ``tp``), for a pool re-sharded.
+        self.gen_spawn: dict[str, Any] = {}
+        self.layout_costs = config.layout_costs
+        #: Output lengths of the last batches' completions: the layout policy's history.
+        per_batch = config.train.prompts_per_step * config.train.group_size
+        self.lengths: collections.deque[int] = collections.deque(maxlen=4 * per_batch)
+        self.layouts: list[dict[str, Any]] = []
+        #: The generators' busy seconds so far: ``busy_base`` per member of the pool now (its
+        #: counters at the start), and accelerator-seconds of pools re-sharded away.
+        self.busy_base: list[float] = []
+        self.busy_retired = 0.0
         # -- failures
         sizes = {"generator": config.generators, "trainer": config.trainers}
         sizes["reward"] = config.rewards
@@ -207,7 +221,16 @@ class Job:
                     if not await lost_during([watch], [epoch], exc):
                         raise
 
-        return list(await asyncio.gather(*(one(i) for i in range(self.cfg.generators))))
+        return list(await asyncio.gather(*(one(i) for i in range(len(self.gens)))))
+
+    def busy_since_base(self, stats: Sequence[dict[str, Any]]) -> float:
+        """Accelerator-seconds the pool now was busy since :attr:`busy_base` (a restarted
+        generator counts from zero again)."""
+        busy = [
+            float(s["busy_s"]) - (b if s["busy_s"] >= b else 0.0)
+            for b, s in zip(self.busy_base, stats, strict=True)
+        ]
+        return sum(busy) * self.gen_tp
 
     # -- shared pieces -----------------------------------------------------------------------
     async def sync_weights(self) -> int:
@@ -227,7 +250,7 @@ class Job:
         # every generator reads the whole of the weights from the publishing trainer
         traffic = {(self.trainers.name, self.gens.name): ref.nbytes * len(self.gens)}
         async with self.ctx.phase("weight_sync", traffic=traffic):
-            loads = [self.load_one(i, ref) for i in range(self.cfg.generators)]
+            loads = [self.load_one(i, ref) for i in range(len(self.gens))]
             reports = [r for r in await asyncio.gather(*loads) if r is not None]
         if ref.version > 0:  # the first load also allocates the loaders' buffers
             self.sync_times.extend(r["seconds"] for r in reports)

@@ -13,6 +13,7 @@ from ._config import StepRecord
 from ._faults import lost_during
 from ._job import Job, groups_of
 from ._recovery import ready
+from ._reshard import adapt_pool
 from ._steps import finish_step, record, run_steps
 
 Scored = list[tuple[Completion, float]]
@@ -22,9 +23,10 @@ __all__ = ["generate_on", "informative", "run_sync", "varied", "with_seen"]
 
 # -- sync --------------------------------------------------------------------------------
 async def run_sync(job: Job) -> None:
-    n_gen, size = job.cfg.generators, job.tc.group_size
+    size = job.tc.group_size
 
     async def draw(step: int, requests: list[Request]) -> list[Scored]:
+        n_gen = len(job.gens)
         groups = groups_of(requests, size)
         per = -(-len(groups) // n_gen)
         shares = [[r for g in groups[i * per : (i + 1) * per] for r in g] for i in range(n_gen)]
@@ -34,12 +36,16 @@ async def run_sync(job: Job) -> None:
                 *(generate_on(job, i, s) for i, s in enumerate(shares) if s)
             )
         completions = [c for part in done for c in part]
+        job.lengths.extend(len(c.tokens) for c in completions)
         job.phase = "score"
         rewards = await job.score(completions)
         return groups_of(list(zip(completions, rewards, strict=True)), size)
 
     async def one_step(step: int) -> None:
-        scored = await draw(step, job.source.step_requests(step))
+        requests = job.source.step_requests(step)
+        if job.cfg.layout_degrees:
+            await adapt_pool(job, step, requests)
+        scored = await draw(step, requests)
         trained, seen = scored, scored
         if job.cfg.dynamic_sampling:
             trained, seen = await informative(job, step, scored, draw)

@@ -16,13 +16,22 @@ sync RL job there is nothing in flight, so draining costs nothing.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import orchestr as oc
 from orchestr import clock
 from orchestr.roles._common._weightref import WeightsRef
+from orchestr.roles.generator import Request
 
-__all__ = ["drain", "reshard_pool"]
+from ._faults import MemberWatch
+from ._layout import LayoutView, choose_layout
+
+if TYPE_CHECKING:
+    from ._job import Job
+
+__all__ = ["adapt_pool", "drain", "reshard_pool"]
 
 
 async def drain(pool: oc.Mesh, *, poll_s: float = 0.02, timeout_s: float = 3600.0) -> float:
@@ -69,3 +78,45 @@ async def reshard_pool(
     times["load_s"] = clock.perf_counter() - t
     times["total_s"] = clock.perf_counter() - start
     return new, times
+
+
+async def adapt_pool(job: Job, step: int, requests: Sequence[Request]) -> None:
+    """Before batch ``step`` of a sync job: ask :func:`~._layout.choose_layout` which degree
+    the generator pool should run ``requests`` at, from their prompts and the last batches'
+    output lengths, and re-shard the pool when it says so. Nothing happens before the first
+    batch (there are no lengths to go by yet). The change is recorded in ``job.layouts`` and
+    its measured seconds become the costs' ``reshard_s``."""
+    costs = job.layout_costs
+    if costs is None or not job.lengths:
+        return
+    old, degree = len(job.gens), job.gen_tp
+    accelerators = old * degree
+    view = LayoutView(
+        accelerators=accelerators,
+        degree=degree,
+        degrees=tuple(job.cfg.layout_degrees),
+        requests=tuple((len(r.prompt), 0) for r in requests),
+        history=tuple(job.lengths),
+        max_tokens=max(r.max_new_tokens for r in requests),
+        phase="between_steps",
+    )
+    choice = choose_layout(view, costs, margin=job.cfg.layout_margin)
+    if not choice.changes:
+        return
+    job.phase = "reshard"
+    count = accelerators // choice.degree
+    # between batches nothing is in flight: the old pool's busy time is final
+    job.busy_retired += job.busy_since_base(await job.generator_stats())
+    name = f"generators-{len(job.layouts) + 1}"
+    job.gens, times = await reshard_pool(
+        job.ctx, job.gens, choice.degree, count, job.current_ref, name=name, **job.gen_spawn
+    )
+    job.gen_tp = choice.degree
+    job.watch["generator"] = [MemberWatch() for _ in range(count)]
+    if job.injector is not None:
+        job.injector.meshes["generator"] = job.gens
+    job.busy_base = [s["busy_s"] for s in await job.generator_stats()]
+    job.layout_costs = dataclasses.replace(costs, reshard_s=times["total_s"])
+    predicted = {str(d): round(t, 6) for d, t in choice.predicted_s.items()}
+    change = {"step": step, "from": f"{old}xtp{degree}", "to": f"{count}xtp{choice.degree}"}
+    job.layouts.append(change | times | {"predicted_s": predicted})

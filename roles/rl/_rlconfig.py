@@ -151,7 +151,11 @@ class LayoutSection:
     ``generators``, ``trainers`` (data parallel) and ``rewards`` workers; the generators'
     ``engine`` (``paged`` or ``vllm``, with ``vllm`` options); the stream modes' staleness
     bound ``eta`` and ``lookahead``; stream+skew's ``long_generators``; each role's
-    ``torch_threads`` and ``cpu`` share; restarts per member (``max_restarts``)."""
+    ``torch_threads`` and ``cpu`` share; restarts per member (``max_restarts``). Each
+    generator split over ``generator_tp`` processes (tensor parallel); with
+    ``layout_degrees`` the sync mode re-shards the generator pool between batches to
+    whichever degree the layout policy picks, priced by ``layout_costs`` (the fields of
+    ``orchestr.roles.rl.LayoutCosts``), moving only for a gain of ``layout_margin``."""
 
     mode: str = "sync"
     generators: int = 2
@@ -166,6 +170,10 @@ class LayoutSection:
     cpu: float = 0.25
     max_batch: int = 512
     max_restarts: int = 3
+    generator_tp: int = 1
+    layout_degrees: list[int] = dataclasses.field(default_factory=list)
+    layout_costs: dict[str, Any] | None = None
+    layout_margin: float = 0.05
 
 
 @dataclasses.dataclass(frozen=True)

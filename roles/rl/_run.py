@@ -30,6 +30,7 @@ from . import _task
 from ._config import GRPOConfig, GRPOResult, StepRecord
 from ._data import DataSource, DataSpec, load_rows
 from ._grpo import run_grpo
+from ._layout import LayoutCosts
 from ._llama import Checkpoint, LlamaModel
 from ._mlflow import MlflowStore, mlflow_store
 from ._recovery import read_state
@@ -194,6 +195,10 @@ def plan_rl(config: RLConfig, run_dir: str | None = None, *, resume: bool = Fals
             engine=lay.engine,
             vllm=lay.vllm,
             max_restarts=lay.max_restarts,
+            generator_tp=lay.generator_tp,
+            layout_degrees=tuple(lay.layout_degrees),
+            layout_costs=_layout_costs(config),
+            layout_margin=lay.layout_margin,
             checkpoint_every=run.checkpoint_every,
             checkpoint_dir=os.path.join(run_dir, "checkpoints"),
             kill=tuple(run.kill),
@@ -214,6 +219,17 @@ def plan_rl(config: RLConfig, run_dir: str | None = None, *, resume: bool = Fals
     except oc.ConfigError as exc:
         raise oc.ConfigError(f"{config.source}: {exc}") from None
     return Plan(config, job, source, run_dir, store)
+
+
+def _layout_costs(config: RLConfig) -> LayoutCosts | None:
+    table = config.layout.layout_costs
+    if table is None:
+        return None
+    try:
+        return LayoutCosts(**table)
+    except (TypeError, ValueError) as exc:
+        fields = ", ".join(f.name for f in dataclasses.fields(LayoutCosts))
+        raise oc.ConfigError(f"[layout] layout_costs: {exc} (its keys: {fields})") from None
 
 
 def _comparable(table: dict[str, Any]) -> dict[str, Any]:

@@ -46,18 +46,18 @@ async def spawn_roles(job: Job) -> None:
         model = {"checkpoint": folder, "engine": engine}
         model |= {"kv": job.source.kv(tc)} if engine == "paged" else {"vllm": cfg.vllm}
         trained = {"model_factory": LOAD_MODEL, "model_kwargs": {"folder": folder}}
-    job.gens = await job.ctx.spawn(
-        Generator,
-        seed=tc.seed,
-        max_batch=cfg.max_batch,
-        torch_threads=cfg.torch_threads,
-        nice=cfg.generator_nice,
-        n=cfg.generators,
-        resources=res,
-        restart=policy,
-        supervise=job.hook("generator"),
+    job.gen_spawn = {
+        "seed": tc.seed,
+        "max_batch": cfg.max_batch,
+        "torch_threads": cfg.torch_threads,
+        "nice": cfg.generator_nice,
+        "resources": res,
+        "restart": policy,
+        "supervise": job.hook("generator"),
         **model,
-    )
+    }
+    tp: dict[str, Any] = {"tp": cfg.generator_tp} if cfg.generator_tp > 1 else {}
+    job.gens = await job.ctx.spawn(Generator, n=cfg.generators, **tp | job.gen_spawn)
     job.trainers = await job.ctx.spawn(
         Trainer,
         seed=tc.seed,

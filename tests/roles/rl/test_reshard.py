@@ -5,13 +5,20 @@ generates what the old one did."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pathlib
 
 import pytest
 
 import orchestr as oc
 from orchestr.roles import Generator, Request, models
-from orchestr.roles.rl import reshard_pool
+from orchestr.roles.rl import (
+    LLAMA_CONFIG,
+    GRPOConfig,
+    LayoutCosts,
+    reshard_pool,
+    run_grpo,
+)
 from tests.roles.weight_actors import CheckpointTrainer
 
 
@@ -45,3 +52,54 @@ async def test_a_pool_changes_degree_between_steps(
     with pytest.raises(oc.ConfigError, match="a pool of 0 generators"):
         await reshard_pool(ctx, back, 1, 0, ref)
     await trainer.close.call_one()
+
+
+def _costs(**kw: float) -> LayoutCosts:
+    """Costs where each decode iteration is reading the weights (a degree of 2 halves it) and
+    the all-reduces cost what ``kw`` says."""
+    base = {"base_s": 1e-3, "decode_s": 0.0, "attention_s": 0.0, "layers": 2, "row_bytes": 0.0}
+    base |= {"allreduce_alpha_s": 0.0, "allreduce_byte_s": 0.0, "device_bytes": 1e12}
+    base |= {"weight_bytes": 0.0, "kv_bytes_per_token": 1.0, "reshard_s": 0.0}
+    return LayoutCosts(**(base | kw))
+
+
+@pytest.mark.timeout(240)
+async def test_the_rl_job_reshards_its_pool_between_batches(ctx: oc.JobContext) -> None:
+    # on these costs one replica of tp=2 ends a batch in half the time of two of tp=1: after
+    # the first batch (the lengths the policy goes by) the job re-shards and trains on
+    llama = dataclasses.replace(LLAMA_CONFIG, steps=3, eval_every=3, seed=3, threads=1)
+    config = GRPOConfig(train=llama, generators=2, layout_degrees=(1, 2), layout_costs=_costs())
+    phases: list[str] = []
+    result = await run_grpo(ctx, config, on_phase=phases.append)
+    assert [r.step for r in result.steps] == [0, 1, 2]
+    [change] = result.layouts
+    assert (change["step"], change["from"], change["to"]) == (1, "2xtp1", "1xtp2")
+    assert change["predicted_s"]["2"] < change["predicted_s"]["1"]
+    assert change["load_s"] > 0 and change["total_s"] >= change["spawn_s"] + change["load_s"]
+    assert "reshard" in phases
+    assert 0.0 <= result.generator_idle_frac < 1.0
+    # the pool after the change took the trained weights: the last batches' samples are of
+    # the version the trainer published before them
+    assert result.steps[-1].max_lag == 0
+
+
+def test_bad_layout_configs_are_refused() -> None:
+    llama = dataclasses.replace(LLAMA_CONFIG, steps=3)
+    bad = [
+        ({"layout_degrees": (1, 2)}, "needs layout_costs"),
+        ({"layout_degrees": (1, 3), "layout_costs": _costs()}, "dividing the pool's 2"),
+        ({"layout_degrees": (2,), "layout_costs": _costs()}, "must include generator_tp"),
+        ({"layout_costs": _costs()}, "set them too"),
+        ({"generator_tp": 0}, "generator_tp must be"),
+        ({"layout_degrees": (1, 2), "layout_costs": _costs(), "mode": "stream"}, "sync mode"),
+        ({"layout_degrees": (1, 2), "layout_costs": _costs(), "layout_margin": 1.5}, "fraction"),
+        (
+            {"layout_degrees": (1, 2), "layout_costs": _costs(), "kill": ("generator@1",)},
+            "kill another role",
+        ),
+    ]
+    for options, match in bad:
+        with pytest.raises(oc.ConfigError, match=match):
+            GRPOConfig(train=llama, **options)
+    with pytest.raises(oc.ConfigError, match="checkpoint model on the paged engine"):
+        GRPOConfig(generator_tp=2)  # the digit task's TinyLM runs on the recompute engine

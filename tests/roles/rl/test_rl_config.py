@@ -100,6 +100,27 @@ def test_sharding_is_checked_when_planned() -> None:
     assert plan.job.trainer_options["sharding"] == "full" and plan.job.trainers == 2
 
 
+def test_the_layout_policy_is_planned_from_its_table() -> None:
+    costs = (
+        "{base_s = 1e-3, decode_s = 0.0, attention_s = 0.0, layers = 2, row_bytes = 0.0, "
+        "allreduce_alpha_s = 0.0, allreduce_byte_s = 0.0, device_bytes = 1e12, "
+        "weight_bytes = 0.0, kv_bytes_per_token = 1.0, reshard_s = 0.0}"
+    )
+    sets = ["layout.mode='sync'", "layout.layout_degrees=[1, 2]"]
+    plan = plan_rl(load_rl_config(str(DIGITS), [*sets, f"layout.layout_costs={costs}"]), "/tmp/r")
+    assert plan.job.layout_degrees == (1, 2) and plan.job.layout_costs is not None
+    assert plan.job.layout_costs.base_s == 1e-3
+    for extra, says in [
+        ("layout.layout_costs={base_s = 1.0}", "missing 10 required"),
+        (costs.replace("layers = 2", "layers = -2").join(("layout.layout_costs=", "")), ">= 0"),
+        ("layout.layout_costs={}", "its keys: base_s, decode_s"),
+    ]:
+        with pytest.raises(oc.ConfigError, match=says):
+            plan_rl(load_rl_config(str(DIGITS), [*sets, extra]), "/tmp/r")
+    with pytest.raises(oc.ConfigError, match="needs layout_costs"):
+        plan_rl(load_rl_config(str(DIGITS), sets), "/tmp/r")
+
+
 def test_overrides_are_checked(tmp_path: pathlib.Path) -> None:
     with pytest.raises(oc.ConfigError, match="SECTION.KEY=VALUE"):
         load_rl_config(str(DIGITS), ["steps=3"])
