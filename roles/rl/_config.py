@@ -168,10 +168,10 @@ class GRPOConfig:
                 )
             if k.phase == "eval" and not evaluates(self.train, k.step):
                 raise oc.ConfigError(f"kill {k}: batch {k.step} ends without an evaluation")
-        if any(k.role == "trainer" for k in kills) and self.trainers > 1:
+        if any(k.role == "trainer" for k in kills) and not self.checkpoint_every:
             raise oc.ConfigError(
-                "a data-parallel trainer mesh is not restarted (its process group cannot be "
-                "joined again yet), so a kill of a trainer needs trainers=1"
+                "a killed trainer goes on from its last checkpoint: a trainer kill needs "
+                "checkpoint_every > 0"
             )
         self._check_layout(checkpointed, kills)
         sharding = self.trainer_options.get("sharding", "none")

@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import orchestr as oc
 from orchestr import clock
@@ -87,7 +87,13 @@ class Job:
         sizes = {"generator": config.generators, "trainer": config.trainers}
         sizes["reward"] = config.rewards
         self.watch = {role: [MemberWatch() for _ in range(sizes[role])] for role in ROLES}
+        #: The trainer's (a group's: member 0's, which every death of the group moves on).
         self.trainer_watch = self.watch["trainer"][0]
+        #: A data-parallel group lost a member and is not formed again yet.
+        self.trainer_group_lost = False
+        self.trainer_groups = 0  # groups formed again
+        #: How the trainers are spawned (beside ``n``), for a group formed again.
+        self.trainer_spawn: dict[str, Any] = {}
         self.recovery = asyncio.Lock()  # one recovery at a time
         #: The weights every generator should hold: the last published ref, and the trainer's
         #: epoch it was published under.
@@ -137,12 +143,22 @@ class Job:
 
     async def on_trainer(self, endpoint: str, *args: Any) -> Any:
         """The trainer's answer: member 0's, asked of every member when they are sharded."""
-        sharded = self.cfg.trainer_options.get("sharding") == "full"
-        return await call_trainer(self.trainers, sharded, endpoint, *args)
+        return await call_trainer(self.trainers, self.sharded, endpoint, *args)
 
     @property
     def trainer_restarts(self) -> bool:
-        return self.cfg.trainers == 1 and self.cfg.checkpoint_every > 0
+        return self.cfg.checkpoint_every > 0
+
+    @property
+    def sharded(self) -> bool:
+        return bool(self.cfg.trainer_options.get("sharding") == "full")
+
+    async def restore_trainers(self, path: str) -> int:
+        """Every trainer restores the checkpoint at ``path`` (a replicated group's members each
+        read the one file, a sharded group's their shards); the restored version."""
+        if self.cfg.trainers == 1 or self.sharded:
+            return int(await self.on_trainer("restore", path))
+        return int((await self.trainers.restore.call(path))[0])
 
     async def spawn(self) -> None:
         """Spawn the roles (and start from the checkpoint a resumed run goes on from)."""
@@ -193,6 +209,20 @@ class Job:
                 self._background(recover_generator(self, failure.rank))
 
         return on_failure
+
+    def group_hook(self, failure: oc.Failure) -> Literal["handle", "escalate"]:
+        """The ``supervise`` hook of a data-parallel trainer mesh: the first death of a group
+        loses the whole group (the rollback forms a new one, :func:`~._recovery.reform_trainers`);
+        the group's other deaths until then are part of that loss. Escalates once the
+        group has been formed again ``max_restarts`` times."""
+        if failure.mesh.mesh_id != self.trainers.mesh_id or self.trainer_group_lost:
+            return "handle"
+        if self.restarts["trainer"] >= self.cfg.max_restarts:
+            return "escalate"
+        self.trainer_group_lost = True
+        self.restarts["trainer"] += 1
+        self.trainer_watch.lost()  # the group's watch: every member's work is void
+        return "handle"
 
     def _background(self, coro: Any) -> None:
         if self.background.closed:  # a death heard as the job stops: nothing to recover for

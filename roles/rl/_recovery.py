@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -28,6 +29,7 @@ __all__ = [
     "read_state",
     "ready",
     "recover_generator",
+    "reform_trainers",
     "renew_generator",
     "resume",
     "rollback",
@@ -100,9 +102,12 @@ async def rollback(job: Job, step: int) -> int:
         while True:
             epoch = trainer.epoch
             try:
+                if job.cfg.trainers > 1:
+                    await reform_trainers(job)
                 path = job.checkpoint_path
-                version = int(await job.trainers[0].restore.call_one(path))
-                ref = await job.trainers[0].publish.call_one()
+                assert path is not None  # the job checkpoints version 0 before any batch
+                version = await job.restore_trainers(path)
+                ref = await job.on_trainer("publish")
             except Exception as exc:
                 if isinstance(exc, oc.ActorDiedError) or trainer.epoch != epoch:
                     await asyncio.sleep(0.5)  # still being restarted, or died again
@@ -126,12 +131,30 @@ async def rollback(job: Job, step: int) -> int:
     return version
 
 
+async def reform_trainers(job: Job) -> None:
+    """A data-parallel group lost a member: stop the group, spawn a new one (every member a
+    new process; a newcomer cannot join the survivors' process group) and form its process
+    group. The caller restores it from the last checkpoint."""
+    from orchestr.roles.trainer import Trainer
+
+    await job.ctx.stop(job.trainers)
+    job.trainer_groups += 1
+    name = f"trainers-{job.trainer_groups}"
+    job.trainers = await job.ctx.spawn(Trainer, n=job.cfg.trainers, name=name, **job.trainer_spawn)
+    job.trainer_group_lost = False  # a death from here on loses this group
+    await job.ctx.init_distributed(job.trainers)
+    if job.injector is not None:
+        job.injector.meshes["trainer"] = job.trainers
+    log.warning("trainer group formed again", members=job.cfg.trainers, group=name)
+
+
 async def checkpoint(job: Job, version: int, epoch: int) -> None:
-    """Checkpoint the trainer at ``version`` to a file of its own. It becomes the one a
-    restart restores only when the trainer lived through the call (``epoch``): a call
-    that reached a restarted trainer wrote that one's state, which is not the job's."""
-    path = f"{job.checkpoint_base}-v{version}.pt"
-    await job.trainers[0].checkpoint.call_one(path)
+    """Checkpoint the trainer at ``version`` to a file of its own (a sharded group: a folder
+    of every member's shards). It becomes the one a restart restores only when the trainer
+    lived through the call (``epoch``): a call that reached a restarted trainer wrote that
+    one's state, which is not the job's."""
+    path = f"{job.checkpoint_base}-v{version}" + ("" if job.sharded else ".pt")
+    await job.on_trainer("checkpoint", path)
     if job.trainer_watch.epoch != epoch:
         return
     previous, job.checkpoint_path = job.checkpoint_path, path
@@ -170,7 +193,9 @@ def read_state(path: str) -> dict[str, Any]:
 
 
 def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
         os.remove(path)
 
 

@@ -58,27 +58,34 @@ async def spawn_roles(job: Job) -> None:
     }
     tp: dict[str, Any] = {"tp": cfg.generator_tp} if cfg.generator_tp > 1 else {}
     job.gens = await job.ctx.spawn(Generator, n=cfg.generators, **tp | job.gen_spawn)
-    job.trainers = await job.ctx.spawn(
-        Trainer,
-        seed=tc.seed,
-        lr=tc.lr,
-        lr_schedule=tc.lr_schedule,
-        lr_steps=tc.steps,
-        min_lr_ratio=tc.min_lr_ratio,
-        betas=tc.betas,
-        weight_decay=tc.weight_decay,
-        update=dataclasses.asdict(tc.update) | dict(cfg.update_options),
-        max_staleness=cfg.eta if cfg.mode != "sync" else 0,
-        pad_id=job.source.pad_id,
-        eos_id=job.source.eos_id,
-        torch_threads=cfg.torch_threads,
-        n=cfg.trainers,
-        resources=res,
-        restart=policy if job.trainer_restarts else None,
-        supervise=job.hook("trainer") if job.trainer_restarts else _trainer_cannot_restart,
+    # one trainer is restarted where it was; a group is formed again, every member new (the
+    # job's rollback does it), since a newcomer cannot join the survivors' process group
+    group = cfg.trainers > 1
+    supervise: Any = job.hook("trainer")
+    if not job.trainer_restarts:
+        supervise = _trainer_cannot_restart
+    elif group:
+        supervise = job.group_hook
+    job.trainer_spawn = {
+        "seed": tc.seed,
+        "lr": tc.lr,
+        "lr_schedule": tc.lr_schedule,
+        "lr_steps": tc.steps,
+        "min_lr_ratio": tc.min_lr_ratio,
+        "betas": tc.betas,
+        "weight_decay": tc.weight_decay,
+        "update": dataclasses.asdict(tc.update) | dict(cfg.update_options),
+        "max_staleness": cfg.eta if cfg.mode != "sync" else 0,
+        "pad_id": job.source.pad_id,
+        "eos_id": job.source.eos_id,
+        "torch_threads": cfg.torch_threads,
+        "resources": res,
+        "restart": policy if job.trainer_restarts and not group else None,
+        "supervise": supervise,
         **trained,
         **cfg.trainer_options,
-    )
+    }
+    job.trainers = await job.ctx.spawn(Trainer, n=cfg.trainers, **job.trainer_spawn)
     args, kwargs = job.source.reward_args
     if cfg.update_options.get("kl_coef"):
         # the frozen starting policy: a trainer that never trains, for the KL penalty
@@ -121,6 +128,6 @@ async def spawn_roles(job: Job) -> None:
 
 def _trainer_cannot_restart(failure: oc.Failure) -> None:
     raise oc.ConfigError(
-        "a data-parallel trainer mesh is not restarted (its process group cannot be joined "
-        "again yet), nor a trainer without checkpoints (checkpoint_every=0)"
+        "a trainer without checkpoints (checkpoint_every=0) is not restarted: there is no "
+        "state to go on from"
     )
