@@ -41,7 +41,7 @@ from ._common._weightplan import (
     StaleWeightsError,
     WeightSyncError,
 )
-from ._common._weights import WeightLoader, WeightPublisher, WeightsRef
+from ._common._weights import ShardedWeightsRef, WeightLoader, WeightPublisher, WeightsRef
 from .attention import AttentionServer
 from .experts import ExpertHost, ExpertUnavailableError
 from .generator import (
@@ -120,6 +120,7 @@ __all__ = [
     "RecomputeEngine",
     "Request",
     "Reward",
+    "ShardedWeightsRef",
     "StaleWeightsError",
     "StepRecord",
     "TinyLM",

@@ -25,6 +25,12 @@ accidents, not adversaries (peers share a cluster token); ``"crc32"``, ``"sha256
 right after reading it (still in the cache), before it touches the model, so a failed load
 leaves the model as it was.
 
+**Sharded publishers**: a sharded trainer's members each publish their rows of each tensor;
+the controller joins their refs into a :class:`ShardedWeightsRef`. A loader reads every part
+(each verified as a whole ref's buckets are) into staging buckets and lays each tensor's rows
+into the whole, then loads it as a read version: no process on the trainer's side holds the
+whole model, and the generator pays one copy.
+
 **No second copy**: a borrowed load moves no bytes (it hashes them in place). A read into a
 CPU model goes into the half of two sets of host buckets the model does not view, and then
 points each tensor at its view of it (``tensor.data = view``). GPU models (and
@@ -66,9 +72,9 @@ from ._weightplan import (
     views,
     weight_tensors,
 )
-from ._weightref import BucketRef, WeightsRef
+from ._weightref import BucketRef, ShardedWeightsRef, WeightsRef
 
-__all__ = ["BucketRef", "WeightLoader", "WeightPublisher", "WeightsRef"]
+__all__ = ["BucketRef", "ShardedWeightsRef", "WeightLoader", "WeightPublisher", "WeightsRef"]
 
 #: Buckets are checksummed, and loads verify them, in pieces of this many bytes.
 PIECE_BYTES = 4 << 20
@@ -227,6 +233,8 @@ class WeightLoader:
         self._borrowed: list[Borrowed] = []  # the buckets the model views, when borrowed
         self._plan: BucketPlan | None = None
         self._sets: list[list[torch.Tensor]] = []  # bucket sets: staging, or the two halves
+        #: A sharded ref's parts' buckets, read into before their rows are laid into a set.
+        self._staging: list[tuple[BucketPlan, list[torch.Tensor]]] = []
         self._lock = asyncio.Lock()  # one load at a time: they share the host buckets
 
     async def forget(self) -> None:
@@ -240,11 +248,13 @@ class WeightLoader:
     async def load(
         self,
         model: torch.nn.Module | Mapping[str, torch.Tensor],
-        ref: WeightsRef,
+        ref: WeightsRef | ShardedWeightsRef,
         *,
         apply: Apply | None = None,
     ) -> bool:
-        """Load version ``ref.version`` into ``model`` (borrowed or read: see the class).
+        """Load version ``ref.version`` into ``model`` (borrowed or read: see the class). A
+        :class:`ShardedWeightsRef`'s parts are read (each verified) into staging buckets and
+        each tensor's rows laid into the whole, then loaded as a read one is.
         With ``apply``, ``model`` maps names to tensors shaped as published (meta tensors will
         do) and the verified tensors (views valid until the next load) go to ``apply``
         (awaited) instead: for a model with a weight layout of its own (vLLM fuses q, k, v).
@@ -263,7 +273,7 @@ class WeightLoader:
     async def _load(
         self,
         model: torch.nn.Module | Mapping[str, torch.Tensor],
-        ref: WeightsRef,
+        ref: WeightsRef | ShardedWeightsRef,
         apply: Apply | None,
     ) -> bool:
         if self.version is not None and ref.version < self.version:
@@ -286,28 +296,30 @@ class WeightLoader:
             self._sets, self._plan = [], plan
         else:
             plan.check(tensors)
-        if ref.algorithm not in CHECKSUMS:
-            raise WeightSyncError(f"unknown checksum {ref.algorithm!r} in weights ref")
+        parts = ref.parts if isinstance(ref, ShardedWeightsRef) else (ref,)
+        for part in parts:
+            if part.algorithm not in CHECKSUMS:
+                raise WeightSyncError(f"unknown checksum {part.algorithm!r} in weights ref")
         flip = (
             apply is None and self._double and all(t.device.type == "cpu" for t in tensors.values())
         )
         self.transports = set()
         borrowed = None
-        if self._borrow and (flip or apply is not None):
+        if isinstance(ref, WeightsRef) and self._borrow and (flip or apply is not None):
             with released_as_stale():
                 borrowed = borrow_buckets(ref)
         try:
-            if borrowed is not None:  # the publisher's own bytes, in place (see _weightborrow)
+            if isinstance(ref, ShardedWeightsRef):
+                target = self._target(plan, tensors, flip)
+                await self._assemble(ref, plan, target)
+            elif borrowed is not None:  # the publisher's own bytes, in place (_weightborrow)
                 target = tensors_of(ref, borrowed)
                 await self._check_stamp(ref, "once borrowed")
-                sums = await hash_in_place(ref, borrowed)
+                ref.verify(await hash_in_place(ref, borrowed))
                 self.transports = {"shm"}  # the buckets' (the stamp's is a plain read)
             else:
                 target = self._target(plan, tensors, flip)
-                await self._check_stamp(ref, "before reading")
-                sums = await self._read_all(ref, target)
-                await self._check_stamp(ref, "while it was read")
-            ref.verify(sums)
+                await self._read_verified(ref, target)
             if apply is not None:
                 await apply(list(views(plan, target)))
             else:
@@ -364,6 +376,43 @@ class WeightLoader:
             "the model's tensors view both of this loader's halves (some were pointed "
             "elsewhere since the last load); load with a new WeightLoader"
         )
+
+    async def _read_verified(self, ref: WeightsRef, target: list[torch.Tensor]) -> None:
+        """Read ``ref``'s buckets into ``target`` between two looks at its stamp, and verify
+        them."""
+        await self._check_stamp(ref, "before reading")
+        sums = await self._read_all(ref, target)
+        await self._check_stamp(ref, "while it was read")
+        ref.verify(sums)
+
+    async def _assemble(
+        self, ref: ShardedWeightsRef, plan: BucketPlan, target: list[torch.Tensor]
+    ) -> None:
+        """Read every part of ``ref`` into staging buckets (kept for the next load), verify
+        each, and copy each tensor's rows into its whole in ``target`` (laid out by
+        ``plan``)."""
+        pieces = ref.rows()
+        plans = [part.plan for part in ref.parts]
+        for p in plans:
+            p.validate()
+        if [p for p, _ in self._staging] != plans:
+            self._staging = [
+                (p, [torch.empty(b.numel, dtype=to_dtype(b.dtype)) for b in p.buckets])
+                for p in plans
+            ]
+        for part, (_, staging) in zip(ref.parts, self._staging, strict=True):
+            await self._read_verified(part, staging)
+        with torch.no_grad():
+            for name, whole in views(plan, target):
+                at = 0
+                for i, slot in pieces[name]:
+                    bucket = self._staging[i][1][slot.bucket]
+                    piece = bucket[slot.offset : slot.offset + slot.numel].view(slot.shape)
+                    if piece.shape == whole.shape:
+                        whole.copy_(piece)
+                    else:
+                        whole[at : at + piece.shape[0]].copy_(piece)
+                        at += piece.shape[0]
 
     async def _read(self, buf: Buffer, into: Any) -> None:
         with released_as_stale():

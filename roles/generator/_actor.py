@@ -33,7 +33,7 @@ import torch
 import orchestr as oc
 from orchestr.roles._common._backend import BackendSpec, choose_backend
 from orchestr.roles._common._factory import DEFAULT_MODEL
-from orchestr.roles._common._weights import WeightsRef
+from orchestr.roles._common._weightref import AnyWeightsRef
 from orchestr.tasks import TaskOwner
 
 from ._core._options import (
@@ -400,7 +400,7 @@ class Generator(oc.Actor):
         await self._weights.load(state, version)
 
     @oc.endpoint(concurrent=True)
-    async def sync_weights(self, ref: WeightsRef) -> dict[str, Any]:
+    async def sync_weights(self, ref: AnyWeightsRef) -> dict[str, Any]:
         """Load the version ``ref`` names straight from its publisher's buffers (bucketed
         reads over the data plane, each bucket's checksum verified before anything is copied)
         and make it current. Blocks on the step in progress (waits for it to end); requests

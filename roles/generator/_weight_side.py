@@ -11,7 +11,8 @@ from typing import Any
 import structlog
 
 from orchestr.roles._common._backend import Backend
-from orchestr.roles._common._weights import WeightLoader, WeightsRef
+from orchestr.roles._common._weightref import AnyWeightsRef, ShardedWeightsRef, WeightsRef
+from orchestr.roles._common._weights import WeightLoader
 
 from ._core._contract import Engine
 from ._engines._build import Weights, in_thread, read_staged
@@ -40,10 +41,12 @@ class WeightSide:
             await in_thread(self.engine.load_weights, tensors, version, threads=self.threads)
         log.info("weights loaded", version=version)
 
-    async def sync(self, ref: WeightsRef) -> dict[str, Any]:
+    async def sync(self, ref: AnyWeightsRef) -> dict[str, Any]:
         """``Generator.sync_weights``: load ``ref`` under the lock and make it current."""
-        if not isinstance(ref, WeightsRef):
-            raise TypeError(f"sync_weights takes a WeightsRef, got {type(ref).__name__}")
+        if not isinstance(ref, WeightsRef | ShardedWeightsRef):
+            raise TypeError(
+                f"sync_weights takes a WeightsRef or ShardedWeightsRef, got {type(ref).__name__}"
+            )
         asked = time.perf_counter()
         async with self.lock:
             t0 = time.perf_counter()

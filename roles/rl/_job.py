@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 import orchestr as oc
 from orchestr import clock
-from orchestr.roles._common._weights import WeightsRef
+from orchestr.roles._common._weightref import AnyWeightsRef
 from orchestr.roles.generator import Completion
-from orchestr.roles.trainer import call_trainer
+from orchestr.roles.trainer import call_trainer, publish_weights
 from orchestr.tasks import TaskOwner
 
 from ._config import GRPOConfig, StepRecord
@@ -97,7 +97,7 @@ class Job:
         self.recovery = asyncio.Lock()  # one recovery at a time
         #: The weights every generator should hold: the last published ref, and the trainer's
         #: epoch it was published under.
-        self.current_ref: WeightsRef | None = None
+        self.current_ref: AnyWeightsRef | None = None
         self.ref_epoch = 0
         self.restarts = dict.fromkeys(ROLES, 0)
         self.redrawn = 0
@@ -267,15 +267,15 @@ class Job:
         """Publish the trainer's weights and load them into every generator."""
         return await self.load(await self.publish())
 
-    async def publish(self) -> WeightsRef:
+    async def publish(self) -> AnyWeightsRef:
         self.phase = "sync"
-        ref: WeightsRef = await self.on_trainer("publish")
+        ref = await publish_weights(self.trainers, self.sharded)
         # from the trainer the batch began with, unless it died meanwhile (then the batch is
         # rolled back, and loads of this ref count as lost)
         self.current_ref, self.ref_epoch = ref, self.step_epoch
         return ref
 
-    async def load(self, ref: WeightsRef) -> int:
+    async def load(self, ref: AnyWeightsRef) -> int:
         self.weight_bytes = ref.nbytes
         # every generator reads the whole of the weights from the publishing trainer
         traffic = {(self.trainers.name, self.gens.name): ref.nbytes * len(self.gens)}
@@ -289,7 +289,7 @@ class Job:
         self.sync_transports.update(t for r in reports for t in r["transports"])
         return int(ref.version)
 
-    async def load_one(self, i: int, ref: WeightsRef) -> dict[str, Any] | None:
+    async def load_one(self, i: int, ref: AnyWeightsRef) -> dict[str, Any] | None:
         """Load ``ref`` into generator ``i``; None when it or the trainer died meanwhile (its
         recovery, or the rollback, loads the current weights)."""
         watch = self.watch["generator"][i]

@@ -16,6 +16,7 @@ import structlog
 
 import orchestr as oc
 from orchestr import clock
+from orchestr.roles.trainer import publish_weights
 from orchestr.tasks import TaskOwner
 
 from ._faults import MemberWatch, lost_during
@@ -107,7 +108,7 @@ async def rollback(job: Job, step: int) -> int:
                 path = job.checkpoint_path
                 assert path is not None  # the job checkpoints version 0 before any batch
                 version = await job.restore_trainers(path)
-                ref = await job.on_trainer("publish")
+                ref = await publish_weights(job.trainers, job.sharded)
             except Exception as exc:
                 if isinstance(exc, oc.ActorDiedError) or trainer.epoch != epoch:
                     await asyncio.sleep(0.5)  # still being restarted, or died again

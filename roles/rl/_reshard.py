@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import orchestr as oc
 from orchestr import clock
-from orchestr.roles._common._weightref import WeightsRef
+from orchestr.roles._common._weightref import AnyWeightsRef
 from orchestr.roles.generator import Request
 
 from ._faults import MemberWatch
@@ -51,7 +51,7 @@ async def reshard_pool(
     pool: oc.Mesh,
     degree: int,
     count: int,
-    ref: WeightsRef | None,
+    ref: AnyWeightsRef | None,
     **spawn: Any,
 ) -> tuple[oc.Mesh, dict[str, float]]:
     """Replace ``pool`` by ``count`` generators of ``tp=degree``, spawned with ``spawn``

@@ -10,7 +10,7 @@ from ._grpo import KL_ESTIMATORS, LOSS_AGGREGATIONS, grpo_loss, kl_penalty
 from ._schedule import LR_SCHEDULES, scheduled_lr
 from ._sft import sft_loss, sft_update
 from ._shaping import overlong_penalty
-from ._sharding import SHARDING, call_trainer
+from ._sharding import SHARDING, call_trainer, publish_weights
 from ._update import UpdateConfig, grpo_update
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "grpo_update",
     "kl_penalty",
     "overlong_penalty",
+    "publish_weights",
     "scheduled_lr",
     "sft_loss",
     "sft_update",

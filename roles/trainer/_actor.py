@@ -37,7 +37,7 @@ from orchestr.roles._common._factory import DEFAULT_MODEL, build_model
 from orchestr.roles._common._model import TinyLM
 from orchestr.roles._common._rollout import completion_logprobs, generate, token_logprobs
 from orchestr.roles._common._weightplan import StaleWeightsError, weights_digest
-from orchestr.roles._common._weights import WeightPublisher, WeightsRef
+from orchestr.roles._common._weights import ShardedWeightsRef, WeightPublisher, WeightsRef
 
 from ._activations import checkpoint_layers
 from ._advantages import group_advantages
@@ -49,6 +49,7 @@ from ._sharding import (
     full_tensors,
     is_sharded,
     load_sharded,
+    local_rows,
     local_state_bytes,
     reshard,
     save_sharded,
@@ -318,15 +319,17 @@ class Trainer(oc.Actor):
         return [logp[i, : len(r.tokens)].tolist() for i, r in enumerate(rows)]
 
     @oc.endpoint
-    def publish(self) -> WeightsRef | None:
+    def publish(self) -> WeightsRef | ShardedWeightsRef:
         """Copy the weights into the publisher's buffers as ``version``; generators load them
-        from this actor with the returned ref. Sharded, every member calls this together and
-        rank 0 publishes the gathered tensors (the others return None)."""
+        from this actor with the returned ref. Sharded, each member publishes its rows of
+        each tensor (no gather) and returns a :class:`ShardedWeightsRef` of them; call it on
+        every member and join their refs (:func:`publish_weights` does)."""
         self._ready()
         if not is_sharded(self.model):
             return self.publisher.publish(self.model, self.version)
-        state = {k: v for k, v in full_tensors(self.model, 0) if v is not None}
-        return self.publisher.publish(state, self.version) if state else None
+        rows, manifest = local_rows(self.model)
+        parts = (self.publisher.publish(rows, self.version),) if rows else ()
+        return ShardedWeightsRef(self.version, manifest, parts)
 
     @oc.endpoint
     def digest(self) -> dict[str, Any]:
@@ -384,7 +387,7 @@ class Trainer(oc.Actor):
         ``transformers`` and ``orchestr serve`` load. Returns its path. Raises
         :class:`ConfigError` for a model that is not a Hugging Face format one and what
         :func:`~orchestr.roles.models.export_checkpoint` raises."""
-        from orchestr.roles._common._hf._export import export_checkpoint
+        from orchestr.roles._common._hf._export import export_checkpoint, export_streamed
 
         where = source if source is not None else self.source
         if not isinstance(where, str):
@@ -392,13 +395,18 @@ class Trainer(oc.Actor):
         self._ready()
         if not is_sharded(self.model):
             return export_checkpoint(self.model, where, folder, force=force)
-        # every member gathers each tensor in turn; rank 0 keeps and writes them
-        state = {k: v for k, v in full_tensors(self.model, 0) if v is not None}
-        return (
-            export_checkpoint(self.model, where, folder, force=force, state=state)
-            if state
-            else folder
-        )
+        # every member gathers each tensor in turn; rank 0 writes each as it comes, holding
+        # one at a time
+        gathered = full_tensors(self.model, 0)
+        try:
+            if rank_and_world()[0] != 0:
+                return folder
+            entries = [(k, v.dtype, tuple(v.shape)) for k, v in self.model.state_dict().items()]
+            whole = ((k, v) for k, v in gathered if v is not None)
+            return export_streamed(self.model, where, folder, entries, whole, force=force)
+        finally:
+            for _ in gathered:  # the others' gathers go on to the end, whatever happened here
+                pass
 
     @oc.endpoint
     def restore(self, path: str) -> int:

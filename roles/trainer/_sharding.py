@@ -16,8 +16,10 @@ The evaluation endpoints run collectives too: with sharding, call them on every 
 together, and a step starts from the shards (:func:`reshard`).
 
 Checkpoints are written from the shards with ``torch.distributed.checkpoint`` (each rank its
-own pieces, into one folder); the Hugging Face export gathers the full tensors one at a time
-on the rank that writes them. No I/O here but through torch.
+own pieces, into one folder); so are published versions (:func:`local_rows`: each rank its
+rows of each tensor, which a loader lays into the whole, :class:`ShardedWeightsRef`). The
+Hugging Face export gathers each tensor whole on the one rank that writes it. No I/O here but
+through torch.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import torch
 from torch import nn
 
 import orchestr as oc
+from orchestr.roles._common._weightplan import WeightSyncError, dtype_name
+from orchestr.roles._common._weightref import ShardedWeightsRef, WeightsRef
 
 __all__ = [
     "SHARDING",
@@ -37,8 +41,10 @@ __all__ = [
     "full_tensors",
     "is_sharded",
     "load_sharded",
+    "local_rows",
     "local_state_bytes",
     "plan_passes",
+    "publish_weights",
     "reshard",
     "save_sharded",
     "shard_model",
@@ -60,6 +66,47 @@ async def call_trainer(trainers: oc.Mesh, sharded: bool, endpoint: str, *args: A
     if sharded:
         return (await getattr(trainers, endpoint).call(*args))[0]
     return await getattr(trainers[0], endpoint).call_one(*args)
+
+
+async def publish_weights(trainers: oc.Mesh, sharded: bool) -> WeightsRef | ShardedWeightsRef:
+    """Publish the trainers' weights: member 0's whole copy, or, ``sharded``, every member's
+    rows, joined into one ref (no member gathers the whole model)."""
+    if not sharded:
+        ref: WeightsRef = await trainers[0].publish.call_one()
+        return ref
+    return ShardedWeightsRef.join(await trainers.publish.call())
+
+
+def local_rows(
+    model: nn.Module,
+) -> tuple[dict[str, torch.Tensor], tuple[tuple[str, str, tuple[int, ...]], ...]]:
+    """This rank's rows of each tensor a sync moves (a parameter sharded along dimension 0:
+    its local shard, when it holds rows; a tensor not sharded: rank 0's alone), and the whole
+    model's manifest. Tied tensors once, under their first name, as a loader's model lists
+    them. Raises :class:`WeightSyncError` for a tensor sharded another way."""
+    from torch import distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+
+    rank = dist.get_rank()
+    rows: dict[str, torch.Tensor] = {}
+    manifest: list[tuple[str, str, tuple[int, ...]]] = []
+    seen: set[int] = set()
+    for name, value in model.state_dict(keep_vars=True).items():
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        manifest.append((name, dtype_name(value.dtype), tuple(value.shape)))
+        local: torch.Tensor | None = value if rank == 0 else None
+        if isinstance(value, DTensor):
+            if tuple(value.placements) != (Shard(0),):
+                raise WeightSyncError(
+                    f"{name} is sharded as {value.placements}; a sharded publish takes rows "
+                    "(Shard(0)) only"
+                )
+            local = value.to_local()
+        if local is not None and local.numel() > 0:
+            rows[name] = local.detach()
+    return rows, tuple(manifest)
 
 
 def units(model: nn.Module) -> list[nn.Module]:

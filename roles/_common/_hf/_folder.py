@@ -21,6 +21,7 @@ import errno
 import os
 import re
 import stat
+from collections.abc import Iterable
 from types import TracebackType
 
 import orchestr as oc
@@ -142,6 +143,11 @@ class CheckpointFolder:
     def write(self, name: str, data: bytes) -> None:
         """Create the file ``name`` (a bare name) in the folder holding ``data``, mode 0644.
         Raises :class:`ConfigError` when it exists or cannot be created."""
+        self.write_chunks(name, (data,))
+
+    def write_chunks(self, name: str, chunks: Iterable[bytes]) -> None:
+        """:meth:`write` of the bytes ``chunks`` yields, each written as it comes (what
+        raises while it yields is raised here, the file then removed with the rest)."""
         if os.path.basename(name) != name or name in ("", ".", ".."):
             raise ValueError(f"expected a bare file name, got {name!r}")
         try:
@@ -153,7 +159,8 @@ class CheckpointFolder:
         self._written.append(name)
         with open(fd, "wb") as f:
             os.fchmod(fd, FILE_MODE)  # exactly 0644, whatever the umask
-            f.write(data)
+            for chunk in chunks:
+                f.write(chunk)
 
     def close(self) -> None:
         """Release the folder's descriptor; idempotent."""

@@ -24,7 +24,8 @@ from orchestr.roles._common._hf._tokenizer import Tokenizer
 from orchestr.roles._common._hf._tp import check_tp, load_shard
 from orchestr.roles._common._model import TinyLM
 from orchestr.roles._common._weightplan import weights_digest
-from orchestr.roles._common._weights import WeightLoader, WeightsRef
+from orchestr.roles._common._weightref import AnyWeightsRef
+from orchestr.roles._common._weights import WeightLoader
 
 from .._core._options import KVOptions
 from ._paged import PagedEngine
@@ -63,7 +64,7 @@ class Weights:
         assert self.model is not None
         return self.model.state_dict()
 
-    async def sync(self, loader: WeightLoader, ref: WeightsRef) -> bool:
+    async def sync(self, loader: WeightLoader, ref: AnyWeightsRef) -> bool:
         """Load ``ref`` with ``loader`` (see :meth:`WeightLoader.load`)."""
         engine = self.engine
         if isinstance(engine, VllmEngine):

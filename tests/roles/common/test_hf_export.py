@@ -98,3 +98,34 @@ async def test_a_trainers_export_is_served_by_a_generator(
     # the same tokens as the checkpoint it came from: the trainer has not stepped yet
     (same,) = await ref.generate.call_one([Request("r", [1, 5, 9], 4, temperature=0.0)])
     assert done.tokens == same.tokens
+
+
+async def test_a_sharded_pair_exports_from_its_shards(
+    ctx: oc.JobContext, tmp_path: pathlib.Path
+) -> None:
+    # qwen2: biases and a tied output head. Rank 0 writes each tensor as it is gathered; the
+    # file is the one a whole trainer writes, tensor for tensor
+    source = models.make_tiny("qwen2", tmp_path / "src", layers=2, hidden=64)
+    kwargs: dict[str, object] = {"model_factory": "orchestr.roles.models:load_model"}
+    kwargs |= {"model_kwargs": {"folder": source}, "torch_threads": 1}
+    pair = await ctx.spawn(Trainer, n=2, resources={"cpu": 0.5}, sharding="full", **kwargs)
+    whole = await ctx.spawn(Trainer, **kwargs)
+    await ctx.init_distributed(pair)
+    out = str(tmp_path / "sharded")
+    assert await pair.export_hf.call(out) == [out, out]
+    want = await whole.export_hf.call_one(str(tmp_path / "whole"))
+    from safetensors.torch import load_file
+
+    got, ref = (load_file(f"{f}/model.safetensors") for f in (out, want))
+    assert got.keys() == ref.keys() and "lm_head.weight" not in got
+    assert all(torch.equal(got[k], ref[k]) for k in ref)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    tokens = torch.tensor([[1, 5, 9, 17]])
+    with torch.no_grad():
+        ours = models.load_model(source)(tokens)
+        assert torch.allclose(loaded(tokens).logits, ours, atol=1e-5)
+    # a refused folder on rank 0: the other member's gathers still end, and the group works
+    with pytest.raises(oc.ActorError, match="already holds a checkpoint"):
+        await pair.export_hf.call(out)
+    digests = await pair.digest.call()  # a collective: both members are free
+    assert digests[0]["digest"] == digests[1]["digest"]

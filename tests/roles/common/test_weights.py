@@ -36,7 +36,12 @@ from orchestr.roles._common._weightplan import (
     weight_tensors,
     weights_digest,
 )
-from orchestr.roles._common._weights import WeightLoader, WeightPublisher, WeightsRef
+from orchestr.roles._common._weights import (
+    ShardedWeightsRef,
+    WeightLoader,
+    WeightPublisher,
+    WeightsRef,
+)
 from tests.roles.weight_actors import Generator, Trainer, make_net
 
 # -- the bucket plan ----------------------------------------------------------------------------
@@ -326,6 +331,83 @@ async def test_a_corrupted_bucket_is_caught_and_nothing_is_loaded() -> None:
         with pytest.raises(ChecksumMismatchError, match="bucket 2 of weights version 1.*sha256"):
             await WeightLoader().load(gen, ref)
         assert weights_digest(gen) == before
+
+
+def _rows_of(model: torch.nn.Module, rank: int, world: int) -> dict[str, torch.Tensor]:
+    """``rank``'s rows of each of ``model``'s tensors, as FSDP2 cuts them (``torch.chunk``;
+    a rank past the last chunk holds none), and rank 0 a scalar whole."""
+    out = {}
+    for name, t in weight_tensors(model).items():
+        if t.dim() == 0:
+            if rank == 0:
+                out[name] = t
+            continue
+        chunks = torch.chunk(t, world)
+        if rank < len(chunks) and chunks[rank].numel():
+            out[name] = chunks[rank]
+    return out
+
+
+async def test_a_sharded_publish_is_laid_together_by_the_loader() -> None:
+    trainer, gen = make_net(0), make_net(1)
+    manifest = tuple(
+        (n, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+        for n, t in weight_tensors(trainer).items()
+    )
+    publishers = [WeightPublisher(bucket_bytes=4096) for _ in range(3)]
+    try:
+        own = [
+            ShardedWeightsRef(4, manifest, (p.publish(_rows_of(trainer, r, 3), 4),))
+            for r, p in enumerate(publishers)
+        ]
+        ref = ShardedWeightsRef.join(_serde.decode(_serde.encode(own)[0]))  # as over the wire
+        assert len(ref.parts) == 3 and all(p.nbytes < ref.nbytes / 2 for p in ref.parts)
+        loader = WeightLoader()
+        assert await loader.load(gen, ref)
+        assert weights_digest(gen) == weights_digest(trainer)
+        # a corrupted piece of one part fails the load; the model stays as it was
+        with torch.no_grad():
+            for t in weight_tensors(trainer).values():
+                t.add_(1)
+        newer = ShardedWeightsRef.join(
+            [
+                ShardedWeightsRef(5, manifest, (p.publish(_rows_of(trainer, r, 3), 5),))
+                for r, p in enumerate(publishers)
+            ]
+        )
+        before = weights_digest(gen)
+        bucket = newer.parts[1].buckets[0].buffer
+        await bucket.write_from(torch.tensor([9], dtype=torch.uint8), offset=3)
+        with pytest.raises(ChecksumMismatchError, match="version 5"):
+            await loader.load(gen, newer)
+        assert weights_digest(gen) == before and loader.version == 4
+    finally:
+        for p in publishers:
+            p.close()
+
+
+def test_bad_sharded_refs_are_refused() -> None:
+    trainer = make_net(0)
+    manifest = tuple(
+        (n, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+        for n, t in weight_tensors(trainer).items()
+    )
+    with WeightPublisher(bucket_bytes=4096) as a, WeightPublisher(bucket_bytes=4096) as b:
+        first = ShardedWeightsRef(1, manifest, (a.publish(_rows_of(trainer, 0, 2), 1),))
+        second = ShardedWeightsRef(1, manifest, (b.publish(_rows_of(trainer, 1, 2), 1),))
+        with pytest.raises(ManifestMismatchError, match="not its rows"):
+            first.rows()  # half of each tensor's rows
+        with pytest.raises(ManifestMismatchError, match="not its rows"):
+            ShardedWeightsRef(1, manifest, first.parts * 2).rows()  # rank 0's rows twice
+        assert ShardedWeightsRef.join([first, second]).rows()
+        with pytest.raises(ManifestMismatchError, match="different versions"):
+            ShardedWeightsRef.join([first, ShardedWeightsRef(2, manifest)])
+        with pytest.raises(ManifestMismatchError, match="not a WeightsRef of it"):
+            ShardedWeightsRef(2, manifest, first.parts)
+        with pytest.raises(ManifestMismatchError, match="malformed"):
+            ShardedWeightsRef(1, (("w", "float32"),))
+        with pytest.raises(ManifestMismatchError, match="no member"):
+            ShardedWeightsRef.join([])
 
 
 async def test_a_load_can_hand_verified_tensors_to_the_model_instead() -> None:

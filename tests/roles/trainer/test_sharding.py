@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import orchestr as oc
+from orchestr.roles import Generator, ShardedWeightsRef
+from orchestr.roles.trainer import publish_weights
 from orchestr.roles.trainer._actor import Trainer
 from tests.roles.trainer.batches import samples as _samples
 
@@ -50,6 +52,15 @@ async def test_a_sharded_pair_trains_as_the_replicated_pair(
     assert after_three[0] == after_three[1]
     digests = await sharded.digest.call()
     assert digests[0]["digest"] == digests[1]["digest"] and digests[0]["version"] == 3
+
+    # published from the shards: each member its rows, a generator lays them together
+    ref = await publish_weights(sharded, True)
+    assert isinstance(ref, ShardedWeightsRef) and ref.version == 3 and len(ref.parts) == 2
+    assert all(part.nbytes < 0.6 * ref.nbytes for part in ref.parts)
+    generator = await ctx.spawn(Generator, model_kwargs=MODEL, torch_threads=1)
+    assert (await generator.sync_weights.call_one(ref))["loaded"]
+    assert (await generator.digest.call_one())["digest"] == digests[0]["digest"]
+    await ctx.stop(generator)
 
     # each rank holds half the parameters, gradients and AdamW moments (and a little padding)
     held = await sharded.memory.call()
