@@ -14,7 +14,9 @@ form, in one run.
   every step of the first run. On 2 cores tp=2 is not expected to win: each layer waits on
   two all-reduces over loopback, and the whole engine already has both cores.
 - **The sharded trainer** (``Trainer(sharding="full")``, FSDP2) against the replicated one, two
-  members each, a TinyLM of ``--trainer-width`` (8 layers) after two steps.
+  members each, a TinyLM of ``--trainer-width`` (8 layers) after two steps and a publish
+  (the replicated pair's member 0 copies the whole model into its buckets, each sharded
+  member its rows).
   ``trainer_peak_mib_per_rank_*`` is a member's peak resident memory less that of a member
   whose model is negligible (the process, torch and orchestr), so what remains is the
   model's: parameters, gradients, AdamW's moments and what the steps needed on top. Beside
@@ -51,6 +53,7 @@ from orchestr.roles._common._backend import choose_backend
 from orchestr.roles.generator._core._types import Request
 from orchestr.roles.generator._engines._build import build_engine
 from orchestr.roles.generator._engines._paged import PagedEngine
+from orchestr.roles.trainer import publish_weights
 from orchestr.roles.trainer._actor import Trainer
 
 PROMPT = 32
@@ -173,6 +176,7 @@ async def trainer_memory(ctx: oc.JobContext, args: argparse.Namespace) -> dict[s
         for _ in range(2):
             await asyncio.gather(*(pair[r].train_step.call_one(batch[2 * r : 2 * r + 2], 2)
                                    for r in (0, 1)))  # fmt: skip
+        await publish_weights(pair, sharding == "full")  # the whole model or its rows
         memory = await pair.memory.call()
         out[label] = {
             "peak_rss_mib": max(m["peak_rss"] for m in memory),
