@@ -64,18 +64,37 @@ def _costs(**kw: float) -> LayoutCosts:
 
 
 @pytest.mark.timeout(240)
-async def test_the_rl_job_reshards_its_pool_between_batches(ctx: oc.JobContext) -> None:
-    # on these costs one replica of tp=2 ends a batch in half the time of two of tp=1: after
-    # the first batch (the lengths the policy goes by) the job re-shards and trains on
+@pytest.mark.parametrize(
+    ("start", "allreduce_s", "change"),
+    [
+        # reading the weights is every iteration's cost, and a degree of 2 halves it
+        ((2, 1), 0.0, ("2xtp1", "1xtp2")),
+        # each all-reduce costs more than reading the weights saves
+        ((1, 2), 1e-3, ("1xtp2", "2xtp1")),
+    ],
+)
+async def test_the_rl_job_reshards_its_pool_between_batches(
+    ctx: oc.JobContext, start: tuple[int, int], allreduce_s: float, change: tuple[str, str]
+) -> None:
+    # after the first batch (the lengths the policy goes by) the costs call for the other
+    # layout: the job re-shards and trains on
     llama = dataclasses.replace(LLAMA_CONFIG, steps=3, eval_every=3, seed=3, threads=1)
-    config = GRPOConfig(train=llama, generators=2, layout_degrees=(1, 2), layout_costs=_costs())
+    generators, tp = start
+    config = GRPOConfig(
+        train=llama,
+        generators=generators,
+        generator_tp=tp,
+        layout_degrees=(1, 2),
+        layout_costs=_costs(allreduce_alpha_s=allreduce_s),
+    )
     phases: list[str] = []
     result = await run_grpo(ctx, config, on_phase=phases.append)
     assert [r.step for r in result.steps] == [0, 1, 2]
-    [change] = result.layouts
-    assert (change["step"], change["from"], change["to"]) == (1, "2xtp1", "1xtp2")
-    assert change["predicted_s"]["2"] < change["predicted_s"]["1"]
-    assert change["load_s"] > 0 and change["total_s"] >= change["spawn_s"] + change["load_s"]
+    [done] = result.layouts  # the measured change's seconds price the next: none follows
+    assert (done["step"], done["from"], done["to"]) == (1, *change)
+    new = int(change[1][-1])
+    assert done["predicted_s"][str(new)] < done["predicted_s"][str(tp)]
+    assert done["load_s"] > 0 and done["total_s"] >= done["spawn_s"] + done["load_s"]
     assert "reshard" in phases
     assert 0.0 <= result.generator_idle_frac < 1.0
     # the pool after the change took the trained weights: the last batches' samples are of
