@@ -134,6 +134,7 @@ ROLES = {
     "WeightLoader",
     "WeightPublisher",
     "WeightSyncError",
+    "ShardedWeightsRef",
     "WeightsRef",
     "backend_report",
     "build_model",

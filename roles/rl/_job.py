@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import orchestr as oc
 from orchestr import clock
@@ -153,13 +153,6 @@ class Job:
     def sharded(self) -> bool:
         return bool(self.cfg.trainer_options.get("sharding") == "full")
 
-    async def restore_trainers(self, path: str) -> int:
-        """Every trainer restores the checkpoint at ``path`` (a replicated group's members each
-        read the one file, a sharded group's their shards); the restored version."""
-        if self.cfg.trainers == 1 or self.sharded:
-            return int(await self.on_trainer("restore", path))
-        return int((await self.trainers.restore.call(path))[0])
-
     async def spawn(self) -> None:
         """Spawn the roles (and start from the checkpoint a resumed run goes on from)."""
         await spawn_roles(self)
@@ -209,20 +202,6 @@ class Job:
                 self._background(recover_generator(self, failure.rank))
 
         return on_failure
-
-    def group_hook(self, failure: oc.Failure) -> Literal["handle", "escalate"]:
-        """The ``supervise`` hook of a data-parallel trainer mesh: the first death of a group
-        loses the whole group (the rollback forms a new one, :func:`~._recovery.reform_trainers`);
-        the group's other deaths until then are part of that loss. Escalates once the
-        group has been formed again ``max_restarts`` times."""
-        if failure.mesh.mesh_id != self.trainers.mesh_id or self.trainer_group_lost:
-            return "handle"
-        if self.restarts["trainer"] >= self.cfg.max_restarts:
-            return "escalate"
-        self.trainer_group_lost = True
-        self.restarts["trainer"] += 1
-        self.trainer_watch.lost()  # the group's watch: every member's work is void
-        return "handle"
 
     def _background(self, coro: Any) -> None:
         if self.background.closed:  # a death heard as the job stops: nothing to recover for

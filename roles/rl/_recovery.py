@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 import shutil
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
@@ -27,11 +27,13 @@ if TYPE_CHECKING:
 __all__ = [
     "checkpoint",
     "job_state",
+    "on_group_failure",
     "read_state",
     "ready",
     "recover_generator",
     "reform_trainers",
     "renew_generator",
+    "restore_trainers",
     "resume",
     "rollback",
     "state_path",
@@ -107,7 +109,7 @@ async def rollback(job: Job, step: int) -> int:
                     await reform_trainers(job)
                 path = job.checkpoint_path
                 assert path is not None  # the job checkpoints version 0 before any batch
-                version = await job.restore_trainers(path)
+                version = await restore_trainers(job, path)
                 ref = await publish_weights(job.trainers, job.sharded)
             except Exception as exc:
                 if isinstance(exc, oc.ActorDiedError) or trainer.epoch != epoch:
@@ -130,6 +132,29 @@ async def rollback(job: Job, step: int) -> int:
     job.evals = [e for e in job.evals if e[0] <= version]
     log.warning("trainer restored from its checkpoint", version=version, undone=undone)
     return version
+
+
+def on_group_failure(job: Job, failure: oc.Failure) -> Literal["handle", "escalate"]:
+    """The ``supervise`` hook of a data-parallel trainer mesh (bound to ``job``): the first
+    death of a group loses the whole group (the rollback forms a new one,
+    :func:`reform_trainers`); the group's other deaths until then are part of that loss.
+    Escalates once the group has been formed again ``max_restarts`` times."""
+    if failure.mesh.mesh_id != job.trainers.mesh_id or job.trainer_group_lost:
+        return "handle"
+    if job.restarts["trainer"] >= job.cfg.max_restarts:
+        return "escalate"
+    job.trainer_group_lost = True
+    job.restarts["trainer"] += 1
+    job.trainer_watch.lost()  # the group's watch: every member's work is void
+    return "handle"
+
+
+async def restore_trainers(job: Job, path: str) -> int:
+    """Every trainer restores the checkpoint at ``path`` (a replicated group's members each
+    read the one file, a sharded group's their shards); the restored version."""
+    if job.cfg.trainers == 1 or job.sharded:
+        return int(await job.on_trainer("restore", path))
+    return int((await job.trainers.restore.call(path))[0])
 
 
 async def reform_trainers(job: Job) -> None:

@@ -5,6 +5,7 @@ resumed run's trainer starts from the run's last checkpoint."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tempfile
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,7 @@ from orchestr.roles.trainer import Trainer
 from ._config import CHECKPOINTED, generator_engine
 from ._faults import lost_during
 from ._llama import Checkpoint
-from ._recovery import checkpoint, resume
+from ._recovery import checkpoint, on_group_failure, resume
 
 if TYPE_CHECKING:
     from ._job import Job
@@ -65,7 +66,7 @@ async def spawn_roles(job: Job) -> None:
     if not job.trainer_restarts:
         supervise = _trainer_cannot_restart
     elif group:
-        supervise = job.group_hook
+        supervise = functools.partial(on_group_failure, job)
     job.trainer_spawn = {
         "seed": tc.seed,
         "lr": tc.lr,
