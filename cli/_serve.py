@@ -31,7 +31,7 @@ from ._serve_options import check_options, labels
 
 __all__ = ["add_parsers"]
 
-ENGINES = {"native": "paged", "vllm": "vllm"}
+ENGINES = {"native": "paged", "vllm": "vllm", "sim": "sim"}
 #: The router's policies (``orchestr.roles.serving.POLICIES``, not imported here: that loads
 #: torch, and every ``orchestr`` command builds this parser).
 ROUTERS = ("kv", "round_robin", "least_loaded")
@@ -49,6 +49,8 @@ async def _serve(ctx: orchestr.JobContext, args: argparse.Namespace) -> None:
         options["handoff"] = {"read": args.kv_read}
     if args.tp > 1:
         options["tp"] = args.tp
+    if args.profile is not None:
+        options["profile"] = args.profile
     async with openai_server(
         ctx,
         args.model_dir,
@@ -272,7 +274,14 @@ def add_parsers(sub: Any, state_dir_help: str) -> None:
         "--engine",
         choices=sorted(ENGINES),
         default="native",
-        help="native: orchestr's paged engine (default); vllm: vLLM's engine (the vllm extra)",
+        help="native: orchestr's paged engine (default); vllm: vLLM's engine (the vllm extra); "
+        "sim: the paged engine's scheduler with no model, each step lasting what --profile says",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="--engine sim's step-time profile (`orchestr sim calibrate`'s JSON, or one of its "
+        "fields' values for another machine)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000; 0: any)")

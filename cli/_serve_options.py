@@ -45,7 +45,15 @@ def check_options(args: argparse.Namespace) -> str | None:
         return f"--kv-store-blocks must be 0 or more, got {args.kv_store_blocks}"
     if args.prefill < 0:
         return f"--prefill must be 0 or more, got {args.prefill}"
-    if args.prefill and args.engine != "native":
+    if (args.engine == "sim") != (args.profile is not None):
+        return (
+            "--engine sim steps a step-time profile: give --profile FILE"
+            if args.engine == "sim"
+            else "--profile is --engine sim's"
+        )
+    if args.profile is not None:  # read by generators whose working folder may differ
+        args.profile = os.path.abspath(args.profile)
+    if args.prefill and args.engine == "vllm":
         return "--prefill hands off the native engine's KV blocks; --engine vllm cannot"
     if not args.prefill and (
         args.prefill_min_tokens
@@ -77,7 +85,7 @@ def check_options(args: argparse.Namespace) -> str | None:
         return f"--tp must be 1 or more, got {args.tp}"
     if args.tp > 1:
         if args.engine != "native":
-            return "--tp splits the native engine's model; --engine vllm has its own options"
+            return f"--tp splits the native engine's model, not --engine {args.engine}'s"
         unsplit = [
             flag
             for flag, on in (
@@ -99,7 +107,7 @@ def check_options(args: argparse.Namespace) -> str | None:
     if weight is not None and not 0 <= weight < float("inf"):
         return f"--router-prefill-weight must be a number 0 or more, got {weight}"
     if (args.afd or args.micro_batches > 1) and args.engine != "native":
-        return "--afd and --micro-batches run the native engine; --engine vllm cannot"
-    if args.kv_store_blocks and args.engine != "native":
+        return f"--afd and --micro-batches run the native engine's model; --engine {args.engine} cannot"
+    if args.kv_store_blocks and args.engine == "vllm":
         return "--kv-store-blocks backs the native engine's prefix cache; --engine vllm has its own"
     return None

@@ -82,7 +82,11 @@ class Generator(oc.Actor):
     decodes to attention servers. ``tp`` > 1 splits the checkpoint's model over that many
     ranks (tensor parallelism: this process, which schedules, and ``tp - 1`` processes it
     starts on this host, each with its share of the weights and of the KV pool; without
-    ``torch_threads`` each takes its share of this process's threads). Each option group may be given as a dict of its fields.
+    ``torch_threads`` each takes its share of this process's threads). ``engine="sim"`` with
+    ``profile`` (a step-time model's JSON file, from ``orchestr sim calibrate``) runs the
+    paged engine's scheduler and KV pool with no model, each step lasting what the profile
+    says (:mod:`._engines._sim`: for tests at a size the real engine cannot reach). Each option
+    group may be given as a dict of its fields.
     ``on_handoff_failure``, ``kv_read``, ``expert_hosts``, ``expert_options``,
     ``attention_servers`` and ``attention_options``, the keywords those groups replace, are
     still read for this release, with a ``DeprecationWarning``."""
@@ -114,6 +118,7 @@ class Generator(oc.Actor):
         experts: ExpertOptions | dict[str, Any] | None = None,
         attention: AttentionOptions | dict[str, Any] | None = None,
         tp: int = 1,
+        profile: str | None = None,
         **deprecated: Any,
     ) -> None:
         if model is not None and checkpoint not in (None, model):
@@ -145,16 +150,17 @@ class Generator(oc.Actor):
             max_seq_len=max_seq_len,
             vocab_size=vocab_size,
             tp=tp,
+            profile=profile,
         )
-        if tp > 1:
-            unsplit = [k for k, v in (("experts", experts), ("attention", attention))
-                       if v is not None]  # fmt: skip
-            if unsplit:
-                engine_.close()
-                raise oc.ConfigError(
-                    f"{', '.join(unsplit)} cannot be used with tp={tp} yet: they run whole "
-                    "layers or read the KV pool in place, and each rank holds a share"
-                )
+        remote = [k for k, v in (("experts", experts), ("attention", attention)) if v is not None]
+        if remote and (tp > 1 or engine == "sim"):
+            engine_.close()
+            raise oc.ConfigError(
+                f"{', '.join(remote)} cannot be used with tp={tp} yet: they run whole "
+                "layers or read the KV pool in place, and each rank holds a share"
+                if tp > 1
+                else f"{', '.join(remote)} run a model's layers: the simulated engine has none"
+            )
         name = f"{self.mesh_name}[{self.rank}]"
         self._remote = RemoteParts(
             engine_,

@@ -78,7 +78,7 @@ async def openai_server(
     folder = os.path.abspath(os.fspath(checkpoint))  # noqa: ASYNC240 (no waiting: a getcwd)
     model = ServedModel(folder, names or [os.fspath(checkpoint)])
     options = dict(options or {})
-    if prefill and engine != "paged":
+    if prefill and engine not in ("paged", "sim"):
         raise oc.ConfigError("prefill generators hand off the paged engine's KV blocks")
     if (expert_hosts or micro_batches != 1) and engine != "paged":
         raise oc.ConfigError("expert hosts and micro-batches serve the paged engine's model")
@@ -93,7 +93,7 @@ async def openai_server(
     store = hosts = None
     try:
         if kv_store_blocks:
-            block = kv_block_bytes(folder, kv.block_size)
+            block = kv_block_bytes(folder, kv.block_size, engine=engine)
             store = await ctx.spawn(KVStore, block, kv_store_blocks, name="kvstore")
             # the deployment's generators write and read the store's namespaces as one writer
             options["kv_store"] = KVWriter(store, secrets.token_urlsafe(24))

@@ -3,6 +3,8 @@ cluster behind an API key, stops cleanly on SIGINT, and refuses options that do 
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import os
 import pathlib
 import re
@@ -54,7 +56,10 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         (["--router", "round_robin", "--router-prefill-weight", "4"], "--router is round_robin"),
         (["--afd", "1:1", "--engine", "vllm"], "--engine vllm cannot"),
         (["--tp", "0"], "--tp must be 1 or more"),
-        (["--tp", "2", "--engine", "vllm"], "--engine vllm has its own options"),
+        (["--tp", "2", "--engine", "vllm"], "not --engine vllm's"),
+        (["--engine", "sim"], "give --profile FILE"),
+        (["--profile", "p.json"], "--profile is --engine sim's"),
+        (["--engine", "sim", "--profile", "p.json", "--tp", "2"], "not --engine sim's"),
         (["--tp", "2", "--prefill", "1"], "add --no-prefill-overlap"),
         (["--tp", "2", "--afd", "1:1"], "cannot be combined with --afd yet"),
     ],
@@ -182,6 +187,47 @@ def test_serve_splits_each_generator_over_tp_processes(folder: pathlib.Path) -> 
                 proc.communicate()
         assert _processes_with(marker) == [] and _listening_ports(marker) == set()
     assert texts[0] == texts[1] == texts[2] and texts[0]
+
+
+def test_serve_runs_simulated_generators_with_prefill_pools_and_a_kv_store(
+    folder: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """``--engine sim``: generators with no model, each step the profile's time, behind the
+    same front door, prefill pool and KV store as the real engine's."""
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"base_s": 0.002, "prefill_token_s": 1e-5, "decode_s": 1e-4}))
+    marker = uuid.uuid4().hex
+    env = dict(os.environ, ORCHESTR_TEST_MARKER=marker, ORCHESTR_API_KEY="sekrit")
+    args = ["serve", str(folder), "--port", "0", "--engine", "sim", "--profile", str(profile)]
+    args += ["--generators", "3", "--prefill", "2", "--prefill-min-tokens", "16"]
+    args += ["--kv-store-blocks", "64"]
+    proc, line = _start(args, env)
+    try:
+        found = re.search(r"on (http://127\.0\.0\.1:\d+/v1) with 2 prefill \+ 3 decode", line)
+        assert found, line
+        with openai.OpenAI(base_url=found[1], api_key="sekrit", max_retries=0) as client:
+
+            def complete(i: int) -> int:
+                prompt = [*range(10, 50), 60 + i]  # a shared prefix, then its own
+                r = client.completions.create(model=str(folder), prompt=prompt, max_tokens=7)
+                assert r.usage is not None
+                return r.usage.completion_tokens
+
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                assert list(pool.map(complete, range(12))) == [7] * 12
+            url = found[1].removesuffix("/v1") + "/metrics"
+            metrics = httpx2.get(url, headers={"Authorization": "Bearer sekrit"}).text
+            for counter in ("vllm:prefix_cache_hits_total", "orchestr:kv_transfers_total"):
+                # prefixes cached, and prompts prefilled in the prefill pool and handed off
+                assert re.search(rf"^{counter}{{[^}}]*}} [1-9]", metrics, re.M), counter
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert _processes_with(marker) == [] and _listening_ports(marker) == set()
 
 
 def test_the_router_choices_are_the_routers_policies() -> None:

@@ -28,16 +28,18 @@ from orchestr.roles._common._weightref import AnyWeightsRef
 from orchestr.roles._common._weights import WeightLoader
 
 from .._core._options import KVOptions
+from .._core._steptime import StepTimeModel
 from ._paged import PagedEngine
 from ._recompute import RecomputeEngine
+from ._sim import SimEngine
 from ._tp import TPRanks
 from ._vllm import VllmEngine
 
 __all__ = ["ENGINES", "AnyEngine", "Weights", "build_engine", "in_thread"]
 
-#: ``engine=`` values: the recompute engine (a model factory's), the paged engine and vLLM's
-#: (a checkpoint's; the paged one is the default there).
-ENGINES = ("recompute", "paged", "vllm")
+#: ``engine=`` values: the recompute engine (a model factory's), the paged engine, vLLM's and
+#: the simulated one (a checkpoint's; the paged one is the default there).
+ENGINES = ("recompute", "paged", "vllm", "sim")
 AnyEngine = RecomputeEngine | PagedEngine | VllmEngine
 T = TypeVar("T")
 
@@ -109,10 +111,12 @@ def build_engine(
     max_seq_len: int | None,
     vocab_size: int | None,
     tp: int = 1,
+    profile: str | None = None,
 ) -> tuple[Weights, AnyEngine]:
     """The engine and where weight syncs write; ``tp`` > 1 splits a checkpoint's model over
-    that many ranks (this process and ``tp - 1`` it starts: :mod:`._tp`). Raises
-    :class:`ConfigError` for options that do not fit the engine."""
+    that many ranks (this process and ``tp - 1`` it starts: :mod:`._tp`); ``engine="sim"``
+    steps ``profile``'s times (a step-time model's JSON file) instead of the model
+    (:mod:`._sim`). Raises :class:`ConfigError` for options that do not fit the engine."""
     kind = engine or ("paged" if checkpoint is not None else "recompute")
     if kind not in ENGINES:
         raise oc.ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -125,13 +129,20 @@ def build_engine(
                 else "a checkpoint; give checkpoint=DIR"
             )
         )
-    if kv not in (None, KVOptions()) and kind != "paged":
+    if kv not in (None, KVOptions()) and kind not in ("paged", "sim"):
         raise oc.ConfigError("kv options apply to a checkpoint's paged engine (engine='paged')")
+    if (profile is not None) != (kind == "sim"):
+        raise oc.ConfigError(
+            "engine='sim' steps a step-time profile: give profile=FILE (from `orchestr sim "
+            "calibrate`)"
+            if kind == "sim"
+            else f"profile= is the simulated engine's (engine='sim'), not {kind!r}'s"
+        )
     if vllm and kind != "vllm":
         raise oc.ConfigError("vllm options apply to engine='vllm'")
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise oc.ConfigError(f"tp is a whole number >= 1, got {tp!r}")
-    if tp > 1 and kind != "paged":
+    if tp > 1 and kind != "paged":  # a simulated engine's step time is its profile's
         raise oc.ConfigError(f"tp={tp} splits a checkpoint on the paged engine, not {kind!r}")
     if checkpoint is None:
         return _recompute(
@@ -148,6 +159,9 @@ def build_engine(
         )  # fmt: skip
         return Weights(None, built), built
     options = dataclasses.asdict(kv or KVOptions())
+    if kind == "sim":
+        assert profile is not None
+        return _simulated(checkpoint, profile, max_batch, version, seed, detokenize, options)
     if tp == 1:
         lm = load_model(checkpoint, dtype=dtype, device=backend.device)
         ranks = None
@@ -181,6 +195,26 @@ def build_engine(
         **options,
     )
     return Weights(lm, paged), paged
+
+
+def _simulated(
+    checkpoint: str,
+    profile: str,
+    max_batch: int,
+    version: int,
+    seed: int,
+    detokenize: Callable[[list[int]], str] | None,
+    options: dict[str, Any],
+) -> tuple[Weights, SimEngine]:
+    try:
+        steps = StepTimeModel.load(profile)
+    except (OSError, ValueError) as exc:
+        raise oc.ConfigError(f"profile: {exc}") from None
+    built = SimEngine(
+        read_config(checkpoint), steps, max_batch=max_batch, version=version, seed=seed,
+        model_id=os.path.abspath(checkpoint), detokenize=detokenize, **options,
+    )  # fmt: skip
+    return Weights(built.model, built), built
 
 
 def _recompute(

@@ -204,12 +204,21 @@ async def close_store(engine: Engine) -> None:
 
 
 def kv_block_bytes(
-    checkpoint: str, block_size: int = 16, dtype: torch.dtype = torch.float32
+    checkpoint: str,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.float32,
+    *,
+    engine: str = "paged",
 ) -> int:
     """The bytes of one KV block of ``checkpoint``'s model in the paged engine (``block_size``
-    tokens, every layer's keys and values in ``dtype``): the ``block_bytes`` of a
+    tokens, every layer's keys and values in ``dtype``), or in the simulated one
+    (``engine="sim"``, whose pool a stand-in model sizes): the ``block_bytes`` of a
     :class:`~orchestr.roles.KVStore` its generators share. Raises :class:`ConfigError` for a
     config orchestr cannot run."""
     cfg = read_config(checkpoint)
+    if engine == "sim":
+        from .._engines._sim import stand_in_config
+
+        cfg = stand_in_config(cfg)
     per_token = cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
     return 2 * cfg.num_hidden_layers * block_size * per_token
