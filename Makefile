@@ -9,7 +9,7 @@ VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.orchestr-installed
 VLLM_TESTS := tests/roles/generator/test_vllm_engine.py tests/roles/serving/test_vllm_bench.py
 
-.PHONY: setup setup-vllm demo test test-vllm lint docs protos bench clean
+.PHONY: setup setup-vllm demo test test-vllm gpu-check lint docs protos bench clean
 
 setup: $(STAMP)
 
@@ -76,6 +76,9 @@ test-vllm: setup-vllm
 
 # mypy sees the folders as the installed package tree (orchestr, orchestr.fabric, ...) through
 # a tree of symlinks, since the editable install's path hook is invisible to it.
+gpu-check: setup
+	$(VENV)/bin/orchestr gpu-check
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -14,7 +14,7 @@ from types import ModuleType
 import orchestr
 from orchestr._log import configure_logging
 
-from . import _daemons, _fabric, _jobs, _models, _rl, _serve, _sim
+from . import _daemons, _fabric, _gpucheck, _jobs, _models, _rl, _serve, _sim
 
 
 def load_job(path: str) -> ModuleType:
@@ -243,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve.add_parsers(sub, STATE_DIR_HELP)
     _rl.add_parsers(sub, STATE_DIR_HELP)
     _sim.add_parsers(sub)
+    _gpucheck.add_parsers(sub)
     transports = sub.add_parser(
         "transports", help="list the data-plane transports this host can use, and why not"
     )

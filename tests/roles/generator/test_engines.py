@@ -65,7 +65,7 @@ def test_every_engine_keeps_the_contract_and_only_the_paged_one_lends_its_blocks
 @pytest.mark.parametrize(
     ("options", "error"),
     [
-        ({"engine": "sglang"}, "engine must be one of recompute, paged, vllm, got 'sglang'"),
+        ({"engine": "sglang"}, "engine must be one of recompute, paged, vllm, sim, got 'sglang'"),
         ({"engine": "paged"}, "engine='paged' runs a checkpoint; give checkpoint=DIR"),
         ({"engine": "vllm"}, "engine='vllm' runs a checkpoint; give checkpoint=DIR"),
         ({"engine": "recompute", "checkpoint": "X"}, "drop checkpoint="),
