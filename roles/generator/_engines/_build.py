@@ -69,6 +69,8 @@ class Weights:
     async def sync(self, loader: WeightLoader, ref: AnyWeightsRef) -> bool:
         """Load ``ref`` with ``loader`` (see :meth:`WeightLoader.load`)."""
         engine = self.engine
+        if isinstance(engine, SimEngine):  # its stand-in model is no place for real weights
+            raise ValueError("a simulated engine has no weights to load")
         if isinstance(engine, VllmEngine):
 
             async def apply(tensors: list[tuple[str, torch.Tensor]]) -> None:
