@@ -33,7 +33,7 @@ from typing import Any
 __all__ = ["add_parsers", "run_checks"]
 
 
-class Skipped(Exception):
+class _Skipped(Exception):
     """A check that cannot run on this host, and why."""
 
 
@@ -49,7 +49,7 @@ def _cuda_devices() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        raise Skipped(
+        raise _Skipped(
             f"torch sees no CUDA device (torch {torch.__version__}, built for CUDA "
             f"{torch.version.cuda})"
         )
@@ -58,7 +58,7 @@ def _cuda_devices() -> int:
 
 def _two_devices() -> None:
     if _cuda_devices() < 2:
-        raise Skipped("needs two CUDA devices")
+        raise _Skipped("needs two CUDA devices")
 
 
 def check_backend(folder: str) -> str:
@@ -140,7 +140,7 @@ def check_vllm(folder: str) -> str:
 
     _cuda_devices()
     if importlib.util.find_spec("vllm") is None:
-        raise Skipped("vLLM is not installed (pip install 'orchestr[vllm]')")
+        raise _Skipped("vLLM is not installed (pip install 'orchestr[vllm]')")
     from orchestr.roles import Generator, Request
 
     async def job(ctx: Any) -> list[int]:
@@ -220,7 +220,7 @@ def run_checks(names: list[str] | None = None) -> list[Outcome]:
             start = time.perf_counter()
             try:
                 detail, result = CHECKS[name](folder), "pass"
-            except Skipped as why:
+            except _Skipped as why:
                 detail, result = str(why), "skip"
             except Exception as exc:
                 last = traceback.extract_tb(exc.__traceback__)[-1]
