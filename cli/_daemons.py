@@ -130,6 +130,12 @@ def _start_head(args: argparse.Namespace, state_dir: Path) -> int:
             print(f"head running at {info['address']} (pid {proc.pid})")
             print(f"token: {state_dir / _cluster.TOKEN_FILE} (mode 0600)")
             print(f"logs: {log}")
+            if info.get("dashboard_address"):
+                scheme = "https" if env.get("ORCHESTR_TLS_CERT") else "http"
+                print(
+                    f"dashboard: {scheme}://{info['dashboard_address']}/ (log in with "
+                    f"{state_dir / 'metrics-token'})"
+                )
             print(f"join a node: orchestr start --address {info['address']}")
             if env.get("ORCHESTR_TLS_CA"):
                 print(

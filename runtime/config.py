@@ -19,6 +19,7 @@ _CHOICES = {
 #: Integer fields that are not simply positive: lowest and highest allowed, and what they mean.
 _RANGES = {
     "metrics_port": (-1, 65535, "0 picks a free port, -1 serves no metrics"),
+    "dashboard_port": (-1, 65535, "0 picks a free port, -1 serves no dashboard"),
     "call_spans_per_s": (0, 10**9, "0 records none"),
     "max_starting_workers": (0, 10**6, "0: as many as the host has CPUs"),
 }
@@ -98,6 +99,10 @@ class Config:
     #: Port of the head's Prometheus endpoint (``GET /metrics`` on ``bind_host``): 0 picks a
     #: free one (``JobContext.metrics_address`` says which), -1 serves no metrics.
     metrics_port: int = 0
+    #: Port of the head's dashboard (web pages on ``bind_host``, behind ``metrics_token``): 0
+    #: picks a free one, -1 serves none. A head daemon serves one on a free port unless this
+    #: is set; an embedded cluster's head serves none unless it is set.
+    dashboard_port: int = -1
     #: Most bytes a job's event log (``events.jsonl``) takes; past it events are counted by
     #: kind instead of written, and the count is the log's last record.
     event_log_max_bytes: int = 256 * 1024 * 1024

@@ -54,6 +54,15 @@ async def finish_step(job: Job, record: StepRecord) -> None:
     if evaluates(job.tc, record.step):
         record = dataclasses.replace(record, accuracy=await job.evaluate(version))
     job.steps.append(record)
+    # the dashboard's reward and length curves (and the trace's marks) read these
+    job.ctx.events.record(
+        "rl_step",
+        step=record.step,
+        reward=record.reward,
+        mean_length=record.mean_length,
+        accuracy=record.accuracy,
+        version_lag=record.version_lag,
+    )
     if job.on_step is not None:
         job.on_step(record)
     every = job.cfg.export_every

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -210,7 +211,10 @@ async def serve_head(
     metrics_token = os.environ.get("ORCHESTR_METRICS_TOKEN") or ensure_token(
         state_dir, METRICS_TOKEN_FILE
     )
+    # a daemon head serves its dashboard (on a free port unless told one)
     config = load_config(bind_host=host, metrics_token=metrics_token)
+    if "ORCHESTR_DASHBOARD_PORT" not in os.environ:
+        config = dataclasses.replace(config, dashboard_port=0)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -234,6 +238,7 @@ async def serve_head(
                     "start_ticks": start_ticks(os.getpid()),
                     "started_unix": time.time(),
                     "metrics_address": head.metrics_address,
+                    "dashboard_address": head.dashboard_address,
                 },
             )
             print(f"head serving at {head.address}", flush=True)

@@ -28,6 +28,7 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 from orchestr.tasks import TaskOwner
 
 from . import _head_jobs as jobs_rpc
+from ._dashboard import DashboardServer
 from ._head_changes import ActorChanges
 from ._head_meshes import MeshRpcs
 from ._headstate import HeadState
@@ -103,6 +104,8 @@ class HeadService(pb_grpc.HeadServicer):
         self._monitor: asyncio.Task[None] | None = None
         self._saver: asyncio.Task[None] | None = None
         self.metrics = MetricsServer(self.state, token, config)
+        #: The web dashboard (``Config.dashboard_port``; off at -1).
+        self.dashboard = DashboardServer(self, config)
         #: Submitted jobs; only a head daemon (with a state directory) takes them.
         self.jobs: JobManager | None = None
         #: Where the daemons of the head's host write their JSON-lines logs, if anywhere.
@@ -115,8 +118,18 @@ class HeadService(pb_grpc.HeadServicer):
         """``host:port`` of its ``GET /metrics`` once started; ``None`` when metrics are off."""
         return self.metrics.address
 
+    @property
+    def dashboard_address(self) -> str | None:
+        """``host:port`` of its dashboard once started; ``None`` when it is off."""
+        return self.dashboard.address
+
     async def __aenter__(self) -> HeadService:
         await self.metrics.start()
+        try:
+            await self.dashboard.start()
+        except BaseException:
+            await self.metrics.aclose()
+            raise
         await self.server.start()
         self._monitor = self._tasks.start(self._watch_heartbeats())
         if self.store is not None:
@@ -130,6 +143,7 @@ class HeadService(pb_grpc.HeadServicer):
     async def aclose(self) -> None:
         if self.jobs is not None:
             await self.jobs.aclose()
+        await self.dashboard.aclose()
         await self.metrics.aclose()
         for task in (self._monitor, self._saver):
             if task is not None:

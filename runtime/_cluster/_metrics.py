@@ -34,7 +34,14 @@ from orchestr.errors import ConfigError, OrchestrError
 from orchestr.protos import orchestr_pb2 as pb
 from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 
-from ._exposition import CONTENT_TYPE, ScrapeReport, cluster_families, render, workers_to_scrape
+from ._exposition import (
+    CONTENT_TYPE,
+    Family,
+    ScrapeReport,
+    cluster_families,
+    render,
+    workers_to_scrape,
+)
 from ._headstate import HeadState
 
 __all__ = ["MetricsServer"]
@@ -176,13 +183,18 @@ class MetricsServer:
         """Ask every worker with a live actor for its counters and render the exposition.
         Blocks for at most about :data:`SCRAPE_TIMEOUT` seconds; raises nothing for a worker
         that fails (it is counted instead)."""
+        return render(await self.families())
+
+    async def families(self) -> list[Family]:
+        """One scrape's metric families (:func:`collect`'s, not yet rendered; the dashboard
+        reads them too)."""
         addresses = workers_to_scrape(self.state)
         results = await asyncio.gather(*(self._ask(a) for a in addresses))
         answers = [r for r in results if r is not None]
         self.scrape_errors += len(addresses) - len(answers)
         await self._forget_channels(set(addresses))
         report = ScrapeReport(len(addresses), len(answers), self.scrape_errors)
-        return render(cluster_families(self.state, answers, report))
+        return cluster_families(self.state, answers, report)
 
     async def _ask(self, address: str) -> WorkerStats | None:
         ch = self._channels.get(address)

@@ -284,6 +284,10 @@ class JobManager:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTR_")}
         env.update({k: v for k, v in os.environ.items() if k.startswith("ORCHESTR_TLS_")})
         env.update(ORCHESTR_TOKEN=self.token, ORCHESTR_ADDRESS=self.head_address)
+        # its event log where the head's dashboard reads it
+        env.update(
+            ORCHESTR_SUBMITTED_JOB=job_id, ORCHESTR_SUBMITTED_SESSION=str(folder / "session")
+        )
         cmd = ["/bin/sh", "-c", _RECORD_EXIT, str(folder / "exit_code"), sys.executable]
         cmd += ["-m", "orchestr.cli", "run", "--address", self.head_address]
         out = self._open_output(job_id)

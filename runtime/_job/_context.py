@@ -145,6 +145,10 @@ class JobContext:
     #: ``host:port`` of the head's Prometheus endpoint (``GET /metrics``); ``None`` when the
     #: head serves none (``ORCHESTR_METRICS_PORT=-1``) or is not this job's own.
     metrics_address: str | None = None
+    #: ``host:port`` of the head's dashboard; ``None`` when it serves none (an embedded
+    #: cluster's head serves one only with ``ORCHESTR_DASHBOARD_PORT`` set) or is not this
+    #: job's own.
+    dashboard_address: str | None = None
 
     @property
     def head_address(self) -> str:

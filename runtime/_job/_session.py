@@ -8,6 +8,7 @@ import contextlib
 import inspect
 import os
 import secrets
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
@@ -46,9 +47,21 @@ def _export_trace(session_dir: str) -> None:
 
 
 def _new_session() -> tuple[str, str]:
-    """A fresh job id and the local folder for its logs and event log."""
+    """A fresh job id and the local folder for its logs and event log; a submitted job's
+    controller takes the id and folder its head gave it (``ORCHESTR_SUBMITTED_JOB`` and
+    ``ORCHESTR_SUBMITTED_SESSION``), where the head's dashboard reads its event log."""
+    given_id = os.environ.get("ORCHESTR_SUBMITTED_JOB", "")
+    given_dir = os.environ.get("ORCHESTR_SUBMITTED_SESSION", "")
+    if given_id and given_dir:
+        os.makedirs(given_dir, mode=0o700, exist_ok=True)
+        return given_id, given_dir
     job_id = f"job-{secrets.token_hex(4)}"
     return job_id, tempfile.mkdtemp(prefix=f"orchestr-{job_id}-")
+
+
+def _program() -> str:
+    """What this process runs, as its command line says (the embedded job's title)."""
+    return " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
 
 
 @contextlib.asynccontextmanager
@@ -79,15 +92,22 @@ async def open_local_cluster(
                 labels=labels,
                 worker_env=worker_env,
             ):
-                async with job_session(
-                    head.address,
-                    token,
-                    config,
-                    job_id=job_id,
-                    session_dir=session_dir,
-                    metrics_address=head.metrics_address,
-                ) as ctx:
-                    yield ctx
+                watched = head.dashboard.watch_job(job_id, _program(), session_dir)
+                try:
+                    async with job_session(
+                        head.address,
+                        token,
+                        config,
+                        job_id=job_id,
+                        session_dir=session_dir,
+                        metrics_address=head.metrics_address,
+                    ) as ctx:
+                        ctx.dashboard_address = head.dashboard_address
+                        yield ctx
+                except BaseException:
+                    watched.state = "failed"
+                    raise
+                watched.state = "succeeded"
     finally:
         structlog.contextvars.unbind_contextvars("job")
 

@@ -8,6 +8,7 @@ import os
 import pathlib
 import textwrap
 import time
+import urllib.request
 
 from .test_cluster import alive, cli, start_cluster, state_dir  # noqa: F401 (a fixture)
 
@@ -63,6 +64,18 @@ def test_submit_runs_on_the_cluster_and_keeps_its_record(
     assert again.returncode == 0 and "result [42, 42]" in again.stdout
     shipped = state_dir / "jobs" / job_id / "wd"
     assert sorted(p.name for p in shipped.iterdir()) == ["helper.py", "job.py"]  # no caches
+    # the controller kept its event log in the job's folder: the dashboard shows its spawns
+    events = state_dir / "jobs" / job_id / "session" / "events.jsonl"
+    assert '"kind": "spawn"' in events.read_text()
+    head = json.loads((state_dir / "head.json").read_text())
+    token = (state_dir / "metrics-token").read_text().strip()
+    request = urllib.request.Request(
+        f"http://{head['dashboard_address']}/jobs/{job_id}",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as page:
+        text = page.read().decode()
+    assert f"Job {job_id}" in text and "succeeded" in text and "mesh=" in text
 
     started = cli("submit", "--no-wait", *sd, str(wd / "job.py"), "--sleep")
     assert started.returncode == 0, started.stderr

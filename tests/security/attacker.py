@@ -19,6 +19,10 @@ Each mode takes one JSON object as its argument and prints one JSON object:
 - ``unix``: connect to the Unix-domain socket at ``path`` and send ``data`` (hex); prints the
   error's name, or what came back (hex).
 - ``cmdline``: read the command lines of every process; prints them.
+- ``http``: send each of ``requests`` (``[method, path, headers, body]``) to ``port`` over
+  HTTP/1.1 without following redirects; prints, per request, the status, the ``Location``
+  and ``Set-Cookie`` headers and the body's first 2,000 characters. Also tries to read each
+  of ``files``; prints, per file, the error's name or ``read``.
 """
 
 from __future__ import annotations
@@ -194,6 +198,36 @@ def cmdline(args: dict[str, Any]) -> dict[str, Any]:
     return {"cmdlines": lines}
 
 
+def http(args: dict[str, Any]) -> dict[str, Any]:
+    import http.client
+
+    answers = []
+    for method, path, headers, body in args["requests"]:
+        conn = http.client.HTTPConnection("127.0.0.1", args["port"], timeout=10)
+        try:
+            conn.request(method, path, body=body.encode() if body else None, headers=headers)
+            r = conn.getresponse()
+            answers.append(
+                {
+                    "status": r.status,
+                    "location": r.getheader("location") or "",
+                    "set_cookie": r.getheader("set-cookie") or "",
+                    "body": r.read(2000).decode(errors="replace"),
+                }
+            )
+        finally:
+            conn.close()
+    files = {}
+    for path in args.get("files", []):
+        try:
+            with open(path, "rb") as f:
+                f.read(1)
+            files[path] = "read"
+        except OSError as exc:
+            files[path] = type(exc).__name__
+    return {"answers": answers, "files": files}
+
+
 if __name__ == "__main__":
     mode, raw = sys.argv[1], sys.argv[2]
     modes = {
@@ -204,5 +238,6 @@ if __name__ == "__main__":
         "flood": flood,
         "unix": unix,
         "cmdline": cmdline,
+        "http": http,
     }
     print(json.dumps(modes[mode](json.loads(raw))))

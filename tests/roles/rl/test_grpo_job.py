@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import pathlib
 import sys
 
@@ -43,6 +44,12 @@ async def test_controls_through_the_roles(ctx: oc.JobContext) -> None:
     first = sum(r.reward for r in negated.steps[:10]) / 10
     assert negated.mean_reward(last=10) < first - 0.02
     assert negated.mean_reward(last=10) < negated.steps[0].reward - 0.03
+    # each batch is in the job's event log too, where the head's dashboard draws its curves
+    lines = (await asyncio.to_thread(pathlib.Path(ctx.events.path).read_text)).splitlines()
+    logged = [e for e in map(json.loads, lines) if e["kind"] == "rl_step"]
+    assert [(e["step"], e["reward"], e["mean_length"]) for e in logged] == [
+        (r.step, r.reward, r.mean_length) for r in negated.steps
+    ]
 
 
 @pytest.mark.timeout(180)
