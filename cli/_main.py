@@ -199,7 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--head", action="store_true", help="start the head daemon")
     start.add_argument("--address", metavar="HOST:PORT", help="join the head serving there")
     start.add_argument("--host", default="127.0.0.1", help="the head's bind address")
-    start.add_argument("--port", type=int, default=0, help="the head's port (0: any free one)")
+    start.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="the head's port, or with --address the node's gRPC port (0: any free one)",
+    )
+    start.add_argument(
+        "--block",
+        action="store_true",
+        help="run the daemon in this process, in the foreground, until SIGTERM (containers, "
+        "Slurm steps); its output goes to this terminal",
+    )
     start.add_argument("--labels", default="", metavar="K=V,...", help="the node's labels")
     start.add_argument(
         "--fabric",

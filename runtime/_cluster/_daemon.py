@@ -207,7 +207,8 @@ async def serve_head(
     # one head per state directory, held for this one's life; taken first, so a second head
     # started at the same moment is told so rather than finding a token half made
     lock = HeadLock(private_dir(state_dir))
-    token = ensure_token(state_dir)
+    # given (a Kubernetes Secret's, shared with the nodes) or the state directory's own
+    token = os.environ.get("ORCHESTR_TOKEN") or ensure_token(state_dir)
     metrics_token = os.environ.get("ORCHESTR_METRICS_TOKEN") or ensure_token(
         state_dir, METRICS_TOKEN_FILE
     )

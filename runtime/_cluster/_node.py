@@ -62,6 +62,7 @@ class NodeService(pb_grpc.NodeServicer):
         worker_env: dict[str, str] | None = None,
         output: Any = None,
         log_dir: Path | None = None,
+        port: int = 0,
     ) -> None:
         self.node_id = f"n-{secrets.token_hex(4)}"
         self.head_address = head_address
@@ -78,7 +79,7 @@ class NodeService(pb_grpc.NodeServicer):
         self.head_epoch = ""
         self.server = make_server(token, config)
         pb_grpc.add_NodeServicer_to_server(self, self.server)  # type: ignore[no-untyped-call]
-        self.port = add_port(self.server, f"{config.bind_host}:0", config)
+        self.port = add_port(self.server, f"{config.bind_host}:{port}", config)
         self.address = f"{config.bind_host}:{self.port}"
         self.head = ControlChannel(head_address, token, config)
         self.workers: dict[str, _Worker] = {}
@@ -340,15 +341,17 @@ async def serve_node(
     config: Config,
     labels: dict[str, str],
     log_dir: Path | None = None,
+    port: int = 0,
 ) -> None:
-    """Join the cluster at ``head_address`` and serve until SIGTERM or SIGINT; then stop every
-    worker this node started. ``log_dir`` holds its log files, which it serves to the head."""
+    """Join the cluster at ``head_address`` and serve on ``port`` (0: any) until SIGTERM or
+    SIGINT; then stop every worker it started. ``log_dir`` holds the logs it serves the head."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with NodeService(head_address, token, config, labels=labels, log_dir=log_dir) as node:
+        node = NodeService(head_address, token, config, labels=labels, log_dir=log_dir, port=port)
+        async with node:
             print(f"node {node.node_id} serving at {node.address}", flush=True)
             await stop.wait()
     finally:
@@ -364,11 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--head", required=True, metavar="HOST:PORT", help="the head's address")
     parser.add_argument("--labels", default="", metavar="K=V,...", help="this node's labels")
+    parser.add_argument("--port", type=int, default=0, help="its gRPC service's port (0: any)")
     parser.add_argument("--log-level", default="WARNING", help="default: WARNING")
     parser.add_argument(
         "--log-file", help="write JSON lines here, rotated (default: console text on stderr)"
     )
     args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in 0..65535, got {args.port}")
     if args.log_file:
         configure_logging(json=True, stream=RotatingFile(args.log_file), level=args.log_level)
     else:
@@ -383,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     try:
         log_dir = Path(args.log_file).resolve().parent if args.log_file else None
-        run_loop(serve_node(args.head, token, config, labels, log_dir))
+        run_loop(serve_node(args.head, token, config, labels, log_dir, args.port))
     except OrchestrError as exc:
         print(f"orchestr node: {exc}", file=sys.stderr, flush=True)
         return 1

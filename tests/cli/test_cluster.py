@@ -143,3 +143,57 @@ def test_refusals(state_dir: pathlib.Path) -> None:
     assert loose.returncode == 1 and "chmod 600" in loose.stderr
     (state_dir / "token").chmod(0o600)
     assert cli("status", "--state-dir", str(state_dir)).returncode == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_blocking_daemons_run_in_the_foreground_with_a_given_token(
+    state_dir: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """``--block`` (what a container or a Slurm step runs): the head and a node are the
+    processes started, in the foreground, with the cluster token from ``ORCHESTR_TOKEN`` (a
+    Kubernetes Secret's) and the node on the port it was given; SIGTERM ends each, exit 0."""
+    token = "a-token-from-a-secret-0123456789"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTR_")}
+    env.update(ORCHESTR_TOKEN=token, ORCHESTR_DASHBOARD_PORT="0")
+    port, node_port = _free_port(), _free_port()
+    head_cmd = [*ORCHESTR, "start", "--head", "--block", "--port", str(port)]
+    head = subprocess.Popen(
+        [*head_cmd, "--state-dir", str(state_dir)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    procs = [head]
+    try:
+        assert head.stdout is not None
+        assert head.stdout.readline().strip() == f"head serving at 127.0.0.1:{port}"
+        assert not (state_dir / "token").exists()  # the given token, not one of its own
+        node_cmd = [*ORCHESTR, "start", "--block", "--address", f"127.0.0.1:{port}"]
+        node_cmd += ["--port", str(node_port), "--labels", "rack=r1"]
+        node = subprocess.Popen(
+            node_cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        procs.insert(0, node)
+        assert node.stdout is not None
+        line = node.stdout.readline()
+        assert line.startswith("node ") and line.strip().endswith(f"127.0.0.1:{node_port}"), line
+        status = cli("status", "--json", "--address", f"127.0.0.1:{port}", ORCHESTR_TOKEN=token)
+        assert status.returncode == 0, status.stderr
+        (joined,) = json.loads(status.stdout)["nodes"]
+        assert joined["labels"] == {"rack": "r1"}
+        for proc in procs:  # the node first
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+    bad = cli("start", "--block", "--address", f"127.0.0.1:{port}", "--port", "70000")
+    assert bad.returncode == 2 and "--port must be in 0..65535" in bad.stderr
