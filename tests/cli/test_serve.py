@@ -157,12 +157,13 @@ def test_serve_answers_openai_clients_and_stops_on_sigint(folder: pathlib.Path) 
 
 
 def test_serve_splits_each_generator_over_tp_processes(folder: pathlib.Path) -> None:
-    """``--tp 2``: each generator is two processes; its greedy text is the whole model's
-    (``--tp 1``), also with a tp=2 prefill pool handing off to tp=2 decode, and every
-    process (the ranks included) is gone after SIGINT."""
+    """``--tp 2``: each generator is two processes, a tp=2 prefill pool handing off to tp=2
+    decode; its greedy text is the whole model's (``--tp 1``), and every process (the ranks
+    included) is gone after SIGINT. (A tp=2 pool without a prefill pool runs the same decode
+    steps; the tensor-parallel tests check it apart.)"""
     prompt = list(range(20, 40))
     texts = []
-    for tp, more in ((1, []), (2, []), (2, ["--prefill", "1", "--no-prefill-overlap"])):
+    for tp, more in ((1, []), (2, ["--prefill", "1", "--no-prefill-overlap"])):
         marker = uuid.uuid4().hex
         env = dict(os.environ, ORCHESTR_TEST_MARKER=marker, ORCHESTR_API_KEY="sekrit")
         proc, line = _start(["serve", str(folder), "--port", "0", "--tp", str(tp), *more], env)
@@ -186,7 +187,7 @@ def test_serve_splits_each_generator_over_tp_processes(folder: pathlib.Path) -> 
                 proc.kill()
                 proc.communicate()
         assert _processes_with(marker) == [] and _listening_ports(marker) == set()
-    assert texts[0] == texts[1] == texts[2] and texts[0]
+    assert texts[0] == texts[1] and texts[0]
 
 
 def test_serve_runs_simulated_generators_with_prefill_pools_and_a_kv_store(
