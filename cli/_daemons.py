@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -74,6 +75,11 @@ def _fail(proc: subprocess.Popen[bytes], log: Path, what: str) -> int:
     return 1
 
 
+def host_address(given: str) -> str:
+    """The address to bind: ``given``, or for ``auto`` the one this host's name resolves to."""
+    return socket.gethostbyname(socket.gethostname()) if given == "auto" else given
+
+
 def start(args: argparse.Namespace) -> int:
     if args.head == bool(args.address):
         print("orchestr start: say --head, or --address HOST:PORT to join one", file=sys.stderr)
@@ -121,7 +127,7 @@ def _start_head(args: argparse.Namespace, state_dir: Path) -> int:
         _cluster.ensure_token(state_dir)
     log = state_dir / _cluster.LOGS_DIR / "head.log"
     cmd = [sys.executable, "-m", "orchestr._cluster._daemon", "head", "--state-dir", str(state_dir)]
-    cmd += ["--host", args.host, "--port", str(args.port)]
+    cmd += ["--host", host_address(args.host or "127.0.0.1"), "--port", str(args.port)]
     if args.ocs_driver and not args.fabric:
         print("orchestr start: --ocs-driver drives the OCS of a --fabric PLAN", file=sys.stderr)
         return 2
@@ -167,11 +173,6 @@ def _start_node(args: argparse.Namespace, state_dir: Path) -> int:
         print(f"orchestr start: --port must be in 0..65535, got {args.port}", file=sys.stderr)
         return 2
     token = _cluster.cluster_token(state_dir)
-    nodes = state_dir / _cluster.NODES_DIR
-    nodes.mkdir(mode=0o700, parents=True, exist_ok=True)
-    stem = f"node-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    log = state_dir / _cluster.LOGS_DIR / f"{stem}.log"
-    events = state_dir / _cluster.LOGS_DIR / f"{stem}.jsonl"
     cmd = [
         sys.executable,
         "-m",
@@ -186,8 +187,16 @@ def _start_node(args: argparse.Namespace, state_dir: Path) -> int:
     if args.labels:
         cmd += ["--labels", args.labels]
     env = {**daemon_environ(args), "ORCHESTR_TOKEN": token}
-    if args.block:  # its log on this terminal
+    if args.host:  # where it and its workers listen
+        env["ORCHESTR_BIND_HOST"] = host_address(args.host)
+    if args.block:  # its log on this terminal, and nothing in the state directory
         _exec(cmd, env)
+    nodes = state_dir / _cluster.NODES_DIR
+    private_dir(state_dir)  # made private when the token came from the environment
+    nodes.mkdir(mode=0o700, exist_ok=True)
+    stem = f"node-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    log = state_dir / _cluster.LOGS_DIR / f"{stem}.log"
+    events = state_dir / _cluster.LOGS_DIR / f"{stem}.jsonl"
     cmd += ["--log-file", str(events)]
     proc = _launch(cmd, log, env)
     deadline = time.monotonic() + START_TIMEOUT_S

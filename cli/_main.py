@@ -14,7 +14,7 @@ from types import ModuleType
 import orchestr
 from orchestr._log import configure_logging
 
-from . import _daemons, _fabric, _gpucheck, _jobs, _models, _rl, _serve, _sim
+from . import _daemons, _fabric, _gpucheck, _jobs, _models, _rl, _serve, _sim, _slurm
 
 
 def load_job(path: str) -> ModuleType:
@@ -198,7 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     start = sub.add_parser("start", help="start the head daemon, or a node daemon that joins one")
     start.add_argument("--head", action="store_true", help="start the head daemon")
     start.add_argument("--address", metavar="HOST:PORT", help="join the head serving there")
-    start.add_argument("--host", default="127.0.0.1", help="the head's bind address")
+    start.add_argument(
+        "--host",
+        help="the address to bind: the head's (default 127.0.0.1), or with --address the "
+        "node's and its workers' (default: $ORCHESTR_BIND_HOST); auto: this host name's",
+    )
     start.add_argument(
         "--port",
         type=int,
@@ -254,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve.add_parsers(sub, STATE_DIR_HELP)
     _rl.add_parsers(sub, STATE_DIR_HELP)
     _sim.add_parsers(sub)
+    _slurm.add_parsers(sub)
     _gpucheck.add_parsers(sub)
     transports = sub.add_parser(
         "transports", help="list the data-plane transports this host can use, and why not"

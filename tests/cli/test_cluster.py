@@ -160,6 +160,7 @@ def test_blocking_daemons_run_in_the_foreground_with_a_given_token(
     processes started, in the foreground, with the cluster token from ``ORCHESTR_TOKEN`` (a
     Kubernetes Secret's) and the node on the port it was given; SIGTERM ends each, exit 0."""
     token = "a-token-from-a-secret-0123456789"
+    home_before = (pathlib.Path.home() / ".orchestr").exists()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTR_")}
     env.update(ORCHESTR_TOKEN=token, ORCHESTR_DASHBOARD_PORT="0")
     port, node_port = _free_port(), _free_port()
@@ -197,3 +198,5 @@ def test_blocking_daemons_run_in_the_foreground_with_a_given_token(
                 proc.stdout.close()
     bad = cli("start", "--block", "--address", f"127.0.0.1:{port}", "--port", "70000")
     assert bad.returncode == 2 and "--port must be in 0..65535" in bad.stderr
+    # a blocking node keeps nothing in a state directory (here: the default one's)
+    assert not (pathlib.Path.home() / ".orchestr" / "nodes").exists() or home_before
