@@ -41,6 +41,8 @@ REFRESH_S = 1.0
 WINDOW_S = 10.0
 #: Scrapes kept for those windows.
 SCRAPES_KEPT = 64
+#: Connections served at once.
+MAX_CONNECTIONS = 64
 
 
 @dataclasses.dataclass
@@ -121,6 +123,9 @@ class DashboardServer:
             access_log=False,  # nothing of a request reaches a log
             lifespan="off",
             timeout_graceful_shutdown=2,
+            # past this many connections (open pages hold one each), 503: a flood of them
+            # costs the head no more than this
+            limit_concurrency=MAX_CONNECTIONS,
             ssl_certfile=self.config.tls_cert or None,
             ssl_keyfile=self.config.tls_key or None,
         )
