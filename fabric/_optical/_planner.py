@@ -70,13 +70,14 @@ class _Problem:
         self.allowed = self._predicate()
         self.current: Counter[int] = Counter()
         self.young: Counter[int] = Counter()
-        horizon = r.now - r.policy.min_dwell_s
         for inst in r.current:
             pid = self.pid(inst.circuit)
             if not self.allowed(pid):
                 raise ConfigError(f"circuit {inst.circuit} is in place but its pair is not allowed")
             self.current[pid] += 1
-            if inst.since > horizon:
+            # its age against the dwell (not since against now - dwell: with a dwell far
+            # below now's float resolution that subtraction rounds to now)
+            if r.now - inst.since < r.policy.min_dwell_s:
                 self.young[pid] += 1
         self.check(self.current, "the circuits in place")
 
