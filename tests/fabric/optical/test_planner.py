@@ -177,9 +177,7 @@ def test_a_young_circuit_stays_within_its_dwell() -> None:
     # a circuit set up this instant is young under any dwell above zero, however small
     # against the clock (1000 - 1e-120 rounds to 1000)
     tiny = CommitPolicy(min_dwell_s=1e-120)
-    now = planner.plan(
-        request(demand, budgets, policy=tiny, current=old(("a", "b"), since=1000.0))
-    )
+    now = planner.plan(request(demand, budgets, policy=tiny, current=old(("a", "b"), since=1000.0)))
     assert now.keep == CircuitSet([("a", "b")]) and not now.remove
     # decide refuses a target from any planner that takes a young circuit down
     forced = decide(
