@@ -100,24 +100,15 @@ def meshes_view(state: HeadState, meshes: Mapping[str, MeshRecord]) -> list[dict
     out = []
     for mesh_id, ms in members.items():
         record = meshes.get(mesh_id)
-        first = min(ms, key=lambda m: m["rank"])
-        name = (
-            record.name
-            if record
-            else next(a.name for a in state.actors.values() if a.actor_id == first["id"])
-        )
-        class_path = record.class_path if record else ""
-        states = sorted({m["state"] for m in ms})
+        actor = state.actors[ms[0]["id"]]  # its name and class are the mesh's
+        ended = all(m["state"] in ("stopped", "dead") for m in ms)
         out.append(
             {
                 "id": mesh_id,
-                "name": name,
-                "class_path": class_path,
+                "name": actor.name,
+                "class_path": actor.class_path,
                 "created": record.created_unix if record else 0.0,
-                "stopped": record.stopped
-                if record
-                else all(m["state"] in ("stopped", "dead") for m in ms),
-                "states": states,
+                "stopped": record.stopped if record else ended,
                 "restarts": sum(m["restarts"] for m in ms),
                 "members": sorted(ms, key=lambda m: m["rank"]),
             }
