@@ -16,8 +16,12 @@ import orchestr as oc
 from orchestr.fabric.lowlevel import pool
 
 #: Threads a process keeps for its life: the main one, gRPC's poller, the event loop's default
-#: executor (``asyncio.to_thread``), and the one-sided buffer backends' servers.
-_LIFELONG = re.compile(r"MainThread$|.*_poll_wrapper|asyncio_\d+|orchestr-(buffers|rdma|nixl)$")
+#: executor (``asyncio.to_thread``), the one-sided buffer backends' servers, and the shared
+#: memory transport's piece and copy pools (made at a process's first large read).
+_LIFELONG = re.compile(
+    r"MainThread$|.*_poll_wrapper|asyncio_\d+|orchestr-(buffers|rdma|nixl)$"
+    r"|orchestr-(shm|copy)_\d+$"
+)
 _CLOSE_WAIT = "08"
 
 

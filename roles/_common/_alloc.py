@@ -22,6 +22,10 @@ stayed resident when freed, so a sharded member's peak resident memory was above
 one's (measured by ``bench/parallel.py``: a 57M-parameter TinyLM on two members, 1,482
 against 1,276 MiB above the process's own). A fixed threshold of 1 MiB sends every large
 buffer to ``mmap`` and back to the kernel when freed: 494 MiB on the same model.
+
+:func:`peak_resident_bytes` is what a process measures its own peak by. ``getrusage``'s
+``ru_maxrss`` does not do: Linux carries it over ``exec``, so a worker started by a large
+process (a controller holding a model, say) reports that process's size as its own peak.
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import resource
 import threading
 from typing import Any
 
 import structlog
 
-__all__ = ["keep_freed_memory", "return_freed_memory"]
+__all__ = ["keep_freed_memory", "peak_resident_bytes", "return_freed_memory"]
 
 log = structlog.get_logger("orchestr.roles")
 
@@ -90,3 +95,16 @@ def _mallopt() -> Any:
         return None
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak resident memory: ``VmHWM`` of ``/proc/self/status`` (this program's
+    own, since its ``exec``), or ``ru_maxrss`` where there is no such file."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

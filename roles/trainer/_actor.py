@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 import orchestr as oc
-from orchestr.roles._common._alloc import return_freed_memory
+from orchestr.roles._common._alloc import peak_resident_bytes, return_freed_memory
 from orchestr.roles._common._backend import BackendSpec, choose_backend
 from orchestr.roles._common._factory import DEFAULT_MODEL, build_model
 from orchestr.roles._common._model import TinyLM
@@ -353,11 +353,9 @@ class Trainer(oc.Actor):
         """What this member holds, in MiB: ``params``, ``grads`` and ``optimizer`` (its shards,
         sharded), ``model_states`` their sum, and ``peak_rss`` the process's peak resident
         memory so far."""
-        import resource
-
         held = {k: v / 2**20 for k, v in local_state_bytes(self.model, self.optimizer).items()}
         held["model_states"] = sum(held.values())
-        held["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        held["peak_rss"] = peak_resident_bytes() / 2**20
         return held
 
     @oc.endpoint

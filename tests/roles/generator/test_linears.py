@@ -189,3 +189,34 @@ def test_a_sharded_trainers_freed_buffers_go_back_to_the_kernel(mode: str) -> No
         assert returned_kib > 40 << 10
     else:
         assert returned_kib < 8 << 10
+
+
+PEAK = """
+import importlib.util, resource, sys
+spec = importlib.util.spec_from_file_location("alloc", sys.argv[1])
+alloc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(alloc)
+print(alloc.peak_resident_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+# a large process (a controller holding a model) starts a small worker
+PARENT = """
+import subprocess, sys
+held = bytearray(512 << 20)  # written: resident
+print(subprocess.run([sys.executable, "-c", sys.argv[1], sys.argv[2]], capture_output=True,
+                     text=True, check=True).stdout)
+"""
+
+
+def test_a_workers_peak_is_its_own_not_its_starters() -> None:
+    """``peak_resident_bytes`` is the program's own since its ``exec``; ``ru_maxrss`` (the
+    control) carries the 512 MiB process that started it."""
+    out = subprocess.run(
+        [sys.executable, "-c", PARENT, PEAK, _alloc.__file__],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    peak, maxrss = int(out[0]), int(out[1])
+    assert maxrss > 512 << 20
+    assert 0 < peak < 128 << 20

@@ -38,16 +38,17 @@ PROMPT = list(range(5, 45))
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
     made: dict[str, str] = {}
 
-    def checkpoint(arch: str) -> str:
-        if arch not in made:
+    def checkpoint(arch: str, kv_heads: int = 2) -> str:
+        key = f"{arch}-kv{kv_heads}"
+        if key not in made:
             # an odd vocabulary (cut unevenly) and two key/value heads for four query heads
-            made[arch] = models.make_tiny(
-                arch, tmp_path_factory.mktemp(arch) / arch, vocab=301, heads=4, kv_heads=2
+            made[key] = models.make_tiny(
+                arch, tmp_path_factory.mktemp(key) / arch, vocab=301, heads=4, kv_heads=kv_heads
             )
-        return made[arch]
+        return made[key]
 
     return checkpoint
 
@@ -88,18 +89,23 @@ def _serve(engine: PagedEngine) -> tuple[list[dict[str, torch.Tensor]], dict[str
 
 
 @pytest.mark.parametrize(
-    ("arch", "kv"),
+    ("arch", "kv_heads", "kv"),
     [
-        ("llama", {}),
-        ("qwen2", {"attention": "torch"}),  # torch's attention over the decode mirror
-        ("qwen2_moe", {}),
-        ("llama", {"num_blocks": 14, "attention": "torch"}),  # preemption too
+        ("llama", 2, {}),
+        ("qwen2", 2, {"attention": "torch"}),  # torch's attention over the decode mirror
+        ("qwen2_moe", 2, {}),
+        ("llama", 2, {"num_blocks": 14, "attention": "torch"}),  # preemption too
+        ("qwen2", 1, {}),  # one key/value head for two ranks: each holds it whole
     ],
 )
 def test_a_split_model_computes_what_the_whole_one_does(
-    checkpoints: Callable[[str], str], arch: str, kv: dict[str, object]
+    checkpoints: Callable[..., str], arch: str, kv_heads: int, kv: dict[str, object]
 ) -> None:
-    folder = checkpoints(arch)
+    folder = checkpoints(arch, kv_heads)
+    shares = [TPShard(read_config(folder), 2, r).kv_heads for r in range(2)]
+    assert [(s.start, s.stop) for s in shares] == (
+        [(0, 1), (0, 1)] if kv_heads == 1 else [(0, 1), (1, 2)]
+    )
     whole = _engine(folder, 1, **kv)
     want_logits, want_tokens = _serve(whole)
     split = _engine(folder, 2, **kv)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import orchestr as oc
-from orchestr.roles import Generator, ShardedWeightsRef
+from orchestr.roles import Generator, ShardedWeightsRef, TinyLM, TinyLMConfig, WeightLoader
 from orchestr.roles.trainer import publish_weights
 from orchestr.roles.trainer._actor import Trainer
 from tests.roles.trainer.batches import samples as _samples
@@ -61,6 +61,22 @@ async def test_a_sharded_pair_trains_as_the_replicated_pair(
     assert (await generator.sync_weights.call_one(ref))["loaded"]
     assert (await generator.digest.call_one())["digest"] == digests[0]["digest"]
     await ctx.stop(generator)
+    # the updated weights themselves, read here from both pairs' publishes, agree
+    got_w, want_w = TinyLM(TinyLMConfig(**MODEL)), TinyLM(TinyLMConfig(**MODEL))
+    assert await WeightLoader(borrow=False).load(got_w, ref)
+    assert await WeightLoader(borrow=False).load(want_w, await publish_weights(replicated, False))
+    want_state = want_w.state_dict()
+    for name, tensor in got_w.state_dict().items():
+        want = want_state[name]
+        if name.endswith("qkv.bias"):
+            # the key bias's gradient is zero (softmax ignores what every key adds alike):
+            # AdamW turns its rounding noise into steps, which two layouts round apart; each
+            # step moves it at most about lr (1e-3)
+            keys = slice(MODEL["d_model"], 2 * MODEL["d_model"])
+            assert (tensor[keys] - want[keys]).abs().max() < 3e-3
+            tensor = torch.cat([tensor[: keys.start], tensor[keys.stop :]])
+            want = torch.cat([want[: keys.start], want[keys.stop :]])
+        torch.testing.assert_close(tensor, want, rtol=1e-5, atol=1e-6, msg=name)
 
     # each rank holds half the parameters, gradients and AdamW moments (and a little padding)
     held = await sharded.memory.call()
