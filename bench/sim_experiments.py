@@ -1,6 +1,6 @@
 """The simulator's experiments, reproduced in shape, and its scale runs.
 
-    python bench/sim_experiments.py e1|e2|e3|e4|scale|all [--quick]
+    python bench/sim_experiments.py e1|e2|e3|e4|e5|scale|all [--quick]
 
 Each writes ``docs/simulator/<name>.json`` (every number), ``<name>.md`` (the table) and
 ``<name>.png`` (the plot); ``bench/sim_report.py`` assembles them into docs/simulator.md.
@@ -18,6 +18,10 @@ Each writes ``docs/simulator/<name>.json`` (every number), ``<name>.md`` (the ta
   8 to a host) at each static tensor-parallel degree against the RL job's own policy
   re-picking it within and across steps, on 64 and 1,024 accelerators, for a long-tailed
   workload whose bulk is memory-bound and one whose bulk is compute-bound.
+- **e5** (pipeline schedules on a network): one training step of Llama 3 70B cut into 8
+  stages on 8 hosts under GPipe, 1F1B, interleaved 1F1B and ZB-H1, the activations and
+  gradients moved as flows, as the hosts' NICs slow from 3.2 Tb/s to 25 Gb/s: each
+  schedule's bubble against its closed form.
 - **scale**: one sync GRPO step on fat_tree(16) with an optical layer (8,192 accelerators)
   and 100,000 requests over 1,024 accelerators: wall time, events/s, peak memory. Run it on
   an idle machine: its wall times are the measurement.
@@ -346,6 +350,70 @@ def e4(quick: bool) -> dict[str, Any]:
     return result
 
 
+# -- e5 ----------------------------------------------------------------------------------------
+#: E5's setting (assumptions): Llama 3 70B cut into 8 stages of 10 layers, a stage a host of 8
+#: H100s (tensor-parallel inside), 32 micro-batches of 4,096 tokens, passes at 40% of the dense
+#: BF16 peak, 10 us to start a send; a micro-batch's activation (or its gradient) is
+#: 4,096 x 8,192 BF16 values between neighbouring stages.
+E5 = {"stages": 8, "microbatches": 32, "tokens": 4096, "mfu": 0.4, "latency_s": 1e-5}
+#: The hosts' NIC speeds swept, in Gb/s: 8 x 400 (one NIC a GPU) down to one 25 Gb/s port.
+E5_NICS = (3200.0, 400.0, 100.0, 25.0)
+
+
+def e5(quick: bool) -> dict[str, Any]:
+    from orchestr.fabric.optical import fat_tree
+    from orchestr.roles.pipeline import SCHEDULES, Cost, bubble_theory, build
+    from orchestr.sim import simulate_pipeline
+    from orchestr.sim._profiles import H100_SXM, LLAMA3_70B
+
+    p, m = E5["stages"], 16 if quick else E5["microbatches"]
+    # a stage's forward over one micro-batch: 2 FLOPs a parameter a token, on 8 devices
+    f = 2 * LLAMA3_70B.params / p * E5["tokens"] / (8 * H100_SXM.dense_flops * E5["mfu"])
+    hidden = LLAMA3_70B.heads * LLAMA3_70B.head_dim
+    item = E5["tokens"] * hidden * LLAMA3_70B.dtype_bytes
+    rows = []
+    for gbps in E5_NICS:
+        # every stage's host on one top-of-rack switch: each hop is a NIC's speed
+        tree = fat_tree(4, hosts_per_tor=8, nic_gbps=gbps, tor_agg_gbps=gbps)
+        hosts = [h.name for h in tree.hosts[:p]]
+        for kind in SCHEDULES:
+            v = 2 if kind == "interleaved_1f1b" else 1
+            # a rank's v chunks split its layers: each chunk's passes take 1/v of the time
+            cost = Cost(f=f / v, b=2 * f / v, bi=f / v, bw=f / v, latency=E5["latency_s"])
+            timing = simulate_pipeline(build(kind, p, m, v), cost, topology=tree, hosts=hosts,
+                                       item_bytes=item)  # fmt: skip
+            ideal = 3 * f * m  # a rank's own passes, nothing waited for
+            rows.append({
+                "nic_gbps": gbps, "schedule": kind, "chunks": v,
+                "bubble_sim": timing.bubble, "bubble_theory": bubble_theory(kind, p, m, v),
+                "step_s": timing.makespan, "step_over_compute": timing.makespan / ideal,
+                "item_ms": item * 8 / (gbps * 1e9) * 1e3,
+            })  # fmt: skip
+    table = ("| NIC | one item's transfer | schedule | bubble (closed form) | bubble (simulated) "
+             "| step s | step / compute |\n|---|---|---|---|---|---|---|\n")  # fmt: skip
+    for r in rows:
+        table += (f"| {r['nic_gbps']:g} Gb/s | {r['item_ms']:.2f} ms | {r['schedule']} | "
+                  f"{r['bubble_theory']:.3f} | {r['bubble_sim']:.3f} | {r['step_s']:.2f} | "
+                  f"{r['step_over_compute']:.2f} |\n")  # fmt: skip
+    table += (f"\nOne forward pass of a stage takes {f * 1e3:.1f} ms; an item is "
+              f"{item / 2**20:.0f} MiB. Assumptions: {E5}.\n")  # fmt: skip
+
+    def plot(ax: Any) -> None:
+        for kind in SCHEDULES:
+            mine = [r for r in rows if r["schedule"] == kind]
+            ax.plot([r["nic_gbps"] for r in mine], [r["bubble_sim"] for r in mine], marker="o",
+                    label=kind)  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_xlabel("NIC Gb/s")
+        ax.set_ylabel("bubble (simulated)")
+        ax.set_title("E5: pipeline bubbles as the network slows")
+        ax.legend(fontsize=7)
+
+    result = {"assumptions": E5, "forward_s": f, "item_bytes": item, "rows": rows}
+    _write("e5", result, table, plot)
+    return result
+
+
 # -- scale -------------------------------------------------------------------------------------
 def scale(quick: bool) -> dict[str, Any]:
     from orchestr.fabric import optical as o
@@ -408,13 +476,13 @@ def main() -> int:
     from _record import add_record_flag, record
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["e1", "e2", "e3", "e4", "scale", "all"])
+    p.add_argument("what", choices=["e1", "e2", "e3", "e4", "e5", "scale", "all"])
     p.add_argument("--quick", action="store_true", help="smaller sweeps, for a quick look")
     add_record_flag(p)
     args = p.parse_args()
     _quiet()
-    names = ["e1", "e2", "e3", "e4", "scale"] if args.what == "all" else [args.what]
-    funcs = {"e1": e1, "e2": e2, "e3": e3, "e4": e4, "scale": scale}
+    names = ["e1", "e2", "e3", "e4", "e5", "scale"] if args.what == "all" else [args.what]
+    funcs = {"e1": e1, "e2": e2, "e3": e3, "e4": e4, "e5": e5, "scale": scale}
     results: dict[str, dict[str, Any]] = {}
     for name in names:
         started = time.perf_counter()
@@ -440,6 +508,10 @@ def record_figures(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         elif name == "e4":
             keep = ("adaptive_samples_per_s", "adaptive_over_best_static", "changes")
             out[name] = {f"{r['case']} {r['accelerators']}": {k: r[k] for k in keep}
+                         for r in result["rows"]}  # fmt: skip
+        elif name == "e5":
+            keep = ("bubble_sim", "bubble_theory", "step_s")
+            out[name] = {f"{r['nic_gbps']:g} {r['schedule']}": {k: r[k] for k in keep}
                          for r in result["rows"]}  # fmt: skip
         elif name == "e3":
             out[name] = {f"{r['setup']} x{r['slo_scale']}": {"goodput_rate": r["goodput_rate"]}

@@ -6,7 +6,7 @@ and the experiments from the results their commands saved under docs/simulator/)
     python bench/sim_rl.py --save docs/simulator/l2_rl.json                   # L2 (minutes)
     python bench/sim_rl.py --demo --save docs/simulator/l2_rl_demo.json       # L2 (30 min)
     sudo .venv/bin/python bench/sim_fabric.py --save docs/simulator/l2_fabric.json  # L2
-    python bench/sim_experiments.py all                                        # E1-E4, scale
+    python bench/sim_experiments.py all                                        # E1-E5, scale
     python bench/sim_report.py                                                 # this page
 
 A result not yet produced is said to be missing on the page, never left out quietly.
@@ -212,7 +212,7 @@ def main() -> None:
     filled = page.format(l0=l0(), l1=l1(), l2=l2(), l2_serving=l2("serving"), l2_rl=l2_rl(),
                          l2_rl_demo=l2_rl("l2_rl_demo", "--demo "),
                          l2_fabric=l2_fabric(), e1=table("e1"), e2=table("e2"), e3=table("e3"),
-                         e4=table("e4"), scale=table("scale"))  # fmt: skip
+                         e4=table("e4"), e5=table("e5"), scale=table("scale"))  # fmt: skip
     (DOCS / "simulator.md").write_text(filled)
     print(f"wrote {DOCS / 'simulator.md'}")
 

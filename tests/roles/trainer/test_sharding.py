@@ -67,16 +67,16 @@ async def test_a_sharded_pair_trains_as_the_replicated_pair(
     assert await WeightLoader(borrow=False).load(want_w, await publish_weights(replicated, False))
     want_state = want_w.state_dict()
     for name, tensor in got_w.state_dict().items():
-        want = want_state[name]
+        expected = want_state[name]
         if name.endswith("qkv.bias"):
             # the key bias's gradient is zero (softmax ignores what every key adds alike):
             # AdamW turns its rounding noise into steps, which two layouts round apart; each
             # step moves it at most about lr (1e-3)
             keys = slice(MODEL["d_model"], 2 * MODEL["d_model"])
-            assert (tensor[keys] - want[keys]).abs().max() < 3e-3
+            assert (tensor[keys] - expected[keys]).abs().max() < 3e-3
             tensor = torch.cat([tensor[: keys.start], tensor[keys.stop :]])
-            want = torch.cat([want[: keys.start], want[keys.stop :]])
-        torch.testing.assert_close(tensor, want, rtol=1e-5, atol=1e-6, msg=name)
+            expected = torch.cat([expected[: keys.start], expected[keys.stop :]])
+        torch.testing.assert_close(tensor, expected, rtol=1e-5, atol=1e-6, msg=name)
 
     # each rank holds half the parameters, gradients and AdamW moments (and a little padding)
     held = await sharded.memory.call()
