@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import sys
 
 __all__ = ["check_options", "labels", "loopback"]
 
@@ -97,9 +98,12 @@ def check_options(args: argparse.Namespace) -> str | None:
         if unsplit:
             return f"--tp > 1 cannot be combined with {', '.join(unsplit)} yet"
         if args.prefill and not args.no_prefill_overlap:
-            return (
-                "--tp > 1 with --prefill hands each prompt's blocks off once it is computed "
-                "(a split pool is not streamed): add --no-prefill-overlap"
+            # a split pool hands a prompt's blocks off whole, once computed: not layer by layer
+            args.no_prefill_overlap = True
+            print(
+                "orchestr serve: note: --tp > 1 hands each prompt's KV off once it is all "
+                "computed (--no-prefill-overlap): a split pool does not stream it",
+                file=sys.stderr,
             )
     weight = args.router_prefill_weight
     if weight is not None and args.router != "kv":

@@ -60,7 +60,6 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         (["--engine", "sim"], "give --profile FILE"),
         (["--profile", "p.json"], "--profile is --engine sim's"),
         (["--engine", "sim", "--profile", "p.json", "--tp", "2"], "not --engine sim's"),
-        (["--tp", "2", "--prefill", "1"], "add --no-prefill-overlap"),
         (["--tp", "2", "--afd", "1:1"], "cannot be combined with --afd yet"),
     ],
 )
@@ -163,7 +162,8 @@ def test_serve_splits_each_generator_over_tp_processes(folder: pathlib.Path) -> 
     steps; the tensor-parallel tests check it apart.)"""
     prompt = list(range(20, 40))
     texts = []
-    for tp, more in ((1, []), (2, ["--prefill", "1", "--no-prefill-overlap"])):
+    # (tp=2 hands each prompt's KV off whole: serve turns the layer-by-layer overlap off)
+    for tp, more in ((1, []), (2, ["--prefill", "1"])):
         marker = uuid.uuid4().hex
         env = dict(os.environ, ORCHESTR_TEST_MARKER=marker, ORCHESTR_API_KEY="sekrit")
         proc, line = _start(["serve", str(folder), "--port", "0", "--tp", str(tp), *more], env)
