@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import orchestr as oc
 from orchestr.roles.generator import Generator
 from orchestr.roles.reward import Reward
-from orchestr.roles.trainer import Trainer
+from orchestr.roles.trainer import LOAD_MODEL, Trainer
 
 from ._config import CHECKPOINTED, generator_engine
 from ._faults import lost_during
@@ -23,10 +23,9 @@ from ._recovery import checkpoint, on_group_failure, resume
 if TYPE_CHECKING:
     from ._job import Job
 
+# LOAD_MODEL: how the trainer builds a checkpoint model (the modules the generators' engine
+# runs), which a sharded trainer reads by rows
 __all__ = ["LOAD_MODEL", "spawn_roles"]
-
-#: How the trainer builds a checkpoint model: the same modules the generators' engine runs.
-LOAD_MODEL = "orchestr.roles.models:load_model"
 
 
 async def spawn_roles(job: Job) -> None:

@@ -10,12 +10,13 @@ from ._grpo import KL_ESTIMATORS, LOSS_AGGREGATIONS, grpo_loss, kl_penalty
 from ._schedule import LR_SCHEDULES, scheduled_lr
 from ._sft import sft_loss, sft_update
 from ._shaping import overlong_penalty
-from ._sharding import SHARDING, call_trainer, publish_weights
+from ._sharding import LOAD_MODEL, SHARDING, call_trainer, publish_weights
 from ._update import UpdateConfig, grpo_update
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "KL_ESTIMATORS",
+    "LOAD_MODEL",
     "LOSS_AGGREGATIONS",
     "LR_SCHEDULES",
     "SHARDING",

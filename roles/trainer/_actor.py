@@ -48,10 +48,13 @@ from ._sharding import (
     SHARDING,
     full_tensors,
     is_sharded,
+    load_rows,
     load_sharded,
     local_rows,
     local_state_bytes,
+    meta_model,
     reshard,
+    rows_folder,
     save_sharded,
     shard_model,
 )
@@ -140,14 +143,25 @@ class Trainer(oc.Actor):
             )
             self.optimizer_args = {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}
             self.backend = choose_backend(backend)
-            self.model = build_model(model_factory, model_kwargs, seed)
+            # sharded, a checkpoint's model is read by rows once it is sharded (_ready)
+            self.rows_from = (
+                rows_folder(model_factory, model_kwargs) if sharding == "full" else None
+            )
+            if self.rows_from is not None:
+                self.model = meta_model(self.rows_from)
+            else:
+                self.model = build_model(model_factory, model_kwargs, seed)
             if activation_checkpointing:
                 checkpoint_layers(self.model)
             # the checkpoint a Hugging Face model was loaded from: what export_hf copies
             self.source = (model_kwargs or {}).get("folder")
             # runs the forward passes: the same parameters, on the backend's device, dtype and
-            # (when compiled) under torch.compile; self.model keeps the names weights go by
-            self.runner = self.backend.prepare(self.model)
+            # (when compiled) under torch.compile; self.model keeps the names weights go by.
+            # A model still on the meta device is prepared once it has its rows.
+            if self.rows_from is None:
+                self.runner = self.backend.prepare(self.model)
+            else:
+                self.runner = self.model
             self.optimizer = torch.optim.AdamW(self.model.parameters(), **self.optimizer_args)  # type: ignore[arg-type]
         except (TypeError, ValueError) as exc:
             raise oc.ConfigError(f"bad trainer settings: {exc}") from exc
@@ -236,7 +250,9 @@ class Trainer(oc.Actor):
         the optimizer is made again over the shards (it has no state before a step)."""
         if self.sharding == "full" and not is_sharded(self.model):
             return_freed_memory()  # gathered layers freed go back (the point is the peak)
-            shard_model(self.model)
+            shard_model(self.model, self.backend.device)
+            if self.rows_from is not None:
+                load_rows(self.model, self.rows_from, self.backend.device)
             self.runner = self.backend.prepare(self.model)
             self.optimizer = torch.optim.AdamW(self.model.parameters(), **self.optimizer_args)  # type: ignore[arg-type]
         elif self.sharding == "full":
@@ -301,7 +317,9 @@ class Trainer(oc.Actor):
     @oc.endpoint
     def greedy(self, prompts: list[list[int]], max_new_tokens: list[int]) -> list[list[int]]:
         """Greedy completions of encoded ``prompts`` under the current weights (the
-        held-out evaluation, with the weights being trained and no generator's time)."""
+        held-out evaluation, with the weights being trained and no generator's time). Sharded,
+        every member calls this together."""
+        self._ready()
         self.runner.eval()
         gen = generate(self.runner, prompts, max_new_tokens, pad_id=self.pad_id, eos_id=self.eos_id)
         return [gen.completion(i) for i in range(len(prompts))]

@@ -20,10 +20,16 @@ own pieces, into one folder); so are published versions (:func:`local_rows`: eac
 rows of each tensor, which a loader lays into the whole, :class:`ShardedWeightsRef`). The
 Hugging Face export gathers each tensor whole on the one rank that writes it. No I/O here but
 through torch.
+
+A model from a Hugging Face checkpoint (``model_factory="orchestr.roles.models:load_model"``
+with only ``folder``) is never whole on a rank: the trainer builds it on the meta device
+(:func:`meta_model`), shards it, and each rank reads its rows of every tensor from the
+safetensors files (:func:`load_rows`), as torchtitan's meta-device start does.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -37,16 +43,20 @@ from orchestr.roles._common._weightplan import WeightSyncError, dtype_name
 from orchestr.roles._common._weightref import ShardedWeightsRef, WeightsRef
 
 __all__ = [
+    "LOAD_MODEL",
     "SHARDING",
     "call_trainer",
     "full_tensors",
     "is_sharded",
+    "load_rows",
     "load_sharded",
     "local_rows",
     "local_state_bytes",
+    "meta_model",
     "plan_passes",
     "publish_weights",
     "reshard",
+    "rows_folder",
     "save_sharded",
     "shard_model",
     "summed",
@@ -56,6 +66,8 @@ __all__ = [
 
 #: ``Trainer(sharding=)``: ``"none"``, a full replica per rank; ``"full"``, FSDP2.
 SHARDING = ("none", "full")
+#: orchestr's own Hugging Face loader, by the name roles take a model factory by.
+LOAD_MODEL = "orchestr.roles.models:load_model"
 
 T = TypeVar("T")
 
@@ -122,9 +134,70 @@ def units(model: nn.Module) -> list[nn.Module]:
     return []
 
 
-def shard_model(model: nn.Module) -> nn.Module:
-    """Shard ``model`` in place over the default process group with FSDP2 and return it.
-    Raises :class:`~orchestr.ConfigError` without a process group."""
+def rows_folder(factory: str, kwargs: dict[str, Any] | None) -> str | None:
+    """The checkpoint folder a sharded trainer reads by rows: set when its model is
+    :data:`LOAD_MODEL` given ``folder`` alone; ``None`` otherwise (the model is built whole,
+    then sharded)."""
+    if factory != LOAD_MODEL or not kwargs or set(kwargs) != {"folder"}:
+        return None
+    return str(os.fspath(kwargs["folder"]))
+
+
+def meta_model(folder: str) -> nn.Module:
+    """The checkpoint in ``folder``'s model on the meta device: every tensor's shape, no
+    storage, the head tied where the config ties it. Raises :class:`~orchestr.ConfigError`
+    for a config orchestr cannot run, or weight files missing a tensor or holding another."""
+    from orchestr.roles._common._hf._config import read_config
+    from orchestr.roles._common._hf._layers import CausalLM
+    from orchestr.roles._common._hf._load import iter_weights, weight_names
+
+    cfg = read_config(folder)
+    # the files are checked now (every tensor there, no other), their shapes as each is read
+    iter_weights(folder, weight_names(cfg), cfg.model_type)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval()
+
+
+def load_rows(model: nn.Module, folder: str, device: torch.device) -> None:
+    """Give a sharded ``model`` built on the meta device (:func:`meta_model`) its storage on
+    ``device`` and read each parameter's rows on this rank from the checkpoint in ``folder``
+    (safetensors slices: no rank reads or holds a tensor whole). Raises
+    :class:`~orchestr.ConfigError` for a checkpoint that does not match its config."""
+    from torch import distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+
+    from orchestr.roles._common._hf._config import read_config
+    from orchestr.roles._common._hf._load import iter_weights, weight_names
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model.to_empty(device=device)
+    rows: dict[str, slice] = {}
+    local: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():  # a tied tensor once
+        if not isinstance(param, DTensor) or tuple(param.placements) != (Shard(0),):
+            raise RuntimeError(f"{name} is not sharded by rows after fully_shard")
+        local[name] = param.to_local()
+        n = param.shape[0]
+        start = min(rank * -(-n // world), n)  # torch.chunk's cut, as FSDP2's
+        rows[name] = slice(start, start + local[name].shape[0])
+    cfg = read_config(folder)
+    want = weight_names(cfg)
+    if set(want) != set(rows):
+        odd = sorted(set(want) ^ set(rows))
+        raise oc.ConfigError(f"{folder}: the model's parameters are not its tensors: {odd[:3]}")
+    # one tensor's rows at a time, copied into the shard and let go
+    with torch.no_grad():
+        for name, tensor in iter_weights(folder, want, cfg.model_type, cut=lambda n: (rows[n],)):
+            local[name].copy_(tensor)
+
+
+def shard_model(model: nn.Module, device: torch.device | None = None) -> nn.Module:
+    """Shard ``model`` in place over the default process group with FSDP2 and return it; its
+    mesh is on ``device``'s kind (by default its parameters', which a model on the meta
+    device has not). Raises :class:`~orchestr.ConfigError` without a process group."""
     from torch import distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -135,7 +208,8 @@ def shard_model(model: nn.Module) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    device = next(iter(model.parameters()), torch.empty(0)).device
+    if device is None:
+        device = next(iter(model.parameters()), torch.empty(0)).device
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for unit in units(model):
         fully_shard(unit, mesh=mesh)
@@ -208,12 +282,12 @@ def to_float(value: torch.Tensor) -> float:
 
 def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """The bytes this rank holds of the parameters, their gradients and the optimizer's state
-    (a sharded tensor counts its local shard)."""
+    (a sharded tensor counts its local shard; a tensor on the meta device, nothing)."""
 
     def local(t: torch.Tensor) -> int:
         inner = getattr(t, "to_local", None)
         t = inner() if callable(inner) else t
-        return t.numel() * t.element_size()
+        return 0 if t.is_meta else t.numel() * t.element_size()
 
     params = sum(local(p) for p in model.parameters())
     grads = sum(local(p.grad) for p in model.parameters() if p.grad is not None)

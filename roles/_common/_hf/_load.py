@@ -26,6 +26,7 @@ from ._layers import MLP, CausalLM
 __all__ = [
     "expert_names",
     "ffn_units",
+    "iter_weights",
     "load_experts",
     "load_model",
     "read_weights",
@@ -112,6 +113,20 @@ def read_weights(
     on ``device``; no other may be there. ``cut`` (a name to the part of it to read, ``None``:
     all) reads slices only (a tensor-parallel rank's). Raises :class:`ConfigError` for a
     missing, extra (not part of a ``kind`` model of this config) or misshapen tensor."""
+    return dict(iter_weights(folder, want, kind, dtype=dtype, device=device, cut=cut))
+
+
+def iter_weights(
+    folder: str | os.PathLike[str],
+    want: Mapping[str, tuple[int, ...]],
+    kind: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    cut: Callable[[str], tuple[slice, ...] | None] | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """:func:`read_weights`'s tensors one at a time, as each is read (a caller that copies
+    each away holds one at a time); its checks come before the first."""
     folder = os.fspath(folder)
     located = shards(folder)
     missing = [n for n in want if n not in located]
@@ -127,7 +142,7 @@ def read_weights(
             f"{located[extra[0]]}: tensor {extra[0]!r} is not part of a {kind} model of this config"
         )
     parts = {n: (n, shape, None if cut is None else cut(n)) for n, shape in want.items()}
-    return dict(_read(parts, located, dtype, device))
+    return _read(parts, located, dtype, device)
 
 
 def expert_names(layer: int, expert: int, *, dense: bool = False) -> list[str]:
