@@ -23,6 +23,9 @@ Each mode takes one JSON object as its argument and prints one JSON object:
   HTTP/1.1 without following redirects; prints, per request, the status, the ``Location``
   and ``Set-Cookie`` headers and the body's first 2,000 characters. Also tries to read each
   of ``files``; prints, per file, the error's name or ``read``.
+- ``spray``: to each of ``ports`` at once, send each of ``payloads`` (hex) on a connection
+  of its own and read for ``wait`` seconds; prints, per port, what came back (hex) or the
+  error's name, per payload.
 """
 
 from __future__ import annotations
@@ -228,6 +231,29 @@ def http(args: dict[str, Any]) -> dict[str, Any]:
     return {"answers": answers, "files": files}
 
 
+def spray(args: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, list[str]] = {}
+
+    def one(port: int) -> None:
+        out = []
+        for payload in args["payloads"]:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                    sock.sendall(bytes.fromhex(payload))
+                    data, _ = _read_all(sock, args.get("wait", 1.0))
+                    out.append(data.hex())
+            except OSError as exc:
+                out.append(type(exc).__name__)
+        found[str(port)] = out
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in args["ports"]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return found
+
+
 if __name__ == "__main__":
     mode, raw = sys.argv[1], sys.argv[2]
     modes = {
@@ -239,5 +265,6 @@ if __name__ == "__main__":
         "unix": unix,
         "cmdline": cmdline,
         "http": http,
+        "spray": spray,
     }
     print(json.dumps(modes[mode](json.loads(raw))))

@@ -68,6 +68,7 @@ class DashboardServer:
         #: Jobs shown beside the submitted ones (:meth:`watch_job`).
         self.watched: dict[str, WatchedJob] = {}
         self._tails: dict[str, EventTail] = {}
+        self._tail_lock = asyncio.Lock()
         self._scrapes: collections.deque[Scrape] = collections.deque(maxlen=SCRAPES_KEPT)
         self._scraping = asyncio.Lock()
         self._closing = asyncio.Event()
@@ -192,15 +193,18 @@ class DashboardServer:
         rows.sort(key=lambda r: -r["started"])
         return rows
 
-    def _tail(self, job_id: str, path: Path) -> EventTail:
-        tail = self._tails.get(job_id)
-        if tail is None or tail.path != str(path):
-            tail = self._tails[job_id] = EventTail(path)
-        tail.poll()
-        return tail
+    async def _job_view(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The job of ``row`` as its page shows it, its event log read since the last time
+        in a thread (up to 4 MiB: not on the head's loop). One view is made at a time, so a
+        tail is never read while a thread adds to it."""
+        async with self._tail_lock:
+            tail = self._tails.get(row["id"])
+            if tail is None or tail.path != str(row["events"]):
+                tail = self._tails[row["id"]] = EventTail(row["events"])
+            await asyncio.to_thread(tail.poll)
+            return self._job_view_of(row, tail)
 
-    def _job_view(self, row: dict[str, Any]) -> dict[str, Any]:
-        tail = self._tail(row["id"], row["events"])
+    def _job_view_of(self, row: dict[str, Any], tail: EventTail) -> dict[str, Any]:
         end = row["ended"] or time.time()
         start = tail.first or row["started"]
         steps = tail.steps
@@ -225,11 +229,13 @@ class DashboardServer:
             return {"meshes": meshes_view(head.state, head.meshes)}
         if page == "jobs":
             rows = self._jobs()
-            return {"jobs": [self._job_view(r) if r["state"] == "running" else r for r in rows]}
+            return {
+                "jobs": [await self._job_view(r) if r["state"] == "running" else r for r in rows]
+            }
         if page == "job":
             for row in self._jobs():
                 if row["id"] == job:
-                    return {"job": self._job_view(row)}
+                    return {"job": await self._job_view(row)}
             return None
         if page == "serving":
             now, before = await self._scrape()
