@@ -569,6 +569,26 @@ class JobLogs(_message.Message):
     job: JobInfo
     def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ...) -> None: ...
 
+class JobEventsRequest(_message.Message):
+    __slots__ = ("job_id", "title", "offset", "data", "state")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    title: str
+    offset: int
+    data: bytes
+    state: str
+    def __init__(self, job_id: _Optional[str] = ..., title: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., state: _Optional[str] = ...) -> None: ...
+
+class JobEventsReply(_message.Message):
+    __slots__ = ("offset",)
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    def __init__(self, offset: _Optional[int] = ...) -> None: ...
+
 class DaemonLogRequest(_message.Message):
     __slots__ = ("name", "offset", "max_bytes", "node_id")
     NAME_FIELD_NUMBER: _ClassVar[int]

@@ -144,6 +144,11 @@ class HeadStub:
                 request_serializer=orchestr__pb2.DaemonLogRequest.SerializeToString,
                 response_deserializer=orchestr__pb2.DaemonLog.FromString,
                 _registered_method=True)
+        self.JobEvents = channel.unary_unary(
+                '/orchestr.v1.Head/JobEvents',
+                request_serializer=orchestr__pb2.JobEventsRequest.SerializeToString,
+                response_deserializer=orchestr__pb2.JobEventsReply.FromString,
+                _registered_method=True)
 
 
 class HeadServicer:
@@ -283,6 +288,12 @@ class HeadServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JobEvents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HeadServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -395,6 +406,11 @@ def add_HeadServicer_to_server(servicer, server):
                     servicer.GetDaemonLog,
                     request_deserializer=orchestr__pb2.DaemonLogRequest.FromString,
                     response_serializer=orchestr__pb2.DaemonLog.SerializeToString,
+            ),
+            'JobEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.JobEvents,
+                    request_deserializer=orchestr__pb2.JobEventsRequest.FromString,
+                    response_serializer=orchestr__pb2.JobEventsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -991,6 +1007,33 @@ class Head:
             '/orchestr.v1.Head/GetDaemonLog',
             orchestr__pb2.DaemonLogRequest.SerializeToString,
             orchestr__pb2.DaemonLog.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JobEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchestr.v1.Head/JobEvents',
+            orchestr__pb2.JobEventsRequest.SerializeToString,
+            orchestr__pb2.JobEventsReply.FromString,
             options,
             channel_credentials,
             insecure,

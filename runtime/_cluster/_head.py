@@ -28,7 +28,7 @@ from orchestr.protos import orchestr_pb2_grpc as pb_grpc
 from orchestr.tasks import TaskOwner
 
 from . import _head_jobs as jobs_rpc
-from ._dashboard import DashboardServer
+from ._dashboard import AttachedLogs, DashboardServer
 from ._head_changes import ActorChanges
 from ._head_meshes import MeshRpcs
 from ._headstate import HeadState
@@ -106,6 +106,8 @@ class HeadService(pb_grpc.HeadServicer):
         self.metrics = MetricsServer(self.state, token, config)
         #: The web dashboard (``Config.dashboard_port``; off at -1).
         self.dashboard = DashboardServer(self, config)
+        #: The event logs controllers elsewhere send (``JobEvents``), for the dashboard.
+        self.attached = AttachedLogs(self.dashboard, config.event_log_max_bytes)
         #: Submitted jobs; only a head daemon (with a state directory) takes them.
         self.jobs: JobManager | None = None
         #: Where the daemons of the head's host write their JSON-lines logs, if anywhere.
@@ -144,6 +146,7 @@ class HeadService(pb_grpc.HeadServicer):
         if self.jobs is not None:
             await self.jobs.aclose()
         await self.dashboard.aclose()
+        self.attached.close()
         await self.metrics.aclose()
         for task in (self._monitor, self._saver):
             if task is not None:
@@ -416,6 +419,11 @@ class HeadService(pb_grpc.HeadServicer):
         self, request: pb.DaemonLogRequest, context: grpc.aio.ServicerContext
     ) -> pb.DaemonLog:
         return await jobs_rpc.daemon_log(self.state, self._channel, self.log_dir, request, context)
+
+    async def JobEvents(
+        self, request: pb.JobEventsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JobEventsReply:
+        return await jobs_rpc.job_events(self.attached, request, context)
 
     async def FabricHint(
         self, request: pb.FabricHintRequest, context: grpc.aio.ServicerContext

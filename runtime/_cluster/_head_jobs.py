@@ -3,6 +3,7 @@ of what each reads; :class:`~._head.HeadService` serves them, passing its own.""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,12 +27,15 @@ from ._submitted import JobManager, JobRecord, job_info
 if TYPE_CHECKING:
     from orchestr.fabric.optical import FabricManager
 
+    from ._dashboard import AttachedLogs
+
 
 __all__ = [
     "daemon_log",
     "fabric_history",
     "fabric_show",
     "hint_fabric",
+    "job_events",
     "job_logs",
     "list_jobs",
     "stop_job",
@@ -79,6 +83,27 @@ async def job_logs(
     except OrchestrError as exc:
         await abort_with(context, exc)
     return pb.JobLogs(data=data, offset=offset, job=_job_proto(record))
+
+
+async def job_events(
+    attached: AttachedLogs, request: pb.JobEventsRequest, context: grpc.aio.ServicerContext
+) -> pb.JobEventsReply:
+    """Keep a controller's new event-log lines for the dashboard (in a thread: a write of up
+    to 1 MiB)."""
+    if attached.dashboard.address is None:
+        await abort_with(context, ConfigError("this head serves no dashboard to show events on"))
+    try:
+        offset = await asyncio.to_thread(
+            attached.take,
+            request.job_id,
+            request.title,
+            request.state,
+            request.offset,
+            request.data,
+        )
+    except OrchestrError as exc:
+        await abort_with(context, exc)
+    return pb.JobEventsReply(offset=offset)
 
 
 async def stop_job(

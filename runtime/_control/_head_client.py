@@ -338,6 +338,19 @@ class HeadClient:
         got = await self.channel.rpc(self._stub.GetJobLogs, request)
         return got.data, got.offset, job_from_pb(got.job)
 
+    async def job_events(
+        self, job_id: str, title: str, state: str, offset: int, data: bytes
+    ) -> int:
+        """Send the head ``data``, whole lines of job ``job_id``'s event log from byte
+        ``offset``, and its ``state``; returns where the next send starts. Raises
+        :class:`~orchestr.errors.ConfigError` when the head shows no events (no dashboard)
+        or refuses the request."""
+        request = pb.JobEventsRequest(
+            job_id=job_id, title=title, state=state, offset=offset, data=data
+        )
+        reply = await self.channel.rpc(self._stub.JobEvents, request)
+        return int(reply.offset)
+
     async def stop_job(self, job_id: str) -> JobInfo:
         request = pb.JobRequest(job_id=job_id)
         return job_from_pb(await self.channel.rpc(self._stub.StopJob, request, timeout=60))

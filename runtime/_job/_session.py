@@ -20,15 +20,17 @@ from orchestr._call._client import CallClient, set_current_client
 from orchestr._cluster._head import HeadService
 from orchestr._cluster._node import NodeService
 from orchestr._control._grpc import ControlChannel
-from orchestr._control._head_client import actor_lookup
+from orchestr._control._head_client import HeadClient, actor_lookup
 from orchestr._control._tls import install_stream_tls
 from orchestr._loop import run_loop
 from orchestr.config import Config, load_config
 from orchestr.errors import ConfigError, OrchestrError
+from orchestr.tasks import TaskOwner
 
 from ._context import JobContext
 from ._events import export_trace
 from ._paths import worker_pythonpath
+from ._ship import EventShipper
 
 __all__ = ["connect", "job_session", "open_local_cluster", "run"]
 
@@ -138,6 +140,14 @@ async def job_session(
         ctx.metrics_address = metrics_address
         ctx._host = asyncio.current_task()
         client.record_spans(config.call_spans_per_s, ctx.events.record_calls)
+        # a controller of its own (not an embedded cluster's, nor a submitted job's, whose
+        # head reads the log from disk) sends its event log to the head's dashboard
+        shipper: EventShipper | None = None
+        shipping = TaskOwner()
+        if own_session and not os.environ.get("ORCHESTR_SUBMITTED_JOB"):
+            shipper = EventShipper(HeadClient(head_channel), job_id, _program(), ctx.events.path)
+            shipping.start(shipper.run())
+        state = "failed"
         try:
             async with ctx.supervisor:
                 try:
@@ -150,6 +160,7 @@ async def job_session(
                     ctx.supervisor.closing = True
                 if ctx.supervisor.escalated is not None:
                     raise ctx.supervisor.escalated
+            state = "succeeded"
         finally:
             announced = [task for _, task in ctx._announced.values()]
             for task in announced:  # announced phases the job never entered
@@ -164,6 +175,9 @@ async def job_session(
             fabric.shutdown()
             ctx.events.close()
             _export_trace(session_dir)
+            await shipping.aclose()
+            if shipper is not None:
+                await shipper.finish(state)
     finally:
         await head_channel.aclose()
         if own_session:

@@ -47,7 +47,8 @@ MAX_CONNECTIONS = 64
 
 @dataclasses.dataclass
 class WatchedJob:
-    """A job the dashboard shows beside the submitted ones: an embedded cluster's own."""
+    """A job the dashboard shows beside the submitted ones: an embedded cluster's own, or one
+    whose controller sends its event log from elsewhere (:mod:`._attached`)."""
 
     job_id: str
     title: str
@@ -161,6 +162,11 @@ class DashboardServer:
         whose ``state`` its owner sets when it ends."""
         entry = self.watched[job_id] = WatchedJob(job_id, title, session_dir)
         return entry
+
+    def forget_job(self, job_id: str) -> None:
+        """Show the watched job ``job_id`` no more (nothing when it is not watched)."""
+        self.watched.pop(job_id, None)
+        self._tails.pop(job_id, None)
 
     def _jobs(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
