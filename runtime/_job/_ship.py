@@ -4,7 +4,7 @@ dashboard shows a job whose controller runs on another host: ``orchestr run --ad
 job's, so neither sends it.
 
 Once a second the shipper reads what the log gained (whole lines, at most 1 MiB at a time)
-and sends it with the job's state; the head answers where it holds the log up to, and the
+and sends it with the job's state (nothing when there is nothing new to say); the head answers where it holds the log up to, and the
 next send starts there (a lost reply costs one send again, which the head takes once). A head
 that shows no events (no dashboard) is asked once; an unreachable head again at the next
 tick. Nothing it does fails the job.
@@ -43,6 +43,7 @@ class EventShipper:
         self.offset = 0
         #: False once the head said it shows no events (or refused one).
         self.wanted = True
+        self._said = ""  # the state the head last took
 
     async def run(self) -> None:
         """Send what the log gains, once a period, until cancelled."""
@@ -63,6 +64,8 @@ class EventShipper:
     async def send(self, state: str) -> bool:
         """Send the log's next lines and ``state``; whether more remains to send."""
         data, more = await asyncio.to_thread(self._read)
+        if not data and not more and state == self._said:
+            return False  # nothing new to say: no call
         if more and not data:
             self.wanted = False  # one line of over 1 MiB: the head would take none of it
             log.debug("an event line too long to send; the rest stays here", job=self.job_id)
@@ -77,6 +80,7 @@ class EventShipper:
         except OrchestrError as exc:
             log.debug("the event log could not be sent", job=self.job_id, error=str(exc))
             return False
+        self._said = state
         # the head holds less than was sent (a gap it saw) or the read was cut: go on
         return more or self.offset != start + len(data)
 
