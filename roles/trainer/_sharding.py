@@ -19,7 +19,7 @@ Checkpoints are written from the shards with ``torch.distributed.checkpoint`` (e
 own pieces, into one folder); so are published versions (:func:`local_rows`: each rank its
 rows of each tensor, which a loader lays into the whole, :class:`ShardedWeightsRef`). The
 Hugging Face export gathers each tensor whole on the one rank that writes it. No I/O here but
-through torch.
+through torch and the checkpoint reader (:func:`load_rows`).
 
 A model from a Hugging Face checkpoint (``model_factory="orchestr.roles.models:load_model"``
 with only ``folder``) is never whole on a rank: the trainer builds it on the meta device
