@@ -20,6 +20,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import structlog
+
 from orchestr import fabric
 from orchestr.config import Config
 from orchestr.errors import (
@@ -42,6 +44,8 @@ from ._serde import lift_large
 from ._wire import CALL, SEND, pack_frame_sized
 
 __all__ = ["CallClient", "current_client", "set_current_client"]
+
+log = structlog.get_logger("orchestr.call")
 
 
 class CallClient:
@@ -310,8 +314,10 @@ class CallClient:
                         self._submit(view.address, p)
                     except OrchestrError as err:
                         p.future.set_exception(err)
+                    _settled(p, address, view, "sent again")
                     continue
             p.future.set_exception(death_of(p, view, exc, moved))
+            _settled(p, address, view, "failed")
 
     async def _look_up(self, actor_id: str, address: str, wait_restart: bool) -> ActorView | None:
         if self.lookup is None:
@@ -339,6 +345,20 @@ class CallClient:
             conn.abort(ClosedResourceError("the orchestr client was closed"))
         self._connections.clear()
         await self._tasks.aclose()
+
+
+def _settled(p: Pending, address: str, view: ActorView | None, outcome: str) -> None:
+    """Log what became of a call whose connection broke (a rare path: a worker or its host
+    lost), so that a call that waits too long says which step it waited in."""
+    log.info(
+        "a call on a broken connection settled",
+        actor=p.label,
+        endpoint=p.endpoint,
+        address=address,
+        state=view.state if view is not None else None,
+        now_at=view.address if view is not None else None,
+        outcome=outcome,
+    )
 
 
 _current: CallClient | None = None
