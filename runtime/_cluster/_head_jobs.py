@@ -3,7 +3,6 @@ of what each reads; :class:`~._head.HeadService` serves them, passing its own.""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,18 +87,12 @@ async def job_logs(
 async def job_events(
     attached: AttachedLogs, request: pb.JobEventsRequest, context: grpc.aio.ServicerContext
 ) -> pb.JobEventsReply:
-    """Keep a controller's new event-log lines for the dashboard (in a thread: a write of up
-    to 1 MiB)."""
+    """Keep a controller's new event-log lines for the dashboard."""
     if attached.dashboard.address is None:
         await abort_with(context, ConfigError("this head serves no dashboard to show events on"))
     try:
-        offset = await asyncio.to_thread(
-            attached.take,
-            request.job_id,
-            request.title,
-            request.state,
-            request.offset,
-            request.data,
+        offset = await attached.take(
+            request.job_id, request.title, request.state, request.offset, request.data
         )
     except OrchestrError as exc:
         await abort_with(context, exc)

@@ -43,7 +43,14 @@ async def main():
                 pass
         except grpc.aio.AioRpcError as exc:
             return exc.code().name
-    print(await asyncio.gather(one(()), one(forged), one(old), hosted()))
+    # an unsigned event log for the dashboard, as an attached controller would send it
+    events = channel.unary_unary("/orchestr.v1.Head/JobEvents")
+    async def attached():
+        try:
+            await events(bytes.fromhex("0a0c6a6f622d3031323361626364"), timeout=30)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name
+    print(await asyncio.gather(one(()), one(forged), one(old), hosted(), attached()))
 asyncio.run(main())
 """
 
@@ -59,7 +66,7 @@ async def test_an_unsigned_request_is_refused_before_its_body_is_read() -> None:
             stdout=asyncio.subprocess.PIPE,
         )
         out, _ = await asyncio.wait_for(proc.communicate(), 120)
-        assert out.decode().strip() == str(["UNAUTHENTICATED"] * 4)
+        assert out.decode().strip() == str(["UNAUTHENTICATED"] * 5)
         grown = rss_mib() - before
         assert grown < 40, f"the head took in {grown:.0f} MiB for three refused requests"
         assert len(await ctx.nodes()) == 1

@@ -6,6 +6,7 @@ it. The token a real login gives never appears in the head's logs."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import pathlib
 import urllib.error
@@ -14,10 +15,16 @@ import urllib.request
 
 import pytest
 
+import orchestr as oc
 from orchestr._cluster._dashboard._app import session_value
+from orchestr._cluster._head import HeadService
+from orchestr._cluster._node import NodeService
+from orchestr._job._session import job_session
 
 from ..cli.test_cluster import cli, state_dir  # noqa: F401 (a fixture)
 from .conftest import Attacker
+
+TOKEN = "dashboard-attacker-token-0123456789"
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -94,3 +101,31 @@ async def test_another_user_gets_only_the_login_form(
     assert stopped.returncode == 0, stopped.stderr
     logs = [p for p in (state_dir / "logs").iterdir() if p.is_file()]
     assert logs and not [p.name for p in logs if token in p.read_text(errors="replace")]
+
+
+async def test_another_user_reads_no_attached_jobs_log(attacker: Attacker) -> None:
+    """A controller that joins from elsewhere sends its event log to the head, which keeps it
+    for the dashboard: another user can neither read the head's copy nor see the job's page
+    without the token."""
+    config = dataclasses.replace(oc.load_config(), dashboard_port=0, metrics_token=TOKEN)
+    async with HeadService("token", config) as head, NodeService(head.address, "token", config):
+        async with job_session(head.address, "token", config) as ctx:
+            async with ctx.phase("secret_phase"):
+                pass
+        watched = head.dashboard.watched[ctx.job_id]
+        log = pathlib.Path(watched.session_dir) / "events.jsonl"
+        assert "secret_phase" in await asyncio.to_thread(log.read_text)  # the head has it
+        address = head.dashboard_address
+        assert address is not None
+        report = await attacker.run(
+            "http",
+            port=int(address.rpartition(":")[2]),
+            requests=[["GET", f"/jobs/{ctx.job_id}", {}, ""]],
+            files=[str(log), watched.session_dir + "/"],
+        )
+    (page,) = report["answers"]
+    assert page["status"] == 303 and "secret_phase" not in page["body"]
+    assert report["files"] == {
+        str(log): "PermissionError",
+        watched.session_dir + "/": "PermissionError",
+    }

@@ -12,12 +12,12 @@ files are the head's own: made in a ``0700`` folder, opened without following li
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import re
 import shutil
 import tempfile
-import threading
 from typing import TYPE_CHECKING
 
 from orchestr.errors import ConfigError
@@ -53,13 +53,14 @@ class AttachedLogs:
         self.max_bytes = max_bytes
         self._root: str | None = None  # made at the first job
         self._logs: dict[str, _Log] = {}
-        self._lock = threading.Lock()  # requests are taken in threads
+        self._lock = asyncio.Lock()  # one request at a time
 
-    def take(self, job_id: str, title: str, state: str, offset: int, data: bytes) -> int:
+    async def take(self, job_id: str, title: str, state: str, offset: int, data: bytes) -> int:
         """Keep ``data`` (whole lines) as job ``job_id``'s log from byte ``offset`` and its
-        ``state``; returns where the next request should start. Blocks on writing the file.
-        Raises :class:`ConfigError` for a malformed request, or a new job while
-        :data:`MAX_JOBS` run."""
+        ``state``; returns where the next request should start. The books are kept on the
+        loop (the dashboard's pages read them there), the bytes written in a thread; one
+        request at a time. Raises :class:`ConfigError` for a malformed request, or a new job
+        while :data:`MAX_JOBS` run."""
         if not JOB_ID.fullmatch(job_id):
             raise ConfigError(f"a job id is job- and 8 hex digits, got {job_id[:80]!r}")
         if state not in STATES:
@@ -70,7 +71,7 @@ class AttachedLogs:
             raise ConfigError(f"at most {MAX_REQUEST_BYTES} bytes a request, got {len(data)}")
         if data and not data.endswith(b"\n"):
             raise ConfigError("an event log is sent in whole lines")
-        with self._lock:
+        async with self._lock:
             log = self._logs.get(job_id) or self._add(job_id, title)
             log.watched.state = state
             if offset > log.size:
@@ -80,11 +81,7 @@ class AttachedLogs:
                 log.full = True  # past the bound the head keeps no more of this log
                 return offset + len(data)
             if new:
-                fd = os.open(log.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
-                try:
-                    os.write(fd, new)
-                finally:
-                    os.close(fd)
+                await asyncio.to_thread(_append, log.path, new)
                 log.size += len(new)
             return log.size
 
@@ -111,10 +108,17 @@ class AttachedLogs:
 
     def close(self) -> None:
         """Remove every log kept. Idempotent."""
-        with self._lock:
-            for job_id in list(self._logs):
-                self.dashboard.forget_job(job_id)
-            self._logs.clear()
-            if self._root is not None:
-                shutil.rmtree(self._root, ignore_errors=True)
-                self._root = None
+        for job_id in list(self._logs):
+            self.dashboard.forget_job(job_id)
+        self._logs.clear()
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+
+
+def _append(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)

@@ -31,15 +31,15 @@ def _logs(max_bytes: int = 1 << 20) -> tuple[AttachedLogs, DashboardServer]:
     return AttachedLogs(dashboard, max_bytes), dashboard
 
 
-def test_a_log_is_kept_once_in_order_and_bounded() -> None:
+async def test_a_log_is_kept_once_in_order_and_bounded() -> None:
     logs, dashboard = _logs(max_bytes=200)
     try:
         a = _line(ts=1.0, kind="phase", name="generation", dur=1.0)
         b = _line(ts=2.0, kind="phase", name="train", dur=1.0)
-        assert logs.take("job-0123abcd", "train.py --x", "running", 0, a) == len(a)
+        assert await logs.take("job-0123abcd", "train.py --x", "running", 0, a) == len(a)
         # sent again (its reply lost): taken once; a gap: the head says where it stands
-        assert logs.take("job-0123abcd", "", "running", 0, a + b) == len(a + b)
-        assert logs.take("job-0123abcd", "", "running", len(a + b) + 9, b) == len(a + b)
+        assert await logs.take("job-0123abcd", "", "running", 0, a + b) == len(a + b)
+        assert await logs.take("job-0123abcd", "", "running", len(a + b) + 9, b) == len(a + b)
         watched = dashboard.watched["job-0123abcd"]
         assert watched.title == "train.py --x"
         path = Path(watched.session_dir) / "events.jsonl"
@@ -47,7 +47,7 @@ def test_a_log_is_kept_once_in_order_and_bounded() -> None:
         assert os.stat(watched.session_dir).st_mode & 0o777 == 0o700
         # past the bound the head keeps no more, and the controller goes on past it
         big = _line(ts=3.0, kind="note", text="x" * 150)
-        assert logs.take("job-0123abcd", "", "succeeded", len(a + b), big) == len(a + b + big)
+        assert await logs.take("job-0123abcd", "", "succeeded", len(a + b), big) == len(a + b + big)
         assert path.read_bytes() == a + b and watched.state == "succeeded"
     finally:
         logs.close()
@@ -65,27 +65,27 @@ def test_a_log_is_kept_once_in_order_and_bounded() -> None:
         ("job-0123abcd", "running", 0, b"x" * MAX_REQUEST_BYTES + b"\n", "bytes a request"),
     ],
 )
-def test_bad_requests_are_refused_and_change_nothing(
+async def test_bad_requests_are_refused_and_change_nothing(
     job_id: str, state: str, offset: int, data: bytes, error: str
 ) -> None:
     logs, dashboard = _logs()
     try:
         with pytest.raises(oc.ConfigError, match=error):
-            logs.take(job_id, "t", state, offset, data)
+            await logs.take(job_id, "t", state, offset, data)
         assert not dashboard.watched
     finally:
         logs.close()
 
 
-def test_the_jobs_kept_are_bounded() -> None:
+async def test_the_jobs_kept_are_bounded() -> None:
     logs, dashboard = _logs()
     try:
         for i in range(MAX_JOBS):
-            logs.take(f"job-{i:08x}", "t", "running", 0, b"")
+            await logs.take(f"job-{i:08x}", "t", "running", 0, b"")
         with pytest.raises(oc.ConfigError, match=f"event logs of {MAX_JOBS} running jobs"):
-            logs.take("job-ffffffff", "t", "running", 0, b"")
-        logs.take("job-00000003", "t", "failed", 0, b"")  # one ends: it makes room
-        logs.take("job-ffffffff", "t", "running", 0, b"")
+            await logs.take("job-ffffffff", "t", "running", 0, b"")
+        await logs.take("job-00000003", "t", "failed", 0, b"")  # one ends: it makes room
+        await logs.take("job-ffffffff", "t", "running", 0, b"")
         assert "job-00000003" not in dashboard.watched and len(dashboard.watched) == MAX_JOBS
     finally:
         logs.close()
